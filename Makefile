@@ -1,0 +1,33 @@
+# gmtool: set-up, tests, GPU checks and benchmarks.
+PY ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+OUT ?= gmtool-out
+
+.PHONY: setup run test test-gpu bench clean
+
+$(VPY):
+	$(PY) -m venv $(VENV)
+	# torch==2.13.0 takes the CPU build on these machines; a bare 'torch' would pull a multi-GB CUDA build
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q -e '.[test]'
+
+setup: $(VPY)
+
+# The main job on a built-in default: qwen3-0.6b on CUDA, tiny-qwen3 on the CPU tape backend.
+run: setup
+	$(VENV)/bin/gmtool capture
+
+test: setup
+	$(VPY) -m pytest -q -m "not gpu"
+
+# GPU machine: no install there; run from the tree with its own python3.
+test-gpu:
+	PYTHONPATH=. $(PY) -m pytest -q -m gpu tests/gpu -x -p no:cacheprovider
+
+bench:
+	PYTHONPATH=. $(PY) -m gmtool.bench --out $(OUT)/bench
+
+clean:
+	rm -rf $(VENV) gmtool-out .pytest_cache

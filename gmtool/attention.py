@@ -1,0 +1,163 @@
+"""Attention over gmtool's paged KV cache, routed in through transformers' AttentionInterface.
+
+Three implementations, chosen per captured graph:
+- `decode`: one query token per sequence; block tables and kv lengths are read from device buffers, the
+  launch shape depends only on the bucket: one graph serves any decode batch that fits it.
+- `masked`: varlen prefill/chunked prefill whose launch shape depends on (num_tokens, num_seqs) only; every
+  per-request value comes from device buffers. Safe under the wide key.
+- `planned`: varlen attention split on the host by the batch's q/kv lengths (as FlashAttention's max_seqlen
+  or FlashInfer's plan are). Correct when run eagerly (piecewise runners do); a full graph keyed only by
+  num_tokens bakes the capture-time split in, and replaying it with another mix is wrong.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from gmtool.batch import Batch
+from gmtool.inputs import StepViews
+from gmtool.kv_cache import PagedKVCache
+
+ATTN_NAME = "gmtool"
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    """Scatter new K/V ([T, Hkv, D]) by slot; padding slots point into the null block."""
+    kc = k_cache.view(-1, *k_cache.shape[2:])
+    vc = v_cache.view(-1, *v_cache.shape[2:])
+    kc.index_copy_(0, slots, k)
+    vc.index_copy_(0, slots, v)
+
+
+def _gqa_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    # q [..., H, D] k [..., L, Hkv, D] -> [..., Hkv, G, L]
+    hkv = k.shape[-2]
+    qg = q.unflatten(-2, (hkv, q.shape[-2] // hkv))
+    return torch.einsum("...hgd,...lhd->...hgl", qg.float(), k.float()) * scale
+
+
+def decode_attention(q, k_cache, v_cache, block_tables, kv_lens, scale) -> torch.Tensor:
+    """q [B, H, D]; each sequence reads its kv_lens[b] tokens through block_tables[b] (device buffers)."""
+    b, h, d = q.shape
+    bs = k_cache.shape[1]
+    k = k_cache[block_tables].flatten(1, 2)  # [B, L, Hkv, D]
+    v = v_cache[block_tables].flatten(1, 2)
+    scores = _gqa_scores(q, k, scale)  # [B, Hkv, G, L]
+    pos = torch.arange(block_tables.shape[1] * bs, device=q.device)
+    valid = pos[None, :] < kv_lens.clamp_min(1)[:, None]  # padded sequences read the null block
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    p = scores.softmax(-1)
+    out = torch.einsum("bhgl,blhd->bhgd", p, v.float())
+    return out.reshape(b, h, d).to(q.dtype)
+
+
+def masked_varlen_attention(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale) -> torch.Tensor:
+    """Varlen causal attention with a launch shape fixed by (num_tokens, num_seqs); metadata from device."""
+    t, h, d = q.shape
+    bs = k_cache.shape[1]
+    length = views.block_tables.shape[1] * bs
+    kv_pos = torch.arange(length, device=q.device)
+    out = torch.zeros(t, h, d, dtype=torch.float32, device=q.device)
+    for s in range(num_seqs):
+        k = k_cache[views.block_tables[s]].flatten(0, 1)  # [L, Hkv, D]
+        v = v_cache[views.block_tables[s]].flatten(0, 1)
+        qg = q.unflatten(1, (k.shape[1], h // k.shape[1])).float()
+        scores = torch.einsum("thgd,lhd->thgl", qg, k.float()) * scale  # [T, Hkv, G, L]
+        mine = views.token_seq == s
+        valid = mine[:, None] & (kv_pos[None, :] <= views.positions[:, None]) & (kv_pos < views.kv_lens[s])
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+        p = torch.nan_to_num(scores.softmax(-1), nan=0.0)
+        out += torch.einsum("thgl,lhd->thgd", p, v.float()).reshape(t, h, d)
+    return out.to(q.dtype)
+
+
+def planned_varlen_attention(q, k_cache, v_cache, views: StepViews, plan, scale) -> torch.Tensor:
+    """Varlen causal attention split on the host by `plan` = ((q_len, kv_len), ...)."""
+    t, h, d = q.shape
+    bs = k_cache.shape[1]
+    out = torch.zeros_like(q)
+    start = 0
+    for i, (q_len, kv_len) in enumerate(plan):
+        nb = math.ceil(kv_len / bs)
+        k = k_cache[views.block_tables[i, :nb]].flatten(0, 1)[:kv_len]
+        v = v_cache[views.block_tables[i, :nb]].flatten(0, 1)[:kv_len]
+        rep = h // k.shape[1]
+        qs = q[start:start + q_len].transpose(0, 1)  # [H, n, D]
+        ks = k.repeat_interleave(rep, 1).transpose(0, 1)
+        vs = v.repeat_interleave(rep, 1).transpose(0, 1)
+        prefix = kv_len - q_len
+        mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(prefix)
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
+        out[start:start + q_len] = o.transpose(0, 1)
+        start += q_len
+    return out
+
+
+@dataclass
+class ForwardContext:
+    """What attention needs during one forward; set around each eager run, capture and replay."""
+
+    cache: PagedKVCache
+    views: StepViews
+    impl: str  # decode | masked | planned
+    plan: tuple = ()  # host plan of the current batch (planned impl)
+    num_seqs: int = 0  # masked impl: sequences covered by the launch shape
+    breaker: object = None  # piecewise capture: called at each attention instead of computing it
+    planned_with: list = field(default_factory=list)  # host plans consumed while this context was live
+
+    def attend(self, layer: int, q, k, v, scale, out: torch.Tensor | None = None) -> torch.Tensor:
+        kc, vc = self.cache.k[layer], self.cache.v[layer]
+        write_kv(kc, vc, k, v, self.views.slot_mapping)
+        if self.impl == "decode":
+            res = decode_attention(q, kc, vc, self.views.block_tables, self.views.kv_lens, scale)
+        elif self.impl == "masked":
+            res = masked_varlen_attention(q, kc, vc, self.views, self.num_seqs, scale)
+        else:
+            self.planned_with.append(self.plan)
+            res = planned_varlen_attention(q, kc, vc, self.views, self.plan, scale)
+        if out is None:
+            return res
+        out.copy_(res)
+        return out
+
+
+_current: ForwardContext | None = None
+
+
+@contextlib.contextmanager
+def forward_context(ctx: ForwardContext):
+    global _current
+    prev, _current = _current, ctx
+    try:
+        yield ctx
+    finally:
+        _current = prev
+
+
+def current_context() -> ForwardContext:
+    if _current is None:
+        raise RuntimeError("gmtool attention called outside a forward context")
+    return _current
+
+
+def gmtool_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention signature: q/k/v [1, H, T, D] in, ([1, T, H, D], None) out."""
+    ctx = current_context()
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    if ctx.breaker is not None:
+        out = ctx.breaker(module.layer_idx, q, k.contiguous(), v.contiguous(), scale)
+    else:
+        out = ctx.attend(module.layer_idx, q, k.contiguous(), v.contiguous(), scale)
+    return out.unsqueeze(0), None
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, gmtool_attention)

@@ -1,0 +1,14 @@
+"""Graph backends: CUDA graphs, and a CPU emulation that honours the same capture/replay contract."""
+from gmtool.backends.base import Graph, GraphBackend
+from gmtool.backends.cpu import CpuTapeBackend
+
+
+def make_backend(device, pool_factory=None) -> GraphBackend:
+    if device.type == "cuda":
+        from gmtool.backends.cuda import CudaGraphBackend
+
+        return CudaGraphBackend(device, pool_factory)
+    return CpuTapeBackend()
+
+
+__all__ = ["Graph", "GraphBackend", "CpuTapeBackend", "make_backend"]

@@ -1,0 +1,29 @@
+"""The capture/replay contract every backend honours.
+
+- `begin()` ... `end()` records the device work issued in between into a Graph; nothing recorded reads a host
+  value at replay: host scalars, Python control flow and tensor addresses are frozen at capture.
+- `Graph.replay()` re-runs exactly that work over the same tensors (persistent inputs, the graph's own
+  intermediates, persistent outputs). An input not copied into its persistent buffer is not seen.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Graph(Protocol):
+    def replay(self) -> None: ...
+
+
+class GraphBackend(Protocol):
+    name: str
+
+    def warmup(self, fn) -> None: ...
+
+    def begin(self) -> None: ...
+
+    def end(self) -> Graph: ...
+
+    def synchronize(self) -> None: ...
+
+    def new_pool(self) -> None:
+        """Start a fresh memory pool for the graphs captured after this call."""

@@ -1,0 +1,95 @@
+"""CUDA graphs on one dedicated capture stream, all graphs of a pool kept alive together.
+
+The stream is warmed up by an eager pass before the first capture: otherwise cuBLAS creates its workspace
+inside the first graph's pool, where memory shared with later graphs can overwrite it (GPU-NOTES pitfall 1).
+"""
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from gmtool.errors import CaptureError, OutOfMemory
+
+
+class CudaGraph:
+    __slots__ = ("graph",)
+
+    def __init__(self, graph: torch.cuda.CUDAGraph):
+        self.graph = graph
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class CudaGraphBackend:
+    name = "cuda"
+
+    def __init__(self, device: torch.device, pool_factory=None):
+        """pool_factory() returns a pool id for torch.cuda.graph(pool=...), or None for a fresh private pool."""
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self.pool_factory = pool_factory
+        self.pool = None
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self._capturing: torch.cuda.CUDAGraph | None = None
+        self._stream_ctx = None
+        self.warmed = False
+
+    def warmup(self, fn) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            fn()
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        self.stream.synchronize()
+        self.warmed = True
+
+    def new_pool(self) -> None:
+        self.pool = self.pool_factory() if self.pool_factory else None
+
+    def begin(self) -> None:
+        assert self.warmed, "warm up the capture stream before the first capture"
+        if self._capturing is None:
+            torch.cuda.synchronize(self.device)
+        g = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        self._stream_ctx = torch.cuda.stream(self.stream)
+        self._stream_ctx.__enter__()
+        try:
+            g.capture_begin(pool=self.pool)
+        except RuntimeError as e:
+            self._stream_ctx.__exit__(None, None, None)
+            raise CaptureError(f"capture could not begin: {e}") from None
+        self._capturing = g
+
+    def end(self) -> CudaGraph:
+        g, self._capturing = self._capturing, None
+        try:
+            g.capture_end()
+        except torch.OutOfMemoryError:
+            raise OutOfMemory("out of memory while capturing") from None
+        finally:
+            self._stream_ctx.__exit__(None, None, None)
+        self.graphs.append(g)
+        return CudaGraph(g)
+
+    def abort(self) -> None:
+        """End a capture that failed part-way, leaving the stream usable."""
+        if self._capturing is not None:
+            g, self._capturing = self._capturing, None
+            try:
+                g.capture_end()
+            except Exception:
+                pass
+            self._stream_ctx.__exit__(None, None, None)
+        torch.cuda.synchronize(self.device)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def release(self) -> None:
+        self.graphs.clear()
+        self.pool = None
+        gc.collect()
+        torch.cuda.empty_cache()

@@ -1,0 +1,85 @@
+"""One engine step, described on the host: the requests, their tokens, positions and KV placement."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gmtool.compositions import Composition
+from gmtool.errors import GmtoolError
+from gmtool.kv_cache import PagedKVCache
+
+
+@dataclass
+class Batch:
+    """Host-side description of a step. `plan` is what a host-planned attention consumes."""
+
+    composition: Composition
+    input_ids: np.ndarray  # [T]
+    positions: np.ndarray  # [T]
+    slot_mapping: np.ndarray  # [T]
+    q_lens: list[int]  # per sequence
+    kv_lens: list[int]  # per sequence, the new tokens included
+    block_tables: list[list[int]]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def is_decode(self) -> bool:
+        return all(q == 1 for q in self.q_lens)
+
+    @property
+    def cu_q(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.q_lens)]).astype(np.int64)
+
+    @property
+    def logits_indices(self) -> np.ndarray:
+        """The last token of each sequence: the one whose logits an engine samples from."""
+        return self.cu_q[1:] - 1
+
+    @property
+    def plan(self) -> tuple:
+        return tuple(zip(self.q_lens, self.kv_lens))
+
+
+def make_batch(comp: Composition, cache: PagedKVCache, vocab_size: int, max_num_seqs: int) -> Batch:
+    spec = cache.spec
+    if comp.num_seqs > max_num_seqs:
+        raise GmtoolError(
+            f"composition {comp.label} has {comp.num_seqs} sequences, above --max-num-seqs {max_num_seqs}"
+        )
+    g = torch.Generator().manual_seed(1000 + comp.seed)
+    q_lens, prefixes = [], []
+    for p in comp.parts:
+        for _ in range(p.count):
+            if p.prefix is not None:
+                prefix = p.prefix
+            elif p.new_tokens == 1:
+                prefix = int(torch.randint(1, spec.max_kv_len, (1,), generator=g))
+            else:
+                prefix = 0
+            if prefix + p.new_tokens > spec.max_kv_len:
+                raise GmtoolError(
+                    f"composition {comp.label}: prefix {prefix} + {p.new_tokens} new tokens exceeds "
+                    f"--max-kv-len {spec.max_kv_len}"
+                )
+            q_lens.append(p.new_tokens)
+            prefixes.append(prefix)
+    kv_lens = [p + q for p, q in zip(prefixes, q_lens)]
+    tables = cache.allocate(kv_lens, g)
+    positions = np.concatenate([np.arange(p, p + q) for p, q in zip(prefixes, q_lens)])
+    bs = spec.block_size
+    slots = np.concatenate(
+        [np.asarray(t, dtype=np.int64)[np.arange(p, p + q) // bs] * bs + np.arange(p, p + q) % bs
+         for t, p, q in zip(tables, prefixes, q_lens)]
+    )
+    ids = torch.randint(0, vocab_size, (len(positions),), generator=g).numpy()
+    return Batch(comp, ids.astype(np.int64), positions.astype(np.int64), slots.astype(np.int64),
+                 q_lens, kv_lens, tables)

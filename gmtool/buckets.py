@@ -1,0 +1,99 @@
+"""Token buckets: which captured shape serves a batch, and how the bucket list is written."""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from gmtool.errors import GmtoolError
+
+# The engines' default decode capture sizes (vLLM: 1, 2, 4, then every 8 up to the max).
+DEFAULT_DECODE_BUCKETS = [1, 2, 4] + list(range(8, 257, 8))
+DEFAULT_PREFILL_BUCKETS = [128, 512, 2048]
+
+
+@dataclass(frozen=True, order=True)
+class BucketKey:
+    """What selects a graph. num_seqs is set only when the key is widened (num_tokens x num_seqs)."""
+
+    num_tokens: int
+    num_seqs: int | None = None
+    decode: bool = False  # pure-decode batches get their own graphs, as in the engines
+
+    def __str__(self) -> str:
+        s = ("d" if self.decode else "t") + str(self.num_tokens)
+        return s + (f"xs{self.num_seqs}" if self.num_seqs is not None else "")
+
+
+def parse_buckets(text: str) -> list[int]:
+    """'1,2,4,8' and ranges 'start:stop:step' (stop included), e.g. '1,2,4,8:256:8'."""
+    if text is None or not str(text).strip():
+        raise GmtoolError("empty bucket list: give sizes like '1,2,4,8' or a range like '8:256:8'")
+    sizes: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            raise GmtoolError(f"malformed bucket list {text!r}: empty item")
+        try:
+            if ":" in part:
+                fields = [int(f) for f in part.split(":")]
+                if len(fields) not in (2, 3):
+                    raise ValueError
+                start, stop = fields[0], fields[1]
+                step = fields[2] if len(fields) == 3 else 1
+                if step <= 0 or stop < start:
+                    raise ValueError
+                sizes.update(range(start, stop + 1, step))
+            else:
+                sizes.add(int(part))
+        except ValueError:
+            raise GmtoolError(
+                f"malformed bucket item {part!r} in {text!r}: use an integer or start:stop[:step]"
+            ) from None
+    bad = sorted(s for s in sizes if s <= 0)
+    if bad:
+        raise GmtoolError(f"bucket sizes must be positive, got {bad[0]}")
+    return sorted(sizes)
+
+
+@dataclass
+class BucketPolicy:
+    """Smallest captured size that fits; batches are padded up to it."""
+
+    sizes: list[int]
+    max_tokens: int | None = None  # the configured ceiling (persistent buffers are sized for it)
+    wide_key: bool = False  # key full graphs by (num_tokens, num_seqs)
+
+    def __post_init__(self) -> None:
+        self.sizes = sorted(set(self.sizes))
+        if not self.sizes:
+            raise GmtoolError("no buckets given")
+        if self.max_tokens is None:
+            self.max_tokens = self.sizes[-1]
+        over = [s for s in self.sizes if s > self.max_tokens]
+        if over:
+            raise GmtoolError(
+                f"bucket {over[0]} is above the configured maximum of {self.max_tokens} tokens"
+            )
+
+    @property
+    def largest(self) -> int:
+        return self.sizes[-1]
+
+    def bucket_for(self, num_tokens: int) -> int:
+        i = bisect.bisect_left(self.sizes, num_tokens)
+        if num_tokens <= 0 or i == len(self.sizes):
+            raise GmtoolError(
+                f"a batch of {num_tokens} tokens fits no bucket (largest is {self.largest})"
+            )
+        return self.sizes[i]
+
+    def key_for(self, num_tokens: int, num_seqs: int, decode: bool, pinned: int | None = None) -> BucketKey:
+        """pinned: replay on that bucket's graph instead of the smallest that fits (it must fit)."""
+        if pinned is not None:
+            if pinned not in self.sizes or pinned < num_tokens:
+                raise GmtoolError(f"a batch of {num_tokens} tokens cannot run on bucket {pinned}")
+            bucket = pinned
+        else:
+            bucket = self.bucket_for(num_tokens)
+        wide = self.wide_key and not decode  # in a decode bucket num_seqs is already bounded by it
+        return BucketKey(bucket, num_seqs if wide else None, decode)

@@ -1,0 +1,62 @@
+"""gmtool capture: per token bucket, a captured graph checked against eager and timed."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from gmtool.cli.progress import make_console
+
+from gmtool.cli import options as o
+from gmtool.cli.run_sweep import build_config, run_and_write
+from gmtool.report.tables import capture_table
+
+
+def capture(
+    model: o.ModelOpt = None,
+    buckets: o.BucketsOpt = None,
+    compositions: o.CompositionsOpt = None,
+    scenario: o.ScenarioOpt = "decode",
+    mode: Annotated[str, typer.Option("--mode", help="full | piecewise | full-narrow (num_tokens-only key, "
+                                      "unsafe for prefill: shown to be detected)")] = "full",
+    piecewise_impl: o.PiecewiseImplOpt = "breakable",
+    device: o.DeviceOpt = "auto",
+    dtype: o.DtypeOpt = None,
+    max_kv_len: o.MaxKvLenOpt = None,
+    max_tokens: o.MaxTokensOpt = None,
+    max_num_seqs: o.MaxSeqsOpt = 256,
+    kv_cache_gb: o.KvCacheGbOpt = None,
+    block_size: o.BlockSizeOpt = 16,
+    num_iters: o.ItersOpt = 20,
+    num_iters_warmup: o.WarmupOpt = 3,
+    seed: o.SeedOpt = 0,
+    profile: o.ProfileOpt = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/capture-<time>).")] = None,
+    force: o.ForceOpt = False,
+) -> None:
+    """Capture one graph per bucket, replay it with several batch compositions, compare each with eager."""
+    console = make_console()
+    cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
+                       modes=("eager", mode), piecewise_impl=piecewise_impl, device=device, dtype=dtype,
+                       max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
+                       kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
+                       num_iters_warmup=num_iters_warmup, seed=seed)
+    doc, out_dir = run_and_write(cfg, "capture", out, force, console)
+    console.print(capture_table(doc))
+    console.print(f"results: {out_dir / 'results.json'}, {out_dir / 'results.csv'}")
+    finish(doc, console)
+
+
+def finish(doc: dict, console: Console) -> None:
+    """Non-zero exit when something failed (1) or a replay that should be safe was not (3)."""
+    for e in doc["errors"]:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+    unsafe = [r for r in doc["records"] if r["status"] == "UNSAFE" and r["mode"] != "full-narrow"]
+    for r in unsafe:
+        console.print(f"[bold red]UNSAFE[/] {r['mode']} bucket {r['bucket']} {r['composition']}: {r['error']}")
+    if doc["errors"]:
+        raise typer.Exit(1)
+    if unsafe:
+        raise typer.Exit(3)

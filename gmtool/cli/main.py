@@ -1,0 +1,54 @@
+"""gmtool: make CUDA graph mode for LLM inference visible and measurable."""
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from gmtool.errors import GmtoolError
+
+app = typer.Typer(
+    name="gmtool", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    help="Capture CUDA graphs of a Hugging Face causal LM per token bucket, check every replay against eager, "
+         "and measure memory and latency. Without CUDA, the CPU tape backend emulates capture/replay.")
+err_console = Console(stderr=True)
+
+
+@app.callback()
+def _root() -> None:
+    """gmtool: CUDA graph capture, replay and memory, measured against eager."""
+
+
+def _register() -> None:
+    from gmtool.cli import capture
+
+    app.command("capture")(capture.capture)
+
+
+_register()
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except GmtoolError as e:
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/]")
+        sys.exit(130)
+    except (typer.Exit, SystemExit) as e:
+        sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))
+    except Exception as e:
+        # click's usage errors (typer may vendor click): show them as click would, without a traceback
+        if hasattr(e, "show") and hasattr(e, "exit_code"):
+            e.show()
+            sys.exit(e.exit_code)
+        if type(e).__name__ == "Abort":
+            sys.exit(1)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The sweep configuration: what the user asked for, with derived fields filled in __post_init__."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from gmtool.buckets import DEFAULT_DECODE_BUCKETS, DEFAULT_PREFILL_BUCKETS, BucketPolicy, parse_buckets
+from gmtool.compositions import Composition, assign_buckets, default_compositions, parse_compositions
+from gmtool.errors import GmtoolError
+from gmtool.model import parse_dtype, resolve_device
+
+SCENARIOS = ("decode", "prefill", "mixed")
+GRAPH_MODES = ("full", "full-narrow", "piecewise")
+ALL_MODES = ("eager",) + GRAPH_MODES
+PIECEWISE_IMPLS = ("breakable", "fx")
+CPU_DEFAULT_MODEL = "tiny-qwen3"
+GPU_DEFAULT_MODEL = "qwen3-0.6b"
+
+
+@dataclass
+class SweepConfig:
+    model: str | None = None
+    device: str = "auto"
+    dtype: str | None = None
+    scenario: str = "decode"
+    buckets: str | None = None
+    compositions: str | None = None
+    modes: tuple[str, ...] = ("eager", "full")
+    piecewise_impl: str = "breakable"
+    max_kv_len: int | None = None
+    max_tokens: int | None = None
+    block_size: int = 16
+    max_num_seqs: int = 256
+    kv_cache_gb: float | None = None
+    num_iters: int = 20
+    num_iters_warmup: int = 3
+    seed: int = 0
+    # derived
+    torch_device: torch.device = field(init=False, repr=False)
+    torch_dtype: torch.dtype = field(init=False, repr=False)
+    bucket_sizes: list[int] = field(init=False)
+    plan: dict[int, list[Composition]] = field(init=False, repr=False)
+    notes: list[str] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise GmtoolError(f"unknown scenario {self.scenario!r}: choose from {', '.join(SCENARIOS)}")
+        bad = [m for m in self.modes if m not in ALL_MODES]
+        if bad or not self.modes:
+            raise GmtoolError(f"unknown mode {bad[0] if bad else '(none)'!r}: choose from {', '.join(ALL_MODES)}")
+        if self.piecewise_impl not in PIECEWISE_IMPLS:
+            raise GmtoolError(f"unknown --piecewise-impl {self.piecewise_impl!r}: use breakable or fx")
+        for name in ("num_iters", "block_size", "max_num_seqs"):
+            if getattr(self, name) <= 0:
+                raise GmtoolError(f"--{name.replace('_', '-')} must be positive")
+        self.torch_device = resolve_device(self.device)
+        cuda = self.torch_device.type == "cuda"
+        if self.model is None:
+            self.model = GPU_DEFAULT_MODEL if cuda else CPU_DEFAULT_MODEL
+            if not cuda:
+                self.notes.append("no CUDA here: CPU tape backend and the tiny-qwen3 profile (timings are not GPU figures)")
+        self.torch_dtype = parse_dtype(self.dtype or ("bf16" if cuda else "fp32"))
+        default = DEFAULT_DECODE_BUCKETS if self.scenario == "decode" else DEFAULT_PREFILL_BUCKETS
+        if self.buckets is not None:
+            self.bucket_sizes = parse_buckets(self.buckets)
+        elif cuda:
+            self.bucket_sizes = default
+        else:  # the CPU backend emulates; keep its default sweep small
+            self.bucket_sizes = [1, 2, 4, 8] if self.scenario == "decode" else [16, 32, 64]
+        policy = self.policy()
+        comps = parse_compositions(self.compositions) if self.compositions else []
+        self.plan = {b: [] for b in policy.sizes}
+        for b, cs in assign_buckets(comps, policy).items():
+            self.plan[b].extend(cs)
+        below = 0
+        for b in sorted(self.plan):
+            if not self.plan[b]:
+                self.plan[b].extend(default_compositions(b, self.scenario, below))
+            below = b
+        longest = max(((p.prefix or 0) + p.new_tokens) for cs in self.plan.values() for c in cs for p in c.parts)
+        if self.max_kv_len is None:
+            self.max_kv_len = max(1024 if cuda else 128, longest)
+        if self.max_kv_len <= 0:
+            raise GmtoolError("--max-kv-len must be positive")
+
+    def policy(self, wide_key: bool = False) -> BucketPolicy:
+        return BucketPolicy(self.bucket_sizes, self.max_tokens, wide_key)
+
+    @property
+    def graph_modes(self) -> list[str]:
+        return [m for m in self.modes if m != "eager"]
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k not in ("plan", "torch_device", "torch_dtype")}
+        d["device"] = str(self.torch_device)
+        d["dtype"] = str(self.torch_dtype).replace("torch.", "")
+        d["compositions_by_bucket"] = {str(b): [c.label for c in cs] for b, cs in self.plan.items()}
+        return d

@@ -1,0 +1,169 @@
+"""The graph executor: bucket, copy into persistent buffers, capture on miss, replay on hit.
+
+A captured entry is a list of steps replayed in order: one graph for a full graph; graph -> attention runner
+-> graph ... for a piecewise one. Runners read the current batch's metadata at replay, never the capture's.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from gmtool.attention import ForwardContext, forward_context
+from gmtool.backends import make_backend
+from gmtool.batch import Batch
+from gmtool.buckets import BucketKey, BucketPolicy
+from gmtool.errors import CaptureError, GmtoolError, OutOfMemory
+from gmtool.inputs import PersistentInputs, StepViews
+from gmtool.kv_cache import PagedKVCache
+from gmtool.model import LoadedModel
+
+MODES = ("eager", "full", "piecewise")
+
+
+@dataclass
+class AttentionRunner:
+    """Attention left outside the graphs, bound to the tensors the neighbouring pieces read and write."""
+
+    layer: int
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    scale: float
+    ctx: ForwardContext
+
+    def replay(self) -> None:
+        self.ctx.attend(self.layer, self.q, self.k, self.v, self.scale, out=self.out)
+
+
+@dataclass
+class CapturedGraph:
+    key: BucketKey
+    mode: str
+    impl: str
+    steps: list
+    ctx: ForwardContext
+    capture_s: float = 0.0
+    graph_mem_bytes: int | None = None  # peak memory the capture allocated (the shape's need; CUDA only)
+    pool_growth_bytes: int | None = None  # reserved memory the capture added (CUDA only)
+    baked_plans: list = field(default_factory=list)  # host plans frozen into the graph, if any
+    captured_with: str = ""  # the composition whose batch was live during capture
+
+    @property
+    def pieces(self) -> int:
+        return sum(not isinstance(s, AttentionRunner) for s in self.steps)
+
+    @property
+    def runners(self) -> int:
+        return sum(isinstance(s, AttentionRunner) for s in self.steps)
+
+    def replay(self, batch: Batch, refresh_metadata: bool = True) -> None:
+        if refresh_metadata:
+            self.ctx.plan = batch.plan
+        for step in self.steps:
+            step.replay()
+
+    def stale_metadata(self, batch: Batch) -> bool:
+        """True when the graph froze a host plan that differs from this batch's: its replay is unsafe."""
+        return any(p != batch.plan for p in self.baked_plans)
+
+
+class GraphExecutor:
+    def __init__(self, lm: LoadedModel, cache: PagedKVCache, policy: BucketPolicy, mode: str,
+                 max_num_seqs: int, device: torch.device, pool_factory=None):
+        if mode not in ("full", "piecewise"):
+            raise GmtoolError(f"graph mode must be full or piecewise, got {mode!r}")
+        self.lm, self.cache, self.policy, self.mode, self.device = lm, cache, policy, mode, device
+        self.inputs = PersistentInputs(policy.max_tokens, max_num_seqs, cache.spec.blocks_per_seq,
+                                       lm.vocab_size, lm.model.dtype, device)
+        # piecewise: one attention-output buffer for every layer and bucket (each piece consumes it before
+        # the next runner overwrites it)
+        self.attn_out = torch.zeros(policy.max_tokens, lm.num_heads, lm.head_dim, dtype=lm.model.dtype,
+                                    device=device)
+        self.backend = make_backend(device, pool_factory)
+        self.graphs: dict[BucketKey, CapturedGraph] = {}
+        self.refresh_runner_metadata = True  # False only to demonstrate the stale-metadata bug
+
+    def key_for(self, batch: Batch) -> BucketKey:
+        return self.policy.key_for(batch.num_tokens, batch.num_seqs, batch.is_decode, batch.composition.bucket)
+
+    def impl_for(self, key: BucketKey) -> str:
+        if key.decode:
+            return "decode"
+        return "masked" if key.num_seqs is not None else "planned"
+
+    def forward(self, views: StepViews) -> None:
+        views.logits.copy_(self.lm.forward_logits(views.input_ids, views.positions, views.logits_indices))
+
+    def capture(self, key: BucketKey, batch: Batch) -> CapturedGraph:
+        """Warm up on the capture stream, then capture; piecewise ends a graph at every attention call."""
+        views = self.inputs.load(batch, key)
+        ctx = ForwardContext(self.cache, views, self.impl_for(key), batch.plan, key.num_seqs or 0)
+        entry = CapturedGraph(key, self.mode, ctx.impl, [], ctx, captured_with=batch.composition.label)
+        fn = lambda: self.forward(views)  # noqa: E731
+        cuda = self.device.type == "cuda"
+        with forward_context(ctx), torch.no_grad():
+            self.backend.warmup(fn)
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                mem0, res0 = torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+            ctx.planned_with.clear()
+            if self.mode == "piecewise":
+                ctx.breaker = self._breaker(entry)
+            t0 = time.perf_counter()
+            try:
+                self.backend.begin()
+                fn()
+                entry.steps.append(self.backend.end())
+            except torch.OutOfMemoryError:
+                self.backend.abort()
+                raise OutOfMemory(f"out of memory while capturing bucket {key}") from None
+            except CaptureError:
+                self.backend.abort()
+                raise
+            except RuntimeError as e:
+                self.backend.abort()
+                raise CaptureError(f"capture of bucket {key} failed: {str(e).splitlines()[0]}") from None
+            finally:
+                ctx.breaker = None
+            self.backend.synchronize()
+            entry.capture_s = time.perf_counter() - t0
+        if cuda:
+            entry.graph_mem_bytes = torch.cuda.max_memory_allocated(self.device) - mem0
+            entry.pool_growth_bytes = torch.cuda.memory_reserved(self.device) - res0
+        if self.mode == "full":
+            entry.baked_plans = list(ctx.planned_with)
+        ctx.planned_with.clear()
+        self.graphs[key] = entry
+        return entry
+
+    def _breaker(self, entry: CapturedGraph):
+        def attention_break(layer, q, k, v, scale):
+            entry.steps.append(self.backend.end())
+            out = self.attn_out[: q.shape[0]]
+            entry.steps.append(AttentionRunner(layer, q, k, v, out, scale, entry.ctx))
+            self.backend.begin()
+            return out
+        return attention_break
+
+    def prepare(self, batch: Batch) -> CapturedGraph:
+        """Copy-in and graph selection: everything the host does before a replay."""
+        key = self.key_for(batch)
+        self.inputs.load(batch, key)
+        entry = self.graphs.get(key)
+        if entry is None:
+            entry = self.capture(key, batch)
+            self.inputs.load(batch, key)
+        return entry
+
+    def step(self, batch: Batch) -> torch.Tensor:
+        entry = self.prepare(batch)
+        entry.replay(batch, self.refresh_runner_metadata)
+        return self.inputs.views(entry.key).logits[: batch.num_seqs]
+
+    def release(self) -> None:
+        self.graphs.clear()
+        self.backend.release()

@@ -1,0 +1,82 @@
+"""gmtool's own paged KV cache: per-layer K/V blocks, block tables and slot mapping.
+
+Block 0 is the null block: padding tokens write their K/V there and padded sequences read from it, so the
+padded tail of a bucket never touches a real sequence's memory.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from gmtool.errors import GmtoolError, OutOfMemory
+
+NULL_BLOCK = 0
+
+
+@dataclass
+class KVCacheSpec:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int = 16
+    max_kv_len: int = 1024
+    dtype: torch.dtype = torch.bfloat16
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return math.ceil(self.max_kv_len / self.block_size)
+
+    @property
+    def bytes_per_block(self) -> int:
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+
+class PagedKVCache:
+    def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device):
+        if num_blocks < 2:
+            raise GmtoolError("the KV cache needs at least 2 blocks (one is the null block)")
+        self.spec, self.num_blocks, self.device = spec, num_blocks, device
+        shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        try:
+            self.k = [torch.empty(shape, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)]
+            self.v = [torch.empty(shape, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)]
+        except torch.OutOfMemoryError:
+            raise OutOfMemory(
+                f"KV cache of {num_blocks} blocks ({num_blocks * spec.bytes_per_block / 2**30:.1f} GiB) "
+                "does not fit: lower --max-kv-len or --kv-cache-gb"
+            ) from None
+
+    @classmethod
+    def from_budget(cls, spec: KVCacheSpec, budget_bytes: int, needed_blocks: int, device) -> "PagedKVCache":
+        """As many blocks as the workload needs, capped by the memory budget."""
+        fit = max(2, budget_bytes // spec.bytes_per_block)
+        return cls(spec, int(min(fit, needed_blocks + 1)), device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.num_blocks * self.spec.bytes_per_block
+
+    def fill_random(self, seed: int) -> None:
+        """Cached prefixes are random K/V: attention must read exactly the right slots to match eager."""
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        for t in self.k + self.v:
+            t.normal_(generator=g)
+
+    def allocate(self, kv_lens: list[int], generator: torch.Generator) -> list[list[int]]:
+        """Distinct random blocks per sequence, so block tables differ from batch to batch."""
+        bs = self.spec.block_size
+        need = [math.ceil(n / bs) for n in kv_lens]
+        if sum(need) > self.num_blocks - 1:
+            raise GmtoolError(
+                f"the batch needs {sum(need)} KV blocks, the cache has {self.num_blocks - 1}: "
+                "raise --kv-cache-gb or lower --max-kv-len"
+            )
+        perm = (torch.randperm(self.num_blocks - 1, generator=generator) + 1).tolist()
+        tables, at = [], 0
+        for n in need:
+            tables.append(perm[at:at + n])
+            at += n
+        return tables

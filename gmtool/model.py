@@ -1,0 +1,128 @@
+"""Build the Hugging Face causal LM that gmtool runs: a built-in profile with random weights, a local
+checkpoint directory, or a config.json. Never a network access."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gmtool import attention
+from gmtool.errors import GmtoolError
+from gmtool.profiles import load_model_profile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+          "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name.lower()]
+    except KeyError:
+        raise GmtoolError(f"unknown dtype {name!r}: choose from bf16, fp16, fp32") from None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise GmtoolError("--device cuda was asked for, but no CUDA device is available here")
+        return torch.device(name)
+    if name == "cpu":
+        return torch.device("cpu")
+    raise GmtoolError(f"unknown device {name!r}: use auto, cuda, cuda:N or cpu")
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: torch.nn.Module
+    config: object
+    source: str  # profile | checkpoint | config
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_attention_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return getattr(self.config, "num_key_value_heads", None) or self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return getattr(self.config, "head_dim", None) or self.config.hidden_size // self.num_heads
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def forward_logits(self, input_ids, positions, logits_indices) -> torch.Tensor:
+        """Packed tokens [1, T], explicit positions, no HF cache: gmtool's attention owns the KV cache."""
+        base = getattr(self.model, self.model.base_model_prefix)
+        hidden = base(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)[0]
+        return self.model.get_output_embeddings()(hidden[0].index_select(0, logits_indices))
+
+
+def _config_from_dict(d: dict):
+    from transformers import AutoConfig
+
+    d = dict(d)
+    model_type = d.pop("model_type", None)
+    if not model_type:
+        raise GmtoolError("the config has no model_type")
+    try:
+        return AutoConfig.for_model(model_type, **d)
+    except (KeyError, ValueError) as e:
+        raise GmtoolError(f"transformers does not know model_type {model_type!r}: {e}") from None
+
+
+def _check_supported(cfg) -> None:
+    rope = getattr(cfg, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "dynamic":
+        raise GmtoolError("dynamic RoPE syncs with the host on every step: it cannot be captured")
+
+
+def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
+    from transformers import AutoModelForCausalLM
+
+    attention.register()
+    path = Path(spec)
+    torch.manual_seed(seed)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise GmtoolError(f"{spec} is a directory without config.json: not a Hugging Face checkpoint")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, attn_implementation=attention.ATTN_NAME, local_files_only=True,
+                device_map={"": device})
+        except (OSError, ValueError) as e:
+            raise GmtoolError(f"cannot load checkpoint {spec}: {e}") from None
+        cfg, source = model.config, "checkpoint"
+    else:
+        if path.suffix == ".json":
+            if not path.is_file():
+                raise GmtoolError(f"config file {spec} does not exist")
+            raw, source = json.loads(path.read_text()), "config"
+        else:
+            raw, source = load_model_profile(spec)["config"], "profile"
+        cfg = _config_from_dict(raw)
+        _check_supported(cfg)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attention.ATTN_NAME)
+    _check_supported(cfg)
+    model.eval().requires_grad_(False)
+    return LoadedModel(path.name if path.exists() else spec, model, cfg, source)

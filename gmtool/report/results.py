@@ -1,0 +1,74 @@
+"""results.json / results.csv: the stable files every command writes and `gmtool report` reads back."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from gmtool.errors import GmtoolError
+
+SCHEMA_VERSION = 1
+RESULTS_JSON, RESULTS_CSV = "results.json", "results.csv"
+
+
+def prepare_out_dir(out: Path, force: bool) -> Path:
+    """Refuse to write into a non-empty directory unless --force: never overwrite silently."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise GmtoolError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise GmtoolError(f"output directory {out} exists and is not empty: pass --force to overwrite, or another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def default_out_dir(command: str) -> Path:
+    return Path("gmtool-out") / f"{command}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def to_document(result, command: str) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION, "tool": "gmtool", "command": command,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": result.wall_s, "machine": result.machine, "model": result.model, "config": result.config,
+        "notes": result.notes, "errors": result.errors, "records": result.records,
+    }
+
+
+def flat_records(records: list[dict]) -> pd.DataFrame:
+    """One row per record; nested timing dicts become latency_ms_median, host_us_p90, ..."""
+    rows = []
+    for r in records:
+        row = {}
+        for k, v in r.items():
+            if isinstance(v, dict):
+                for sk, sv in v.items():
+                    row[f"{k}_{sk}"] = sv
+            else:
+                row[k] = v
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_results(out: Path, doc: dict) -> list[Path]:
+    out = Path(out)
+    (out / RESULTS_JSON).write_text(json.dumps(doc, indent=2, default=str))
+    flat_records(doc["records"]).to_csv(out / RESULTS_CSV, index=False)
+    return [out / RESULTS_JSON, out / RESULTS_CSV]
+
+
+def load_results(path: Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_JSON
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise GmtoolError(f"no results file at {path}") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise GmtoolError(f"cannot read results file {path}: {e}") from None
+    if not isinstance(doc, dict) or doc.get("tool") != "gmtool" or "records" not in doc:
+        raise GmtoolError(f"{path} is not a gmtool results file")
+    return doc

@@ -1,0 +1,204 @@
+"""One sweep: every mode over every bucket and composition in one process, each replay checked against eager.
+
+Buckets are taken largest first (graphs of a pool then reuse the largest capture's memory). For every
+composition, eager runs the exact batch (no padding) as the reference; each graph mode replays the padded
+bucket and is compared with it.
+"""
+from __future__ import annotations
+
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from gmtool.attention import ForwardContext, forward_context
+from gmtool.batch import Batch, make_batch
+from gmtool.buckets import BucketKey
+from gmtool.config import SweepConfig
+from gmtool.errors import GmtoolError, OutOfMemory
+from gmtool.executor import GraphExecutor
+from gmtool.inputs import PersistentInputs
+from gmtool.kv_cache import KVCacheSpec, PagedKVCache
+from gmtool.model import LoadedModel, load_model
+from gmtool.timing import host_us, rel_err_per_seq, summarize, time_ms, tolerance_for
+
+STATUS_OK, STATUS_UNSAFE, STATUS_ERROR, STATUS_OOM, STATUS_SKIPPED = "ok", "UNSAFE", "error", "oom", "skipped"
+
+
+@dataclass
+class SweepResult:
+    config: dict
+    machine: dict
+    model: dict
+    records: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def machine_info(device: torch.device) -> dict:
+    import transformers
+
+    info = {"device": device.type, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "host": platform.node(), "backend": "cpu-tape",
+            "gpu": None, "driver": None, "cuda": None}
+    if device.type == "cuda":
+        info.update(backend="cuda", gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        except Exception:  # NVML is optional: the report just lacks the driver version
+            pass
+    return info
+
+
+class Sweep:
+    def __init__(self, cfg: SweepConfig, progress=None, pool_factory=None):
+        self.cfg, self.progress, self.pool_factory = cfg, progress, pool_factory
+        self.device = cfg.torch_device
+
+    # -- setup ---------------------------------------------------------------------------------------
+    def _build(self) -> tuple[LoadedModel, PagedKVCache]:
+        cfg = self.cfg
+        lm = load_model(cfg.model, self.device, cfg.torch_dtype, cfg.seed)
+        spec = KVCacheSpec(lm.num_layers, lm.num_kv_heads, lm.head_dim, cfg.block_size, cfg.max_kv_len,
+                           cfg.torch_dtype)
+        worst = max(c.num_seqs for cs in cfg.plan.values() for c in cs) * spec.blocks_per_seq
+        if cfg.kv_cache_gb is not None:
+            budget = int(cfg.kv_cache_gb * 2**30)
+        elif self.device.type == "cuda":
+            budget = int(torch.cuda.mem_get_info(self.device)[0] * 0.4)
+        else:
+            budget = 1 << 40
+        cache = PagedKVCache.from_budget(spec, budget, worst, self.device)
+        cache.fill_random(cfg.seed)
+        return lm, cache
+
+    # -- the sweep -----------------------------------------------------------------------------------
+    def run(self) -> SweepResult:
+        cfg, t_start = self.cfg, time.perf_counter()
+        lm, cache = self._build()
+        self.lm, self.cache = lm, cache
+        res = SweepResult(cfg.to_dict(), machine_info(self.device),
+                          {"name": lm.name, "source": lm.source, "params": lm.num_params,
+                           "layers": lm.num_layers, "heads": lm.num_heads, "kv_heads": lm.num_kv_heads,
+                           "head_dim": lm.head_dim, "vocab": lm.vocab_size,
+                           "kv_cache_blocks": cache.num_blocks, "kv_cache_bytes": cache.nbytes},
+                          notes=list(cfg.notes))
+        executors = {m: self._executor(m, lm, cache) for m in cfg.graph_modes}
+        eager_inputs = PersistentInputs(max(cfg.bucket_sizes), cfg.max_num_seqs, cache.spec.blocks_per_seq,
+                                        lm.vocab_size, lm.model.dtype, self.device)
+        tol = tolerance_for(cfg.torch_dtype)
+        dead: dict[str, str] = {}  # mode -> why its remaining buckets are skipped
+        total = sum(len(cs) for cs in cfg.plan.values())
+        if self.progress:
+            self.progress.start(total)
+        for bucket in sorted(cfg.plan, reverse=True):
+            for comp in cfg.plan[bucket]:
+                base = {"bucket": bucket, "composition": comp.label, "num_tokens": comp.num_tokens,
+                        "num_seqs": comp.num_seqs, "tolerance": tol}
+                try:
+                    batch = make_batch(comp, cache, lm.vocab_size, cfg.max_num_seqs)
+                    ref, eager_ms = self._eager(lm, cache, eager_inputs, batch, "eager" in cfg.modes)
+                except GmtoolError as e:
+                    res.errors.append(str(e))
+                    res.records.append(_record(base, "eager", STATUS_ERROR, error=str(e)))
+                    if self.progress:
+                        self.progress.advance(f"{bucket}: {comp.label} (error)")
+                    continue
+                eager_med = eager_ms["median"] if eager_ms else None
+                if "eager" in cfg.modes:
+                    res.records.append(_record(base, "eager", STATUS_OK, max_rel_err=0.0, latency_ms=eager_ms,
+                                               eager_latency_ms=eager_med, speedup=1.0))
+                for mode, ex in executors.items():
+                    if mode in dead:
+                        res.records.append(_record(base, mode, STATUS_SKIPPED, error=dead[mode]))
+                        continue
+                    rec = self._graph_run(ex, mode, batch, ref, eager_med, tol, base)
+                    res.records.append(rec)
+                    if rec["status"] == STATUS_OOM:
+                        dead[mode] = f"skipped after out of memory at bucket {bucket}"
+                        res.errors.append(rec["error"])
+                if self.progress:
+                    self.progress.advance(f"bucket {bucket}: {comp.label}")
+        for ex in executors.values():
+            ex.release()
+        res.wall_s = time.perf_counter() - t_start
+        return res
+
+    def _executor(self, mode: str, lm, cache) -> GraphExecutor:
+        cfg = self.cfg
+        graph_mode = "piecewise" if mode == "piecewise" else "full"
+        # full graphs for prefill take the wide key (num_tokens x num_seqs); full-narrow shows why
+        policy = cfg.policy(wide_key=(mode == "full"))
+        ex = GraphExecutor(lm, cache, policy, graph_mode, cfg.max_num_seqs, self.device,
+                           self.pool_factory(mode) if self.pool_factory else None)
+        if mode == "piecewise" and cfg.piecewise_impl == "fx":
+            from gmtool.fx_split import enable_fx_piecewise
+
+            enable_fx_piecewise(ex)
+        return ex
+
+    def _eager(self, lm, cache, inputs: PersistentInputs, batch: Batch, timed: bool):
+        key = BucketKey(batch.num_tokens, batch.num_seqs, batch.is_decode)
+        views = inputs.load(batch, key)
+        ctx = ForwardContext(cache, views, "decode" if batch.is_decode else "planned", batch.plan, batch.num_seqs)
+
+        def fn():
+            with forward_context(ctx), torch.no_grad():
+                views.logits.copy_(lm.forward_logits(views.input_ids, views.positions, views.logits_indices))
+
+        fn()
+        ref = views.logits[: batch.num_seqs].clone()
+        ms = summarize(time_ms(fn, self.cfg.num_iters, self.cfg.num_iters_warmup, self.device)) if timed else None
+        return ref, ms
+
+    def _graph_run(self, ex: GraphExecutor, mode, batch, ref, eager_med, tol, base) -> dict:
+        cfg = self.cfg
+        key = ex.key_for(batch)
+        fresh = key not in ex.graphs
+        try:
+            out = ex.step(batch).clone()
+        except OutOfMemory as e:
+            ex.backend.abort()
+            return _record(base, mode, STATUS_OOM, key=str(key), error=str(e))
+        except GmtoolError as e:
+            return _record(base, mode, STATUS_ERROR, key=str(key), error=str(e))
+        entry = ex.graphs[key]
+        err = rel_err_per_seq(out, ref)
+        stale = entry.stale_metadata(batch)
+        rec = _record(base, mode, STATUS_OK, key=str(key), impl=entry.impl, max_rel_err=err,
+                      capture_s=entry.capture_s if fresh else None,
+                      graph_mem_bytes=entry.graph_mem_bytes if fresh else None,
+                      pool_growth_bytes=entry.pool_growth_bytes if fresh else None,
+                      pieces=entry.pieces, runners=entry.runners, stale_metadata=stale,
+                      piecewise_impl=cfg.piecewise_impl if mode == "piecewise" else None,
+                      captured_with=entry.captured_with)
+        if err > tol or stale or not math.isfinite(err):
+            rec["status"] = STATUS_UNSAFE
+            why = "stale host metadata frozen at capture" if stale else "replay differs from eager"
+            rec["error"] = f"{why}: max relative error {err:.3g} (tolerance {tol:g})"
+            return rec  # an unsafe replay gets no latency and no speedup
+        lat = summarize(time_ms(lambda: entry.replay(batch), cfg.num_iters, cfg.num_iters_warmup, self.device))
+        rec["latency_ms"] = lat
+        rec["eager_latency_ms"] = eager_med
+        rec["speedup"] = (eager_med / lat["median"]) if eager_med and lat["median"] > 0 else None
+        rec["host_us"] = summarize(host_us(lambda: ex.step(batch), max(5, cfg.num_iters // 2), self.device))
+        return rec
+
+
+RECORD_FIELDS = ("mode", "bucket", "key", "composition", "num_tokens", "num_seqs", "status", "impl",
+                 "piecewise_impl", "max_rel_err", "tolerance", "stale_metadata", "capture_s", "compile_s",
+                 "graph_mem_bytes", "pool_growth_bytes", "pieces", "runners", "latency_ms",
+                 "eager_latency_ms", "speedup", "host_us", "captured_with", "error")
+
+
+def _record(base: dict, mode: str, status: str, **kw) -> dict:
+    rec = dict.fromkeys(RECORD_FIELDS)
+    rec.update(base)
+    rec.update(mode=mode, status=status, **kw)
+    return rec

@@ -1,0 +1,70 @@
+"""Timing: CUDA events after warm-up on the GPU (host clock on the CPU backend), medians and spread."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+NOISY_IQR_FRACTION = 0.10  # spread above 10% of the median earns a noise warning
+
+
+def time_ms(fn, iters: int, warmup: int, device: torch.device) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        out = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+    torch.cuda.synchronize(device)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize(device)
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def host_us(prepare_and_launch, iters: int, device: torch.device) -> list[float]:
+    """Host time of copy-in plus dispatch, with the device idle before each call, apart from device time."""
+    out = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        prepare_and_launch()
+        out.append((time.perf_counter() - t0) * 1e6)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out
+
+
+def summarize(samples: list[float]) -> dict:
+    a = np.asarray(samples, dtype=float)
+    if a.size == 0:
+        return {}
+    q1, med, q3 = np.percentile(a, [25, 50, 75])
+    return {
+        "median": float(med), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)),
+        "min": float(a.min()), "iqr": float(q3 - q1), "n": int(a.size),
+        "noisy": bool(med > 0 and (q3 - q1) / med > NOISY_IQR_FRACTION),
+    }
+
+
+def rel_err_per_seq(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max over sequences of ||out - ref|| / ||ref|| (float64): one wrong sequence cannot hide in a batch."""
+    o, r = out.double(), ref.double()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    num = (o - r).norm(dim=-1)
+    den = r.norm(dim=-1).clamp_min(1e-30)
+    return float((num / den).max())
+
+
+def tolerance_for(dtype: torch.dtype) -> float:
+    return {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}.get(dtype, 2e-2)
