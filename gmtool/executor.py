@@ -72,7 +72,8 @@ class CapturedGraph:
 
 class GraphExecutor:
     def __init__(self, lm: LoadedModel, cache: PagedKVCache, policy: BucketPolicy, mode: str,
-                 max_num_seqs: int, device: torch.device, pool_factory=None):
+                 max_num_seqs: int, device: torch.device, memory=None):
+        """memory: a MemoryStrategy (gmtool.memory) choosing the pool of each capture; None: one shared pool."""
         if mode not in ("full", "piecewise"):
             raise GmtoolError(f"graph mode must be full or piecewise, got {mode!r}")
         self.lm, self.cache, self.policy, self.mode, self.device = lm, cache, policy, mode, device
@@ -82,7 +83,8 @@ class GraphExecutor:
         # the next runner overwrites it)
         self.attn_out = torch.zeros(policy.max_tokens, lm.num_heads, lm.head_dim, dtype=lm.model.dtype,
                                     device=device)
-        self.backend = make_backend(device, pool_factory)
+        self.backend = make_backend(device)
+        self.memory = memory
         self.graphs: dict[BucketKey, CapturedGraph] = {}
         self.refresh_runner_metadata = True  # False only to demonstrate the stale-metadata bug
 
@@ -111,6 +113,8 @@ class GraphExecutor:
                 mem0, res0 = torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)
                 torch.cuda.reset_peak_memory_stats(self.device)
             ctx.planned_with.clear()
+            if self.memory is not None:  # every piece of one bucket goes into the pool chosen for it
+                self.backend.pool = self.memory.pool_for(key)
             if self.mode == "piecewise":
                 ctx.breaker = self._breaker(entry)
             t0 = time.perf_counter()
@@ -134,6 +138,8 @@ class GraphExecutor:
         if cuda:
             entry.graph_mem_bytes = torch.cuda.max_memory_allocated(self.device) - mem0
             entry.pool_growth_bytes = torch.cuda.memory_reserved(self.device) - res0
+        if self.memory is not None:
+            self.memory.captured(key, entry)
         if self.mode == "full":
             entry.baked_plans = list(ctx.planned_with)
         ctx.planned_with.clear()
@@ -165,5 +171,8 @@ class GraphExecutor:
         return self.inputs.views(entry.key).logits[: batch.num_seqs]
 
     def release(self) -> None:
+        """Graphs first, then their pools (a pool must outlive every graph captured into it)."""
         self.graphs.clear()
         self.backend.release()
+        if self.memory is not None:
+            self.memory.release()

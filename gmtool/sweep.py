@@ -57,8 +57,9 @@ def machine_info(device: torch.device) -> dict:
 
 
 class Sweep:
-    def __init__(self, cfg: SweepConfig, progress=None, pool_factory=None):
-        self.cfg, self.progress, self.pool_factory = cfg, progress, pool_factory
+    def __init__(self, cfg: SweepConfig, progress=None, memory_factory=None):
+        """memory_factory(mode) -> a MemoryStrategy for that mode's executor (None: one shared pool)."""
+        self.cfg, self.progress, self.memory_factory = cfg, progress, memory_factory
         self.device = cfg.torch_device
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -136,7 +137,7 @@ class Sweep:
         # full graphs for prefill take the wide key (num_tokens x num_seqs); full-narrow shows why
         policy = cfg.policy(wide_key=(mode == "full"))
         ex = GraphExecutor(lm, cache, policy, graph_mode, cfg.max_num_seqs, self.device,
-                           self.pool_factory(mode) if self.pool_factory else None)
+                           self.memory_factory(mode) if self.memory_factory else None)
         if mode == "piecewise" and cfg.piecewise_impl == "fx":
             from gmtool.fx_split import enable_fx_piecewise
 

@@ -3,11 +3,11 @@ from gmtool.backends.base import Graph, GraphBackend
 from gmtool.backends.cpu import CpuTapeBackend
 
 
-def make_backend(device, pool_factory=None) -> GraphBackend:
+def make_backend(device) -> GraphBackend:
     if device.type == "cuda":
         from gmtool.backends.cuda import CudaGraphBackend
 
-        return CudaGraphBackend(device, pool_factory)
+        return CudaGraphBackend(device)
     return CpuTapeBackend()
 
 

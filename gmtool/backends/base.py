@@ -25,5 +25,7 @@ class GraphBackend(Protocol):
 
     def synchronize(self) -> None: ...
 
-    def new_pool(self) -> None:
-        """Start a fresh memory pool for the graphs captured after this call."""
+    def abort(self) -> None:
+        """End a capture that failed part-way."""
+
+    # `pool`: the memory pool id the next begin() captures into (set by a MemoryStrategy)

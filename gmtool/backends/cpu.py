@@ -79,8 +79,7 @@ class CpuTapeBackend:
     def synchronize(self) -> None:
         pass
 
-    def new_pool(self) -> None:
-        pass
+    pool = None  # the executor may set it; the tape keeps its tensors alive itself
 
     def pool_bytes(self) -> int:
         return 0

@@ -25,12 +25,10 @@ class CudaGraph:
 class CudaGraphBackend:
     name = "cuda"
 
-    def __init__(self, device: torch.device, pool_factory=None):
-        """pool_factory() returns a pool id for torch.cuda.graph(pool=...), or None for a fresh private pool."""
+    def __init__(self, device: torch.device):
         self.device = device
         self.stream = torch.cuda.Stream(device)
-        self.pool_factory = pool_factory
-        self.pool = None
+        self.pool = None  # a pool id; None: one private pool made at the first capture and shared after
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self._capturing: torch.cuda.CUDAGraph | None = None
         self._stream_ctx = None
@@ -43,9 +41,6 @@ class CudaGraphBackend:
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self.stream.synchronize()
         self.warmed = True
-
-    def new_pool(self) -> None:
-        self.pool = self.pool_factory() if self.pool_factory else None
 
     def begin(self) -> None:
         assert self.warmed, "warm up the capture stream before the first capture"

@@ -21,12 +21,12 @@ def build_config(profile: str | None, **opts) -> SweepConfig:
 
 
 def run_and_write(cfg: SweepConfig, command: str, out: Path | None, force: bool, console: Console,
-                  pool_factory=None) -> tuple[dict, Path]:
+                  memory_factory=None) -> tuple[dict, Path]:
     out = prepare_out_dir(out or default_out_dir(command), force)
     for note in cfg.notes:
         console.print(f"[yellow]note:[/] {note}")
     with SweepProgress(console, command) as progress:
-        result = Sweep(cfg, progress, pool_factory).run()
+        result = Sweep(cfg, progress, memory_factory).run()
     doc = to_document(result, command)
     write_results(out, doc)
     return doc, out
