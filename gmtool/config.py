@@ -83,6 +83,10 @@ class SweepConfig:
             self.max_kv_len = max(1024 if cuda else 128, longest)
         if self.max_kv_len <= 0:
             raise GmtoolError("--max-kv-len must be positive")
+        if longest > self.max_kv_len:
+            c = next(c for cs in self.plan.values() for c in cs
+                     if any((p.prefix or 0) + p.new_tokens == longest for p in c.parts))
+            raise GmtoolError(f"composition {c.label}: prefix + new tokens = {longest} exceeds --max-kv-len {self.max_kv_len}")
 
     def policy(self, wide_key: bool = False) -> BucketPolicy:
         return BucketPolicy(self.bucket_sizes, self.max_tokens, wide_key)

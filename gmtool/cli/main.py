@@ -31,7 +31,8 @@ _register()
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # typer.Exit(n) comes back as the return value here
+        sys.exit(rc if isinstance(rc, int) else 0)
     except GmtoolError as e:
         err_console.print(f"[bold red]error:[/] {e}", highlight=False)
         sys.exit(2)

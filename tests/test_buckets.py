@@ -1,0 +1,84 @@
+import pytest
+
+from gmtool.buckets import DEFAULT_DECODE_BUCKETS, BucketKey, BucketPolicy, parse_buckets
+from gmtool.compositions import assign_buckets, default_compositions, parse_composition, parse_compositions
+from gmtool.errors import GmtoolError
+
+
+def test_parse_buckets_lists_and_ranges():
+    assert parse_buckets("1,2,4,8") == [1, 2, 4, 8]
+    assert parse_buckets("8:32:8") == [8, 16, 24, 32]
+    assert parse_buckets("1, 2,4,8:24:8,4") == [1, 2, 4, 8, 16, 24]
+    assert DEFAULT_DECODE_BUCKETS[:5] == [1, 2, 4, 8, 16] and DEFAULT_DECODE_BUCKETS[-1] == 256
+
+
+@pytest.mark.parametrize("text", ["", "  ", "1,,2", "a", "1:", "8:4", "8:16:0", "0,1", "-4", "1:2:3:4"])
+def test_parse_buckets_rejects_malformed(text):
+    with pytest.raises(GmtoolError):
+        parse_buckets(text)
+
+
+def test_policy_picks_smallest_fitting_bucket():
+    p = BucketPolicy([1, 2, 4, 8])
+    assert [p.bucket_for(n) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
+    with pytest.raises(GmtoolError, match="fits no bucket"):
+        p.bucket_for(9)
+    with pytest.raises(GmtoolError):
+        p.bucket_for(0)
+
+
+def test_policy_rejects_bucket_above_configured_max():
+    with pytest.raises(GmtoolError, match="above the configured maximum"):
+        BucketPolicy([8, 16, 512], max_tokens=256)
+
+
+def test_wide_key_only_for_non_decode_batches():
+    p = BucketPolicy([16, 32], wide_key=True)
+    assert p.key_for(20, 4, decode=False) == BucketKey(32, 4, False)
+    assert p.key_for(12, 12, decode=True) == BucketKey(16, None, True)
+    assert BucketPolicy([16, 32]).key_for(20, 4, decode=False) == BucketKey(32, None, False)
+    assert p.key_for(3, 3, decode=True, pinned=32).num_tokens == 32
+    with pytest.raises(GmtoolError):
+        p.key_for(20, 1, decode=False, pinned=16)
+
+
+def test_composition_grammar():
+    c = parse_composition("128=100+28@512")
+    assert c.bucket == 128 and c.num_tokens == 128 and c.num_seqs == 2 and c.parts[1].prefix == 512
+    c = parse_composition("1*13")
+    assert c.num_tokens == 13 and c.num_seqs == 13 and c.is_decode and c.bucket is None
+    assert parse_composition("32*4").num_seqs == 4
+    assert [x.label for x in parse_compositions("64+64, 16*8")] == ["64+64", "16*8"]
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("128=100+100", "more than its bucket"), ("0*4", "> 0"), ("4*0", "> 0"), ("-4", "not N"),
+    ("x=4", "bucket size"), ("4@", "not N"), ("4**2", "not N"), ("", "empty")])
+def test_bad_compositions(text, msg):
+    with pytest.raises(GmtoolError, match=msg):
+        parse_compositions(text)
+
+
+def test_default_compositions_land_in_their_bucket():
+    policy = BucketPolicy(DEFAULT_DECODE_BUCKETS)
+    below = 0
+    for b in policy.sizes:
+        comps = default_compositions(b, "decode", below)
+        assert len(comps) >= 3
+        assert all(policy.bucket_for(c.num_tokens) == b for c in comps)
+        assert len({c.seed for c in comps}) == len(comps)
+        below = b
+    for b in (128, 512, 2048):
+        comps = default_compositions(b, "prefill", b // 4)
+        assert len(comps) >= 3 and all(c.num_tokens <= b for c in comps)
+
+
+def test_assign_buckets_pins_and_rejects_unknown_bucket():
+    policy = BucketPolicy([16, 32])
+    groups = assign_buckets(parse_compositions("8+8,32=4*2,20"), policy)
+    assert [c.label for c in groups[16]] == ["8+8"]
+    assert [c.label for c in groups[32]] == ["4*2", "20"]
+    with pytest.raises(GmtoolError, match="not captured"):
+        assign_buckets(parse_compositions("64=8"), policy)
+    with pytest.raises(GmtoolError, match="fits no bucket"):
+        assign_buckets(parse_compositions("40"), policy)

@@ -1,0 +1,123 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gmtool.cli.main import app
+from gmtool.config import SweepConfig
+from gmtool.sweep import Sweep
+
+runner = CliRunner()
+
+
+def gm(*args):
+    """Run the real entry point in a subprocess: exit code, stdout, stderr as a user sees them."""
+    p = subprocess.run([sys.executable, "-m", "gmtool.cli.main", *args], capture_output=True, text=True,
+                       timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_capture_on_cpu_writes_results(tmp_path):
+    out = tmp_path / "run"
+    code, stdout, stderr = gm("capture", "--device", "cpu", "--buckets", "1,2,4", "--num-iters", "2",
+                              "--num-iters-warmup", "1", "--out", str(out))
+    assert code == 0, stderr
+    assert "CPU tape backend" in stdout and "max rel err" in stdout
+    doc = json.loads((out / "results.json").read_text())
+    graph_rows = [r for r in doc["records"] if r["mode"] == "full"]
+    assert {r["bucket"] for r in graph_rows} == {1, 2, 4}
+    assert len(graph_rows) >= 9 and all(r["status"] == "ok" for r in graph_rows)
+    assert all(r["max_rel_err"] < 1e-4 for r in graph_rows)
+    assert doc["machine"]["backend"] == "cpu-tape"
+    assert (out / "results.csv").read_text().startswith("bucket,") or "mode" in (out / "results.csv").read_text()
+
+
+def test_capture_piecewise_prefill_reports_pieces(tmp_path):
+    out = tmp_path / "pw"
+    code, stdout, stderr = gm("capture", "--device", "cpu", "--scenario", "prefill", "--mode", "piecewise",
+                              "--buckets", "32", "--compositions", "16+16,8*4,20+12@40", "--num-iters", "2",
+                              "--out", str(out))
+    assert code == 0, stderr
+    rows = [r for r in json.loads((out / "results.json").read_text())["records"] if r["mode"] == "piecewise"]
+    assert [r["composition"] for r in rows] == ["16+16", "8*4", "20+12@40"]
+    assert all(r["pieces"] == 3 and r["runners"] == 2 and r["status"] == "ok" for r in rows)
+
+
+def test_narrow_full_graph_for_prefill_is_reported_unsafe(tmp_path):
+    out = tmp_path / "narrow"
+    code, stdout, _ = gm("capture", "--device", "cpu", "--scenario", "prefill", "--mode", "full-narrow",
+                         "--buckets", "32", "--compositions", "16+16,8*4", "--num-iters", "2", "--out", str(out))
+    rows = [r for r in json.loads((out / "results.json").read_text())["records"] if r["mode"] == "full-narrow"]
+    assert [r["status"] for r in rows] == ["ok", "UNSAFE"]
+    assert rows[1]["latency_ms"] is None and rows[1]["speedup"] is None and rows[1]["max_rel_err"] > 1e-2
+    assert "UNSAFE" in stdout
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+    (["--buckets", "1,,2"], "malformed bucket"),
+    (["--buckets", ""], "empty bucket list"),
+    (["--buckets", "8,a"], "malformed bucket item"),
+    (["--buckets", "8,512", "--max-tokens", "256"], "above the configured maximum"),
+    (["--compositions", "8=4+8"], "more than its bucket"),
+    (["--compositions", "0*3"], "must be > 0"),
+    (["--buckets", "8", "--compositions", "4@200", "--max-kv-len", "128"], "exceeds --max-kv-len"),
+    (["--scenario", "sideways"], "unknown scenario"),
+    (["--mode", "fastest"], "unknown mode"),
+    (["--dtype", "int3"], "unknown dtype"),
+])
+def test_bad_input_is_one_line_error(args, msg, tmp_path):
+    code, stdout, stderr = gm("capture", "--device", "cpu", "--out", str(tmp_path / "x"), *args)
+    assert code != 0
+    assert msg in stderr, stderr
+    assert "Traceback" not in stderr + stdout
+
+
+def test_unknown_model_lists_profiles(tmp_path):
+    code, _, stderr = gm("capture", "--model", "nope", "--device", "cpu", "--out", str(tmp_path / "y"))
+    assert code == 2 and "qwen3-0.6b" in stderr and "tiny-llama" in stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_cuda_requested_without_cuda(tmp_path):
+    code, _, stderr = gm("capture", "--device", "cuda", "--out", str(tmp_path / "z"))
+    assert code == 2 and "no CUDA device" in stderr and "Traceback" not in stderr
+
+
+def test_existing_out_dir_is_not_overwritten(tmp_path):
+    (tmp_path / "keep.txt").write_text("x")
+    code, _, stderr = gm("capture", "--device", "cpu", "--out", str(tmp_path))
+    assert code == 2 and "--force" in stderr and (tmp_path / "keep.txt").exists()
+
+
+def test_help_is_useful():
+    r = runner.invoke(app, ["--help"])
+    assert r.exit_code == 0 and "capture" in r.output
+    r = runner.invoke(app, ["capture", "--help"])
+    assert r.exit_code == 0 and "--buckets" in r.output and "--compositions" in r.output
+
+
+def test_out_of_memory_during_capture_keeps_done_buckets(monkeypatch):
+    """OOM at one bucket: earlier buckets' results kept, the failing one named, later ones skipped."""
+    from gmtool.backends.cpu import CpuTapeBackend
+
+    real_end = CpuTapeBackend.end
+    calls = {"n": 0}
+
+    def end(self):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second capture (bucket 2; buckets go largest first)
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_end(self)
+
+    monkeypatch.setattr(CpuTapeBackend, "end", end)
+    cfg = SweepConfig(device="cpu", buckets="1,2,4", modes=("eager", "full"), num_iters=2, num_iters_warmup=0)
+    res = Sweep(cfg).run()
+    full = [r for r in res.records if r["mode"] == "full"]
+    assert all(r["status"] == "ok" for r in full if r["bucket"] == 4)
+    assert any(r["status"] == "oom" and r["bucket"] == 2 for r in full)
+    assert all(r["status"] == "skipped" for r in full if r["bucket"] == 1)
+    assert any("bucket d2" in e for e in res.errors)

@@ -1,0 +1,147 @@
+import pytest
+import torch
+
+from gmtool.attention import ForwardContext, forward_context
+from gmtool.backends.cpu import CpuTapeBackend, TapeGraph
+from gmtool.buckets import BucketKey
+from gmtool.errors import CaptureError
+from gmtool.executor import AttentionRunner
+from tests.helpers import Rig, rel
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama"])
+def test_full_decode_graph_matches_eager_for_many_compositions(model):
+    rig = Rig(model)
+    for i, text in enumerate(["1*8", "1*5", "1*8", "1*6", "1*7"]):
+        b = rig.batch(text, seed=i)
+        assert rel(rig.graph(b), rig.eager(b)) < 1e-5, text
+    # one graph served every batch of bucket 8: captured once, replayed with other kv lens / block tables
+    assert list(rig.ex.graphs) == [BucketKey(8, None, True)]
+
+
+def test_graph_cache_capture_on_miss_replay_on_hit():
+    rig = Rig()
+    captures = []
+    real = rig.ex.capture
+    rig.ex.capture = lambda key, batch: captures.append(key) or real(key, batch)
+    for text in ["1*3", "1*4", "1*7", "1*2", "1*8", "1*16"]:
+        rig.graph(rig.batch(text))
+    assert captures == [BucketKey(4, None, True), BucketKey(8, None, True), BucketKey(16, None, True)]
+
+
+def test_stale_input_not_copied_in_is_detected():
+    """Replay reads only the persistent buffers: an input written elsewhere gives a wrong result."""
+    rig = Rig()
+    a, b = rig.batch("1*8", seed=1), rig.batch("1*8", seed=2)
+    rig.graph(a)
+    entry = rig.ex.graphs[BucketKey(8, None, True)]
+    entry.replay(b)  # bug under test: batch b never copied into the persistent buffers
+    stale = rig.ex.inputs.views(entry.key).logits[:8].clone()
+    assert rel(stale, rig.eager(b)) > 1e-2
+    assert rel(rig.graph(b), rig.eager(b)) < 1e-5  # with copy-in it is right again
+
+
+def test_replacing_a_buffer_object_is_not_seen_by_replay():
+    rig = Rig()
+    a, b = rig.batch("1*4", seed=1), rig.batch("1*4", seed=2)
+    out_a = rig.graph(a)
+    views = rig.ex.inputs.views(BucketKey(4, None, True))
+    views.input_ids = torch.tensor(b.input_ids)  # a new tensor, not a copy into the captured one
+    rig.ex.graphs[BucketKey(4, None, True)].steps[0].replay()
+    assert torch.equal(rig.ex.inputs.views(BucketKey(4, None, True)).logits[:4], out_a)
+
+
+def test_padding_is_zeroed_and_addresses_are_stable():
+    rig = Rig()
+    inputs = rig.ex.inputs
+    key = BucketKey(8, None, True)
+    v1 = inputs.load(rig.batch("1*8", seed=3), key)
+    ptrs = [t.data_ptr() for t in (v1.input_ids, v1.block_tables, v1.kv_lens, v1.logits)]
+    v2 = inputs.load(rig.batch("1*5", seed=4), key)
+    assert [t.data_ptr() for t in (v2.input_ids, v2.block_tables, v2.kv_lens, v2.logits)] == ptrs
+    assert v2.input_ids[5:].eq(0).all() and v2.slot_mapping[5:].eq(0).all() and v2.kv_lens[5:].eq(0).all()
+    assert v2.block_tables[5:].eq(0).all() and v2.token_seq[5:].eq(-1).all()
+    assert v2.cu_q.tolist() == [0, 1, 2, 3, 4, 5, 5, 5, 5]
+    # every bucket's views are slices of one arena sized for the largest bucket
+    assert v2.input_ids.data_ptr() == inputs.arena.data_ptr()
+    small = inputs.views(BucketKey(4, None, True))
+    assert small.input_ids.data_ptr() == v2.input_ids.data_ptr() and small.input_ids.numel() == 4
+
+
+def test_slot_mapping_follows_block_tables():
+    rig = Rig()
+    b = rig.batch("3@20+1*2", seed=5)
+    bs = rig.cache.spec.block_size
+    pos, slots = b.positions.tolist(), b.slot_mapping.tolist()
+    assert pos[:3] == [20, 21, 22]
+    for t, (p, s) in enumerate(zip(pos[:3], slots[:3])):
+        assert s == b.block_tables[0][p // bs] * bs + p % bs
+    assert b.kv_lens[0] == 23 and all(0 not in row for row in b.block_tables)  # block 0 is the null block
+
+
+def test_piecewise_instruction_order_alternates_graph_and_runner():
+    rig = Rig(mode="piecewise")
+    b = rig.batch("8+8", seed=1)
+    rig.graph(b)
+    steps = rig.ex.graphs[rig.ex.key_for(b)].steps
+    kinds = ["runner" if isinstance(s, AttentionRunner) else "graph" for s in steps]
+    n = rig.lm.num_layers
+    assert kinds == ["graph", "runner"] * n + ["graph"]
+    assert [s.layer for s in steps if isinstance(s, AttentionRunner)] == list(range(n))
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama"])
+def test_piecewise_matches_eager_for_prefill_mixes(model):
+    rig = Rig(model, mode="piecewise")
+    for i, text in enumerate(["16+16", "8*4", "4*8", "20+12@64", "26+2@40+1*4"]):
+        b = rig.batch(text, seed=i)
+        assert rel(rig.graph(b), rig.eager(b)) < 1e-5, text
+    assert len(rig.ex.graphs) == 1  # one piecewise graph (key: 32 tokens) served every mix
+
+
+def test_runner_with_stale_metadata_gives_wrong_result():
+    rig = Rig(mode="piecewise")
+    a, b = rig.batch("16+16", seed=1), rig.batch("4*8", seed=2)
+    rig.graph(a)
+    rig.ex.refresh_runner_metadata = False  # the bug: runners keep the capture batch's plan
+    assert rel(rig.graph(b), rig.eager(b)) > 1e-2
+    rig.ex.refresh_runner_metadata = True
+    assert rel(rig.graph(b), rig.eager(b)) < 1e-5
+
+
+def test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe():
+    narrow = Rig(mode="full")
+    a, b = narrow.batch("16+16", seed=1), narrow.batch("8*4", seed=2)
+    narrow.graph(a)
+    out = narrow.graph(b)
+    entry = narrow.ex.graphs[narrow.ex.key_for(b)]
+    assert entry.stale_metadata(b) and not entry.stale_metadata(a)
+    assert rel(out, narrow.eager(b)) > 1e-2
+    wide = Rig(mode="full", wide_key=True)
+    for i, text in enumerate(["16+16", "20+12@64", "30+2"]):
+        bb = wide.batch(text, seed=i)
+        assert rel(wide.graph(bb), wide.eager(bb)) < 1e-5
+    assert len(wide.ex.graphs) == 1  # same (32 tokens, 2 seqs) key, three different splits, no stale plan
+    assert not any(e.baked_plans for e in wide.ex.graphs.values())
+
+
+def test_tape_refuses_host_sync_during_capture():
+    be = CpuTapeBackend()
+    x = torch.ones(3)
+    be.begin()
+    with pytest.raises(CaptureError, match="host sync"):
+        x.sum().item()
+    be.abort()
+
+
+def test_tape_replay_reruns_over_the_same_tensors():
+    be = CpuTapeBackend()
+    x = torch.arange(4.0)
+    out = torch.zeros(4)
+    be.begin()
+    y = x * 2 + 1
+    out.copy_(y.relu())
+    g: TapeGraph = be.end()
+    x.copy_(torch.tensor([-5.0, 1.0, 2.0, 3.0]))
+    g.replay()
+    assert out.tolist() == [0.0, 3.0, 5.0, 7.0]
