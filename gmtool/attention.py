@@ -34,26 +34,19 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     vc.index_copy_(0, slots, v)
 
 
-def _gqa_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    # q [..., H, D] k [..., L, Hkv, D] -> [..., Hkv, G, L]
-    hkv = k.shape[-2]
-    qg = q.unflatten(-2, (hkv, q.shape[-2] // hkv))
-    return torch.einsum("...hgd,...lhd->...hgl", qg.float(), k.float()) * scale
-
-
 def decode_attention(q, k_cache, v_cache, block_tables, kv_lens, scale) -> torch.Tensor:
-    """q [B, H, D]; each sequence reads its kv_lens[b] tokens through block_tables[b] (device buffers)."""
+    """q [B, H, D]; each sequence reads its kv_lens[b] tokens through block_tables[b] (device buffers).
+    Reference: it gathers every block-table entry (the launch shape must not depend on kv_lens), so it reads
+    max_kv_len tokens per sequence; the Triton kernel reads only kv_lens[b]."""
     b, h, d = q.shape
-    bs = k_cache.shape[1]
     k = k_cache[block_tables].flatten(1, 2)  # [B, L, Hkv, D]
     v = v_cache[block_tables].flatten(1, 2)
-    scores = _gqa_scores(q, k, scale)  # [B, Hkv, G, L]
-    pos = torch.arange(block_tables.shape[1] * bs, device=q.device)
+    qg = q.unflatten(1, (k.shape[2], h // k.shape[2]))  # [B, Hkv, G, D]
+    scores = torch.einsum("bhgd,blhd->bhgl", qg, k).float() * scale
+    pos = torch.arange(k.shape[1], device=q.device)
     valid = pos[None, :] < kv_lens.clamp_min(1)[:, None]  # padded sequences read the null block
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    p = scores.softmax(-1)
-    out = torch.einsum("bhgl,blhd->bhgd", p, v.float())
-    return out.reshape(b, h, d).to(q.dtype)
+    p = scores.masked_fill(~valid[:, None, None, :], float("-inf")).softmax(-1)
+    return torch.einsum("bhgl,blhd->bhgd", p.to(v.dtype), v).reshape(b, h, d)
 
 
 def masked_varlen_attention(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale) -> torch.Tensor:

@@ -22,6 +22,7 @@ class Batch:
     q_lens: list[int]  # per sequence
     kv_lens: list[int]  # per sequence, the new tokens included
     block_tables: list[list[int]]
+    block_table_array: np.ndarray | None = None  # [num_seqs, widest row], zero-padded: what copy-in reads
 
     @property
     def num_tokens(self) -> int:
@@ -31,22 +32,13 @@ class Batch:
     def num_seqs(self) -> int:
         return len(self.q_lens)
 
-    @property
-    def is_decode(self) -> bool:
-        return all(q == 1 for q in self.q_lens)
-
-    @property
-    def cu_q(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum(self.q_lens)]).astype(np.int64)
-
-    @property
-    def logits_indices(self) -> np.ndarray:
-        """The last token of each sequence: the one whose logits an engine samples from."""
-        return self.cu_q[1:] - 1
-
-    @property
-    def plan(self) -> tuple:
-        return tuple(zip(self.q_lens, self.kv_lens))
+    def __post_init__(self) -> None:
+        # derived once here, so that copy-in on the replay path only copies arrays
+        self.cu_q = np.concatenate([[0], np.cumsum(self.q_lens)]).astype(np.int64)
+        self.logits_indices = self.cu_q[1:] - 1  # each sequence's last token: the one an engine samples
+        self.token_seq = np.repeat(np.arange(len(self.q_lens)), self.q_lens)
+        self.plan = tuple(zip(self.q_lens, self.kv_lens))
+        self.is_decode = all(q == 1 for q in self.q_lens)
 
 
 def make_batch(comp: Composition, cache: PagedKVCache, vocab_size: int, max_num_seqs: int) -> Batch:
@@ -81,5 +73,8 @@ def make_batch(comp: Composition, cache: PagedKVCache, vocab_size: int, max_num_
          for t, p, q in zip(tables, prefixes, q_lens)]
     )
     ids = torch.randint(0, vocab_size, (len(positions),), generator=g).numpy()
+    table_array = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int64)
+    for i, t in enumerate(tables):
+        table_array[i, :len(t)] = t
     return Batch(comp, ids.astype(np.int64), positions.astype(np.int64), slots.astype(np.int64),
-                 q_lens, kv_lens, tables)
+                 q_lens, kv_lens, tables, table_array)

@@ -165,6 +165,16 @@ class GraphExecutor:
             self.inputs.load(batch, key)
         return entry
 
+    def eager_same_shape(self, batch: Batch) -> torch.Tensor:
+        """The graph's own computation run eagerly: the padded bucket, the same kernels, this batch's
+        metadata. A replay that differs from it by more than rounding replayed something stale."""
+        key = self.key_for(batch)
+        views = self.inputs.load(batch, key)
+        ctx = ForwardContext(self.cache, views, self.impl_for(key), batch.plan, key.num_seqs or 0)
+        with forward_context(ctx), torch.no_grad():
+            self.forward(views)
+        return views.logits[: batch.num_seqs]
+
     def step(self, batch: Batch) -> torch.Tensor:
         entry = self.prepare(batch)
         entry.replay(batch, self.refresh_runner_metadata)

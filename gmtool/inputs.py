@@ -98,7 +98,7 @@ class PersistentInputs:
             dst[:n] = src
             dst[n:] = 0
         tok = h("token_seq", t)
-        tok[:n] = np.repeat(np.arange(b), batch.q_lens)
+        tok[:n] = batch.token_seq
         tok[n:] = -1
         li = h("logits_indices", s)
         li[:b] = batch.logits_indices
@@ -111,8 +111,8 @@ class PersistentInputs:
         cu[b + 1:] = n
         bt = h("block_tables", s * self.blocks_per_seq).reshape(s, self.blocks_per_seq)
         bt[:] = 0
-        for i, row in enumerate(batch.block_tables):
-            bt[i, :len(row)] = row
+        src = batch.block_table_array
+        bt[:b, :src.shape[1]] = src
         end = self.offsets["block_tables"][0] + s * self.blocks_per_seq
         self.arena[:end].copy_(self.staging[:end], non_blocking=True)
         if self._copied is not None:

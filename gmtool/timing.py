@@ -66,5 +66,11 @@ def rel_err_per_seq(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((num / den).max())
 
 
-def tolerance_for(dtype: torch.dtype) -> float:
-    return {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}.get(dtype, 2e-2)
+# (same shapes and kernels without a graph, the exact batch without padding). The first catches stale
+# metadata: replay and its own eager pass run identical kernels, so anything above rounding noise is a bug.
+# The second is looser: GEMMs of another shape round differently (bf16 through 28 layers: a few %).
+TOLERANCES = {torch.float32: (1e-5, 1e-3), torch.float16: (2e-3, 5e-2), torch.bfloat16: (5e-3, 1e-1)}
+
+
+def tolerances_for(dtype: torch.dtype) -> tuple[float, float]:
+    return TOLERANCES.get(dtype, TOLERANCES[torch.bfloat16])
