@@ -138,11 +138,28 @@ def current_context() -> ForwardContext:
     return _current
 
 
+_opaque = False  # FX piecewise: attention becomes one opaque op, the compiler's split point
+
+
+@contextlib.contextmanager
+def opaque_attention():
+    global _opaque
+    prev, _opaque = _opaque, True
+    try:
+        yield
+    finally:
+        _opaque = prev
+
+
 def gmtool_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention signature: q/k/v [1, H, T, D] in, ([1, T, H, D], None) out."""
-    ctx = current_context()
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    if _opaque:
+        out = torch.empty_like(q)
+        torch.ops.gmtool.attention(q, k.contiguous(), v.contiguous(), out, module.layer_idx, float(scale))
+        return out.unsqueeze(0), None
+    ctx = current_context()
     if ctx.breaker is not None:
         out = ctx.breaker(module.layer_idx, q, k.contiguous(), v.contiguous(), scale)
     else:

@@ -26,6 +26,8 @@ MODES = ("eager", "full", "piecewise")
 class AttentionRunner:
     """Attention left outside the graphs, bound to the tensors the neighbouring pieces read and write."""
 
+    is_runner = True
+
     layer: int
     q: torch.Tensor
     k: torch.Tensor
@@ -50,14 +52,16 @@ class CapturedGraph:
     pool_growth_bytes: int | None = None  # reserved memory the capture added (CUDA only)
     baked_plans: list = field(default_factory=list)  # host plans frozen into the graph, if any
     captured_with: str = ""  # the composition whose batch was live during capture
+    compile_s: float | None = None  # FX piecewise: trace + split (+ one eager pass) for this shape
+    piecewise_impl: str | None = None  # breakable | fx | "breakable (fx could not trace: ...)"
 
     @property
     def pieces(self) -> int:
-        return sum(not isinstance(s, AttentionRunner) for s in self.steps)
+        return len(self.steps) - self.runners
 
     @property
     def runners(self) -> int:
-        return sum(isinstance(s, AttentionRunner) for s in self.steps)
+        return sum(getattr(s, "is_runner", False) for s in self.steps)
 
     def replay(self, batch: Batch, refresh_metadata: bool = True) -> None:
         if refresh_metadata:
@@ -87,6 +91,8 @@ class GraphExecutor:
         self.memory = memory
         self.graphs: dict[BucketKey, CapturedGraph] = {}
         self.refresh_runner_metadata = True  # False only to demonstrate the stale-metadata bug
+        self.fx = None  # FxPiecewise when --piecewise-impl fx (gmtool.fx_split.enable_fx_piecewise)
+        self.fx_fallback: str | None = None  # why fx was given up for the runtime split, if it was
 
     def key_for(self, batch: Batch) -> BucketKey:
         return self.policy.key_for(batch.num_tokens, batch.num_seqs, batch.is_decode, batch.composition.bucket)
@@ -97,6 +103,8 @@ class GraphExecutor:
         return "masked" if key.num_seqs is not None else "planned"
 
     def forward(self, views: StepViews) -> None:
+        if self.fx is not None:
+            return self.fx.forward(views)
         views.logits.copy_(self.lm.forward_logits(views.input_ids, views.positions, views.logits_indices))
 
     def capture(self, key: BucketKey, batch: Batch) -> CapturedGraph:
@@ -107,7 +115,10 @@ class GraphExecutor:
         fn = lambda: self.forward(views)  # noqa: E731
         cuda = self.device.type == "cuda"
         with forward_context(ctx), torch.no_grad():
-            self.backend.warmup(fn)
+            t0 = time.perf_counter()
+            self._warmup(fn, entry)  # with fx: the trace and split of this shape happen here
+            if self.fx is not None:
+                entry.compile_s = time.perf_counter() - t0
             if cuda:
                 torch.cuda.synchronize(self.device)
                 mem0, res0 = torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)
@@ -119,9 +130,12 @@ class GraphExecutor:
                 ctx.breaker = self._breaker(entry)
             t0 = time.perf_counter()
             try:
-                self.backend.begin()
-                fn()
-                entry.steps.append(self.backend.end())
+                if self.fx is not None:  # the compiled forward's pieces capture themselves
+                    self.fx.record(entry.steps, fn)
+                else:
+                    self.backend.begin()
+                    fn()
+                    entry.steps.append(self.backend.end())
             except torch.OutOfMemoryError:
                 self.backend.abort()
                 raise OutOfMemory(f"out of memory while capturing bucket {key}") from None
@@ -145,6 +159,19 @@ class GraphExecutor:
         ctx.planned_with.clear()
         self.graphs[key] = entry
         return entry
+
+    def _warmup(self, fn, entry: CapturedGraph) -> None:
+        if self.mode == "piecewise":
+            entry.piecewise_impl = "fx" if self.fx is not None else (self.fx_fallback or "breakable")
+        if self.fx is None:
+            return self.backend.warmup(fn)
+        try:
+            self.backend.warmup(fn)
+        except Exception as e:  # dynamo raises many types; any of them means: this model cannot be traced
+            reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            self.fx, self.fx_fallback = None, f"breakable (fx could not trace: {reason})"
+            entry.piecewise_impl = self.fx_fallback
+            self.backend.warmup(fn)
 
     def _breaker(self, entry: CapturedGraph):
         def attention_break(layer, q, k, v, scale):

@@ -183,10 +183,11 @@ class Sweep:
         rec = _record(base, mode, STATUS_OK, key=str(key), impl=entry.impl, max_rel_err=err,
                       max_rel_err_same_shape=err_same,
                       capture_s=entry.capture_s if fresh else None,
+                      compile_s=entry.compile_s if fresh else None,
                       graph_mem_bytes=entry.graph_mem_bytes if fresh else None,
                       pool_growth_bytes=entry.pool_growth_bytes if fresh else None,
                       pieces=entry.pieces, runners=entry.runners, stale_metadata=stale,
-                      piecewise_impl=cfg.piecewise_impl if mode == "piecewise" else None,
+                      piecewise_impl=entry.piecewise_impl if mode == "piecewise" else None,
                       captured_with=entry.captured_with)
         if stale or not err_same <= tol_same or not err <= tol:
             rec["status"] = STATUS_UNSAFE

@@ -145,3 +145,47 @@ def test_tape_replay_reruns_over_the_same_tensors():
     x.copy_(torch.tensor([-5.0, 1.0, 2.0, 3.0]))
     g.replay()
     assert out.tolist() == [0.0, 3.0, 5.0, 7.0]
+
+
+def test_fx_piecewise_splits_at_attention_and_matches_eager():
+    from gmtool.fx_split import enable_fx_piecewise
+
+    rig = Rig(mode="piecewise")
+    fx = enable_fx_piecewise(rig.ex)
+    for i, text in enumerate(["16+16", "8*4", "20+12@64"]):
+        b = rig.batch(text, seed=i)
+        assert rel(rig.graph(b), rig.eager(b)) < 1e-5, text
+    entry = rig.ex.graphs[rig.ex.key_for(b)]
+    n = rig.lm.num_layers
+    assert fx.splits == [(n + 1, n)]  # traced once for the 32-token shape: n attention submodules
+    assert (entry.pieces, entry.runners) == (n + 1, n) and entry.piecewise_impl == "fx"
+    assert entry.compile_s is not None and entry.compile_s > 0
+
+
+def test_fx_piecewise_runner_reads_current_metadata():
+    from gmtool.fx_split import enable_fx_piecewise
+
+    rig = Rig(mode="piecewise")
+    enable_fx_piecewise(rig.ex)
+    a, b = rig.batch("16+16", seed=1), rig.batch("4*8", seed=2)
+    rig.graph(a)
+    rig.ex.refresh_runner_metadata = False
+    assert rel(rig.graph(b), rig.eager(b)) > 1e-2
+    rig.ex.refresh_runner_metadata = True
+    assert rel(rig.graph(b), rig.eager(b)) < 1e-5
+
+
+def test_fx_falls_back_to_runtime_split_when_tracing_fails(monkeypatch):
+    from gmtool import fx_split
+
+    rig = Rig(mode="piecewise")
+    fx = fx_split.enable_fx_piecewise(rig.ex)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("cannot trace this model")
+
+    monkeypatch.setattr(fx, "compiled", broken)
+    b = rig.batch("16+16", seed=1)
+    assert rel(rig.graph(b), rig.eager(b)) < 1e-5
+    entry = rig.ex.graphs[rig.ex.key_for(b)]
+    assert entry.piecewise_impl.startswith("breakable (fx could not trace") and entry.runners == rig.lm.num_layers

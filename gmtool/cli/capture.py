@@ -5,12 +5,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from gmtool.cli.progress import make_console
 
 from gmtool.cli import options as o
-from gmtool.cli.run_sweep import build_config, run_and_write
+from gmtool.cli.run_sweep import build_config, finish, run_and_write
 from gmtool.report.tables import capture_table
 
 
@@ -47,16 +46,3 @@ def capture(
     console.print(capture_table(doc))
     console.print(f"results: {out_dir / 'results.json'}, {out_dir / 'results.csv'}")
     finish(doc, console)
-
-
-def finish(doc: dict, console: Console) -> None:
-    """Non-zero exit when something failed (1) or a replay that should be safe was not (3)."""
-    for e in doc["errors"]:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
-    unsafe = [r for r in doc["records"] if r["status"] == "UNSAFE" and r["mode"] != "full-narrow"]
-    for r in unsafe:
-        console.print(f"[bold red]UNSAFE[/] {r['mode']} bucket {r['bucket']} {r['composition']}: {r['error']}")
-    if doc["errors"]:
-        raise typer.Exit(1)
-    if unsafe:
-        raise typer.Exit(3)

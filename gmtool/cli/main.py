@@ -21,9 +21,12 @@ def _root() -> None:
 
 
 def _register() -> None:
-    from gmtool.cli import capture
+    from gmtool.cli import capture, compare, memreport, report
 
     app.command("capture")(capture.capture)
+    app.command("memreport")(memreport.memreport)
+    app.command("compare")(compare.compare)
+    app.command("report")(report.report)
 
 
 _register()
@@ -34,7 +37,7 @@ def main() -> None:
         rc = app(standalone_mode=False)  # typer.Exit(n) comes back as the return value here
         sys.exit(rc if isinstance(rc, int) else 0)
     except GmtoolError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")

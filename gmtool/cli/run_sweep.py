@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
 from rich.console import Console
 
 from gmtool.cli.progress import SweepProgress
@@ -30,3 +31,23 @@ def run_and_write(cfg: SweepConfig, command: str, out: Path | None, force: bool,
     doc = to_document(result, command)
     write_results(out, doc)
     return doc, out
+
+
+def finish(doc: dict, console: Console) -> None:
+    """Print every problem once; exit 1 when a row failed, 3 when a replay that should be safe was not
+    (full-narrow's UNSAFE rows are the finding it exists to show, not a failure)."""
+    errors, seen = list(doc["errors"]), set(doc["errors"])
+    for r in doc["records"]:  # graph-mode error rows are recorded in the row only
+        if r["status"] in ("error", "oom") and r.get("error") and r["error"] not in seen:
+            seen.add(r["error"])
+            errors.append(f"{r['mode']} bucket {r['bucket']} ({r['composition']}): {r['error']}")
+    for e in errors:
+        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    unsafe = [r for r in doc["records"] if r["status"] == "UNSAFE" and r["mode"] != "full-narrow"]
+    for r in unsafe:
+        console.print(f"[bold red]UNSAFE[/] {r['mode']} bucket {r['bucket']} {r['composition']}: {r['error']}",
+                      highlight=False, soft_wrap=True)
+    if errors:
+        raise typer.Exit(1)
+    if unsafe:
+        raise typer.Exit(3)

@@ -67,8 +67,22 @@ def load_results(path: Path) -> dict:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise GmtoolError(f"no results file at {path}") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: bad JSON, or bytes that are not UTF-8
         raise GmtoolError(f"cannot read results file {path}: {e}") from None
     if not isinstance(doc, dict) or doc.get("tool") != "gmtool" or "records" not in doc:
         raise GmtoolError(f"{path} is not a gmtool results file")
     return doc
+
+
+REPORT_MD, REPORT_HTML = "report.md", "report.html"
+
+
+def write_reports(out: Path, doc: dict) -> list[Path]:
+    """report.md and the self-contained report.html, both rendered from the results document alone."""
+    from gmtool.report.html import render_html  # matplotlib: only commands that write reports pay for it
+    from gmtool.report.markdown import render_markdown
+
+    out = Path(out)
+    (out / REPORT_MD).write_text(render_markdown(doc))
+    (out / REPORT_HTML).write_text(render_html(doc))
+    return [out / REPORT_MD, out / REPORT_HTML]

@@ -23,17 +23,49 @@ def bucket_summary(records: list[dict]) -> list[dict]:
         errs = [r["max_rel_err"] for r in rs if r.get("max_rel_err") is not None]
         caps = [r["capture_s"] for r in rs if r.get("capture_s") is not None]
         mems = [r["graph_mem_bytes"] for r in rs if r.get("graph_mem_bytes") is not None]
+        comps = [r["compile_s"] for r in rs if r.get("compile_s") is not None]
         status = _worst([r["status"] for r in rs])
-        replay = statistics.median(lat) if lat else None
+        # a bucket that is unsafe for one mix shows no latency, even from the mixes it served correctly
+        replay = statistics.median(lat) if lat and status != "UNSAFE" else None
         eager_ms = statistics.median(eager) if eager else None
         out.append({
             "mode": mode, "bucket": bucket, "compositions": len(rs), "status": status,
             "capture_s": sum(caps) if caps else None, "graph_mem_bytes": max(mems) if mems else None,
             "replay_ms": replay, "eager_ms": eager_ms,
             "speedup": (eager_ms / replay) if (replay and eager_ms and status == "ok") else None,
-            "host_us": statistics.median(host) if host else None,
+            "host_us": statistics.median(host) if host and status != "UNSAFE" else None,
             "max_rel_err": max(errs) if errs else None,
             "pieces": max((r["pieces"] or 0) for r in rs) or None,
             "runners": max((r["runners"] or 0) for r in rs) if any(r.get("runners") is not None for r in rs) else None,
+            "compile_s": sum(comps) if comps else None,
+            "noisy": any((r.get("latency_ms") or {}).get("noisy") for r in rs),
         })
     return out
+
+
+def mode_order(doc: dict) -> list[str]:
+    """The modes in the order they were asked for, then any other mode the records hold."""
+    modes = list(dict.fromkeys(doc.get("config", {}).get("modes") or []))
+    return modes + [m for m in dict.fromkeys(r["mode"] for r in doc["records"]) if m not in modes]
+
+
+def row_keys(records: list[dict]) -> list[tuple]:
+    """(mode, bucket, composition, n) per record: n tells apart mixes of one bucket that share a label
+    (the default decode mixes differ only by their random contexts)."""
+    seen: dict[tuple, int] = {}
+    keys = []
+    for r in records:
+        k = (r["mode"], r["bucket"], r["composition"])
+        seen[k] = seen.get(k, 0) + 1
+        keys.append(k + (seen[k],))
+    return keys
+
+
+def safety_matrix(doc: dict) -> tuple[list[str], list[dict]]:
+    """Per composition (bucket, label, n): the status every mode got on it, buckets ascending."""
+    modes = mode_order(doc)
+    rows: dict[tuple, dict] = {}
+    for (mode, bucket, comp, n), r in zip(row_keys(doc["records"]), doc["records"]):
+        row = rows.setdefault((bucket, comp, n), {"bucket": bucket, "composition": comp, "n": n, "statuses": {}})
+        row["statuses"][mode] = r["status"]
+    return modes, sorted(rows.values(), key=lambda row: row["bucket"])  # stable: the run's order within a bucket

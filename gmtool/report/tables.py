@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from gmtool.report.summary import bucket_summary
+from gmtool.report.summary import bucket_summary, mode_order
 
 
 def fmt_bytes(n) -> str:
@@ -38,3 +38,42 @@ def capture_table(doc: dict) -> Table:
                   _f(s["max_rel_err"], ".2e"), f"{s['pieces'] or '-'}/{s['runners'] if s['runners'] is not None else '-'}",
                   f"[{style}]{s['status']}[/]")
     return t
+
+
+def _signed_pct(x) -> str:
+    return "-" if x is None else f"{x:+.1f}%"
+
+
+def compare_table(doc: dict) -> Table:
+    """Every mode side by side, bucket by bucket; '!' marks a noisy median (IQR above 10% of it)."""
+    machine = doc["machine"].get("gpu") or doc["machine"]["backend"]
+    t = Table(title=f"gmtool {doc.get('command', 'compare')}: {doc['model']['name']} on {machine}")
+    deltas = {(d["mode"], d["bucket"]): d for d in (doc.get("baseline") or {}).get("buckets", [])}
+    cols = ["bucket", "mode", "mixes", "replay ms", "eager ms", "speedup", "max rel err", "capture/compile s",
+            "graph mem", "status"] + (["vs baseline"] if deltas else [])
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("mode", "status") else "right")
+    order = {m: i for i, m in enumerate(mode_order(doc))}
+    rows = sorted(bucket_summary(doc["records"]), key=lambda s: (s["bucket"], order.get(s["mode"], 99)))
+    for i, s in enumerate(rows):
+        if i and s["bucket"] != rows[i - 1]["bucket"]:
+            t.add_section()
+        setup = s["compile_s"] if s["compile_s"] is not None else s["capture_s"]
+        style = STATUS_STYLE.get(s["status"], "")
+        cells = [str(s["bucket"]), s["mode"], str(s["compositions"]),
+                 _f(s["replay_ms"], ".3f") + ("!" if s["noisy"] and s["replay_ms"] is not None else ""),
+                 _f(s["eager_ms"], ".3f"), _f(s["speedup"], ".2f") + ("x" if s["speedup"] else ""),
+                 _f(s["max_rel_err"], ".2e"), _f(setup, ".2f"), fmt_bytes(s["graph_mem_bytes"]),
+                 f"[{style}]{s['status']}[/]"]
+        if deltas:
+            cells.append(_signed_pct((deltas.get((s["mode"], s["bucket"])) or {}).get("replay_delta_pct")))
+        t.add_row(*cells)
+    return t
+
+
+def noise_warning(doc: dict) -> str | None:
+    noisy = [r for r in doc["records"] if (r.get("latency_ms") or {}).get("noisy")]
+    if not noisy:
+        return None
+    return (f"{len(noisy)} of {sum(1 for r in doc['records'] if r.get('latency_ms'))} timings are noisy (IQR above "
+            "10% of the median, marked '!'): raise --num-iters or run on an idle machine before trusting them")

@@ -1,0 +1,126 @@
+"""gmtool compare: several modes side by side over the same buckets and batch compositions, in one process."""
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gmtool.cli import options as o
+from gmtool.cli.progress import SweepProgress, make_console
+from gmtool.cli.report import BaselineOpt
+from gmtool.cli.run_sweep import build_config, finish
+from gmtool.config import ALL_MODES
+from gmtool.errors import GmtoolError
+from gmtool.peer import PEER_MODE, Peer
+from gmtool.report.baseline import attach_baseline, check_same_model, load_baseline
+from gmtool.report.results import default_out_dir, prepare_out_dir, to_document, write_reports, write_results
+from gmtool.report.tables import compare_table, noise_warning
+from gmtool.sweep import Sweep
+from gmtool.trace import TracedSweep
+
+VALID_MODES = ALL_MODES + (PEER_MODE,)
+FORMATS = ("human", "json", "quiet")
+
+
+def parse_modes(text: str) -> list[str]:
+    modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    bad = [m for m in modes if m not in VALID_MODES]
+    if bad or not modes:
+        raise GmtoolError(f"unknown mode {bad[0] if bad else '(none)'!r}: choose from {', '.join(VALID_MODES)}")
+    return modes
+
+
+def _expected_model_name(spec: str) -> str:
+    """The name load_model will give the model, known before loading it (to refuse a baseline early)."""
+    return Path(spec).name if Path(spec).exists() else spec
+
+
+ModesArg = Annotated[str, typer.Argument(help=f"Comma-separated modes: {', '.join(VALID_MODES)}.")]
+OutOpt = Annotated[Optional[Path], typer.Option(
+    "--out", "-o", help="Output directory (default gmtool-out/compare-<time>).")]
+FormatOpt = Annotated[str, typer.Option(
+    "--format", "-f", help="human (tables) | json (the results document on stdout, nothing else) | quiet "
+    "(problems only)")]
+TraceOpt = Annotated[bool, typer.Option(
+    "--trace", help="Write trace-<mode>.json (torch.profiler, Chrome format) of a few replays of each mode's "
+    "largest bucket, each replay in an NVTX range on CUDA.")]
+
+
+def compare(
+    modes: ModesArg = "eager,full,piecewise",
+    model: o.ModelOpt = None,
+    buckets: o.BucketsOpt = None,
+    compositions: o.CompositionsOpt = None,
+    scenario: o.ScenarioOpt = "decode",
+    piecewise_impl: o.PiecewiseImplOpt = "breakable",
+    device: o.DeviceOpt = "auto",
+    dtype: o.DtypeOpt = None,
+    max_kv_len: o.MaxKvLenOpt = None,
+    max_tokens: o.MaxTokensOpt = None,
+    max_num_seqs: o.MaxSeqsOpt = 256,
+    kv_cache_gb: o.KvCacheGbOpt = None,
+    block_size: o.BlockSizeOpt = 16,
+    num_iters: o.ItersOpt = 20,
+    num_iters_warmup: o.WarmupOpt = 3,
+    seed: o.SeedOpt = 0,
+    profile: o.ProfileOpt = None,
+    out: OutOpt = None,
+    force: o.ForceOpt = False,
+    fmt: FormatOpt = "human",
+    trace: TraceOpt = False,
+    baseline: BaselineOpt = None,
+) -> None:
+    """Run every mode over every bucket and composition in one process; write results and reports."""
+    if fmt not in FORMATS:
+        raise GmtoolError(f"unknown --format {fmt!r}: choose from {', '.join(FORMATS)}")
+    wanted = parse_modes(modes)
+    # stdout carries only the JSON document in json mode; in quiet mode nothing but problems is shown
+    console = make_console(stderr=(fmt != "human"))
+    console.quiet = fmt == "quiet"
+    problems = console if fmt == "human" else make_console(stderr=True)
+    base = load_baseline(baseline) if baseline else None
+    sweep_modes = tuple(m for m in wanted if m != PEER_MODE) or ("eager",)  # the peer's reference is gmtool eager
+    cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
+                       modes=sweep_modes, piecewise_impl=piecewise_impl, device=device, dtype=dtype,
+                       max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
+                       kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
+                       num_iters_warmup=num_iters_warmup, seed=seed)
+    if base is not None:
+        check_same_model(base, _expected_model_name(cfg.model))
+    out_dir = prepare_out_dir(out or default_out_dir("compare"), force)
+    no_eager = [] if "eager" in sweep_modes else ["eager is not among the modes: the graph modes get no speedup"]
+    for note in cfg.notes + no_eager:
+        console.print(f"[yellow]note:[/] {note}")
+
+    with SweepProgress(console, "compare") as progress:
+        sweep = TracedSweep(cfg, progress, out_dir) if trace else Sweep(cfg, progress)
+        result = sweep.run()
+    traces = list(getattr(sweep, "trace_files", []))
+    if PEER_MODE in wanted:
+        peer = Peer(sweep, out_dir if trace else None)
+        with SweepProgress(console, PEER_MODE) if peer.runnable else contextlib.nullcontext() as progress:
+            result.records += peer.run(progress)
+        traces += peer.trace_files
+    if trace and not traces:
+        result.notes.append("--trace: no trace was written")
+
+    doc = to_document(result, "compare")
+    doc["config"]["modes"] = wanted  # the peer is not a SweepConfig mode, but the reports list it in order
+    if base is not None:
+        attach_baseline(doc, base, baseline)
+    files = write_results(out_dir, doc) + write_reports(out_dir, doc) + traces
+
+    if fmt == "json":
+        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        console.print(compare_table(doc))
+        noise = noise_warning(doc)
+        if noise:
+            console.print(f"[yellow]warning:[/] {noise}", highlight=False)
+        console.print("wrote " + ", ".join(str(f) for f in files), highlight=False)
+    finish(doc, problems)

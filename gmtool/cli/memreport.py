@@ -1,0 +1,74 @@
+"""gmtool memreport: graph memory of every captured shape under each pool strategy, replays checked."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gmtool.cli import options as o
+from gmtool.cli.progress import SweepProgress, make_console
+from gmtool.cli.run_sweep import build_config
+from gmtool.errors import GmtoolError
+from gmtool.memory.report import build_document, exit_code, memreport_table, run_strategy, write_report
+from gmtool.memory.strategies import STRATEGIES, parse_strategies
+from gmtool.report.results import default_out_dir, prepare_out_dir
+
+
+def memreport(
+    model: o.ModelOpt = None,
+    buckets: o.BucketsOpt = None,
+    compositions: o.CompositionsOpt = None,
+    scenario: o.ScenarioOpt = "decode",
+    strategies: Annotated[str, typer.Option("--strategies", help=f"Comma list of {', '.join(STRATEGIES)}.")]
+    = ",".join(STRATEGIES),
+    mode: Annotated[str, typer.Option("--mode", help="full | piecewise")] = "full",
+    piecewise_impl: o.PiecewiseImplOpt = "breakable",
+    device: o.DeviceOpt = "auto",
+    dtype: o.DtypeOpt = None,
+    max_kv_len: o.MaxKvLenOpt = None,
+    max_tokens: o.MaxTokensOpt = None,
+    max_num_seqs: o.MaxSeqsOpt = 256,
+    kv_cache_gb: o.KvCacheGbOpt = None,
+    block_size: o.BlockSizeOpt = 16,
+    num_iters: o.ItersOpt = 20,
+    num_iters_warmup: o.WarmupOpt = 3,
+    seed: o.SeedOpt = 0,
+    profile: o.ProfileOpt = None,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", "-o", help="Output directory (default gmtool-out/memreport-<time>).")] = None,
+    force: o.ForceOpt = False,
+) -> None:
+    """Capture every bucket under each memory strategy (independent pools, one shared pool largest or smallest
+    first, VMM ranges over shared physical memory); replay all against eager, also in shuffled order; compare
+    the memory each holds with sum(shape) and max(shape)."""
+    names = parse_strategies(strategies)
+    if mode not in ("full", "piecewise"):
+        raise GmtoolError(f"--mode must be full or piecewise, got {mode!r}")
+    cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
+                       modes=("eager", mode), piecewise_impl=piecewise_impl, device=device, dtype=dtype,
+                       max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
+                       kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
+                       num_iters_warmup=num_iters_warmup, seed=seed)
+    if cfg.torch_device.type != "cuda":
+        raise GmtoolError(f"memory strategies need CUDA: memreport cannot run on {cfg.torch_device}")
+    out_dir = prepare_out_dir(out or default_out_dir("memreport"), force)
+    console = make_console()
+    rows, result = [], None
+    for name in names:
+        with SweepProgress(console, f"memreport {name}") as progress:
+            row, res = run_strategy(cfg, name, progress)
+        rows.append(row)
+        result = result or res
+        if row["status"] not in ("ok",):
+            console.print(f"[bold yellow]{name}:[/] {row['status']}: {row['reason']}", highlight=False)
+        doc = build_document(cfg, rows, result)
+        paths = write_report(out_dir, doc)  # after every strategy: a later failure keeps what was measured
+    console.print(memreport_table(doc))
+    for r in rows:
+        for w in r["warning_list"]:
+            console.print(f"[yellow]warning ({r['strategy']}):[/] {w}", highlight=False)
+    console.print(f"results: {', '.join(str(p) for p in paths)}")
+    code = exit_code(doc)
+    if code:
+        raise typer.Exit(code)

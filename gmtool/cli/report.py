@@ -1,0 +1,44 @@
+"""gmtool report: render report.md / report.html (and the terminal table) again from a results.json."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gmtool.cli import options as o
+from gmtool.cli.progress import make_console
+from gmtool.report.baseline import attach_baseline, load_baseline
+from gmtool.report.results import RESULTS_JSON, load_results, prepare_out_dir, write_reports
+from gmtool.report.tables import compare_table, noise_warning
+
+
+BaselineOpt = Annotated[Optional[Path], typer.Option(
+    "--baseline", help="An older results.json (or its directory) of the same model: adds each row's latency "
+    "and error change.")]
+
+
+def report(
+    results: Annotated[Path, typer.Argument(help="A results directory, or its results.json.")],
+    baseline: BaselineOpt = None,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", "-o", help="Where to write report.md / report.html (default: next to the results).")] = None,
+    force: o.ForceOpt = False,
+) -> None:
+    """Re-render the reports of a finished run; --baseline adds the change against an older run."""
+    console = make_console()
+    doc = load_results(results)
+    if baseline is not None:
+        attach_baseline(doc, load_baseline(baseline), baseline)
+    src_dir = results if results.is_dir() else results.parent
+    if out is None or out.resolve() == src_dir.resolve():
+        out_dir = src_dir  # re-rendering in place replaces only the two report files
+    else:
+        out_dir = prepare_out_dir(out, force)
+    files = write_reports(out_dir, doc)
+    console.print(compare_table(doc))
+    noise = noise_warning(doc)
+    if noise:
+        console.print(f"[yellow]warning:[/] {noise}", highlight=False)
+    console.print(f"from {src_dir / RESULTS_JSON if results.is_dir() else results}: wrote "
+                  + ", ".join(str(f) for f in files), highlight=False)

@@ -1,0 +1,325 @@
+"""memreport: the same sweep under each memory strategy, replays re-checked in shuffled order, memory compared.
+
+A shape's need is the peak memory its capture allocated (graph_mem_bytes). The headline: the memory a
+strategy holds for all shapes over max(shape) (the floor any sharing can reach) and over sum(shape) (no
+sharing at all).
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as _dt
+import gc
+import json
+import random
+import statistics
+from pathlib import Path
+
+import torch
+from rich.table import Table
+
+from gmtool.batch import make_batch
+from gmtool.errors import GmtoolError, OutOfMemory
+from gmtool.executor import AttentionRunner
+from gmtool.inputs import StepViews
+from gmtool.memory.strategies import make_strategy
+from gmtool.report.tables import STATUS_STYLE, _f, fmt_bytes
+from gmtool.sweep import STATUS_OOM, Sweep, _record, machine_info
+from gmtool.timing import rel_err_per_seq, tolerances_for
+
+MEMREPORT_JSON, MEMREPORT_CSV, MEMREPORT_PNG = "memreport.json", "memreport.csv", "memreport.png"
+ROW_FIELDS = ("strategy", "status", "order", "mode", "captures", "graph_pool_bytes", "physical_bytes",
+              "virtual_reserved_bytes", "virtual_mapped_bytes", "device_used_bytes", "nvml_used_bytes",
+              "sum_shape_bytes", "max_shape_bytes", "physical_over_max", "physical_over_sum", "input_arena_bytes",
+              "input_per_shape_bytes", "capture_s", "replay_ms_median", "eager_ms_median", "max_rel_err",
+              "replays", "replays_ok", "shuffled_replays", "shuffled_ok", "shuffled_max_rel_err", "warnings",
+              "wall_s", "reason")
+FAILED = ("error", "oom", "UNSAFE")
+
+
+class MemSweep(Sweep):
+    """A Sweep whose one graph mode uses `strategy`; before release it replays every captured composition in
+    shuffled order (each graph after graphs of other shapes, whose memory it may share) and measures."""
+
+    def __init__(self, cfg, progress, strategy):
+        if len(cfg.graph_modes) != 1:
+            raise GmtoolError("memreport measures one graph mode at a time")
+        super().__init__(cfg, progress, lambda mode: strategy)
+        self.strategy = strategy
+        self.executors: dict = {}
+        self.shuffled: list[dict] = []
+        self.inputs: dict = {}
+        self.measured: dict = {}
+
+    def _executor(self, mode, lm, cache):
+        self.executors[mode] = ex = super()._executor(mode, lm, cache)
+        return ex
+
+    def _eager(self, *args, **kw):
+        try:
+            return super()._eager(*args, **kw)
+        except torch.OutOfMemoryError:
+            raise OutOfMemory("out of memory in the eager reference run") from None
+
+    def _graph_run(self, ex, mode, batch, ref, eager_med, tols, base) -> dict:
+        try:
+            rec = super()._graph_run(ex, mode, batch, ref, eager_med, tols, base)
+        except torch.OutOfMemoryError as e:  # outside the capture itself (warm-up, timing)
+            ex.backend.abort()
+            key = ex.key_for(batch)
+            rec = _record(base, mode, STATUS_OOM, key=str(key),
+                          error=f"out of memory at bucket {key}: {str(e).splitlines()[0]}")
+        if rec["status"] == STATUS_OOM and (detail := self.strategy.failure_detail()):
+            rec["error"] += f" ({detail})"
+        return rec
+
+    def after_sweep(self, res, executors, eager_inputs, tol) -> None:
+        rng = random.Random(self.cfg.seed)
+        tols = tolerances_for(self.cfg.torch_dtype)
+        for mode, ex in executors.items():
+            comps = [c for b in self.cfg.plan for c in self.cfg.plan[b]]
+            rng.shuffle(comps)
+            for i, comp in enumerate(comps):
+                self.shuffled.append(self._replay_checked(ex, mode, comp, i, eager_inputs, tols))
+            self.inputs[mode] = input_costs(ex)
+        self.measured = self.strategy.measure()
+        self.strategy.check(held_storages(executors))
+
+    def _replay_checked(self, ex, mode, comp, order, eager_inputs, tols) -> dict:
+        """One replay, right after graphs of other shapes ran, against its own computation run eagerly
+        (tight: what aliasing would break) and against eager on the unpadded batch."""
+        rec = {"mode": mode, "order": order, "composition": comp.label, "key": None, "status": "skipped",
+               "max_rel_err": None, "max_rel_err_same_shape": None, "error": None}
+        try:
+            batch = make_batch(comp, self.cache, self.lm.vocab_size, self.cfg.max_num_seqs)
+            key = rec["key"] = str(ex.key_for(batch))
+            entry = ex.graphs.get(ex.key_for(batch))
+            if entry is None:  # never captured (an earlier failure): nothing to replay, nothing captured now
+                return rec
+            out = ex.step(batch).clone()
+            same = ex.eager_same_shape(batch).clone()
+            ref, _ = self._eager(self.lm, self.cache, eager_inputs, batch, False)
+        except (GmtoolError, torch.OutOfMemoryError) as e:
+            rec.update(status="error", error=str(e).splitlines()[0])
+            return rec
+        (tol_same, tol), err_same, err = tols, rel_err_per_seq(out, same), rel_err_per_seq(out, ref)
+        rec.update(max_rel_err=err, max_rel_err_same_shape=err_same)
+        ok = err_same <= tol_same and err <= tol and not entry.stale_metadata(batch)  # NaN fails too
+        rec["status"] = "ok" if ok else "UNSAFE"
+        if not ok:
+            rec["error"] = (f"shuffled replay of {key} differs from eager: max relative error {err_same:.3g} vs "
+                            f"the same shape (tolerance {tol_same:g}), {err:.3g} vs unpadded (tolerance {tol:g})")
+        return rec
+
+    def cleanup(self) -> None:
+        """After a failure inside run(): release what it left (graphs before pools)."""
+        for ex in self.executors.values():
+            try:
+                ex.release()
+            except Exception:  # best effort: the failure that got us here is what gets reported
+                pass
+
+
+def input_costs(ex) -> dict:
+    """The one max-shape input arena against separate input tensors per captured shape."""
+    per_shape = sum(getattr(ex.inputs.views(k), f.name).nbytes for k in ex.graphs
+                    for f in dataclasses.fields(StepViews))
+    arena = ex.inputs.nbytes
+    if ex.mode == "piecewise":  # the attention-output buffer is one more max-shape arena
+        arena += ex.attn_out.nbytes
+        per_shape += sum(ex.attn_out[: k.num_tokens].nbytes for k in ex.graphs)
+    return {"input_arena_bytes": arena, "input_per_shape_bytes": per_shape}
+
+
+def held_storages(executors: dict) -> list[tuple[int, int]]:
+    """(address, bytes) of the tensors graph steps keep between pieces: they belong to their graph."""
+    out = []
+    for ex in executors.values():
+        for entry in ex.graphs.values():
+            for step in entry.steps:
+                if isinstance(step, AttentionRunner):
+                    for t in (step.q, step.k, step.v, step.out):
+                        s = t.untyped_storage()
+                        out.append((s.data_ptr(), s.nbytes()))
+    return out
+
+
+# -- one strategy ------------------------------------------------------------------------------------
+def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[dict, object]:
+    """(the strategy's row, the SweepResult or None). Failures become the row's status, never exceptions."""
+    mode = cfg.graph_modes[0]
+    try:
+        strategy = make_strategy(name, cfg.torch_device, **vmm_opts)
+    except GmtoolError as e:
+        return derive({"strategy": name, "mode": mode, "status": "unavailable", "reason": str(e)}), None
+    sweep = MemSweep(cfg, progress, strategy)
+    raw = {"strategy": name, "mode": mode, "order": strategy.order}
+    res = None
+    try:
+        res = sweep.run()
+    except (GmtoolError, RuntimeError) as e:  # RuntimeError: CUDA errors too; the other strategies still run
+        sweep.cleanup()
+        strategy.release()  # no-op when the executors released it; else the failure came before them
+        oom = isinstance(e, (OutOfMemory, torch.OutOfMemoryError))
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raw.update(status="oom" if oom else "error",
+                   reason=first if isinstance(e, GmtoolError) else f"{type(e).__name__}: {first}")
+    raw.update(per_key=list(strategy.per_key.values()), shuffled=sweep.shuffled, measured=sweep.measured,
+               inputs=sweep.inputs.get(mode, {}), warnings=list(strategy.warnings))
+    if res is not None:
+        raw.update(records=[r for r in res.records if r["mode"] in (mode, "eager")], errors=res.errors,
+                   wall_s=res.wall_s)
+    del sweep, strategy
+    gc.collect()
+    torch.cuda.empty_cache()  # the next strategy starts from the same allocator state
+    return derive(raw), res
+
+
+def shape_totals(per_key: list[dict]) -> tuple[int | None, int | None]:
+    needs = [k["graph_mem_bytes"] for k in per_key if k.get("graph_mem_bytes") is not None]
+    return (sum(needs), max(needs)) if needs else (None, None)
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def derive(raw: dict) -> dict:
+    """Headline figures and status of one strategy from what its run collected."""
+    row = dict.fromkeys(ROW_FIELDS)
+    row.update(order="descending", per_key=[], shuffled=[], records=[], errors=[], warning_list=[])
+    row.update({k: v for k, v in raw.items() if k not in ("measured", "inputs", "warnings")})
+    m, inputs = raw.get("measured") or {}, raw.get("inputs") or {}
+    for k in ("graph_pool_bytes", "physical_bytes", "virtual_reserved_bytes", "virtual_mapped_bytes"):
+        row[k] = m.get(k)
+    row["vmm"] = m.get("vmm")
+    row["nvml_source"] = m.get("nvml_source")
+    row.update({k: inputs.get(k) for k in ("input_arena_bytes", "input_per_shape_bytes")})
+    pk = row["per_key"]
+    row["captures"] = len(pk)
+    row["sum_shape_bytes"], row["max_shape_bytes"] = shape_totals(pk)
+    row["physical_over_max"] = _ratio(row["physical_bytes"], row["max_shape_bytes"])
+    row["physical_over_sum"] = _ratio(row["physical_bytes"], row["sum_shape_bytes"])
+    deltas = [k["device_delta_bytes"] for k in pk if k.get("device_delta_bytes") is not None]
+    row["device_used_bytes"] = sum(deltas) if deltas else None
+    nv = [k["nvml_delta_bytes"] for k in pk if k.get("nvml_delta_bytes") is not None]
+    row["nvml_used_bytes"] = sum(nv) if nv and len(nv) == len(pk) else None
+    caps = [k["capture_s"] for k in pk if k.get("capture_s") is not None]
+    row["capture_s"] = sum(caps) if caps else None
+    graph = [r for r in row["records"] if r["mode"] != "eager"]
+    lat = [r["latency_ms"]["median"] for r in graph if r.get("latency_ms")]
+    eager = [r["latency_ms"]["median"] for r in row["records"] if r["mode"] == "eager" and r.get("latency_ms")]
+    row["replay_ms_median"] = statistics.median(lat) if lat else None
+    row["eager_ms_median"] = statistics.median(eager) if eager else None
+    errs = [r["max_rel_err"] for r in graph if r.get("max_rel_err") is not None]
+    row["max_rel_err"] = max(errs) if errs else None
+    row["replays"], row["replays_ok"] = len(graph), sum(r["status"] == "ok" for r in graph)
+    sh = [s for s in row["shuffled"] if s["status"] != "skipped"]
+    row["shuffled_replays"], row["shuffled_ok"] = len(sh), sum(s["status"] == "ok" for s in sh)
+    sherr = [s["max_rel_err"] for s in sh if s.get("max_rel_err") is not None]
+    row["shuffled_max_rel_err"] = max(sherr) if sherr else None
+    row["warning_list"] = list(raw.get("warnings") or [])
+    row["warnings"] = len(row["warning_list"])
+    if row.get("status") is None:
+        row["status"], row["reason"] = _status(graph, sh, row["errors"])
+    return row
+
+
+def _status(graph: list[dict], shuffled: list[dict], errors: list[str]) -> tuple[str, str | None]:
+    for status in ("oom", "UNSAFE", "error"):
+        bad = [r for r in graph + shuffled if r["status"] == status]
+        if bad:
+            return status, bad[0].get("error") or status
+    if errors:
+        return "error", errors[0]
+    return "ok", None
+
+
+# -- the document and its files ----------------------------------------------------------------------
+def build_document(cfg, rows: list[dict], result=None) -> dict:
+    doc = {"schema_version": 1, "tool": "gmtool", "command": "memreport",
+           "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "machine": result.machine if result else machine_info(cfg.torch_device),
+           "model": result.model if result else {"name": cfg.model},
+           "config": cfg.to_dict(), "mode": cfg.graph_modes[0], "scenario": cfg.scenario, "strategies": rows,
+           "notes": list(cfg.notes)}
+    ref = next((r for r in rows if r.get("sum_shape_bytes")), None)
+    doc["sum_shape_bytes"] = ref["sum_shape_bytes"] if ref else None
+    doc["max_shape_bytes"] = ref["max_shape_bytes"] if ref else None
+    return doc
+
+
+def write_report(out: Path, doc: dict) -> list[Path]:
+    out = Path(out)
+    paths = [out / MEMREPORT_JSON, out / MEMREPORT_CSV, out / MEMREPORT_PNG]
+    paths[0].write_text(json.dumps(doc, indent=2, default=str))
+    with paths[1].open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=ROW_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(doc["strategies"])
+    write_chart(paths[2], doc)
+    return paths
+
+
+def write_chart(path: Path, doc: dict) -> None:
+    from matplotlib.figure import Figure  # no pyplot: no global backend state, renders with Agg
+
+    rows, mib = doc["strategies"], 2**20
+    fig = Figure(figsize=(max(6.0, 1.7 * len(rows) + 2), 4.8))
+    ax = fig.subplots()
+    w = 0.38
+    for i, r in enumerate(rows):
+        held, dev = r.get("physical_bytes"), r.get("device_used_bytes")
+        if held is None and dev is None:
+            ax.text(i, 0, r["status"], ha="center", va="bottom", rotation=90, fontsize=9, color="grey")
+            continue
+        if held is not None:
+            ax.bar(i - w / 2, held / mib, w, color="C0", label="held by the graphs (physical)")
+        if dev is not None:
+            ax.bar(i + w / 2, dev / mib, w, color="C1", label="device memory the captures took")
+    for key, style, color, label in (("sum_shape_bytes", "--", "C3", "sum(shape)"),
+                                     ("max_shape_bytes", ":", "C2", "max(shape)")):
+        if doc.get(key):
+            ax.axhline(doc[key] / mib, ls=style, color=color, label=f"{label} = {fmt_bytes(doc[key])}")
+    ax.set_xticks(range(len(rows)), [r["strategy"] for r in rows])
+    ax.set_ylabel("MiB")
+    ax.set_title(f"CUDA graph memory per strategy: {doc['model'].get('name')}, {doc['mode']}, "
+                 f"{max((r['captures'] for r in rows), default=0)} shapes", fontsize=10)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:  # every bar carries its label: show each once
+        seen = dict(zip(labels, handles))
+        ax.legend(seen.values(), seen.keys(), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def memreport_table(doc: dict) -> Table:
+    t = Table(title=f"gmtool memreport: {doc['model'].get('name')}, {doc['mode']} graphs, sum(shape) "
+                    f"{fmt_bytes(doc.get('sum_shape_bytes'))}, max(shape) {fmt_bytes(doc.get('max_shape_bytes'))}")
+    cols = ("strategy", "status", "shapes", "pool (alloc.)", "physical", "VA mapped", "device Δ", "NVML Δ",
+            "phys/max", "phys/sum", "inputs arena/per-shape", "capture s", "replay ms", "shuffled ok", "warn")
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("strategy", "status") else "right")
+    for r in doc["strategies"]:
+        style = STATUS_STYLE.get(r["status"], "yellow")
+        inputs = "-" if r.get("input_arena_bytes") is None else \
+            f"{fmt_bytes(r['input_arena_bytes'])} / {fmt_bytes(r['input_per_shape_bytes'])}"
+        t.add_row(r["strategy"], f"[{style}]{r['status']}[/]", str(r.get("captures") or "-"),
+                  fmt_bytes(r.get("graph_pool_bytes")), fmt_bytes(r.get("physical_bytes")),
+                  fmt_bytes(r.get("virtual_mapped_bytes")), fmt_bytes(r.get("device_used_bytes")),
+                  fmt_bytes(r.get("nvml_used_bytes")), _f(r.get("physical_over_max"), ".2f"),
+                  _f(r.get("physical_over_sum"), ".2f"), inputs, _f(r.get("capture_s"), ".2f"),
+                  _f(r.get("replay_ms_median"), ".3f"),
+                  f"{r['shuffled_ok']}/{r['shuffled_replays']}" if r.get("shuffled_replays") else "-",
+                  str(r.get("warnings") or 0))
+    return t
+
+
+def exit_code(doc: dict) -> int:
+    """0: every available strategy measured cleanly; 3: a replay differed from eager; 1: anything else."""
+    rows = doc["strategies"]
+    if any(r["status"] == "UNSAFE" for r in rows):
+        return 3
+    if any(r["status"] in FAILED for r in rows) or all(r["status"] == "unavailable" for r in rows):
+        return 1
+    return 0

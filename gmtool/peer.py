@@ -1,0 +1,225 @@
+"""hf-compiled: the same model through Hugging Face's own StaticCache and torch.compile(mode="reduce-overhead")
+(which captures CUDA graphs itself), timed on gmtool's decode work: the peer a user would otherwise reach for.
+
+Per decode bucket B: B sequences, every one at context L = max_kv_len // 2 (a static cache writes one position
+per step for the whole batch, so gmtool's random per-sequence contexts cannot be used), in a static cache of
+max_kv_len tokens (the span gmtool's decode attention reads). The static cache is filled with the very K/V
+gmtool's paged cache holds for those sequences, so the peer's logits for the same tokens are compared with
+gmtool's eager ones, and gmtool's eager step on that batch is the speedup's reference.
+
+transformers moved between versions: the cache argument is `past_key_values` (5.17) or `cache` (5.24), and the
+write position is either a `cache_position` argument or a counter kept in each cache layer. Both are read off
+the forward signature and the cache layers.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import inspect
+import time
+
+import torch
+
+from gmtool.batch import make_batch
+from gmtool.compositions import parse_composition
+from gmtool.errors import GmtoolError
+from gmtool.inputs import PersistentInputs
+from gmtool.sweep import RECORD_FIELDS, STATUS_ERROR, STATUS_OK, STATUS_OOM, STATUS_SKIPPED, STATUS_UNSAFE
+from gmtool.timing import rel_err_per_seq, summarize, time_ms, tolerances_for
+from gmtool.trace import eager_fn, profile_steps, trace_path
+
+PEER_MODE = "hf-compiled"
+COMPILE_CALLS = 3  # reduce-overhead compiles on the 1st call, records its CUDA graph on the 2nd, replays after
+NEEDS_CUDA = ("hf-compiled needs CUDA: torch.compile(mode='reduce-overhead') is measured by the CUDA graphs it "
+              "captures; not run on the {device} backend")
+
+
+def sdpa_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A second copy of the weights with a standard attention: gmtool's attention needs its paged cache."""
+    m = copy.deepcopy(model)
+    if hasattr(m, "set_attn_implementation"):
+        m.set_attn_implementation("sdpa")
+    else:
+        m.config._attn_implementation = "sdpa"
+    return m
+
+
+class HFDecode:
+    """One decode step of a batch through an HF StaticCache whose first L positions hold gmtool's K/V."""
+
+    def __init__(self, model, paged, batch, context: int, max_len: int):
+        from transformers import StaticCache
+
+        dev, self.model, self.context = paged.device, model, context
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        positions = {"cache_position": torch.arange(context, device=dev)}
+        tables = [torch.as_tensor(t, device=dev) for t in batch.block_tables]
+        for layer in range(paged.spec.num_layers):
+            # [B, Hkv, L, D], the layout HF caches keep; update() allocates the static tensors on first use
+            k, v = (torch.stack([c[layer][t].flatten(0, 1)[:context].transpose(0, 1) for t in tables])
+                    for c in (paged.k, paged.v))
+            self.cache.update(k, v, layer, positions)
+        self.counters = [lay.cumulative_length for lay in getattr(self.cache, "layers", [])
+                         if isinstance(getattr(lay, "cumulative_length", None), torch.Tensor)]
+        params = inspect.signature(model.forward).parameters
+        self.kwargs = {("cache" if "cache" in params else "past_key_values"): self.cache, "use_cache": True}
+        if "cache_position" in params:
+            self.kwargs["cache_position"] = torch.tensor([context], device=dev)
+        b = batch.num_seqs
+        self.ids = torch.as_tensor(batch.input_ids, device=dev).view(b, 1)
+        self.pos = torch.full((b, 1), context, dtype=torch.long, device=dev)
+
+    def rewind(self) -> None:
+        """Counter-style caches advance on every step: put the write position back at L, so every timed step
+        does the same work and the cache never overflows."""
+        for c in self.counters:
+            c.fill_(self.context)
+
+    def forward(self, ids, pos) -> torch.Tensor:
+        return self.model(input_ids=ids, position_ids=pos, **self.kwargs).logits[:, -1]
+
+
+def _device_ms(step, rewind, iters: int, warmup: int, device) -> list[float]:
+    """CUDA events around each step alone; the rewind before it stays outside the timed span."""
+    for _ in range(warmup):
+        rewind()
+        step()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for s, e in zip(starts, ends):
+        rewind()
+        s.record()
+        step()
+        e.record()
+    torch.cuda.synchronize(device)
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def _host_us(step, rewind, iters: int, device) -> list[float]:
+    out = []
+    for _ in range(iters):
+        rewind()
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        step()
+        out.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize(device)
+    return out
+
+
+def _note(context: int, max_len: int) -> str:
+    return (f"hf-compiled: HF StaticCache + torch.compile(mode='reduce-overhead'), sdpa attention, on its own copy "
+            f"of the weights; every sequence at context {context} (max_kv_len/2) in a {max_len}-token static cache "
+            "holding gmtool's K/V, compared with gmtool eager on the same tokens; compile_s is compile plus graph "
+            "recording; host_us is the compiled call alone (its inputs already on the device)")
+
+
+class Peer:
+    def __init__(self, sweep, trace_dir=None):
+        """sweep: a Sweep that has run (its model and paged cache supply the weights, K/V and reference)."""
+        self.cfg, self.lm, self.paged = sweep.cfg, sweep.lm, sweep.cache
+        self.device, self.trace_dir, self.trace_files = sweep.device, trace_dir, []
+        self.context = self.cfg.max_kv_len // 2
+        # other kernels than gmtool's: the tolerance for eager on another shape, not the same-kernel one
+        self.tol = tolerances_for(self.cfg.torch_dtype)[1]
+
+    def row(self, bucket: int, status: str, **kw) -> dict:
+        rec = dict.fromkeys(RECORD_FIELDS)
+        rec.update(mode=PEER_MODE, bucket=bucket, composition=f"1*{bucket}@{self.context}", num_tokens=bucket,
+                   num_seqs=bucket, status=status, impl="hf-static-sdpa", tolerance=self.tol,
+                   notes=_note(self.context, self.cfg.max_kv_len))
+        rec.update(kw)
+        return rec
+
+    @property
+    def runnable(self) -> bool:
+        return self.device.type == "cuda" and self.cfg.scenario == "decode"
+
+    def run(self, progress=None) -> list[dict]:
+        """One row per bucket; without CUDA or outside decode, rows that say why instead of measurements."""
+        cfg, buckets = self.cfg, sorted(self.cfg.bucket_sizes)
+        if self.device.type != "cuda":
+            return [self.row(b, STATUS_ERROR, error=NEEDS_CUDA.format(device=self.device.type)) for b in buckets]
+        if cfg.scenario != "decode":
+            why = f"hf-compiled times decode steps only; this sweep's scenario is {cfg.scenario}"
+            return [self.row(b, STATUS_SKIPPED, error=why) for b in buckets]
+        if self.context < 1:
+            return [self.row(b, STATUS_ERROR, error="hf-compiled needs --max-kv-len of at least 2") for b in buckets]
+        try:
+            model = sdpa_copy(self.lm.model)
+        except torch.OutOfMemoryError:
+            return [self.row(b, STATUS_OOM, error="hf-compiled: no memory for its copy of the weights")
+                    for b in buckets]
+        if progress:
+            progress.start(len(buckets))
+        rows, dead = [], None
+        try:
+            for b in buckets:
+                if dead:
+                    rows.append(self.row(b, STATUS_SKIPPED, error=dead))
+                else:
+                    rows.append(self._guarded(model, b, trace=(b == buckets[-1])))
+                    if rows[-1]["status"] == STATUS_OOM:
+                        dead = f"skipped after out of memory at bucket {b}"
+                if progress:
+                    progress.advance(f"bucket {b}")
+        finally:
+            del model
+            torch._dynamo.reset()
+            gc.collect()
+            torch.cuda.empty_cache()
+        return rows
+
+    def _guarded(self, model, bucket: int, trace: bool) -> dict:
+        try:
+            return self._bucket(model, bucket, trace)
+        except torch.OutOfMemoryError:
+            return self.row(bucket, STATUS_OOM, error=f"hf-compiled: out of memory at bucket {bucket}")
+        except GmtoolError as e:
+            return self.row(bucket, STATUS_ERROR, error=str(e))
+        except Exception as e:  # torch.compile fails in many exception types: record it, go on with the next bucket
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            return self.row(bucket, STATUS_ERROR, error=f"hf-compiled failed: {type(e).__name__}: {first}")
+        finally:
+            torch._dynamo.reset()  # each bucket compiles afresh: compile_s is what that bucket costs
+
+    def _bucket(self, model, bucket: int, trace: bool) -> dict:
+        cfg, lm, dev = self.cfg, self.lm, self.device
+        batch = make_batch(parse_composition(f"1*{bucket}@{self.context}"), self.paged, lm.vocab_size,
+                           cfg.max_num_seqs)
+        inputs = PersistentInputs(bucket, cfg.max_num_seqs, self.paged.spec.blocks_per_seq, lm.vocab_size,
+                                  lm.model.dtype, dev)
+        hf = HFDecode(model, self.paged, batch, self.context, cfg.max_kv_len)
+        eager, logits = eager_fn(lm, self.paged, inputs, batch)
+        eager()
+        ref = logits.clone()
+        eager_ms = summarize(time_ms(eager, cfg.num_iters, cfg.num_iters_warmup, dev))
+
+        compiled = torch.compile(hf.forward, mode="reduce-overhead", dynamic=False)
+
+        def step():
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(hf.ids, hf.pos)
+
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for _ in range(COMPILE_CALLS):
+                hf.rewind()
+                step()
+            torch.cuda.synchronize(dev)
+            compile_s = time.perf_counter() - t0
+            hf.rewind()
+            err = rel_err_per_seq(step().clone(), ref)
+            if not err <= self.tol:  # NaN fails too
+                return self.row(bucket, STATUS_UNSAFE, max_rel_err=err, compile_s=compile_s,
+                                error=f"differs from gmtool eager: max relative error {err:.3g} "
+                                      f"(tolerance {self.tol:g})")
+            lat = summarize(_device_ms(step, hf.rewind, cfg.num_iters, cfg.num_iters_warmup, dev))
+            host = summarize(_host_us(step, hf.rewind, max(5, cfg.num_iters // 2), dev))
+            if trace and self.trace_dir is not None:
+                self.trace_files.append(profile_steps(step, trace_path(self.trace_dir, PEER_MODE),
+                                                      f"{PEER_MODE} bucket {bucket}", dev, before=hf.rewind))
+        return self.row(bucket, STATUS_OK, max_rel_err=err, compile_s=compile_s, latency_ms=lat,
+                        eager_latency_ms=eager_ms["median"], host_us=host,
+                        speedup=eager_ms["median"] / lat["median"] if lat["median"] > 0 else None)

@@ -1,0 +1,66 @@
+"""Change against an older run of the same model: rows matched on mode, bucket and composition."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from gmtool.errors import GmtoolError
+from gmtool.report.results import load_results
+from gmtool.report.summary import bucket_summary, row_keys
+
+
+def load_baseline(path: Path) -> dict:
+    try:
+        return load_results(path)
+    except GmtoolError as e:
+        raise GmtoolError(f"--baseline: {e}") from None
+
+
+def check_same_model(base: dict, name: str, params: int | None = None) -> None:
+    """Timings of two different models say nothing about each other: refuse rather than print noise."""
+    old = base.get("model") or {}
+    same = old.get("name") == name and (params is None or old.get("params") in (None, params))
+    if not same:
+        old_desc = f"{old.get('name')!r}" + (f" ({old['params']:,} parameters)" if old.get("params") else "")
+        new_desc = f"{name!r}" + (f" ({params:,} parameters)" if params else "")
+        raise GmtoolError(f"--baseline is a run of model {old_desc}, this run is {new_desc}: "
+                          "compare runs of the same model")
+
+
+def _pct(new, old):
+    return None if new is None or not old else (new - old) / old * 100.0
+
+
+def _diff(new, old):
+    return None if new is None or old is None else new - old
+
+
+def _median(r: dict):
+    return (r.get("latency_ms") or {}).get("median")
+
+
+def attach_baseline(doc: dict, base: dict, path: Path) -> None:
+    """Adds r["baseline"] to every record (None when the old run has no such row) and doc["baseline"]."""
+    check_same_model(base, doc["model"]["name"], doc["model"].get("params"))
+    old = dict(zip(row_keys(base["records"]), base["records"]))
+    matched = 0
+    for key, r in zip(row_keys(doc["records"]), doc["records"]):
+        o = old.get(key)
+        if o is None:
+            r["baseline"] = None
+            continue
+        matched += 1
+        r["baseline"] = {
+            "status": o["status"], "latency_ms": _median(o), "latency_delta_pct": _pct(_median(r), _median(o)),
+            "max_rel_err": o.get("max_rel_err"), "err_delta": _diff(r.get("max_rel_err"), o.get("max_rel_err")),
+        }
+    old_buckets = {(s["mode"], s["bucket"]): s for s in bucket_summary(base["records"])}
+    buckets = []
+    for s in bucket_summary(doc["records"]):
+        o = old_buckets.get((s["mode"], s["bucket"]))
+        if o is not None:
+            buckets.append({"mode": s["mode"], "bucket": s["bucket"], "old_status": o["status"],
+                            "old_replay_ms": o["replay_ms"], "replay_delta_pct": _pct(s["replay_ms"], o["replay_ms"]),
+                            "old_max_rel_err": o["max_rel_err"],
+                            "err_delta": _diff(s["max_rel_err"], o["max_rel_err"])})
+    doc["baseline"] = {"path": str(path), "created": base.get("created"), "machine": base.get("machine"),
+                       "matched": matched, "unmatched": len(doc["records"]) - matched, "buckets": buckets}

@@ -1,0 +1,141 @@
+"""report.md, and the sections it shares with report.html (each renderer only escapes and lays them out)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gmtool.report.summary import bucket_summary, mode_order, safety_matrix
+from gmtool.report.tables import fmt_bytes, noise_warning
+
+PROBLEM_STATUSES = ("error", "oom", "skipped")
+
+
+@dataclass
+class Section:
+    title: str
+    headers: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    intro: str = ""
+    empty: str = "none"
+
+
+def _num(x, spec: str, suffix: str = "") -> str:
+    return "-" if x is None else format(x, spec) + suffix
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:+.1f}%"
+
+
+def overview(doc: dict) -> list[tuple[str, str]]:
+    m, c, mod = doc["machine"], doc["config"], doc["model"]
+    gpu = m.get("gpu") or f"{m['backend']} (no GPU: timings are not GPU figures)"
+    items = [("model", f"{mod['name']} ({mod['source']}, {mod.get('params') or 0:,} parameters)"),
+             ("machine", f"{gpu}; torch {m['torch']}, transformers {m['transformers']}"
+                         + (f", CUDA {m['cuda']}, driver {m['driver']}" if m.get("cuda") else "")),
+             ("sweep", f"{c['scenario']}, {c['dtype']}, buckets {', '.join(map(str, c['bucket_sizes']))}, "
+                       f"modes {', '.join(mode_order(doc))}, {c['num_iters']} timed iterations after "
+                       f"{c['num_iters_warmup']} warm-up, max_kv_len {c['max_kv_len']}"),
+             ("run", f"{doc.get('command')} at {doc.get('created')}, {doc.get('wall_s', 0):.1f} s")]
+    if doc.get("baseline"):
+        b = doc["baseline"]
+        items.append(("baseline", f"{b['path']} ({b.get('created')}): {b['matched']} rows matched, "
+                                  f"{b['unmatched']} new"))
+    return items
+
+
+def _comp_label(row_or_rec: dict, dup: bool) -> str:
+    return row_or_rec["composition"] + (f" #{row_or_rec['n']}" if dup else "")
+
+
+def sections(doc: dict) -> list[Section]:
+    records, order = doc["records"], {m: i for i, m in enumerate(mode_order(doc))}
+    deltas = {(d["mode"], d["bucket"]): d for d in (doc.get("baseline") or {}).get("buckets", [])}
+    summary = Section("Summary (mode x bucket)",
+                      ["bucket", "mode", "mixes", "status", "replay ms", "eager ms", "speedup", "max rel err",
+                       "capture s", "compile s", "graph mem", "noisy"] + (["vs baseline"] if deltas else []),
+                      intro="Medians over each bucket's compositions; max rel err is the worst sequence of any "
+                            "composition. A bucket that is UNSAFE for any composition shows no latency or speedup.")
+    for s in sorted(bucket_summary(records), key=lambda s: (s["bucket"], order.get(s["mode"], 99))):
+        row = [str(s["bucket"]), s["mode"], str(s["compositions"]), s["status"], _num(s["replay_ms"], ".3f"),
+               _num(s["eager_ms"], ".3f"), _num(s["speedup"], ".2f", "x"), _num(s["max_rel_err"], ".2e"),
+               _num(s["capture_s"], ".3f"), _num(s["compile_s"], ".1f"), fmt_bytes(s["graph_mem_bytes"]),
+               "yes" if s["noisy"] else ""]
+        if deltas:
+            row.append(_pct((deltas.get((s["mode"], s["bucket"])) or {}).get("replay_delta_pct")))
+        summary.rows.append(row)
+    noise = noise_warning(doc)
+    if noise:
+        summary.intro += f" Warning: {noise}."
+
+    unsafe = Section("UNSAFE replays", ["mode", "bucket", "composition", "key", "max rel err", "error"],
+                     intro="Replays that differ from eager (or froze a host plan from capture). full-narrow's are "
+                           "the expected finding: a num_tokens-only key is wrong for prefill.")
+    unsafe.rows = [[r["mode"], str(r["bucket"]), r["composition"], str(r.get("key") or "-"),
+                    _num(r.get("max_rel_err"), ".2e"), r.get("error") or ""]
+                   for r in records if r["status"] == "UNSAFE"]
+    problems = Section("Errors and skipped rows", ["mode", "bucket", "composition", "status", "error"])
+    problems.rows = [[r["mode"], str(r["bucket"]), r["composition"], r["status"], r.get("error") or ""]
+                     for r in records if r["status"] in PROBLEM_STATUSES]
+
+    modes, matrix = safety_matrix(doc)
+    labels = [(m["bucket"], m["composition"]) for m in matrix]
+    safety = Section("Safety per composition", ["bucket", "composition"] + modes,
+                     intro="Which modes replay each batch composition correctly (ok), and which do not (UNSAFE); "
+                           "'-': the mode did not run this composition.")
+    for m in matrix:
+        dup = labels.count((m["bucket"], m["composition"])) > 1
+        safety.rows.append([str(m["bucket"]), _comp_label(m, dup)] + [m["statuses"].get(x, "-") for x in modes])
+
+    out = [summary, unsafe, problems, safety]
+    if doc.get("baseline"):
+        base = Section("Change vs baseline", ["mode", "bucket", "composition", "status", "latency ms", "baseline ms",
+                                              "latency change", "max rel err", "err change"],
+                       intro=f"Against {doc['baseline']['path']}, rows matched on mode, bucket and composition.")
+        for r in records:
+            b = r.get("baseline")
+            if b is None:
+                continue
+            status = r["status"] if b["status"] == r["status"] else f"{b['status']} -> {r['status']}"
+            base.rows.append([r["mode"], str(r["bucket"]), r["composition"], status,
+                              _num((r.get("latency_ms") or {}).get("median"), ".3f"), _num(b["latency_ms"], ".3f"),
+                              _pct(b["latency_delta_pct"]), _num(r.get("max_rel_err"), ".2e"),
+                              _num(b["err_delta"], "+.2e")])
+        out.append(base)
+    return out
+
+
+def notes(doc: dict) -> list[str]:
+    """Run notes, then each distinct per-record note (the hf-compiled peer explains itself there)."""
+    return list(dict.fromkeys(list(doc.get("notes") or []) + [r["notes"] for r in doc["records"] if r.get("notes")]))
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_code(text: str) -> str:
+    """Composition labels (1*4+2*8@512) would turn into emphasis as plain Markdown."""
+    return f"`{text}`" if text not in ("", "-") else text
+
+
+def render_markdown(doc: dict) -> str:
+    lines = [f"# gmtool {doc.get('command', '')}: {doc['model']['name']}", ""]
+    lines += [f"- **{k}**: {_md_cell(v)}" for k, v in overview(doc)]
+    for sec in sections(doc):
+        lines += ["", f"## {sec.title}", ""]
+        if sec.intro:
+            lines += [sec.intro, ""]
+        if not sec.rows:
+            lines.append(sec.empty)
+            continue
+        comp = sec.headers.index("composition") if "composition" in sec.headers else -1
+        lines.append("| " + " | ".join(sec.headers) + " |")
+        lines.append("|" + "|".join("---" for _ in sec.headers) + "|")
+        for row in sec.rows:
+            cells = [_md_code(c) if i == comp else c for i, c in enumerate(row)]
+            cells = [f"**{c}**" if c == "UNSAFE" else c for c in cells]
+            lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+    extra = notes(doc)
+    if extra:
+        lines += ["", "## Notes", ""] + [f"- {_md_cell(n)}" for n in extra]
+    return "\n".join(lines) + "\n"

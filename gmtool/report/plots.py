@@ -1,0 +1,75 @@
+"""The report's plots as PNG data URIs, so report.html stays one self-contained file.
+
+matplotlib's Figure is used without pyplot: no global state and no GUI backend, whatever MPLBACKEND says.
+"""
+from __future__ import annotations
+
+import base64
+import io
+
+from matplotlib.figure import Figure
+
+from gmtool.report.summary import bucket_summary, mode_order
+
+
+def _data_uri(fig: Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _series(doc: dict, field: str, skip_eager: bool = False) -> dict[str, tuple[list, list]]:
+    """mode -> (buckets, values) of one bucket_summary field; buckets without a value are left out."""
+    rows = bucket_summary(doc["records"])
+    out = {}
+    for mode in mode_order(doc):
+        if skip_eager and mode == "eager":
+            continue
+        pts = sorted((s["bucket"], s[field]) for s in rows if s["mode"] == mode and s[field] is not None)
+        if pts:
+            out[mode] = ([b for b, _ in pts], [v for _, v in pts])
+    return out
+
+
+def _plot(series: dict, title: str, ylabel: str, hline: float | None = None) -> str | None:
+    if not series:
+        return None
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.add_subplot()
+    buckets = sorted({b for xs, _ in series.values() for b in xs})
+    for mode, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", label=mode)
+    if hline is not None:
+        ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
+    if buckets[-1] / buckets[0] >= 8:  # bucket lists are roughly geometric: spread them evenly
+        ax.set_xscale("log", base=2)
+        ax.minorticks_off()
+    # the engines' lists (1, 2, 4, 8, 16, 24, ..., 256) would crowd the axis: label the powers of two
+    ticks = buckets if len(buckets) <= 12 else sorted({b for b in buckets if b & (b - 1) == 0} | {buckets[-1]})
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(b) for b in ticks])
+    ax.set_xlabel("bucket (tokens)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return _data_uri(fig)
+
+
+def latency_plot(doc: dict) -> str | None:
+    return _plot(_series(doc, "replay_ms"), "median step latency per mode (UNSAFE buckets not plotted)", "ms")
+
+
+def speedup_plot(doc: dict) -> str | None:
+    return _plot(_series(doc, "speedup", skip_eager=True), "speedup over eager", "eager / mode", hline=1.0)
+
+
+def memory_plot(doc: dict) -> str | None:
+    mib = {m: (xs, [v / 2**20 for v in ys]) for m, (xs, ys) in _series(doc, "graph_mem_bytes").items()}
+    return _plot(mib, "graph memory per capture (peak allocated while capturing)", "MiB")
+
+
+def all_plots(doc: dict) -> list[tuple[str, str | None]]:
+    """(caption, data URI or None when nothing was measured)."""
+    return [("Latency vs bucket", latency_plot(doc)), ("Speedup vs bucket", speedup_plot(doc)),
+            ("Graph memory per mode", memory_plot(doc))]

@@ -1,0 +1,113 @@
+"""--trace: one Chrome trace per mode (torch.profiler over a few replays of its largest bucket), each replay in
+an NVTX range on CUDA so that Nsight Systems shows it by name.
+
+The replays are re-run outside the sweep's timed loop, through the executors while their graphs are still
+alive (Sweep.after_sweep): profiling never perturbs the figures the sweep reports.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+
+from gmtool.attention import ForwardContext, forward_context
+from gmtool.batch import Batch, make_batch
+from gmtool.buckets import BucketKey
+from gmtool.errors import GmtoolError
+from gmtool.inputs import PersistentInputs
+from gmtool.sweep import Sweep
+
+TRACE_REPLAYS = 3
+
+
+@contextlib.contextmanager
+def nvtx_range(name: str, device: torch.device):
+    if device.type != "cuda":
+        yield
+        return
+    torch.cuda.nvtx.range_push(name)
+    try:
+        yield
+    finally:
+        torch.cuda.nvtx.range_pop()
+
+
+def eager_fn(lm, cache, inputs: PersistentInputs, batch: Batch):
+    """gmtool's eager forward of the exact batch (no padding), as the sweep runs its reference; returns the
+    callable and the logits view it writes."""
+    key = BucketKey(batch.num_tokens, batch.num_seqs, batch.is_decode)
+    views = inputs.load(batch, key)
+    ctx = ForwardContext(cache, views, "decode" if batch.is_decode else "planned", batch.plan, batch.num_seqs)
+
+    def fn():
+        with forward_context(ctx), torch.no_grad():
+            views.logits.copy_(lm.forward_logits(views.input_ids, views.positions, views.logits_indices))
+
+    return fn, views.logits[: batch.num_seqs]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_steps(fn, path: Path, label: str, device: torch.device, before=None,
+                  replays: int = TRACE_REPLAYS) -> Path:
+    """before(): untraced set-up run ahead of every replay (a cache position to rewind, say)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    if before:
+        before()
+    fn()  # the trace shows steady-state replays, not first-call set-up
+    _sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for i in range(replays):
+            if before:
+                before()
+            name = f"{label} replay {i}"
+            with nvtx_range(name, device), record_function(name):
+                fn()
+        _sync(device)
+    prof.export_chrome_trace(str(path))
+    return Path(path)
+
+
+def trace_path(out_dir: Path, mode: str) -> Path:
+    return Path(out_dir) / f"trace-{mode}.json"
+
+
+class TracedSweep(Sweep):
+    """A Sweep that, once every bucket is measured, traces each mode's largest captured bucket."""
+
+    def __init__(self, cfg, progress, out_dir: Path, memory_factory=None):
+        super().__init__(cfg, progress, memory_factory)
+        self.out_dir, self.trace_files = Path(out_dir), []
+
+    def after_sweep(self, res, executors, eager_inputs, tol) -> None:
+        super().after_sweep(res, executors, eager_inputs, tol)
+        cfg, lm, cache = self.cfg, self.lm, self.cache
+        if "eager" in cfg.modes:
+            bucket = max(cfg.plan)
+            try:
+                batch = make_batch(cfg.plan[bucket][0], cache, lm.vocab_size, cfg.max_num_seqs)
+                fn, _ = eager_fn(lm, cache, eager_inputs, batch)
+                self.trace_files.append(profile_steps(fn, trace_path(self.out_dir, "eager"),
+                                                      f"eager bucket {bucket}", self.device))
+            except GmtoolError as e:
+                res.notes.append(f"--trace: no eager trace: {e}")
+        for mode, ex in executors.items():
+            if not ex.graphs:
+                res.notes.append(f"--trace: {mode} captured no graph to trace")
+                continue
+            key = max(ex.graphs, key=lambda k: k.num_tokens)
+            label = ex.graphs[key].captured_with
+            comp = next(c for c in cfg.plan[key.num_tokens] if c.label == label)
+            try:
+                batch = make_batch(comp, cache, lm.vocab_size, cfg.max_num_seqs)
+                entry = ex.prepare(batch)  # copy-in only: the graph for this key already exists
+                self.trace_files.append(profile_steps(lambda: entry.replay(batch), trace_path(self.out_dir, mode),
+                                                      f"{mode} bucket {key.num_tokens}", self.device))
+            except GmtoolError as e:
+                res.notes.append(f"--trace: no {mode} trace: {e}")

@@ -1,0 +1,267 @@
+"""gmtool compare on the CPU tape backend: files, JSON schema, exit codes, bad input, the hf-compiled peer."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from gmtool.cli.compare import parse_modes
+from gmtool.errors import GmtoolError
+from gmtool.sweep import RECORD_FIELDS
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = ["--device", "cpu", "--num-iters", "2", "--num-iters-warmup", "1"]
+STATUSES = {"ok", "UNSAFE", "error", "oom", "skipped"}
+TIMING_KEYS = {"median": float, "p90": float, "p99": float, "min": float, "iqr": float, "n": int, "noisy": bool}
+
+
+def run_cli(*args) -> tuple[int, str, str]:
+    """The real entry point in-process (its error handling included): exit code, stdout, stderr."""
+    from gmtool.cli.main import main
+
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    sys.argv = ["gmtool", *map(str, args)]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    finally:
+        sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
+
+
+def one_error(err: str) -> str:
+    """The error message, unwrapped; it must be the only thing said, with no traceback."""
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("USDT:")]
+    assert "Traceback" not in err
+    assert lines and lines[0].startswith("error:"), err
+    assert sum(ln.startswith("error:") for ln in lines) == 1, err
+    return " ".join(" ".join(lines).split())
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One compare sweep shared by the tests: two buckets, a padded mix in bucket 2, traces, JSON on stdout."""
+    out = tmp_path_factory.mktemp("compare") / "run"
+    code, stdout, stderr = run_cli("compare", "eager,full,piecewise", *FAST, "--buckets", "1,2",
+                                   "--compositions", "1*1,1*2,2=1*1", "--trace", "--format", "json", "--out", out)
+    return {"code": code, "stdout": stdout, "stderr": stderr, "out": out,
+            "doc": json.loads((out / "results.json").read_text())}
+
+
+def test_compare_writes_every_file(run):
+    assert run["code"] == 0, run["stderr"]
+    for name in ("results.json", "results.csv", "report.md", "report.html",
+                 "trace-eager.json", "trace-full.json", "trace-piecewise.json"):
+        assert (run["out"] / name).stat().st_size > 0, name
+
+
+def test_json_format_prints_only_the_document(run):
+    assert json.loads(run["stdout"]) == run["doc"]
+
+
+def test_results_json_schema(run):
+    doc = run["doc"]
+    for key, typ in {"schema_version": int, "tool": str, "command": str, "created": str, "wall_s": float,
+                     "machine": dict, "model": dict, "config": dict, "notes": list, "errors": list,
+                     "records": list}.items():
+        assert isinstance(doc[key], typ), key
+    assert doc["command"] == "compare" and doc["config"]["modes"] == ["eager", "full", "piecewise"]
+    assert {"name", "params", "layers"} <= doc["model"].keys()
+    assert {"device", "torch", "transformers", "backend"} <= doc["machine"].keys()
+    # every mode over every composition: 3 mixes x 3 modes
+    assert sorted((r["mode"], r["bucket"]) for r in doc["records"]) == sorted(
+        (m, b) for m in ("eager", "full", "piecewise") for b in (1, 2, 2))
+    for r in doc["records"]:
+        assert set(RECORD_FIELDS) <= r.keys()
+        assert isinstance(r["mode"], str) and isinstance(r["bucket"], int) and isinstance(r["composition"], str)
+        assert r["status"] in STATUSES
+        if r["status"] == "ok":
+            assert isinstance(r["max_rel_err"], float) and r["max_rel_err"] <= r["tolerance"]
+            assert isinstance(r["speedup"], float) and isinstance(r["eager_latency_ms"], float)
+            for k, typ in TIMING_KEYS.items():
+                assert isinstance(r["latency_ms"][k], typ), k
+        if r["status"] == "UNSAFE":
+            assert r["latency_ms"] is None and r["speedup"] is None
+        if r["mode"] != "eager":
+            assert isinstance(r["key"], str) and r["key"].startswith("d")
+
+
+def test_results_csv(run):
+    df = pd.read_csv(run["out"] / "results.csv")
+    assert len(df) == len(run["doc"]["records"])
+    assert {"mode", "bucket", "composition", "status", "latency_ms_median", "latency_ms_noisy", "speedup",
+            "max_rel_err", "capture_s"} <= set(df.columns)
+    assert set(df["mode"]) == {"eager", "full", "piecewise"}
+    assert (df["latency_ms_median"] > 0).all()
+
+
+def test_traces_are_chrome_traces_of_named_replays(run):
+    for mode in ("eager", "full", "piecewise"):
+        events = json.loads((run["out"] / f"trace-{mode}.json").read_text())["traceEvents"]
+        names = {e.get("name", "") for e in events}
+        assert f"{mode} bucket 2 replay 0" in names, mode
+
+
+def test_report_round_trip(run, tmp_path):
+    code, stdout, stderr = run_cli("report", run["out"], "--out", tmp_path / "again")
+    assert code == 0, stderr
+    for name in ("report.md", "report.html"):
+        assert (tmp_path / "again" / name).read_text() == (run["out"] / name).read_text()
+    assert "gmtool compare: tiny-qwen3" in stdout and "piecewise" in stdout
+
+
+def test_compare_with_baseline(run, tmp_path):
+    """The baseline is the shared run with every latency doubled: each matched row got 50% faster."""
+    old = json.loads(json.dumps(run["doc"]))
+    for r in old["records"]:
+        if r["latency_ms"]:
+            r["latency_ms"]["median"] *= 2
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    code, stdout, stderr = run_cli("compare", "eager,full", *FAST, "--buckets", "1", "--compositions", "1*1",
+                                   "--format", "json", "--out", tmp_path / "new", "--baseline", tmp_path / "old.json")
+    assert code == 0, stderr
+    doc = json.loads(stdout)
+    assert doc["baseline"]["matched"] == 2 and doc["baseline"]["unmatched"] == 0
+    first = {}
+    for o in old["records"]:
+        first.setdefault((o["mode"], o["bucket"], o["composition"]), o)
+    for r in doc["records"]:
+        b, o = r["baseline"], first[(r["mode"], 1, "1*1")]
+        assert b["latency_ms"] == o["latency_ms"]["median"]
+        assert b["latency_delta_pct"] == pytest.approx((r["latency_ms"]["median"] / b["latency_ms"] - 1) * 100)
+        assert b["err_delta"] == pytest.approx(r["max_rel_err"] - o["max_rel_err"])
+    assert "Change vs baseline" in (tmp_path / "new" / "report.md").read_text()
+    assert "baseline_latency_delta_pct" in pd.read_csv(tmp_path / "new" / "results.csv").columns
+
+
+def test_hf_compiled_on_cpu_is_an_error_row(tmp_path):
+    out = tmp_path / "peer"
+    code, stdout, stderr = run_cli("compare", "eager,hf-compiled", *FAST, "--buckets", "1", "--compositions", "1*1",
+                                   "--format", "quiet", "--out", out)
+    assert code == 1
+    assert stdout == ""
+    assert "needs CUDA" in one_error(stderr)
+    doc = json.loads((out / "results.json").read_text())
+    peer = [r for r in doc["records"] if r["mode"] == "hf-compiled"]
+    assert len(peer) == 1 and peer[0]["status"] == "error" and peer[0]["latency_ms"] is None
+    assert "needs CUDA" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["compare", "eager,fast"], "unknown mode 'fast': choose from eager, full, full-narrow, piecewise, hf-compiled"),
+    (["compare", "eager", "--format", "yaml"], "unknown --format 'yaml'"),
+])
+def test_bad_arguments(args, message):
+    code, _, err = run_cli(*args, *FAST)
+    assert code == 2
+    assert message in one_error(err)
+
+
+def test_existing_out_dir_needs_force(tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    code, _, err = run_cli("compare", "eager", *FAST, "--out", tmp_path)
+    assert code == 2
+    assert "exists and is not empty: pass --force" in one_error(err)
+    assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+def test_baseline_of_another_model_is_refused_before_sweeping(tmp_path, run):
+    other = json.loads(json.dumps(run["doc"]))
+    other["model"]["name"] = "qwen3-8b"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    code, _, err = run_cli("compare", "eager", *FAST, "--out", tmp_path / "out", "--baseline", tmp_path / "other.json")
+    assert code == 2
+    assert "is a run of model 'qwen3-8b'" in one_error(err)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content, message", [(None, "no results file"), ("{not json", "cannot read results file"),
+                                              ('{"tool": "other"}', "is not a gmtool results file")])
+def test_unreadable_baseline(tmp_path, content, message):
+    path = tmp_path / "old.json"
+    if content is not None:
+        path.write_text(content)
+    code, _, err = run_cli("compare", "eager", *FAST, "--out", tmp_path / "out", "--baseline", path)
+    assert code == 2
+    said = one_error(err)
+    assert said.startswith("error: --baseline:") and message in said
+
+
+def test_error_as_a_process():
+    """No traceback from the installed entry point either, and nothing on stdout."""
+    p = subprocess.run([sys.executable, "-m", "gmtool.cli.main", "compare", "eager,warp"], cwd=ROOT,
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 2 and p.stdout == ""
+    assert "unknown mode 'warp'" in one_error(p.stderr)
+
+
+def test_parse_modes():
+    assert parse_modes("eager, full-narrow,eager,hf-compiled") == ["eager", "full-narrow", "hf-compiled"]
+    with pytest.raises(GmtoolError, match="unknown mode '\\(none\\)'"):
+        parse_modes(" , ")
+
+
+@pytest.mark.parametrize("records, code", [
+    ([("full", "ok", None), ("full-narrow", "UNSAFE", "stale")], 0),
+    ([("full", "ok", None), ("piecewise", "UNSAFE", "differs")], 3),
+    ([("full", "error", "capture failed"), ("piecewise", "UNSAFE", "differs")], 1),
+])
+def test_exit_codes(records, code):
+    import typer
+    from rich.console import Console
+
+    from gmtool.cli.run_sweep import finish
+
+    doc = {"errors": [], "records": [{"mode": m, "bucket": 8, "composition": "8*1", "status": s, "error": e}
+                                     for m, s, e in records]}
+    console = Console(file=io.StringIO(), width=200)
+    if code == 0:
+        finish(doc, console)
+    else:
+        with pytest.raises(typer.Exit) as exc:
+            finish(doc, console)
+        assert exc.value.exit_code == code
+    said = console.file.getvalue()
+    assert ("capture failed" in said) == (code == 1)
+
+
+def test_peer_static_cache_matches_gmtool_eager():
+    """The hf-compiled peer's inputs: an HF StaticCache holding gmtool's K/V gives gmtool eager's logits
+    (uncompiled here; the compiled step is only run on CUDA)."""
+    from gmtool.batch import make_batch
+    from gmtool.compositions import parse_composition
+    from gmtool.config import SweepConfig
+    from gmtool.inputs import PersistentInputs
+    from gmtool.peer import HFDecode, sdpa_copy
+    from gmtool.sweep import Sweep
+    from gmtool.timing import rel_err_per_seq
+    from gmtool.trace import eager_fn
+
+    cfg = SweepConfig(device="cpu", buckets="3", compositions="1*3", modes=("eager",), num_iters=1,
+                      num_iters_warmup=0)
+    sweep = Sweep(cfg)
+    sweep.run()
+    lm, paged, ctx = sweep.lm, sweep.cache, cfg.max_kv_len // 2
+    batch = make_batch(parse_composition(f"1*3@{ctx}"), paged, lm.vocab_size, cfg.max_num_seqs)
+    inputs = PersistentInputs(3, cfg.max_num_seqs, paged.spec.blocks_per_seq, lm.vocab_size, lm.model.dtype,
+                              sweep.device)
+    model = sdpa_copy(lm.model)
+    assert lm.model.config._attn_implementation == "gmtool"  # the copy changed, not the sweep's model
+    hf = HFDecode(model, paged, batch, ctx, cfg.max_kv_len)
+    eager, logits = eager_fn(lm, paged, inputs, batch)
+    eager()
+    with torch.no_grad():
+        for _ in range(2):  # rewinding makes every step the same step
+            hf.rewind()
+            assert rel_err_per_seq(hf.forward(hf.ids, hf.pos), logits) < 1e-5

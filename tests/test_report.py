@@ -1,0 +1,231 @@
+"""The report files from a results document: Markdown, HTML with embedded plots, terminal table, baselines,
+and `gmtool report`. Documents are built by hand here (no sweep), so every status a renderer meets is covered."""
+from __future__ import annotations
+
+import base64
+import copy
+import io
+import json
+import re
+
+import pytest
+from rich.console import Console
+
+from gmtool.report.baseline import attach_baseline
+from gmtool.report.html import render_html
+from gmtool.report.markdown import render_markdown
+from gmtool.report.results import load_results, write_reports, write_results
+from gmtool.report.tables import compare_table, noise_warning
+from gmtool.sweep import RECORD_FIELDS
+from tests.test_compare import one_error, run_cli
+
+PEER_NOTE = "hf-compiled: HF StaticCache + torch.compile, every sequence at context 512"
+
+
+def timing(median: float, noisy: bool = False) -> dict:
+    return {"median": median, "p90": median * 1.1, "p99": median * 1.2, "min": median * 0.9, "iqr": 0.01,
+            "n": 5, "noisy": noisy}
+
+
+def rec(mode, bucket, comp, status="ok", ms=None, eager=None, err=0.0, **kw) -> dict:
+    r = dict.fromkeys(RECORD_FIELDS)
+    r.update(mode=mode, bucket=bucket, composition=comp, num_tokens=bucket, num_seqs=bucket, status=status,
+             max_rel_err=err, tolerance=1e-3)
+    if status == "ok" and ms is not None:
+        r.update(latency_ms=timing(ms, kw.pop("noisy", False)), eager_latency_ms=eager,
+                 speedup=eager / ms if eager else None)
+    r.update(kw)
+    return r
+
+
+def make_doc(model: str = "tiny-qwen3") -> dict:
+    records = [
+        rec("eager", 8, "1*8", ms=4.0, eager=4.0), rec("eager", 8, "1*8", ms=4.2, eager=4.2),
+        rec("full", 8, "1*8", ms=1.0, eager=4.0, key="d8", capture_s=0.5, graph_mem_bytes=3 * 2**20),
+        rec("full", 8, "1*8", ms=1.1, eager=4.2, key="d8"),
+        rec("piecewise", 8, "1*8", ms=2.0, eager=4.0, key="d8", noisy=True, graph_mem_bytes=2**20),
+        rec("piecewise", 8, "1*8", ms=2.2, eager=4.2, key="d8"),
+        rec("full-narrow", 8, "1*8", "UNSAFE", err=1.5, key="t8", error="stale host metadata frozen at capture"),
+        rec("full-narrow", 8, "1*8", ms=1.0, eager=4.2, key="t8"),
+        rec("eager", 16, "8*2", ms=9.0, eager=9.0),
+        rec("full", 16, "8*2", ms=3.0, eager=9.0, key="t16xs2", graph_mem_bytes=5 * 2**20),
+        rec("full", 16, "4*4", "UNSAFE", err=0.8, key="t16xs4", error="replay differs from eager <lambda> | x"),
+        rec("piecewise", 16, "8*2", "error", err=None, key="t16", error="capture of bucket t16 failed: boom"),
+        rec("hf-compiled", 8, "1*8@512", ms=1.5, eager=4.0, compile_s=12.5, notes=PEER_NOTE),
+    ]
+    return {
+        "schema_version": 1, "tool": "gmtool", "command": "compare", "created": "2026-01-01T00:00:00+00:00",
+        "wall_s": 12.0, "machine": {"device": "cuda", "torch": "2.13", "transformers": "5.17", "python": "3.11",
+                                    "host": "h", "backend": "cuda", "gpu": "NVIDIA H200", "driver": "570",
+                                    "cuda": "12.8"},
+        "model": {"name": model, "source": "profile", "params": 90496, "layers": 2},
+        "config": {"model": model, "scenario": "mixed", "dtype": "bfloat16", "bucket_sizes": [8, 16],
+                   "modes": ["eager", "full", "full-narrow", "piecewise", "hf-compiled"], "num_iters": 5,
+                   "num_iters_warmup": 1, "max_kv_len": 1024},
+        "notes": ["a run note"], "errors": [], "records": records,
+    }
+
+
+def table_rows(markdown: str, section: str) -> list[list[str]]:
+    body = markdown.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return [[c.strip() for c in ln.strip("|").split(" | ")] for ln in body.splitlines()
+            if ln.startswith("| ") and not ln.startswith("| bucket |") and not ln.startswith("| mode |")]
+
+
+def test_markdown_sections():
+    md = render_markdown(make_doc())
+    assert md.startswith("# gmtool compare: tiny-qwen3\n")
+    assert "NVIDIA H200" in md and "modes eager, full, full-narrow, piecewise, hf-compiled" in md
+    summary = {(r[0], r[1]): r for r in table_rows(md, "Summary (mode x bucket)")}
+    assert summary[("8", "full")][3:7] == ["ok", "1.050", "4.100", "3.90x"]
+    assert summary[("8", "piecewise")][-1] == "yes"  # noisy
+    assert summary[("8", "hf-compiled")][9] == "12.5"  # compile s
+    unsafe = table_rows(md, "UNSAFE replays")
+    assert [(r[0], r[1]) for r in unsafe] == [("full-narrow", "8"), ("full", "16")]
+    assert "stale host metadata frozen at capture" in unsafe[0][-1]
+    assert "<lambda> \\| x" in unsafe[1][-1]  # a pipe in an error must not split the table row
+    problems = table_rows(md, "Errors and skipped rows")
+    assert problems == [["piecewise", "16", "`8*2`", "error", "capture of bucket t16 failed: boom"]]
+    safety = table_rows(md, "Safety per composition")
+    assert safety[0] == ["8", "`1*8 #1`", "ok", "ok", "**UNSAFE**", "ok", "-"]
+    assert safety[1] == ["8", "`1*8 #2`", "ok", "ok", "ok", "ok", "-"]
+    assert ["16", "`4*4`", "-", "**UNSAFE**", "-", "-", "-"] in safety
+    assert ["8", "`1*8@512`", "-", "-", "-", "-", "ok"] in safety
+    assert f"- {PEER_NOTE}" in md and "- a run note" in md
+
+
+def test_unsafe_buckets_show_no_latency_or_speedup_anywhere():
+    """Bucket 16 of full is UNSAFE for 4*4 though 8*2 was fine: no renderer may show its 3.0 ms."""
+    doc = make_doc()
+    md = render_markdown(doc)
+    row = {(r[0], r[1]): r for r in table_rows(md, "Summary (mode x bucket)")}[("16", "full")]
+    assert row[3] == "**UNSAFE**" and row[4] == "-" and row[6] == "-"
+    console = Console(file=io.StringIO(), width=250)
+    console.print(compare_table(doc))
+    line = next(ln for ln in console.file.getvalue().splitlines() if "UNSAFE" in ln and " 16 " in ln)
+    assert "3.000" not in line and "x" not in line.split("│")[6]
+    html = render_html(doc)
+    tr = next(t for t in html.split("<tr>") if "<td>16</td>" in t and ">full<" in t and "UNSAFE" in t)
+    assert "3.000" not in tr
+
+
+def test_html_is_self_contained_with_png_plots():
+    html = render_html(make_doc())
+    uris = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert len(uris) == 3  # latency, speedup, graph memory
+    for u in uris:
+        assert base64.b64decode(u)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not re.search(r'(src|href)="(?!data:)', html)  # nothing fetched from elsewhere
+    assert "&lt;lambda&gt;" in html and "<lambda>" not in html
+    assert 'class="text s-UNSAFE"' in html
+
+
+def test_html_without_graph_memory_says_so():
+    doc = make_doc()
+    for r in doc["records"]:
+        r["graph_mem_bytes"] = None
+    html = render_html(doc)
+    assert html.count("data:image/png;base64,") == 2
+    assert "Graph memory per mode: nothing measured on this backend." in html
+
+
+def test_noise_warning_in_terminal_table():
+    doc = make_doc()
+    assert "1 of 10 timings are noisy" in noise_warning(doc)
+    console = Console(file=io.StringIO(), width=250)
+    console.print(compare_table(doc))
+    assert "2.100!" in console.file.getvalue()
+    for r in doc["records"]:
+        if r["latency_ms"]:
+            r["latency_ms"]["noisy"] = False
+    assert noise_warning(doc) is None
+
+
+def test_baseline_matches_rows_by_occurrence():
+    """The two '1*8' mixes of bucket 8 are told apart by their order, not conflated."""
+    new, old = make_doc(), make_doc()
+    for r in old["records"]:
+        if r["latency_ms"]:
+            r["latency_ms"]["median"] *= 2
+        if r["max_rel_err"] is not None:
+            r["max_rel_err"] += 0.25
+    old["records"] = old["records"][:-1]  # the peer is new in this run
+    attach_baseline(new, old, "old/results.json")
+    b = new["baseline"]
+    assert (b["matched"], b["unmatched"], b["path"]) == (len(new["records"]) - 1, 1, "old/results.json")
+    full = [r for r in new["records"] if r["mode"] == "full" and r["bucket"] == 8]
+    assert [r["baseline"]["latency_ms"] for r in full] == [2.0, 2.2]
+    assert all(r["baseline"]["latency_delta_pct"] == pytest.approx(-50.0) for r in full)
+    assert all(r["baseline"]["err_delta"] == pytest.approx(-0.25) for r in full)
+    assert new["records"][-1]["baseline"] is None
+    unsafe = next(r for r in new["records"] if r["status"] == "UNSAFE")
+    assert unsafe["baseline"]["latency_delta_pct"] is None
+    buckets = {(d["mode"], d["bucket"]): d for d in b["buckets"]}
+    assert buckets[("full", 8)]["replay_delta_pct"] == pytest.approx(-50.0)
+    assert buckets[("full", 16)]["replay_delta_pct"] is None  # UNSAFE: no latency to compare
+
+
+@pytest.fixture
+def results_dir(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    write_results(d, make_doc())
+    return d
+
+
+def test_report_renders_in_place(results_dir):
+    code, out, err = run_cli("report", results_dir)
+    assert code == 0, err
+    doc = load_results(results_dir)
+    assert (results_dir / "report.md").read_text() == render_markdown(doc)
+    assert (results_dir / "report.html").read_text() == render_html(doc)
+    assert "gmtool compare: tiny-qwen3 on NVIDIA H200" in out
+
+
+def test_report_with_baseline(results_dir, tmp_path):
+    old = make_doc()
+    for r in old["records"]:
+        if r["latency_ms"]:
+            r["latency_ms"]["median"] *= 4
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    code, out, err = run_cli("report", results_dir / "results.json", "--baseline", tmp_path / "old.json",
+                             "--out", tmp_path / "with-baseline")
+    assert code == 0, err
+    md = (tmp_path / "with-baseline" / "report.md").read_text()
+    rows = table_rows(md, "Change vs baseline")
+    assert ["full", "8", "`1*8`", "ok", "1.000", "4.000", "-75.0%", "0.00e+00", "+0.00e+00"] in rows
+    assert "vs baseline" in out and "-75.0%" in out
+    assert not (results_dir / "report.md").exists()  # --out elsewhere leaves the run's directory alone
+
+
+def test_report_refuses_baseline_of_another_model(results_dir, tmp_path):
+    write_results(tmp_path, make_doc(model="llama-3.1-8b"))
+    code, _, err = run_cli("report", results_dir, "--baseline", tmp_path)
+    assert code == 2
+    assert "--baseline is a run of model 'llama-3.1-8b'" in one_error(err)
+
+
+def test_report_refuses_unreadable_files(results_dir, tmp_path):
+    (tmp_path / "bad.json").write_bytes(b"\xff\xfe not json")
+    code, _, err = run_cli("report", results_dir, "--baseline", tmp_path / "bad.json")
+    assert code == 2 and "--baseline: cannot read results file" in one_error(err)
+    code, _, err = run_cli("report", tmp_path / "nowhere")
+    assert code == 2 and "no results file at" in one_error(err)
+
+
+def test_report_out_dir_needs_force(results_dir, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x").write_text("x")
+    code, _, err = run_cli("report", results_dir, "--out", other)
+    assert code == 2 and "pass --force" in one_error(err)
+    assert run_cli("report", results_dir, "--out", other, "--force")[0] == 0
+
+
+def test_write_reports_from_a_copy_is_deterministic(tmp_path):
+    doc = make_doc()
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    write_reports(a, doc)
+    write_reports(b, copy.deepcopy(doc))
+    assert (a / "report.html").read_bytes() == (b / "report.html").read_bytes()
