@@ -101,22 +101,50 @@ class ForwardContext:
     plan: tuple = ()  # host plan of the current batch (planned impl)
     num_seqs: int = 0  # masked impl: sequences covered by the launch shape
     breaker: object = None  # piecewise capture: called at each attention instead of computing it
-    planned_with: list = field(default_factory=list)  # host plans consumed while this context was live
+    kernels: str = "torch"  # torch (reference) | triton (gmtool.kernels)
+    planned_with: list = field(default_factory=list)  # host plan parts consumed while this context was live
+
+    def plan_signature(self, plan: tuple) -> tuple:
+        """The part of a host plan that the planned implementation turns into launch shapes."""
+        if self.kernels == "triton":  # grid (num_seqs, max_q_len); lengths are read from the device
+            return (len(plan), max((q for q, _ in plan), default=0))
+        return plan  # the torch reference slices per sequence on the host
 
     def attend(self, layer: int, q, k, v, scale, out: torch.Tensor | None = None) -> torch.Tensor:
-        kc, vc = self.cache.k[layer], self.cache.v[layer]
-        write_kv(kc, vc, k, v, self.views.slot_mapping)
+        kc, vc, views = self.cache.k[layer], self.cache.v[layer], self.views
+        if self.kernels == "triton":
+            return self._attend_triton(kc, vc, q, k, v, scale, out)
+        write_kv(kc, vc, k, v, views.slot_mapping)
         if self.impl == "decode":
-            res = decode_attention(q, kc, vc, self.views.block_tables, self.views.kv_lens, scale)
+            res = decode_attention(q, kc, vc, views.block_tables, views.kv_lens, scale)
         elif self.impl == "masked":
-            res = masked_varlen_attention(q, kc, vc, self.views, self.num_seqs, scale)
+            res = masked_varlen_attention(q, kc, vc, views, self.num_seqs, scale)
         else:
-            self.planned_with.append(self.plan)
-            res = planned_varlen_attention(q, kc, vc, self.views, self.plan, scale)
+            self.planned_with.append(self.plan_signature(self.plan))
+            res = planned_varlen_attention(q, kc, vc, views, self.plan, scale)
         if out is None:
             return res
         out.copy_(res)
         return out
+
+    def _attend_triton(self, kc, vc, q, k, v, scale, out):
+        from gmtool.kernels import get_attention_ops
+
+        ops, views = get_attention_ops("triton"), self.views
+        ops.write_kv(kc, vc, k, v, views.slot_mapping)
+        if self.impl == "decode":
+            from gmtool.kernels.decode_attention import decode_attention as triton_decode
+
+            return triton_decode(q, kc, vc, views.block_tables, views.kv_lens, scale, out=out)
+        from gmtool.kernels.prefill_attention import varlen_attention, varlen_attention_wide
+
+        if self.impl == "masked":
+            return varlen_attention_wide(q, kc, vc, views.cu_q, views.kv_lens, views.block_tables,
+                                         self.num_seqs, scale, out=out)
+        sig = self.plan_signature(self.plan)
+        self.planned_with.append(sig)
+        return varlen_attention(q, kc, vc, views.cu_q, views.kv_lens, views.block_tables, sig[0], sig[1],
+                                scale, out=out)
 
 
 _current: ForwardContext | None = None

@@ -28,6 +28,8 @@ class SweepConfig:
     compositions: str | None = None
     modes: tuple[str, ...] = ("eager", "full")
     piecewise_impl: str = "breakable"
+    compile: bool = False  # Inductor-compile the non-attention parts before capture
+    attention: str = "auto"  # attention kernels: auto (triton on CUDA when available) | torch | triton
     max_kv_len: int | None = None
     max_tokens: int | None = None
     block_size: int = 16
@@ -39,6 +41,7 @@ class SweepConfig:
     # derived
     torch_device: torch.device = field(init=False, repr=False)
     torch_dtype: torch.dtype = field(init=False, repr=False)
+    kernels: str = field(init=False)
     bucket_sizes: list[int] = field(init=False)
     plan: dict[int, list[Composition]] = field(init=False, repr=False)
     notes: list[str] = field(init=False, default_factory=list)
@@ -61,6 +64,15 @@ class SweepConfig:
             if not cuda:
                 self.notes.append("no CUDA here: CPU tape backend and the tiny-qwen3 profile (timings are not GPU figures)")
         self.torch_dtype = parse_dtype(self.dtype or ("bf16" if cuda else "fp32"))
+        from gmtool import kernels
+
+        if self.attention == "auto":
+            self.kernels = "triton" if cuda and kernels.available() else "torch"
+        elif self.attention in kernels.BACKENDS:
+            kernels.get_attention_ops(self.attention)  # a clear error when triton cannot run here
+            self.kernels = self.attention
+        else:
+            raise GmtoolError(f"unknown --attention {self.attention!r}: use auto, torch or triton")
         default = DEFAULT_DECODE_BUCKETS if self.scenario == "decode" else DEFAULT_PREFILL_BUCKETS
         if self.buckets is not None:
             self.bucket_sizes = parse_buckets(self.buckets)

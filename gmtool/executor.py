@@ -71,12 +71,13 @@ class CapturedGraph:
 
     def stale_metadata(self, batch: Batch) -> bool:
         """True when the graph froze a host plan that differs from this batch's: its replay is unsafe."""
-        return any(p != batch.plan for p in self.baked_plans)
+        sig = self.ctx.plan_signature(batch.plan)
+        return any(p != sig for p in self.baked_plans)
 
 
 class GraphExecutor:
     def __init__(self, lm: LoadedModel, cache: PagedKVCache, policy: BucketPolicy, mode: str,
-                 max_num_seqs: int, device: torch.device, memory=None):
+                 max_num_seqs: int, device: torch.device, memory=None, kernels: str = "torch"):
         """memory: a MemoryStrategy (gmtool.memory) choosing the pool of each capture; None: one shared pool."""
         if mode not in ("full", "piecewise"):
             raise GmtoolError(f"graph mode must be full or piecewise, got {mode!r}")
@@ -89,6 +90,7 @@ class GraphExecutor:
                                     device=device)
         self.backend = make_backend(device)
         self.memory = memory
+        self.kernels = kernels  # attention kernels: torch reference or triton
         self.graphs: dict[BucketKey, CapturedGraph] = {}
         self.refresh_runner_metadata = True  # False only to demonstrate the stale-metadata bug
         self.fx = None  # FxPiecewise when --piecewise-impl fx (gmtool.fx_split.enable_fx_piecewise)
@@ -110,7 +112,8 @@ class GraphExecutor:
     def capture(self, key: BucketKey, batch: Batch) -> CapturedGraph:
         """Warm up on the capture stream, then capture; piecewise ends a graph at every attention call."""
         views = self.inputs.load(batch, key)
-        ctx = ForwardContext(self.cache, views, self.impl_for(key), batch.plan, key.num_seqs or 0)
+        ctx = ForwardContext(self.cache, views, self.impl_for(key), batch.plan, key.num_seqs or 0,
+                             kernels=self.kernels)
         entry = CapturedGraph(key, self.mode, ctx.impl, [], ctx, captured_with=batch.composition.label)
         fn = lambda: self.forward(views)  # noqa: E731
         cuda = self.device.type == "cuda"
@@ -130,7 +133,7 @@ class GraphExecutor:
                 ctx.breaker = self._breaker(entry)
             t0 = time.perf_counter()
             try:
-                if self.fx is not None:  # the compiled forward's pieces capture themselves
+                if self.fx is not None and self.fx.split:  # the split forward's pieces capture themselves
                     self.fx.record(entry.steps, fn)
                 else:
                     self.backend.begin()
@@ -197,7 +200,8 @@ class GraphExecutor:
         metadata. A replay that differs from it by more than rounding replayed something stale."""
         key = self.key_for(batch)
         views = self.inputs.load(batch, key)
-        ctx = ForwardContext(self.cache, views, self.impl_for(key), batch.plan, key.num_seqs or 0)
+        ctx = ForwardContext(self.cache, views, self.impl_for(key), batch.plan, key.num_seqs or 0,
+                             kernels=self.kernels)
         with forward_context(ctx), torch.no_grad():
             self.forward(views)
         return views.logits[: batch.num_seqs]

@@ -1,9 +1,13 @@
-"""Compiler-split piecewise graphs (the second seed's design): torch.compile traces the forward into one FX
-graph, which is split at the registered attention op (original order kept); every non-attention submodule is
-captured as a graph piece, attention submodules run between them at replay.
+"""Compiled forwards with attention as one opaque registered op.
 
-Shapes are static per bucket (dynamic=False), so each bucket is traced and split once; that trace/split time
-is reported as compile_s, apart from capture_s.
+- split (piecewise, the second seed's design): torch.compile traces the forward into one FX graph, split at
+  the attention op (original order kept); each non-attention submodule is captured as a graph piece, the
+  attention submodules run between them at replay. With inductor, each piece is compiled first.
+- no split (full graph --compile): Inductor compiles the whole forward, attention an extern call inside it,
+  and the executor captures it as one graph.
+
+Shapes are static per bucket (dynamic=False): each bucket is traced (and compiled) once; that time is
+reported as compile_s, apart from capture_s.
 """
 from __future__ import annotations
 
@@ -51,7 +55,9 @@ class _Piece(torch.nn.Module):
 
     def __init__(self, fx: "FxPiecewise", inner):
         super().__init__()
-        self.fx, self.inner = fx, inner
+        self.fx = fx
+        self.inner = (torch.compile(inner, backend="inductor", fullgraph=True, dynamic=False)
+                      if fx.inductor else inner)
 
     def forward(self, *args):
         steps = self.fx.recording
@@ -91,13 +97,15 @@ class _Attention(torch.nn.Module):
 
 
 class FxPiecewise:
-    def __init__(self, executor):
-        self.executor = executor
+    def __init__(self, executor, split: bool = True, inductor: bool = False):
+        self.executor, self.split, self.inductor = executor, split, inductor
         self.recording: list | None = None
         self.splits: list[tuple[int, int]] = []  # (pieces, attention submodules) per traced bucket
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
-        self.compiled = torch.compile(self._forward, backend=self._backend, fullgraph=True, dynamic=False)
+        for name in ("cache_size_limit", "recompile_limit"):  # one trace per bucket shape
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
+        backend = self._backend if split else "inductor"
+        self.compiled = torch.compile(self._forward, backend=backend, fullgraph=True, dynamic=False)
 
     def _forward(self, input_ids, positions, logits_indices, logits):
         logits.copy_(self.executor.lm.forward_logits(input_ids, positions, logits_indices))
@@ -124,6 +132,12 @@ class FxPiecewise:
             self.recording = None
 
 
-def enable_fx_piecewise(executor) -> FxPiecewise:
-    executor.fx = FxPiecewise(executor)
+def enable_fx_piecewise(executor, inductor: bool = False) -> FxPiecewise:
+    executor.fx = FxPiecewise(executor, split=True, inductor=inductor)
+    return executor.fx
+
+
+def enable_compiled_full(executor) -> FxPiecewise:
+    """--compile for full graphs: one Inductor-compiled forward, captured whole."""
+    executor.fx = FxPiecewise(executor, split=False, inductor=True)
     return executor.fx

@@ -190,7 +190,7 @@ class Peer:
         inputs = PersistentInputs(bucket, cfg.max_num_seqs, self.paged.spec.blocks_per_seq, lm.vocab_size,
                                   lm.model.dtype, dev)
         hf = HFDecode(model, self.paged, batch, self.context, cfg.max_kv_len)
-        eager, logits = eager_fn(lm, self.paged, inputs, batch)
+        eager, logits = eager_fn(lm, self.paged, inputs, batch, cfg.kernels)
         eager()
         ref = logits.clone()
         eager_ms = summarize(time_ms(eager, cfg.num_iters, cfg.num_iters_warmup, dev))

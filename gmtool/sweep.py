@@ -143,24 +143,21 @@ class Sweep:
         # full graphs for prefill take the wide key (num_tokens x num_seqs); full-narrow shows why
         policy = cfg.policy(wide_key=(mode == "full"))
         ex = GraphExecutor(lm, cache, policy, graph_mode, cfg.max_num_seqs, self.device,
-                           self.memory_factory(mode) if self.memory_factory else None)
-        if mode == "piecewise" and cfg.piecewise_impl == "fx":
-            from gmtool.fx_split import enable_fx_piecewise
+                           self.memory_factory(mode) if self.memory_factory else None, cfg.kernels)
+        from gmtool.fx_split import enable_compiled_full, enable_fx_piecewise
 
-            enable_fx_piecewise(ex)
+        if mode == "piecewise" and (cfg.piecewise_impl == "fx" or cfg.compile):
+            enable_fx_piecewise(ex, inductor=cfg.compile)  # --compile goes through the FX split
+        elif mode != "piecewise" and cfg.compile:
+            enable_compiled_full(ex)
         return ex
 
     def _eager(self, lm, cache, inputs: PersistentInputs, batch: Batch, timed: bool):
-        key = BucketKey(batch.num_tokens, batch.num_seqs, batch.is_decode)
-        views = inputs.load(batch, key)
-        ctx = ForwardContext(cache, views, "decode" if batch.is_decode else "planned", batch.plan, batch.num_seqs)
+        from gmtool.trace import eager_fn
 
-        def fn():
-            with forward_context(ctx), torch.no_grad():
-                views.logits.copy_(lm.forward_logits(views.input_ids, views.positions, views.logits_indices))
-
+        fn, logits = eager_fn(lm, cache, inputs, batch, self.cfg.kernels)
         fn()
-        ref = views.logits[: batch.num_seqs].clone()
+        ref = logits.clone()
         ms = summarize(time_ms(fn, self.cfg.num_iters, self.cfg.num_iters_warmup, self.device)) if timed else None
         return ref, ms
 
@@ -201,14 +198,16 @@ class Sweep:
         rec["latency_ms"] = lat
         rec["eager_latency_ms"] = eager_med
         rec["speedup"] = (eager_med / lat["median"]) if eager_med and lat["median"] > 0 else None
-        rec["host_us"] = summarize(host_us(lambda: ex.step(batch), max(5, cfg.num_iters // 2), self.device))
+        n = max(5, cfg.num_iters // 2)
+        rec["host_us"] = summarize(host_us(lambda: ex.step(batch), n, self.device))  # copy-in + dispatch
+        rec["host_copy_us"] = summarize(host_us(lambda: ex.prepare(batch), n, self.device))  # copy-in alone
         return rec
 
 
 RECORD_FIELDS = ("mode", "bucket", "key", "composition", "num_tokens", "num_seqs", "status", "impl",
                  "piecewise_impl", "max_rel_err", "tolerance", "max_rel_err_same_shape", "tolerance_same_shape", "stale_metadata", "capture_s", "compile_s",
                  "graph_mem_bytes", "pool_growth_bytes", "pieces", "runners", "latency_ms",
-                 "eager_latency_ms", "speedup", "host_us", "captured_with", "error")
+                 "eager_latency_ms", "speedup", "host_us", "host_copy_us", "captured_with", "error")
 
 
 def _record(base: dict, mode: str, status: str, **kw) -> dict:

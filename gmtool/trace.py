@@ -33,12 +33,13 @@ def nvtx_range(name: str, device: torch.device):
         torch.cuda.nvtx.range_pop()
 
 
-def eager_fn(lm, cache, inputs: PersistentInputs, batch: Batch):
-    """gmtool's eager forward of the exact batch (no padding), as the sweep runs its reference; returns the
-    callable and the logits view it writes."""
+def eager_fn(lm, cache, inputs: PersistentInputs, batch: Batch, kernels: str = "torch"):
+    """gmtool's eager forward of the exact batch (no padding): the sweep's reference; returns the callable
+    and the logits view it writes."""
     key = BucketKey(batch.num_tokens, batch.num_seqs, batch.is_decode)
     views = inputs.load(batch, key)
-    ctx = ForwardContext(cache, views, "decode" if batch.is_decode else "planned", batch.plan, batch.num_seqs)
+    ctx = ForwardContext(cache, views, "decode" if batch.is_decode else "planned", batch.plan, batch.num_seqs,
+                         kernels=kernels)
 
     def fn():
         with forward_context(ctx), torch.no_grad():
@@ -92,7 +93,7 @@ class TracedSweep(Sweep):
             bucket = max(cfg.plan)
             try:
                 batch = make_batch(cfg.plan[bucket][0], cache, lm.vocab_size, cfg.max_num_seqs)
-                fn, _ = eager_fn(lm, cache, eager_inputs, batch)
+                fn, _ = eager_fn(lm, cache, eager_inputs, batch, cfg.kernels)
                 self.trace_files.append(profile_steps(fn, trace_path(self.out_dir, "eager"),
                                                       f"eager bucket {bucket}", self.device))
             except GmtoolError as e:

@@ -57,6 +57,8 @@ def compare(
     compositions: o.CompositionsOpt = None,
     scenario: o.ScenarioOpt = "decode",
     piecewise_impl: o.PiecewiseImplOpt = "breakable",
+    attention: o.AttentionOpt = "auto",
+    compile: o.CompileOpt = False,
     device: o.DeviceOpt = "auto",
     dtype: o.DtypeOpt = None,
     max_kv_len: o.MaxKvLenOpt = None,
@@ -85,7 +87,7 @@ def compare(
     base = load_baseline(baseline) if baseline else None
     sweep_modes = tuple(m for m in wanted if m != PEER_MODE) or ("eager",)  # the peer's reference is gmtool eager
     cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
-                       modes=sweep_modes, piecewise_impl=piecewise_impl, device=device, dtype=dtype,
+                       modes=sweep_modes, piecewise_impl=piecewise_impl, attention=attention, compile=compile, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
                        num_iters_warmup=num_iters_warmup, seed=seed)

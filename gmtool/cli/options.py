@@ -32,3 +32,5 @@ OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory for results
 ForceOpt = Annotated[bool, typer.Option("--force", help="Write into an existing output directory.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for weights, token ids, contexts and block placement.")]
 ProfileOpt = Annotated[Optional[str], typer.Option("--profile", "-p", help="A sweep profile from profiles/sweeps (or a path to one); explicit options win.")]
+AttentionOpt = Annotated[str, typer.Option("--attention", help="Attention kernels: auto (Triton on CUDA when available) | torch (reference) | triton")]
+CompileOpt = Annotated[bool, typer.Option("--compile", help="Compile the non-attention parts with Inductor before capture (piecewise: through the FX split); compile time is reported apart from capture time.")]

@@ -1,0 +1,74 @@
+"""Graph-safe attention kernels over gmtool's paged KV cache, and the switch between them and torch.
+
+Both backends expose the same three ops (`AttentionOps`):
+- write_kv(k_cache, v_cache, k, v, slot_mapping)
+- decode(q, k_cache, v_cache, block_tables, kv_lens, scale)
+- varlen(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs, max_q_len, scale); max_q_len=None
+  asks for a launch shape fixed by (num_tokens, num_seqs) only (safe under a wide graph key).
+Nothing here imports triton until a triton op is asked for: CPU machines need not have it.
+"""
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+from typing import Callable, NamedTuple
+
+import torch
+
+from gmtool.errors import GmtoolError
+
+BACKENDS = ("torch", "triton")
+
+
+class AttentionOps(NamedTuple):
+    write_kv: Callable
+    decode: Callable
+    varlen: Callable
+
+
+def available() -> bool:
+    """Triton kernels can run: a CUDA device is present and triton imports."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _torch_varlen(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs, max_q_len, scale):
+    """The masked reference, fed the per-token metadata it needs, derived on device from cu_q/kv_lens."""
+    from gmtool.attention import masked_varlen_attention
+
+    t = torch.arange(q.shape[0], device=q.device)
+    seq = torch.searchsorted(cu_q[1:num_seqs + 1].contiguous(), t, right=True)
+    mine = seq.clamp(max=max(num_seqs - 1, 0))
+    q_len = cu_q[mine + 1] - cu_q[mine]
+    positions = kv_lens[mine] - q_len + (t - cu_q[mine])
+    token_seq = torch.where(seq < num_seqs, seq, -1)
+    views = SimpleNamespace(block_tables=block_tables, kv_lens=kv_lens, positions=positions, token_seq=token_seq)
+    return masked_varlen_attention(q, k_cache, v_cache, views, num_seqs, scale)
+
+
+@functools.lru_cache(maxsize=None)
+def get_attention_ops(backend: str) -> AttentionOps:
+    if backend == "torch":
+        from gmtool.attention import decode_attention, write_kv
+
+        return AttentionOps(write_kv, decode_attention, _torch_varlen)
+    if backend == "triton":
+        if not available():
+            raise GmtoolError("the triton attention backend needs a CUDA device and the triton package; "
+                              "use the torch backend")
+        from gmtool.kernels.decode_attention import decode_attention
+        from gmtool.kernels.kv_write import write_kv
+        from gmtool.kernels.prefill_attention import varlen_attention, varlen_attention_wide
+
+        def varlen(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs, max_q_len, scale):
+            if max_q_len is None:
+                return varlen_attention_wide(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs, scale)
+            return varlen_attention(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs, max_q_len, scale)
+
+        return AttentionOps(write_kv, decode_attention, varlen)
+    raise GmtoolError(f"unknown attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")

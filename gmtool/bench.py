@@ -1,0 +1,220 @@
+"""make bench: the peer and every gmtool mode on the same model and work, in one process, as ratios.
+
+Stages (each writes bench-<stage>.json into --out; the table is built from whatever stages ran):
+  kernel   decode attention K/V bandwidth against a device copy (batch 32, kv 4096)
+  decode   gmtool full graphs, batch 1 and 32 at kv 1024 and 4096 (host time per replay too)
+  compile  the same with --compile (Inductor, then captured)
+  peer     hf-compiled (HF static cache + torch.compile reduce-overhead) on the same decode work
+  prefill  eager vs piecewise vs full (wide key) at 512 and 2048 tokens
+  capture  total capture time of the default decode bucket list (no compile)
+The benchmark reports; it asserts nothing. GPU only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+STAGES = ("kernel", "decode", "compile", "peer", "prefill", "capture")
+MODEL = "qwen3-0.6b"
+KV_LENS = (1024, 4096)
+BATCHES = (1, 32)
+
+
+def _decode_cfg(compile_: bool, iters: int):
+    from gmtool.config import SweepConfig
+
+    comps = ",".join(f"{b}=1*{b}@{kv - 1}" for b in BATCHES for kv in KV_LENS)
+    return SweepConfig(model=MODEL, device="cuda", buckets=",".join(map(str, BATCHES)), compositions=comps,
+                       modes=("eager", "full"), compile=compile_, max_kv_len=max(KV_LENS) + 128,
+                       kv_cache_gb=8, num_iters=iters, num_iters_warmup=10)
+
+
+def _rows(records, mode):
+    return [{k: r.get(k) for k in ("mode", "bucket", "composition", "status", "max_rel_err", "capture_s",
+                                  "compile_s", "latency_ms", "eager_latency_ms", "host_us", "host_copy_us",
+                                  "pieces", "runners", "error")}
+            for r in records if r["mode"] == mode]
+
+
+def stage_kernel(args) -> dict:
+    from gmtool.kernels.bench import decode_bandwidth
+
+    bw = decode_bandwidth(B=32, kv_len=4096)
+    return {"kernel_ms": bw.kernel_ms, "kv_bytes": bw.kv_bytes, "kernel_GBps": bw.kernel_bytes_per_s / 1e9,
+            "copy_GBps": bw.copy_bytes_per_s / 1e9, "ratio": bw.ratio, "num_splits": bw.num_splits}
+
+
+def stage_decode(args, compile_: bool = False) -> dict:
+    from gmtool.sweep import Sweep
+
+    res = Sweep(_decode_cfg(compile_, args.iters)).run()
+    return {"rows": _rows(res.records, "full"), "eager": _rows(res.records, "eager"), "errors": res.errors}
+
+
+def stage_peer(args) -> dict:
+    from gmtool.config import SweepConfig
+    from gmtool.peer import Peer
+    from gmtool.sweep import Sweep
+
+    rows = []
+    for kv in KV_LENS:
+        # the sweep only builds the model and the paged cache the peer copies its K/V from
+        cfg = SweepConfig(model=MODEL, device="cuda", buckets=",".join(map(str, BATCHES)), modes=("eager",),
+                          max_kv_len=kv + 128, kv_cache_gb=8, num_iters=args.iters, num_iters_warmup=10,
+                          compositions=",".join(f"{b}=1*{b}@{kv - 1}" for b in BATCHES))
+        sweep = Sweep(cfg)
+        sweep.run()
+        peer = Peer(sweep)
+        peer.context = kv  # every sequence at context kv, as gmtool's decode rows
+        for r in peer.run():
+            r["kv_len"] = kv
+            rows.append(r)
+        del sweep, peer
+        torch.cuda.empty_cache()
+    return {"rows": [{k: r.get(k) for k in ("bucket", "kv_len", "status", "max_rel_err", "compile_s",
+                                            "latency_ms", "host_us", "error")} for r in rows]}
+
+
+def stage_prefill(args) -> dict:
+    from gmtool.config import SweepConfig
+    from gmtool.sweep import Sweep
+
+    cfg = SweepConfig(model=MODEL, device="cuda", scenario="prefill", buckets="512,2048",
+                      modes=("eager", "full", "piecewise"), kv_cache_gb=8, num_iters=args.iters, num_iters_warmup=5)
+    res = Sweep(cfg).run()
+    return {m: _rows(res.records, m) for m in ("eager", "full", "piecewise")} | {"errors": res.errors}
+
+
+def stage_capture(args) -> dict:
+    """Capture every default decode bucket, largest first: warm-up and capture, timed together and apart."""
+    from gmtool.batch import make_batch
+    from gmtool.buckets import DEFAULT_DECODE_BUCKETS, BucketPolicy
+    from gmtool.compositions import parse_composition
+    from gmtool.executor import GraphExecutor
+    from gmtool.kv_cache import KVCacheSpec, PagedKVCache
+    from gmtool.model import load_model
+
+    from gmtool import kernels
+
+    lm = load_model(MODEL, torch.device("cuda"), torch.bfloat16)
+    spec = KVCacheSpec(lm.num_layers, lm.num_kv_heads, lm.head_dim, 16, 1024, torch.bfloat16)
+    cache = PagedKVCache(spec, 256 * 64 + 1, torch.device("cuda"))
+    ex = GraphExecutor(lm, cache, BucketPolicy(DEFAULT_DECODE_BUCKETS), "full", 256, torch.device("cuda"),
+                       kernels="triton" if kernels.available() else "torch")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    caps = []
+    for b in sorted(DEFAULT_DECODE_BUCKETS, reverse=True):
+        batch = make_batch(parse_composition(f"1*{b}", seed=b), cache, lm.vocab_size, 256)
+        caps.append(ex.capture(ex.key_for(batch), batch).capture_s)
+    torch.cuda.synchronize()
+    return {"buckets": len(DEFAULT_DECODE_BUCKETS), "total_s": time.perf_counter() - t0, "capture_only_s": sum(caps)}
+
+
+def _med(r, field="latency_ms"):
+    v = r.get(field)
+    return v["median"] if isinstance(v, dict) and v else None
+
+
+def summary(out: Path, console: Console) -> list[tuple]:
+    """Goal rows: (what, measured, goal, met?) from the stage files present."""
+    def load(stage):
+        p = out / f"bench-{stage}.json"
+        return json.loads(p.read_text()) if p.exists() else None
+
+    rows = []
+    dec, comp, peer = load("decode"), load("compile"), load("peer")
+    if peer:
+        for r in peer["rows"]:
+            if r["status"] != "ok":
+                rows.append((f"hf-compiled B={r['bucket']} kv={r['kv_len']}", r["status"], "", r.get("error")))
+                continue
+            rows.append((f"hf-compiled B={r['bucket']} kv={r['kv_len']} (compile {r['compile_s']:.0f} s)",
+                         f"{_med(r):.3f} ms", "", ""))
+            for name, stage, goal in (("full", dec, 1.2), ("full --compile", comp, 1.5)):
+                if not stage:
+                    continue
+                mine = [x for x in stage["rows"] if x["bucket"] == r["bucket"]
+                        and x["composition"].endswith(f"@{r['kv_len'] - 1}") and x["status"] == "ok"]
+                if mine:
+                    ratio = _med(r) / _med(mine[0])
+                    rows.append((f"  gmtool {name}: {_med(mine[0]):.3f} ms, hf-compiled / gmtool", f"{ratio:.2f}x",
+                                 f">= {goal}x", "met" if ratio >= goal else "NOT met"))
+    elif dec:
+        for x in dec["rows"]:
+            rows.append((f"gmtool full B={x['bucket']} {x['composition']}", f"{_med(x):.3f} ms" if _med(x) else x["status"], "", ""))
+    if dec:
+        for x in dec["rows"]:
+            h = _med(x, "host_us")
+            if h is not None and x["composition"].endswith(f"@{KV_LENS[0] - 1}"):
+                rows.append((f"host time per replay, full B={x['bucket']} (copy-in {_med(x, 'host_copy_us'):.0f} us)",
+                             f"{h:.0f} us ({h / 10 / _med(x):.1f}% of replay)", "< 30 us", "met" if h < 30 else "NOT met"))
+    k = load("kernel")
+    if k:
+        rows.append((f"decode attention B=32 kv=4096: {k['kernel_GBps']:.0f} GB/s vs copy {k['copy_GBps']:.0f} GB/s",
+                     f"{100 * k['ratio']:.0f}%", ">= 70%", "met" if k["ratio"] >= 0.7 else "NOT met"))
+    pf = load("prefill")
+    if pf:
+        for b in (512, 2048):
+            pw = [_med(r) for r in pf["piecewise"] if r["bucket"] == b and _med(r)]
+            fu = [_med(r) for r in pf["full"] if r["bucket"] == b and _med(r)]
+            ea = [_med(r, "eager_latency_ms") for r in pf["piecewise"] if r["bucket"] == b and _med(r, "eager_latency_ms")]
+            if pw and ea:
+                ratio = statistics.median(ea) / statistics.median(pw)
+                rows.append((f"prefill {b}: eager / piecewise", f"{ratio:.2f}x", "> 1x", "met" if ratio > 1 else "NOT met"))
+            if pw and fu:
+                ratio = statistics.median(pw) / statistics.median(fu)
+                rows.append((f"prefill {b}: piecewise / full (wide key)", f"{ratio:.2f}x", "<= 1.1x",
+                             "met" if ratio <= 1.1 else "NOT met"))
+    cap = load("capture")
+    if cap:
+        rows.append((f"capture {cap['buckets']} default decode buckets (capture alone {cap['capture_only_s']:.2f} s)",
+                     f"{cap['total_s']:.2f} s", "< 10 s", "met" if cap["total_s"] < 10 else "NOT met"))
+    t = Table(title=f"gmtool bench: {MODEL} on {torch.cuda.get_device_name() if torch.cuda.is_available() else '-'}")
+    for c in ("what", "measured", "goal", ""):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[str(x) if x is not None else "" for x in r])
+    console.print(t)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("gmtool-out/bench"))
+    ap.add_argument("--stages", default=",".join(STAGES))
+    ap.add_argument("--iters", type=int, default=50)
+    args = ap.parse_args(argv)
+    console = Console(width=150)
+    if not torch.cuda.is_available():
+        console.print("[red]error:[/] make bench needs CUDA (run it on the GPU machine)")
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    fns = {"kernel": stage_kernel, "decode": stage_decode, "compile": lambda a: stage_decode(a, True),
+           "peer": stage_peer, "prefill": stage_prefill, "capture": stage_capture}
+    for stage in args.stages.split(","):
+        if stage not in fns:
+            console.print(f"[red]error:[/] unknown stage {stage!r}: {', '.join(STAGES)}")
+            return 2
+        t0 = time.perf_counter()
+        try:
+            data = fns[stage](args)
+        except Exception as e:  # a failing stage is reported; the others still run
+            data = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        data["wall_s"] = time.perf_counter() - t0
+        (args.out / f"bench-{stage}.json").write_text(json.dumps(data, indent=1, default=str))
+        console.print(f"stage {stage}: {data['wall_s']:.1f} s" + (f" [red]{data['error']}[/]" if "error" in data else ""))
+        torch.cuda.empty_cache()
+    summary(args.out, console)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""Host-side helpers shared by the kernel launchers (no triton import here)."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# The running max starts finite: with -inf, a tile whose scores are all masked would give -inf - -inf = NaN
+# in the rescale factor. Kernels wrap it as tl.constexpr (jit code may only read constexpr globals).
+NEG_INIT = -1.0e30
+LOG2E = 1.4426950408889634
+
+
+def pow2(n: int, floor: int = 1) -> int:
+    """Triton tiles need power-of-two sizes; tl.dot needs at least 16 on each side."""
+    return max(floor, 1 << max(0, int(n) - 1).bit_length())
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    # fp32 caches are for checks: TF32 (triton's default for fp32 dots) would lose ~3 digits.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """SMs of the device; CPU tensors (triton interpreter) count as an H200."""
+    if device.type != "cuda":
+        return 132
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    # One set of strides serves both caches, and D must be contiguous for vectorized loads.
+    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
+        raise ValueError("k_cache and v_cache must have the same shape and strides")
+    if k_cache.dim() != 4 or k_cache.stride(-1) != 1:
+        raise ValueError("caches must be [num_blocks, block_size, num_kv_heads, head_dim], head_dim contiguous")

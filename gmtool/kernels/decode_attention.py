@@ -1,0 +1,172 @@
+"""Paged flash-decoding: one query token per sequence, K/V read through block tables.
+
+The launch shape is a function of the bucket only (batch slots, kv heads, the block table width), so one
+CUDA graph serves any decode batch that fits it: kv lengths and block tables are read from device buffers
+at run time, and each program reads only the pages that cover its share of [0, kv_len).
+
+Stage 1: grid (B, Hkv, num_splits). A program owns all G query heads of one kv head (so K/V are read once
+per kv head, not G times) and one contiguous split of the sequence; online softmax in fp32, exp2 domain.
+Stage 2: grid (B, H) combines the splits by log-sum-exp. With one split stage 1 writes the output itself.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gmtool.kernels.common import LOG2E, NEG_INIT, check_cache, dot_precision, num_sms, pow2
+
+_NEG = tl.constexpr(NEG_INIT)
+BLOCK_N = 64  # tokens per iteration: several 16-token pages, so each step has enough bytes in flight
+NUM_WARPS = 4
+NUM_STAGES = 2
+MIN_SPLIT_TOKENS = 128  # below this a split's fixed cost (q load, partial write, combine) dominates
+MAX_SPLITS = 64
+# Programs per SM to aim for. Compiled for sm_90 at D=128 bf16 (triton 3.9), a program takes ~39 KB of
+# shared memory (two pipeline stages of K and V tiles) and 80 registers a thread, so about 5 fit on an SM:
+# 8 per SM keeps enough requests in flight to cover HBM latency, and the last, partial round of programs is
+# a small part of the whole.
+WAVES = 8
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, sms: int) -> int:
+    """Splits per sequence, from the bucket shape only (never from kv_lens), so a graph keeps its split."""
+    want = triton.cdiv(WAVES * sms, batch * num_kv_heads)
+    useful = triton.cdiv(max_kv_len, MIN_SPLIT_TOKENS)
+    return max(1, min(want, useful, MAX_SPLITS))
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
+    qk_scale,
+    stride_qb, stride_qh,
+    stride_kblk, stride_kt, stride_kh,
+    stride_btb, stride_btn,
+    stride_ob, stride_oh,
+    NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PREC: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    kv_len = tl.load(lens_ptr + b)
+    # Splits divide this sequence's own length, rounded to whole tiles: short sequences stay cheap.
+    per_split = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, kv_len)
+
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    g_ok = g < G
+    d_ok = d < D
+    heads = kvh * G + g
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    q = q.to(k_ptr.dtype.element_ty)
+
+    m_i = tl.full([G_PAD], _NEG, tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    bt_row = bt_ptr + b * stride_btb
+    head_off = kvh * stride_kh
+    for start in range(lo, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_ok = n < hi
+        page = tl.load(bt_row + (n // PAGE) * stride_btn, mask=n_ok, other=0).to(tl.int64)
+        tok = page * stride_kblk + (n % PAGE) * stride_kt + head_off
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + tok[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # Masked V rows must be zeros, not whatever the page holds: 0 * NaN would poison the tile.
+        v = tl.load(v_ptr + tok[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+
+    # An empty split (or kv_len == 0) has l == 0 and acc == 0: it contributes zeros, never NaN.
+    has = l_i > 0
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    out_mask = g_ok[:, None] & d_ok[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        row = (b * NUM_HEADS + heads) * NUM_SPLITS + split
+        tl.store(part_ptr + row[:, None] * D + d[None, :], o, mask=out_mask)
+        tl.store(lse_ptr + row, tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf")), mask=g_ok)
+
+
+@triton.jit
+def _combine_kernel(
+    part_ptr, lse_ptr, out_ptr, stride_ob, stride_oh,
+    NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, S_PAD)
+    d = tl.arange(0, D_PAD)
+    s_ok = s < NUM_SPLITS
+    d_ok = d < D
+    row = (b * NUM_HEADS + h) * NUM_SPLITS + s
+    lse = tl.load(lse_ptr + row, mask=s_ok, other=float("-inf"))
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # every split empty: weights become 0, output 0
+    w = tl.exp2(lse - top)
+    total = tl.sum(w, 0)
+    o = tl.load(part_ptr + row[:, None] * D + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    res = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def decode_attention(q, k_cache, v_cache, block_tables, kv_lens, scale, num_splits=None, out=None,
+                     block_n: int = BLOCK_N, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES):
+    """q [B, H, D] -> [B, H, D]; sequence b attends to its first kv_lens[b] tokens via block_tables[b].
+
+    kv_lens[b] == 0 (a padded slot) gives zeros. Buffers allocated here have bucket-only shapes, so the
+    call can be captured in a CUDA graph (after one eager call has compiled the kernels).
+    """
+    check_cache(k_cache, v_cache)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    batch, heads, dim = q.shape
+    _, page, kv_heads, cache_dim = k_cache.shape
+    if cache_dim != dim or heads % kv_heads:
+        raise ValueError(f"q {tuple(q.shape)} does not fit a cache with {kv_heads} kv heads of dim {cache_dim}")
+    group = heads // kv_heads
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, kv_heads, block_tables.shape[1] * page, num_sms(q.device))
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.stride(-1) != 1:
+        raise ValueError(f"out must be {tuple(q.shape)} with head_dim contiguous")
+    d_pad = pow2(dim, 16)
+    if num_splits > 1:
+        part = torch.empty(batch * heads * num_splits * dim, dtype=torch.float32, device=q.device)
+        lse = torch.empty(batch * heads * num_splits, dtype=torch.float32, device=q.device)
+    else:
+        part = lse = out  # unused by the one-split variant
+    _decode_split_kernel[(batch, kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, kv_lens, out, part, lse,
+        scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), block_tables.stride(1),
+        out.stride(0), out.stride(1),
+        NUM_HEADS=heads, G=group, G_PAD=pow2(group, 16), D=dim, D_PAD=d_pad,
+        PAGE=page, BLOCK_N=block_n, NUM_SPLITS=num_splits, PREC=dot_precision(k_cache.dtype),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if num_splits > 1:
+        _combine_kernel[(batch, heads)](
+            part, lse, out, out.stride(0), out.stride(1),
+            NUM_HEADS=heads, D=dim, D_PAD=d_pad, NUM_SPLITS=num_splits, S_PAD=pow2(num_splits),
+            num_warps=NUM_WARPS,
+        )
+    return out
