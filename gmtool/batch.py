@@ -37,6 +37,7 @@ class Batch:
         self.cu_q = np.concatenate([[0], np.cumsum(self.q_lens)]).astype(np.int64)
         self.logits_indices = self.cu_q[1:] - 1  # each sequence's last token: the one an engine samples
         self.token_seq = np.repeat(np.arange(len(self.q_lens)), self.q_lens)
+        self.kv_len_array = np.asarray(self.kv_lens, dtype=np.int64)
         self.plan = tuple(zip(self.q_lens, self.kv_lens))
         self.is_decode = all(q == 1 for q in self.q_lens)
 

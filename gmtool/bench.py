@@ -33,7 +33,7 @@ def _decode_cfg(compile_: bool, iters: int):
     comps = ",".join(f"{b}=1*{b}@{kv - 1}" for b in BATCHES for kv in KV_LENS)
     return SweepConfig(model=MODEL, device="cuda", buckets=",".join(map(str, BATCHES)), compositions=comps,
                        modes=("eager", "full"), compile=compile_, max_kv_len=max(KV_LENS) + 128,
-                       kv_cache_gb=8, num_iters=iters, num_iters_warmup=10)
+                       kv_cache_gb=24, num_iters=iters, num_iters_warmup=10)
 
 
 def _rows(records, mode):
@@ -67,7 +67,7 @@ def stage_peer(args) -> dict:
     for kv in KV_LENS:
         # the sweep only builds the model and the paged cache the peer copies its K/V from
         cfg = SweepConfig(model=MODEL, device="cuda", buckets=",".join(map(str, BATCHES)), modes=("eager",),
-                          max_kv_len=kv + 128, kv_cache_gb=8, num_iters=args.iters, num_iters_warmup=10,
+                          max_kv_len=kv + 128, kv_cache_gb=24, num_iters=args.iters, num_iters_warmup=10,
                           compositions=",".join(f"{b}=1*{b}@{kv - 1}" for b in BATCHES))
         sweep = Sweep(cfg)
         sweep.run()
@@ -87,7 +87,7 @@ def stage_prefill(args) -> dict:
     from gmtool.sweep import Sweep
 
     cfg = SweepConfig(model=MODEL, device="cuda", scenario="prefill", buckets="512,2048",
-                      modes=("eager", "full", "piecewise"), kv_cache_gb=8, num_iters=args.iters, num_iters_warmup=5)
+                      modes=("eager", "full", "piecewise"), kv_cache_gb=24, num_iters=args.iters, num_iters_warmup=5)
     res = Sweep(cfg).run()
     return {m: _rows(res.records, m) for m in ("eager", "full", "piecewise")} | {"errors": res.errors}
 
@@ -165,7 +165,7 @@ def summary(out: Path, console: Console) -> list[tuple]:
         for b in (512, 2048):
             pw = [_med(r) for r in pf["piecewise"] if r["bucket"] == b and _med(r)]
             fu = [_med(r) for r in pf["full"] if r["bucket"] == b and _med(r)]
-            ea = [_med(r, "eager_latency_ms") for r in pf["piecewise"] if r["bucket"] == b and _med(r, "eager_latency_ms")]
+            ea = [r["eager_latency_ms"] for r in pf["piecewise"] if r["bucket"] == b and r["eager_latency_ms"]]
             if pw and ea:
                 ratio = statistics.median(ea) / statistics.median(pw)
                 rows.append((f"prefill {b}: eager / piecewise", f"{ratio:.2f}x", "> 1x", "met" if ratio > 1 else "NOT met"))

@@ -57,6 +57,7 @@ class PersistentInputs:
         self.host = self.staging.numpy()
         self.logits = torch.zeros(max_seqs, vocab_size, dtype=logits_dtype, device=device)
         self._views: dict[BucketKey, StepViews] = {}
+        self._host: dict[BucketKey, dict] = {}
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
 
     @property
@@ -84,37 +85,41 @@ class PersistentInputs:
             self._views[key] = v
         return v
 
+    def _host_slots(self, key: BucketKey) -> dict:
+        """Per key, made once: numpy views of the staging arena, and the one copy's source and target."""
+        t, s = key.num_tokens, self.seq_slots(key)
+        h = {name: self._field(self.host, name, n) for name, n in (
+            ("input_ids", t), ("positions", t), ("slot_mapping", t), ("token_seq", t),
+            ("logits_indices", s), ("kv_lens", s), ("cu_q", s + 1))}
+        h["block_tables"] = self._field(self.host, "block_tables", s * self.blocks_per_seq).reshape(s, -1)
+        end = self.offsets["block_tables"][0] + s * self.blocks_per_seq
+        h["copy"] = (self.arena[:end], self.staging[:end])
+        self._host[key] = h
+        return h
+
     def load(self, batch: Batch, key: BucketKey) -> StepViews:
         """Write the batch into the staging arena (padding zeroed), then one copy to the device."""
-        t, s = key.num_tokens, self.seq_slots(key)
+        h = self._host.get(key) or self._host_slots(key)
         n, b = batch.num_tokens, batch.num_seqs
-        assert n <= t and b <= s, f"batch ({n} tokens, {b} seqs) does not fit key {key}"
+        if n > key.num_tokens or b > len(h["kv_lens"]):
+            raise ValueError(f"batch ({n} tokens, {b} seqs) does not fit key {key}")
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy may still be reading the staging arena
-        h = lambda name, k: self._field(self.host, name, k)  # noqa: E731
-        for name, src in (("input_ids", batch.input_ids), ("positions", batch.positions),
-                          ("slot_mapping", batch.slot_mapping)):
-            dst = h(name, t)
-            dst[:n] = src
-            dst[n:] = 0
-        tok = h("token_seq", t)
-        tok[:n] = batch.token_seq
-        tok[n:] = -1
-        li = h("logits_indices", s)
-        li[:b] = batch.logits_indices
-        li[b:] = 0
-        kv = h("kv_lens", s)
-        kv[:b] = batch.kv_lens
-        kv[b:] = 0
-        cu = h("cu_q", s + 1)
+        for name, src, pad in (("input_ids", batch.input_ids, 0), ("positions", batch.positions, 0),
+                               ("slot_mapping", batch.slot_mapping, 0), ("token_seq", batch.token_seq, -1),
+                               ("logits_indices", batch.logits_indices, 0), ("kv_lens", batch.kv_len_array, 0)):
+            dst = h[name]
+            dst[:len(src)] = src
+            dst[len(src):] = pad
+        cu = h["cu_q"]
         cu[:b + 1] = batch.cu_q
         cu[b + 1:] = n
-        bt = h("block_tables", s * self.blocks_per_seq).reshape(s, self.blocks_per_seq)
-        bt[:] = 0
-        src = batch.block_table_array
+        bt, src = h["block_tables"], batch.block_table_array
         bt[:b, :src.shape[1]] = src
-        end = self.offsets["block_tables"][0] + s * self.blocks_per_seq
-        self.arena[:end].copy_(self.staging[:end], non_blocking=True)
+        bt[:b, src.shape[1]:] = 0
+        bt[b:] = 0
+        dst, stage = h["copy"]
+        dst.copy_(stage, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
         return self.views(key)
