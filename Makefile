@@ -12,6 +12,8 @@ $(VPY):
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==2.13.0
 	$(VPY) -m pip install -q -e '.[test]'
+	# Triton on the CPU runs the attention kernels in its interpreter (tests/test_kernels.py); optional
+	$(VPY) -m pip install -q triton || echo "triton not installed: the kernel interpreter tests will skip"
 
 setup: $(VPY)
 
