@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from gmtool.batch import Batch
 from gmtool.inputs import StepViews
 from gmtool.kv_cache import PagedKVCache
 

@@ -6,16 +6,13 @@ reference; each graph mode replays the padded bucket and is compared with it.
 """
 from __future__ import annotations
 
-import math
 import platform
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from gmtool.attention import ForwardContext, forward_context
 from gmtool.batch import Batch, make_batch
-from gmtool.buckets import BucketKey
 from gmtool.config import SweepConfig
 from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.executor import GraphExecutor

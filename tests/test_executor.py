@@ -1,7 +1,6 @@
 import pytest
 import torch
 
-from gmtool.attention import ForwardContext, forward_context
 from gmtool.backends.cpu import CpuTapeBackend, TapeGraph
 from gmtool.buckets import BucketKey
 from gmtool.errors import CaptureError
