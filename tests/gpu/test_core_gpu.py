@@ -90,3 +90,21 @@ def test_sweep_end_to_end_small():
     assert rows and all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["status"] != "ok"]
     assert all(r["latency_ms"]["median"] > 0 for r in rows)
     assert all(r["graph_mem_bytes"] is not None for r in rows if r["capture_s"] is not None)
+
+
+def test_fx_piecewise_matches_eager_for_prefill_mixes():
+    from gmtool.fx_split import enable_fx_piecewise
+
+    comps = [parse_composition(t, i) for i, t in enumerate(["64+64", "32*4", "16*8", "100+28@512"])]
+    rig = GpuRig("qwen3-0.6b", [128], mode="piecewise")
+    fx = enable_fx_piecewise(rig.ex)
+    tol_same, tol = tolerances_for(torch.bfloat16)
+    for c in comps:
+        b = rig.batch(c)
+        out = rig.ex.step(b).clone()
+        assert rel_err_per_seq(out, rig.eager(b)) < tol, c.label
+        assert rel_err_per_seq(out, rig.ex.eager_same_shape(b)) < tol_same, c.label
+    entry = rig.ex.graphs[BucketKey(128)]
+    assert entry.piecewise_impl == "fx" and (entry.pieces, entry.runners) == (29, 28)
+    assert fx.splits == [(29, 28)]
+    rig.ex.release()
