@@ -12,8 +12,10 @@ Three implementations, chosen per captured graph:
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -127,23 +129,29 @@ class ForwardContext:
         return out
 
     def _attend_triton(self, kc, vc, q, k, v, scale, out):
-        from gmtool.kernels import get_attention_ops
-
-        ops, views = get_attention_ops("triton"), self.views
-        ops.write_kv(kc, vc, k, v, views.slot_mapping)
+        kern, views = _triton_kernels(), self.views
+        kern.write_kv(kc, vc, k, v, views.slot_mapping)
         if self.impl == "decode":
-            from gmtool.kernels.decode_attention import decode_attention as triton_decode
-
-            return triton_decode(q, kc, vc, views.block_tables, views.kv_lens, scale, out=out)
-        from gmtool.kernels.prefill_attention import varlen_attention, varlen_attention_wide
-
+            return kern.decode(q, kc, vc, views.block_tables, views.kv_lens, scale, out=out)
         if self.impl == "masked":
-            return varlen_attention_wide(q, kc, vc, views.cu_q, views.kv_lens, views.block_tables,
-                                         self.num_seqs, scale, out=out)
+            return kern.varlen_wide(q, kc, vc, views.cu_q, views.kv_lens, views.block_tables, self.num_seqs,
+                                    scale, out=out)
         sig = self.plan_signature(self.plan)
         self.planned_with.append(sig)
-        return varlen_attention(q, kc, vc, views.cu_q, views.kv_lens, views.block_tables, sig[0], sig[1],
-                                scale, out=out)
+        return kern.varlen(q, kc, vc, views.cu_q, views.kv_lens, views.block_tables, sig[0], sig[1], scale,
+                           out=out)
+
+
+@functools.cache
+def _triton_kernels() -> SimpleNamespace:
+    """Imported on first use (CPU machines need no triton), then looked up once: runners call this per layer."""
+    from gmtool.kernels import get_attention_ops
+    from gmtool.kernels.decode_attention import decode_attention
+    from gmtool.kernels.prefill_attention import varlen_attention, varlen_attention_wide
+
+    ops = get_attention_ops("triton")  # raises a clear error when triton cannot run here
+    return SimpleNamespace(write_kv=ops.write_kv, decode=decode_attention, varlen=varlen_attention,
+                           varlen_wide=varlen_attention_wide)
 
 
 _current: ForwardContext | None = None

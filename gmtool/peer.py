@@ -115,9 +115,11 @@ def _note(context: int, max_len: int) -> str:
 
 
 class Peer:
-    def __init__(self, sweep, trace_dir=None):
-        """sweep: a Sweep that has run (its model and paged cache supply the weights, K/V and reference)."""
+    def __init__(self, sweep, trace_dir=None, buckets: list[int] | None = None):
+        """sweep: a Sweep that has run (its model and paged cache supply the weights, K/V and reference);
+        buckets: the ones to compile and time (default: all of the sweep's)."""
         self.cfg, self.lm, self.paged = sweep.cfg, sweep.lm, sweep.cache
+        self.buckets = sorted(buckets or self.cfg.bucket_sizes)
         self.device, self.trace_dir, self.trace_files = sweep.device, trace_dir, []
         self.context = self.cfg.max_kv_len // 2
         # other kernels than gmtool's: the tolerance for eager on another shape, not the same-kernel one
@@ -137,7 +139,7 @@ class Peer:
 
     def run(self, progress=None) -> list[dict]:
         """One row per bucket; without CUDA or outside decode, rows that say why instead of measurements."""
-        cfg, buckets = self.cfg, sorted(self.cfg.bucket_sizes)
+        cfg, buckets = self.cfg, self.buckets
         if self.device.type != "cuda":
             return [self.row(b, STATUS_ERROR, error=NEEDS_CUDA.format(device=self.device.type)) for b in buckets]
         if cfg.scenario != "decode":

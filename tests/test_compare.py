@@ -158,7 +158,16 @@ def test_hf_compiled_on_cpu_is_an_error_row(tmp_path):
     assert "needs CUDA" in (out / "report.md").read_text()
 
 
+def test_peer_buckets_limit_the_peer(tmp_path):
+    out = tmp_path / "peer2"
+    code, _, _ = run_cli("compare", "eager,hf-compiled", *FAST, "--buckets", "1,2", "--compositions", "1*1,1*2",
+                         "--peer-buckets", "2", "--format", "quiet", "--out", out)
+    peer = [r for r in json.loads((out / "results.json").read_text())["records"] if r["mode"] == "hf-compiled"]
+    assert code == 1 and [r["bucket"] for r in peer] == [2]
+
+
 @pytest.mark.parametrize("args, message", [
+    (["compare", "eager,hf-compiled", "--buckets", "1,2", "--peer-buckets", "4"], "--peer-buckets 4 is not among"),
     (["compare", "eager,fast"], "unknown mode 'fast': choose from eager, full, full-narrow, piecewise, hf-compiled"),
     (["compare", "eager", "--format", "yaml"], "unknown --format 'yaml'"),
 ])

@@ -15,6 +15,7 @@ from gmtool.cli.report import BaselineOpt
 from gmtool.cli.run_sweep import build_config, finish
 from gmtool.config import ALL_MODES
 from gmtool.errors import GmtoolError
+from gmtool.buckets import parse_buckets
 from gmtool.peer import PEER_MODE, Peer
 from gmtool.report.baseline import attach_baseline, check_same_model, load_baseline
 from gmtool.report.results import default_out_dir, prepare_out_dir, to_document, write_reports, write_results
@@ -50,6 +51,16 @@ TraceOpt = Annotated[bool, typer.Option(
     "largest bucket, each replay in an NVTX range on CUDA.")]
 
 
+def _peer_buckets(text: str | None, sweep_buckets: list[int]) -> list[int] | None:
+    if text is None:
+        return None
+    chosen = parse_buckets(text)
+    missing = [b for b in chosen if b not in sweep_buckets]
+    if missing:
+        raise GmtoolError(f"--peer-buckets {missing[0]} is not among the sweep's buckets")
+    return chosen
+
+
 def compare(
     modes: ModesArg = "eager,full,piecewise",
     model: o.ModelOpt = None,
@@ -75,6 +86,9 @@ def compare(
     fmt: FormatOpt = "human",
     trace: TraceOpt = False,
     baseline: BaselineOpt = None,
+    peer_buckets: Annotated[Optional[str], typer.Option(
+        "--peer-buckets", help="Buckets hf-compiled runs on (each compiles for ~40 s on an H200). "
+        "Default: every bucket of the sweep.")] = None,
 ) -> None:
     """Run every mode over every bucket and composition in one process; write results and reports."""
     if fmt not in FORMATS:
@@ -91,6 +105,7 @@ def compare(
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
                        num_iters_warmup=num_iters_warmup, seed=seed)
+    peer_list = _peer_buckets(peer_buckets, cfg.bucket_sizes)
     if base is not None:
         check_same_model(base, _expected_model_name(cfg.model))
     out_dir = prepare_out_dir(out or default_out_dir("compare"), force)
@@ -103,7 +118,7 @@ def compare(
         result = sweep.run()
     traces = list(getattr(sweep, "trace_files", []))
     if PEER_MODE in wanted:
-        peer = Peer(sweep, out_dir if trace else None)
+        peer = Peer(sweep, out_dir if trace else None, peer_list)
         with SweepProgress(console, PEER_MODE) if peer.runnable else contextlib.nullcontext() as progress:
             result.records += peer.run(progress)
         traces += peer.trace_files
