@@ -5,6 +5,7 @@ A captured entry is a list of steps replayed in order: one graph for a full grap
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -75,6 +76,20 @@ class CapturedGraph:
         return any(p != sig for p in self.baked_plans)
 
 
+@contextlib.contextmanager
+def _memory_of(entry: CapturedGraph, device: torch.device):
+    """CUDA: the capture's peak allocation (the shape's need) and the reserved memory it added."""
+    if device.type != "cuda":
+        yield
+        return
+    torch.cuda.synchronize(device)
+    mem0, res0 = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    yield
+    entry.graph_mem_bytes = torch.cuda.max_memory_allocated(device) - mem0
+    entry.pool_growth_bytes = torch.cuda.memory_reserved(device) - res0
+
+
 class GraphExecutor:
     def __init__(self, lm: LoadedModel, cache: PagedKVCache, policy: BucketPolicy, mode: str,
                  max_num_seqs: int, device: torch.device, memory=None, kernels: str = "torch"):
@@ -109,52 +124,29 @@ class GraphExecutor:
             return self.fx.forward(views)
         views.logits.copy_(self.lm.forward_logits(views.input_ids, views.positions, views.logits_indices))
 
+    def _context(self, key: BucketKey, views: StepViews, batch: Batch) -> ForwardContext:
+        return ForwardContext(self.cache, views, self.impl_for(key), batch.plan, key.num_seqs or 0,
+                              kernels=self.kernels)
+
     def capture(self, key: BucketKey, batch: Batch) -> CapturedGraph:
         """Warm up on the capture stream, then capture; piecewise ends a graph at every attention call."""
         views = self.inputs.load(batch, key)
-        ctx = ForwardContext(self.cache, views, self.impl_for(key), batch.plan, key.num_seqs or 0,
-                             kernels=self.kernels)
+        ctx = self._context(key, views, batch)
         entry = CapturedGraph(key, self.mode, ctx.impl, [], ctx, captured_with=batch.composition.label)
         fn = lambda: self.forward(views)  # noqa: E731
-        cuda = self.device.type == "cuda"
         with forward_context(ctx), torch.no_grad():
             t0 = time.perf_counter()
             self._warmup(fn, entry)  # with fx: the trace and split of this shape happen here
             if self.fx is not None:
                 entry.compile_s = time.perf_counter() - t0
-            if cuda:
-                torch.cuda.synchronize(self.device)
-                mem0, res0 = torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)
-                torch.cuda.reset_peak_memory_stats(self.device)
             ctx.planned_with.clear()
             if self.memory is not None:  # every piece of one bucket goes into the pool chosen for it
                 self.backend.pool = self.memory.pool_for(key)
-            if self.mode == "piecewise":
-                ctx.breaker = self._breaker(entry)
-            t0 = time.perf_counter()
-            try:
-                if self.fx is not None and self.fx.split:  # the split forward's pieces capture themselves
-                    self.fx.record(entry.steps, fn)
-                else:
-                    self.backend.begin()
-                    fn()
-                    entry.steps.append(self.backend.end())
-            except torch.OutOfMemoryError:
-                self.backend.abort()
-                raise OutOfMemory(f"out of memory while capturing bucket {key}") from None
-            except CaptureError:
-                self.backend.abort()
-                raise
-            except RuntimeError as e:
-                self.backend.abort()
-                raise CaptureError(f"capture of bucket {key} failed: {str(e).splitlines()[0]}") from None
-            finally:
-                ctx.breaker = None
-            self.backend.synchronize()
-            entry.capture_s = time.perf_counter() - t0
-        if cuda:
-            entry.graph_mem_bytes = torch.cuda.max_memory_allocated(self.device) - mem0
-            entry.pool_growth_bytes = torch.cuda.memory_reserved(self.device) - res0
+            with _memory_of(entry, self.device):
+                t0 = time.perf_counter()
+                self._record(entry, fn)
+                self.backend.synchronize()
+                entry.capture_s = time.perf_counter() - t0
         if self.memory is not None:
             self.memory.captured(key, entry)
         if self.mode == "full":
@@ -162,6 +154,29 @@ class GraphExecutor:
         ctx.planned_with.clear()
         self.graphs[key] = entry
         return entry
+
+    def _record(self, entry: CapturedGraph, fn) -> None:
+        """Run fn under capture into entry.steps; a failure leaves the backend usable and says why."""
+        if self.mode == "piecewise":
+            entry.ctx.breaker = self._breaker(entry)
+        try:
+            if self.fx is not None and self.fx.split:  # the split forward's pieces capture themselves
+                self.fx.record(entry.steps, fn)
+            else:
+                self.backend.begin()
+                fn()
+                entry.steps.append(self.backend.end())
+        except torch.OutOfMemoryError:
+            self.backend.abort()
+            raise OutOfMemory(f"out of memory while capturing bucket {entry.key}") from None
+        except CaptureError:
+            self.backend.abort()
+            raise
+        except RuntimeError as e:
+            self.backend.abort()
+            raise CaptureError(f"capture of bucket {entry.key} failed: {str(e).splitlines()[0]}") from None
+        finally:
+            entry.ctx.breaker = None
 
     def _warmup(self, fn, entry: CapturedGraph) -> None:
         if self.mode == "piecewise":
@@ -200,9 +215,7 @@ class GraphExecutor:
         metadata. A replay that differs from it by more than rounding replayed something stale."""
         key = self.key_for(batch)
         views = self.inputs.load(batch, key)
-        ctx = ForwardContext(self.cache, views, self.impl_for(key), batch.plan, key.num_seqs or 0,
-                             kernels=self.kernels)
-        with forward_context(ctx), torch.no_grad():
+        with forward_context(self._context(key, views, batch)), torch.no_grad():
             self.forward(views)
         return views.logits[: batch.num_seqs]
 
