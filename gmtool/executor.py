@@ -203,11 +203,10 @@ class GraphExecutor:
     def prepare(self, batch: Batch) -> CapturedGraph:
         """Copy-in and graph selection: everything the host does before a replay."""
         key = self.key_for(batch)
-        self.inputs.load(batch, key)
         entry = self.graphs.get(key)
         if entry is None:
-            entry = self.capture(key, batch)
-            self.inputs.load(batch, key)
+            return self.capture(key, batch)  # it loads the batch, and leaves it loaded
+        self.inputs.load(batch, key)
         return entry
 
     def eager_same_shape(self, batch: Batch) -> torch.Tensor:

@@ -27,14 +27,6 @@ class StepViews:
     block_tables: torch.Tensor
     logits: torch.Tensor  # output, outside any graph pool
 
-    @property
-    def num_tokens(self) -> int:
-        return self.input_ids.shape[0]
-
-    @property
-    def num_seq_slots(self) -> int:
-        return self.kv_lens.shape[0]
-
 
 class PersistentInputs:
     def __init__(self, max_tokens: int, max_seqs: int, blocks_per_seq: int, vocab_size: int,

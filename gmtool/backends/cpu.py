@@ -81,8 +81,5 @@ class CpuTapeBackend:
 
     pool = None  # the executor may set it; the tape keeps its tensors alive itself
 
-    def pool_bytes(self) -> int:
-        return 0
-
     def release(self) -> None:
         self.graphs.clear()
