@@ -190,16 +190,19 @@ def gmtool_attention(module, query, key, value, attention_mask, scaling=None, dr
     """transformers attention signature: q/k/v [1, H, T, D] in, ([1, T, H, D], None) out."""
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    return attend_tokens(module.layer_idx, q, k.contiguous(), v.contiguous(), scale).unsqueeze(0), None
+
+
+def attend_tokens(layer: int, q, k, v, scale: float) -> torch.Tensor:
+    """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]: the opaque op (FX), a piecewise break, or the attention."""
     if _opaque:
         out = torch.empty_like(q)
-        torch.ops.gmtool.attention(q, k.contiguous(), v.contiguous(), out, module.layer_idx, float(scale))
-        return out.unsqueeze(0), None
+        torch.ops.gmtool.attention(q, k, v, out, layer, float(scale))
+        return out
     ctx = current_context()
     if ctx.breaker is not None:
-        out = ctx.breaker(module.layer_idx, q, k.contiguous(), v.contiguous(), scale)
-    else:
-        out = ctx.attend(module.layer_idx, q, k.contiguous(), v.contiguous(), scale)
-    return out.unsqueeze(0), None
+        return ctx.breaker(layer, q, k, v, scale)
+    return ctx.attend(layer, q, k, v, scale)
 
 
 def register() -> None:

@@ -38,6 +38,9 @@ class Batch:
         self.logits_indices = self.cu_q[1:] - 1  # each sequence's last token: the one an engine samples
         self.token_seq = np.repeat(np.arange(len(self.q_lens)), self.q_lens)
         self.kv_len_array = np.asarray(self.kv_lens, dtype=np.int64)
+        # copy-in writes these two blocks whole (gmtool.inputs lays the fields out in this order)
+        self.token_fields = np.stack([self.input_ids, self.positions, self.slot_mapping, self.token_seq])
+        self.seq_fields = np.stack([self.logits_indices, self.kv_len_array])
         self.plan = tuple(zip(self.q_lens, self.kv_lens))
         self.is_decode = all(q == 1 for q in self.q_lens)
 

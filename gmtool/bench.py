@@ -3,7 +3,9 @@
 Stages (each writes bench-<stage>.json into --out; the table is built from whatever stages ran):
   kernel   decode attention K/V bandwidth against a device copy (batch 32, kv 4096)
   decode   gmtool full graphs, batch 1 and 32 at kv 1024 and 4096 (host time per replay too)
+  fused    the same with --fuse (gmtool's fused layers: fewer kernels per step)
   compile  the same with --compile (Inductor, then captured)
+  compile-fused  --compile --fuse
   peer     hf-compiled (HF static cache + torch.compile reduce-overhead) on the same decode work
   prefill  eager vs piecewise vs full (wide key) at 512 and 2048 tokens
   capture  total capture time of the default decode bucket list (no compile)
@@ -21,18 +23,22 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-STAGES = ("kernel", "decode", "compile", "peer", "prefill", "capture")
+STAGES = ("kernel", "decode", "fused", "compile", "compile-fused", "peer", "prefill", "capture")
+# decode stages: (stage, label, --compile, --fuse, goal against hf-compiled)
+DECODE_VARIANTS = (("decode", "full", False, False, 1.2), ("fused", "full --fuse", False, True, 1.2),
+                   ("compile", "full --compile", True, False, 1.5),
+                   ("compile-fused", "full --compile --fuse", True, True, 1.5))
 MODEL = "qwen3-0.6b"
 KV_LENS = (1024, 4096)
 BATCHES = (1, 32)
 
 
-def _decode_cfg(compile_: bool, iters: int):
+def _decode_cfg(compile_: bool, iters: int, fuse: bool = False):
     from gmtool.config import SweepConfig
 
     comps = ",".join(f"{b}=1*{b}@{kv - 1}" for b in BATCHES for kv in KV_LENS)
     return SweepConfig(model=MODEL, device="cuda", buckets=",".join(map(str, BATCHES)), compositions=comps,
-                       modes=("eager", "full"), compile=compile_, max_kv_len=max(KV_LENS) + 128,
+                       modes=("eager", "full"), compile=compile_, fuse=fuse, max_kv_len=max(KV_LENS) + 128,
                        kv_cache_gb=24, num_iters=iters, num_iters_warmup=10)
 
 
@@ -51,10 +57,10 @@ def stage_kernel(args) -> dict:
             "copy_GBps": bw.copy_bytes_per_s / 1e9, "ratio": bw.ratio, "num_splits": bw.num_splits}
 
 
-def stage_decode(args, compile_: bool = False) -> dict:
+def stage_decode(args, compile_: bool = False, fuse: bool = False) -> dict:
     from gmtool.sweep import Sweep
 
-    res = Sweep(_decode_cfg(compile_, args.iters)).run()
+    res = Sweep(_decode_cfg(compile_, args.iters, fuse)).run()
     return {"rows": _rows(res.records, "full"), "eager": _rows(res.records, "eager"), "errors": res.errors}
 
 
@@ -71,7 +77,7 @@ def stage_peer(args) -> dict:
                           compositions=",".join(f"{b}=1*{b}@{kv - 1}" for b in BATCHES))
         sweep = Sweep(cfg)
         sweep.run()
-        peer = Peer(sweep)
+        peer = Peer(sweep, compile_how="per-bucket")  # the peer at its fastest
         peer.context = kv  # every sequence at context kv, as gmtool's decode rows
         for r in peer.run():
             r["kv_len"] = kv
@@ -130,7 +136,8 @@ def summary(out: Path, console: Console) -> list[tuple]:
         return json.loads(p.read_text()) if p.exists() else None
 
     rows = []
-    dec, comp, peer = load("decode"), load("compile"), load("peer")
+    variants = [(label, load(stage), goal) for stage, label, _, _, goal in DECODE_VARIANTS]
+    dec, peer = load("decode"), load("peer")
     if peer:
         for r in peer["rows"]:
             if r["status"] != "ok":
@@ -138,7 +145,7 @@ def summary(out: Path, console: Console) -> list[tuple]:
                 continue
             rows.append((f"hf-compiled B={r['bucket']} kv={r['kv_len']} (compile {r['compile_s']:.0f} s)",
                          f"{_med(r):.3f} ms", "", ""))
-            for name, stage, goal in (("full", dec, 1.2), ("full --compile", comp, 1.5)):
+            for name, stage, goal in variants:
                 if not stage:
                     continue
                 mine = [x for x in stage["rows"] if x["bucket"] == r["bucket"]
@@ -150,11 +157,11 @@ def summary(out: Path, console: Console) -> list[tuple]:
     elif dec:
         for x in dec["rows"]:
             rows.append((f"gmtool full B={x['bucket']} {x['composition']}", f"{_med(x):.3f} ms" if _med(x) else x["status"], "", ""))
-    if dec:
-        for x in dec["rows"]:
+    for name, stage, _ in variants:
+        for x in (stage or {}).get("rows", []):
             h = _med(x, "host_us")
             if h is not None and x["composition"].endswith(f"@{KV_LENS[0] - 1}"):
-                rows.append((f"host time per replay, full B={x['bucket']} (copy-in {_med(x, 'host_copy_us'):.0f} us)",
+                rows.append((f"host time per replay, {name} B={x['bucket']} (copy-in {_med(x, 'host_copy_us'):.0f} us)",
                              f"{h:.0f} us ({h / 10 / _med(x):.1f}% of replay)", "< 30 us", "met" if h < 30 else "NOT met"))
     k = load("kernel")
     if k:
@@ -197,8 +204,9 @@ def main(argv=None) -> int:
         console.print("[red]error:[/] make bench needs CUDA (run it on the GPU machine)")
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    fns = {"kernel": stage_kernel, "decode": stage_decode, "compile": lambda a: stage_decode(a, True),
-           "peer": stage_peer, "prefill": stage_prefill, "capture": stage_capture}
+    fns = {"kernel": stage_kernel, "peer": stage_peer, "prefill": stage_prefill, "capture": stage_capture}
+    for stage, _, compile_, fuse, _ in DECODE_VARIANTS:
+        fns[stage] = lambda a, c=compile_, f=fuse: stage_decode(a, c, f)
     for stage in args.stages.split(","):
         if stage not in fns:
             console.print(f"[red]error:[/] unknown stage {stage!r}: {', '.join(STAGES)}")

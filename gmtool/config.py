@@ -29,6 +29,7 @@ class SweepConfig:
     modes: tuple[str, ...] = ("eager", "full")
     piecewise_impl: str = "breakable"
     compile: bool = False  # Inductor-compile the non-attention parts before capture
+    fuse: bool = False  # gmtool.fused: fewer kernels per decoder layer
     attention: str = "auto"  # attention kernels: auto (triton on CUDA when available) | torch | triton
     max_kv_len: int | None = None
     max_tokens: int | None = None

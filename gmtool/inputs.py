@@ -1,12 +1,13 @@
 """Persistent input buffers: one device arena sized for the largest shape, sliced per bucket.
 
-Every field lives at a fixed offset of one int64 device tensor, so copy-in is one host-to-device copy from a
-pinned staging arena, and a graph captured for a bucket always reads the same addresses.
+Every field lives in one int64 device tensor, at offsets fixed per bucket key, so copy-in is one host-to-device
+copy from a pinned staging arena, and a graph captured for a bucket always reads the same addresses.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from gmtool.batch import Batch
@@ -28,27 +29,32 @@ class StepViews:
     logits: torch.Tensor  # output, outside any graph pool
 
 
+TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping", "token_seq")
+SEQ_FIELDS = ("logits_indices", "kv_lens")
+_TOKEN_PAD = np.array([[0], [0], [0], [-1]], dtype=np.int64)  # padding tokens: id 0, null slot, no sequence
+
+
 class PersistentInputs:
+    """Each bucket key lays its fields out back to back from the arena's start:
+
+        [4 x T token fields][2 x S sequence fields][cu_q: S + 1][block tables: S x blocks_per_seq]
+
+    so copy-in writes two 2-D blocks, cu_q and the block tables, then copies one prefix of the arena. The
+    arena is sized for the largest key; a key's views never move, which is all a captured graph needs.
+    """
+
     def __init__(self, max_tokens: int, max_seqs: int, blocks_per_seq: int, vocab_size: int,
                  logits_dtype: torch.dtype, device: torch.device):
         self.max_tokens, self.max_seqs, self.blocks_per_seq = max_tokens, max_seqs, blocks_per_seq
         self.device = device
-        sizes = {
-            "input_ids": max_tokens, "positions": max_tokens, "slot_mapping": max_tokens,
-            "token_seq": max_tokens, "logits_indices": max_seqs, "kv_lens": max_seqs,
-            "cu_q": max_seqs + 1, "block_tables": max_seqs * blocks_per_seq,
-        }
-        self.offsets, at = {}, 0
-        for name, n in sizes.items():
-            self.offsets[name] = (at, n)
-            at += n
+        size = 4 * max_tokens + 3 * max_seqs + 1 + max_seqs * blocks_per_seq
         pin = device.type == "cuda"
-        self.arena = torch.zeros(at, dtype=torch.int64, device=device)
-        self.staging = torch.zeros(at, dtype=torch.int64, pin_memory=pin)
+        self.arena = torch.zeros(size, dtype=torch.int64, device=device)
+        self.staging = torch.zeros(size, dtype=torch.int64, pin_memory=pin)
         self.host = self.staging.numpy()
         self.logits = torch.zeros(max_seqs, vocab_size, dtype=logits_dtype, device=device)
         self._views: dict[BucketKey, StepViews] = {}
-        self._host: dict[BucketKey, dict] = {}
+        self._host: dict[BucketKey, tuple] = {}
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
 
     @property
@@ -58,58 +64,48 @@ class PersistentInputs:
     def seq_slots(self, key: BucketKey) -> int:
         return key.num_seqs or min(key.num_tokens, self.max_seqs)
 
-    def _field(self, buf, name: str, n: int):
-        at, cap = self.offsets[name]
-        assert n <= cap, (name, n, cap)
-        return buf[at:at + n]
+    def _layout(self, buf, key: BucketKey):
+        """(token block [4, T], sequence block [2, S], cu_q [S + 1], block tables [S, W]) of buf for key."""
+        t, s, w = key.num_tokens, self.seq_slots(key), self.blocks_per_seq
+        assert t <= self.max_tokens and s <= self.max_seqs, (key, self.max_tokens, self.max_seqs)
+        a, b, c = 4 * t, 4 * t + 2 * s, 4 * t + 3 * s + 1
+        return buf[:a].reshape(4, t), buf[a:b].reshape(2, s), buf[b:c], buf[c:c + s * w].reshape(s, w)
 
     def views(self, key: BucketKey) -> StepViews:
         """The same view objects every time for a key: a captured graph holds these addresses."""
         v = self._views.get(key)
         if v is None:
-            t, s = key.num_tokens, self.seq_slots(key)
-            f = lambda name, n: self._field(self.arena, name, n)  # noqa: E731
-            v = StepViews(f("input_ids", t), f("positions", t), f("slot_mapping", t), f("token_seq", t),
-                          f("logits_indices", s), f("kv_lens", s), f("cu_q", s + 1),
-                          f("block_tables", s * self.blocks_per_seq).view(s, self.blocks_per_seq),
-                          self.logits[:s])
+            tok, seq, cu, bt = self._layout(self.arena, key)
+            v = StepViews(*tok, *seq, cu, bt, self.logits[:seq.shape[1]])
             self._views[key] = v
         return v
 
-    def _host_slots(self, key: BucketKey) -> dict:
+    def _host_slots(self, key: BucketKey) -> tuple:
         """Per key, made once: numpy views of the staging arena, and the one copy's source and target."""
-        t, s = key.num_tokens, self.seq_slots(key)
-        h = {name: self._field(self.host, name, n) for name, n in (
-            ("input_ids", t), ("positions", t), ("slot_mapping", t), ("token_seq", t),
-            ("logits_indices", s), ("kv_lens", s), ("cu_q", s + 1))}
-        h["block_tables"] = self._field(self.host, "block_tables", s * self.blocks_per_seq).reshape(s, -1)
-        end = self.offsets["block_tables"][0] + s * self.blocks_per_seq
-        h["copy"] = (self.arena[:end], self.staging[:end])
+        tok, seq, cu, bt = self._layout(self.host, key)
+        end = tok.size + seq.size + cu.size + bt.size
+        h = (tok, seq, cu, bt, self.arena[:end], self.staging[:end])
         self._host[key] = h
         return h
 
     def load(self, batch: Batch, key: BucketKey) -> StepViews:
-        """Write the batch into the staging arena (padding zeroed), then one copy to the device."""
-        h = self._host.get(key) or self._host_slots(key)
+        """Write the batch into the staging arena (padding included), then one copy to the device."""
+        tok, seq, cu, bt, dst, stage = self._host.get(key) or self._host_slots(key)
         n, b = batch.num_tokens, batch.num_seqs
-        if n > key.num_tokens or b > len(h["kv_lens"]):
+        if n > key.num_tokens or b > seq.shape[1]:
             raise ValueError(f"batch ({n} tokens, {b} seqs) does not fit key {key}")
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy may still be reading the staging arena
-        for name, src, pad in (("input_ids", batch.input_ids, 0), ("positions", batch.positions, 0),
-                               ("slot_mapping", batch.slot_mapping, 0), ("token_seq", batch.token_seq, -1),
-                               ("logits_indices", batch.logits_indices, 0), ("kv_lens", batch.kv_len_array, 0)):
-            dst = h[name]
-            dst[:len(src)] = src
-            dst[len(src):] = pad
-        cu = h["cu_q"]
+        tok[:, :n] = batch.token_fields
+        tok[:, n:] = _TOKEN_PAD
+        seq[:, :b] = batch.seq_fields
+        seq[:, b:] = 0
         cu[:b + 1] = batch.cu_q
         cu[b + 1:] = n
-        bt, src = h["block_tables"], batch.block_table_array
+        src = batch.block_table_array
         bt[:b, :src.shape[1]] = src
         bt[:b, src.shape[1]:] = 0
         bt[b:] = 0
-        dst, stage = h["copy"]
         dst.copy_(stage, non_blocking=True)
         if self._copied is not None:
             self._copied.record()

@@ -45,6 +45,7 @@ class LoadedModel:
     model: torch.nn.Module
     config: object
     source: str  # profile | checkpoint | config
+    fused: object = None  # gmtool.fused.FusedLayers when --fuse
 
     @property
     def num_layers(self) -> int:

@@ -7,6 +7,13 @@ max_kv_len tokens (the span gmtool's decode attention reads). The static cache i
 gmtool's paged cache holds for those sequences, so the peer's logits for the same tokens are compared with
 gmtool's eager ones, and gmtool's eager step on that batch is the speedup's reference.
 
+Compile, two ways (`--peer-compile`):
+- shared (default): one torch.compile for the whole sweep, as a user serving several batch sizes gets it.
+  Dynamo compiles the first bucket for its shape, recompiles once with the batch dimension symbolic at the
+  second, and reuses that graph for the rest; reduce-overhead records one CUDA graph per batch size.
+- per-bucket: dynamo reset before each bucket and shapes static: each bucket gets kernels specialized to its
+  shape (the peer at its fastest) and pays the full compile (~40 s per bucket for qwen3-0.6b on an H200).
+
 transformers moved between versions: the cache argument is `past_key_values` (5.17) or `cache` (5.24), and the
 write position is either a `cache_position` argument or a counter kept in each cache layer. Both are read off
 the forward signature and the cache layers.
@@ -23,6 +30,7 @@ import torch
 from gmtool.batch import make_batch
 from gmtool.compositions import parse_composition
 from gmtool.errors import GmtoolError
+from gmtool.fused import unfused
 from gmtool.inputs import PersistentInputs
 from gmtool.sweep import RECORD_FIELDS, STATUS_ERROR, STATUS_OK, STATUS_OOM, STATUS_SKIPPED, STATUS_UNSAFE
 from gmtool.timing import rel_err_per_seq, summarize, time_ms, tolerances_for
@@ -30,6 +38,7 @@ from gmtool.trace import eager_fn, profile_steps, trace_path
 
 PEER_MODE = "hf-compiled"
 COMPILE_CALLS = 3  # reduce-overhead compiles on the 1st call, records its CUDA graph on the 2nd, replays after
+PEER_COMPILES = ("shared", "per-bucket")
 NEEDS_CUDA = ("hf-compiled needs CUDA: torch.compile(mode='reduce-overhead') is measured by the CUDA graphs it "
               "captures; not run on the {device} backend")
 
@@ -76,7 +85,12 @@ class HFDecode:
             c.fill_(self.context)
 
     def forward(self, ids, pos) -> torch.Tensor:
-        return self.model(input_ids=ids, position_ids=pos, **self.kwargs).logits[:, -1]
+        return hf_step(self.model, ids, pos, self.kwargs)
+
+
+def hf_step(model, ids, pos, kwargs) -> torch.Tensor:
+    """What is compiled: a plain function of its inputs, so one compiled callable serves every bucket."""
+    return model(input_ids=ids, position_ids=pos, **kwargs).logits[:, -1]
 
 
 def _device_ms(step, rewind, iters: int, warmup: int, device) -> list[float]:
@@ -107,17 +121,21 @@ def _host_us(step, rewind, iters: int, device) -> list[float]:
     return out
 
 
-def _note(context: int, max_len: int) -> str:
-    return (f"hf-compiled: HF StaticCache + torch.compile(mode='reduce-overhead'), sdpa attention, on its own copy "
+def _note(context: int, max_len: int, how: str) -> str:
+    return (f"hf-compiled: HF StaticCache + torch.compile(mode='reduce-overhead'), {how} compile, sdpa attention, "
+            "on its own copy "
             f"of the weights; every sequence at context {context} (max_kv_len/2) in a {max_len}-token static cache "
-            "holding gmtool's K/V, compared with gmtool eager on the same tokens; compile_s is compile plus graph "
-            "recording; host_us is the compiled call alone (its inputs already on the device)")
+            "holding gmtool's K/V, compared with gmtool eager on the same tokens; compile_s is the first calls of "
+            "a bucket (compile, if that bucket caused one, and graph recording); host_us is the compiled call alone (its inputs already on the device)")
 
 
 class Peer:
-    def __init__(self, sweep, trace_dir=None, buckets: list[int] | None = None):
+    def __init__(self, sweep, trace_dir=None, buckets: list[int] | None = None, compile_how: str = "shared"):
         """sweep: a Sweep that has run (its model and paged cache supply the weights, K/V and reference);
-        buckets: the ones to compile and time (default: all of the sweep's)."""
+        buckets: the ones to compile and time (default: all of the sweep's); compile_how: shared|per-bucket."""
+        if compile_how not in PEER_COMPILES:
+            raise GmtoolError(f"unknown --peer-compile {compile_how!r}: use {' or '.join(PEER_COMPILES)}")
+        self.compile_how, self._compiled = compile_how, None
         self.cfg, self.lm, self.paged = sweep.cfg, sweep.lm, sweep.cache
         self.buckets = sorted(buckets or self.cfg.bucket_sizes)
         self.device, self.trace_dir, self.trace_files = sweep.device, trace_dir, []
@@ -128,8 +146,8 @@ class Peer:
     def row(self, bucket: int, status: str, **kw) -> dict:
         rec = dict.fromkeys(RECORD_FIELDS)
         rec.update(mode=PEER_MODE, bucket=bucket, composition=f"1*{bucket}@{self.context}", num_tokens=bucket,
-                   num_seqs=bucket, status=status, impl="hf-static-sdpa", tolerance=self.tol,
-                   notes=_note(self.context, self.cfg.max_kv_len))
+                   num_seqs=bucket, status=status, impl=f"hf-static-sdpa ({self.compile_how} compile)",
+                   tolerance=self.tol, notes=_note(self.context, self.cfg.max_kv_len, self.compile_how))
         rec.update(kw)
         return rec
 
@@ -148,7 +166,8 @@ class Peer:
         if self.context < 1:
             return [self.row(b, STATUS_ERROR, error="hf-compiled needs --max-kv-len of at least 2") for b in buckets]
         try:
-            model = sdpa_copy(self.lm.model)
+            with unfused(self.lm.fused):  # the peer runs the Hugging Face layers as users have them
+                model = sdpa_copy(self.lm.model)
         except torch.OutOfMemoryError:
             return [self.row(b, STATUS_OOM, error="hf-compiled: no memory for its copy of the weights")
                     for b in buckets]
@@ -167,6 +186,7 @@ class Peer:
                     progress.advance(f"bucket {b}")
         finally:
             del model
+            self._compiled = None
             torch._dynamo.reset()
             gc.collect()
             torch.cuda.empty_cache()
@@ -183,7 +203,20 @@ class Peer:
             first = (str(e).strip().splitlines() or [""])[0][:300]
             return self.row(bucket, STATUS_ERROR, error=f"hf-compiled failed: {type(e).__name__}: {first}")
         finally:
-            torch._dynamo.reset()  # each bucket compiles afresh: compile_s is what that bucket costs
+            if self.compile_how == "per-bucket":
+                torch._dynamo.reset()  # each bucket compiles afresh: compile_s is what that bucket costs
+
+    def _compiler(self):
+        if self.compile_how == "per-bucket":
+            return torch.compile(hf_step, mode="reduce-overhead", dynamic=False)
+        if self._compiled is None:  # dynamo's default: static first, then one graph with the batch symbolic
+            # one CUDA graph per batch size is the point here, not a mistake to warn about
+            import torch._inductor.config as inductor_config
+
+            if hasattr(inductor_config.triton, "cudagraph_dynamic_shape_warn_limit"):
+                inductor_config.triton.cudagraph_dynamic_shape_warn_limit = None
+            self._compiled = torch.compile(hf_step, mode="reduce-overhead")
+        return self._compiled
 
     def _bucket(self, model, bucket: int, trace: bool) -> dict:
         cfg, lm, dev = self.cfg, self.lm, self.device
@@ -197,11 +230,11 @@ class Peer:
         ref = logits.clone()
         eager_ms = summarize(time_ms(eager, cfg.num_iters, cfg.num_iters_warmup, dev))
 
-        compiled = torch.compile(hf.forward, mode="reduce-overhead", dynamic=False)
+        compiled = self._compiler()
 
         def step():
             torch.compiler.cudagraph_mark_step_begin()
-            return compiled(hf.ids, hf.pos)
+            return compiled(model, hf.ids, hf.pos, hf.kwargs)
 
         torch.cuda.synchronize(dev)
         t0 = time.perf_counter()

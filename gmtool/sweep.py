@@ -63,6 +63,10 @@ class Sweep:
     def _build(self) -> tuple[LoadedModel, PagedKVCache]:
         cfg = self.cfg
         lm = load_model(cfg.model, self.device, cfg.torch_dtype, cfg.seed)
+        if cfg.fuse:
+            from gmtool.fused import fuse_layers
+
+            lm.fused = fuse_layers(lm.model, cfg.kernels)
         spec = KVCacheSpec(lm.num_layers, lm.num_kv_heads, lm.head_dim, cfg.block_size, cfg.max_kv_len,
                            cfg.torch_dtype)
         worst = max(c.num_seqs for cs in cfg.plan.values() for c in cs) * spec.blocks_per_seq
@@ -86,7 +90,7 @@ class Sweep:
                            "layers": lm.num_layers, "heads": lm.num_heads, "kv_heads": lm.num_kv_heads,
                            "head_dim": lm.head_dim, "vocab": lm.vocab_size,
                            "kv_cache_blocks": cache.num_blocks, "kv_cache_bytes": cache.nbytes},
-                          notes=list(cfg.notes))
+                          notes=list(cfg.notes) + ([lm.fused.summary] if lm.fused else []))
         executors = {m: self._executor(m, lm, cache) for m in cfg.graph_modes}
         eager_inputs = PersistentInputs(max(cfg.bucket_sizes), cfg.max_num_seqs, cache.spec.blocks_per_seq,
                                         lm.vocab_size, lm.model.dtype, self.device)

@@ -168,6 +168,7 @@ def test_peer_buckets_limit_the_peer(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["compare", "eager,hf-compiled", "--buckets", "1,2", "--peer-buckets", "4"], "--peer-buckets 4 is not among"),
+    (["compare", "eager,hf-compiled", "--buckets", "1", "--peer-compile", "sometimes"], "unknown --peer-compile"),
     (["compare", "eager,fast"], "unknown mode 'fast': choose from eager, full, full-narrow, piecewise, hf-compiled"),
     (["compare", "eager", "--format", "yaml"], "unknown --format 'yaml'"),
 ])
@@ -274,3 +275,36 @@ def test_peer_static_cache_matches_gmtool_eager():
         for _ in range(2):  # rewinding makes every step the same step
             hf.rewind()
             assert rel_err_per_seq(hf.forward(hf.ids, hf.pos), logits) < 1e-5
+
+
+def test_peer_shared_compile_traces_at_most_twice():
+    """--peer-compile shared relies on dynamo compiling the HF step twice (static, then batch-symbolic) and
+    reusing the second graph for every later batch size; aot_eager here stands in for Inductor."""
+    import torch._dynamo.utils as dyn
+
+    from gmtool.batch import make_batch
+    from gmtool.compositions import parse_composition
+    from gmtool.config import SweepConfig
+    from gmtool.peer import HFDecode, hf_step, sdpa_copy
+    from gmtool.sweep import Sweep
+    from gmtool.timing import rel_err_per_seq
+
+    cfg = SweepConfig(device="cpu", buckets="1,2,4,8", modes=("eager",), num_iters=1, num_iters_warmup=0)
+    sweep = Sweep(cfg)
+    sweep.run()
+    model, ctx = sdpa_copy(sweep.lm.model), cfg.max_kv_len // 2
+    torch._dynamo.reset()
+    dyn.counters.clear()
+    compiled = torch.compile(hf_step, backend="aot_eager")
+    try:
+        with torch.no_grad():
+            for b in (1, 2, 4, 8):
+                batch = make_batch(parse_composition(f"1*{b}@{ctx}"), sweep.cache, sweep.lm.vocab_size, 256)
+                hf = HFDecode(model, sweep.cache, batch, ctx, cfg.max_kv_len)
+                hf.rewind()
+                out = compiled(model, hf.ids, hf.pos, hf.kwargs)
+                hf.rewind()
+                assert rel_err_per_seq(out, hf.forward(hf.ids, hf.pos)) < 1e-5
+        assert dyn.counters["stats"]["unique_graphs"] == 2
+    finally:
+        torch._dynamo.reset()

@@ -23,6 +23,7 @@ def capture(
     piecewise_impl: o.PiecewiseImplOpt = "breakable",
     attention: o.AttentionOpt = "auto",
     compile: o.CompileOpt = False,
+    fuse: o.FuseOpt = False,
     device: o.DeviceOpt = "auto",
     dtype: o.DtypeOpt = None,
     max_kv_len: o.MaxKvLenOpt = None,
@@ -40,7 +41,7 @@ def capture(
     """Capture one graph per bucket, replay it with several batch compositions, compare each with eager."""
     console = make_console()
     cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
-                       modes=("eager", mode), piecewise_impl=piecewise_impl, attention=attention, compile=compile, device=device, dtype=dtype,
+                       modes=("eager", mode), piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
                        num_iters_warmup=num_iters_warmup, seed=seed)

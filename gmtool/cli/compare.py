@@ -16,7 +16,7 @@ from gmtool.cli.run_sweep import build_config, finish
 from gmtool.config import ALL_MODES
 from gmtool.errors import GmtoolError
 from gmtool.buckets import parse_buckets
-from gmtool.peer import PEER_MODE, Peer
+from gmtool.peer import PEER_COMPILES, PEER_MODE, Peer
 from gmtool.report.baseline import attach_baseline, check_same_model, load_baseline
 from gmtool.report.results import default_out_dir, prepare_out_dir, to_document, write_reports, write_results
 from gmtool.report.tables import compare_table, noise_warning
@@ -70,6 +70,7 @@ def compare(
     piecewise_impl: o.PiecewiseImplOpt = "breakable",
     attention: o.AttentionOpt = "auto",
     compile: o.CompileOpt = False,
+    fuse: o.FuseOpt = False,
     device: o.DeviceOpt = "auto",
     dtype: o.DtypeOpt = None,
     max_kv_len: o.MaxKvLenOpt = None,
@@ -89,6 +90,10 @@ def compare(
     peer_buckets: Annotated[Optional[str], typer.Option(
         "--peer-buckets", help="Buckets hf-compiled runs on (each compiles for ~40 s on an H200). "
         "Default: every bucket of the sweep.")] = None,
+    peer_compile: Annotated[str, typer.Option(
+        "--peer-compile", help="hf-compiled: 'shared' compiles once for all buckets (static, then one graph with "
+        "the batch symbolic, as users get it); 'per-bucket' compiles each bucket for its own shape (its fastest "
+        "kernels, ~40 s each on an H200).")] = "shared",
 ) -> None:
     """Run every mode over every bucket and composition in one process; write results and reports."""
     if fmt not in FORMATS:
@@ -101,11 +106,13 @@ def compare(
     base = load_baseline(baseline) if baseline else None
     sweep_modes = tuple(m for m in wanted if m != PEER_MODE) or ("eager",)  # the peer's reference is gmtool eager
     cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
-                       modes=sweep_modes, piecewise_impl=piecewise_impl, attention=attention, compile=compile, device=device, dtype=dtype,
+                       modes=sweep_modes, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
                        num_iters_warmup=num_iters_warmup, seed=seed)
     peer_list = _peer_buckets(peer_buckets, cfg.bucket_sizes)
+    if peer_compile not in PEER_COMPILES:
+        raise GmtoolError(f"unknown --peer-compile {peer_compile!r}: use {' or '.join(PEER_COMPILES)}")
     if base is not None:
         check_same_model(base, _expected_model_name(cfg.model))
     out_dir = prepare_out_dir(out or default_out_dir("compare"), force)
@@ -118,7 +125,7 @@ def compare(
         result = sweep.run()
     traces = list(getattr(sweep, "trace_files", []))
     if PEER_MODE in wanted:
-        peer = Peer(sweep, out_dir if trace else None, peer_list)
+        peer = Peer(sweep, out_dir if trace else None, peer_list, peer_compile)
         with SweepProgress(console, PEER_MODE) if peer.runnable else contextlib.nullcontext() as progress:
             result.records += peer.run(progress)
         traces += peer.trace_files

@@ -26,6 +26,7 @@ def memreport(
     piecewise_impl: o.PiecewiseImplOpt = "breakable",
     attention: o.AttentionOpt = "auto",
     compile: o.CompileOpt = False,
+    fuse: o.FuseOpt = False,
     device: o.DeviceOpt = "auto",
     dtype: o.DtypeOpt = None,
     max_kv_len: o.MaxKvLenOpt = None,
@@ -48,7 +49,7 @@ def memreport(
     if mode not in ("full", "piecewise"):
         raise GmtoolError(f"--mode must be full or piecewise, got {mode!r}")
     cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
-                       modes=("eager", mode), piecewise_impl=piecewise_impl, attention=attention, compile=compile, device=device, dtype=dtype,
+                       modes=("eager", mode), piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
                        num_iters_warmup=num_iters_warmup, seed=seed)

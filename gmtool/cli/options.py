@@ -33,4 +33,5 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Write into an existing 
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for weights, token ids, contexts and block placement.")]
 ProfileOpt = Annotated[Optional[str], typer.Option("--profile", "-p", help="A sweep profile from profiles/sweeps (or a path to one); explicit options win.")]
 AttentionOpt = Annotated[str, typer.Option("--attention", help="Attention kernels: auto (Triton on CUDA when available) | torch (reference) | triton")]
+FuseOpt = Annotated[bool, typer.Option("--fuse", help="Fuse the model's layers as engines do (one QKV and one gate/up GEMM; Triton RMSNorm, QK-norm+RoPE and SiLU-and-mul): fewer kernels per step. Eager and every graph mode run the fused model.")]
 CompileOpt = Annotated[bool, typer.Option("--compile", help="Compile the non-attention parts with Inductor before capture (piecewise: through the FX split); compile time is reported apart from capture time.")]

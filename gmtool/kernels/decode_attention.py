@@ -33,7 +33,10 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, sms: int) 
     """Splits per sequence, from the bucket shape only (never from kv_lens), so a graph keeps its split."""
     want = triton.cdiv(WAVES * sms, batch * num_kv_heads)
     useful = triton.cdiv(max_kv_len, MIN_SPLIT_TOKENS)
-    return max(1, min(want, useful, MAX_SPLITS))
+    n = max(1, min(want, useful, MAX_SPLITS))
+    # a power of two: NUM_SPLITS is a compile-time constant, so the 35 default buckets JIT-compile 4 or 5
+    # kernel variants, not one per distinct split count
+    return 1 << (n.bit_length() - 1)
 
 
 @triton.jit

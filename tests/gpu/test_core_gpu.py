@@ -108,3 +108,25 @@ def test_fx_piecewise_matches_eager_for_prefill_mixes():
     assert entry.piecewise_impl == "fx" and (entry.pieces, entry.runners) == (29, 28)
     assert fx.splits == [(29, 28)]
     rig.ex.release()
+
+
+def test_fused_layers_match_hf_layers_and_replay():
+    """--fuse on the GPU: the fused Triton layers against the Hugging Face layers (decode and prefill with a
+    prefix), then a sweep whose every graph mode runs the fused model."""
+    from gmtool.fused import fuse_layers, unfused
+
+    rig = GpuRig("qwen3-0.6b", [128])  # the reference inputs must hold the 128-token prefill
+    fused = fuse_layers(rig.lm.model, "triton")
+    assert fused.counts == {"attention": 28, "mlp": 28, "rmsnorm": 57}
+    for text in ("1*32", "100+28@300"):
+        b = rig.batch(parse_composition(text))
+        out = rig.eager(b)
+        with unfused(fused):
+            ref = rig.eager(b)
+        err = rel_err_per_seq(out, ref)
+        assert err < tolerances_for(torch.bfloat16)[1], f"{text}: fused vs HF layers {err:.3g}"
+    cfg = SweepConfig(model="qwen3-0.6b", device="cuda", buckets="1,8,32", modes=("eager", "full", "piecewise"),
+                      fuse=True, kv_cache_gb=4, num_iters=3, num_iters_warmup=1)
+    res = Sweep(cfg).run()
+    rows = [r for r in res.records if r["mode"] != "eager"]
+    assert len(rows) >= 18 and all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["error"]]

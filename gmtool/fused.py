@@ -1,0 +1,175 @@
+"""--fuse: the model's decoder layers with fewer kernels, the way engines write their model code.
+
+A Hugging Face Llama/Qwen layer launches about 50 kernels per decode step (RMSNorm alone is 6-7, RoPE about
+10); inside a CUDA graph each still costs its launch latency, so at small batches the replay is the sum of
+many tiny kernels. Fused, a layer is about 13: RMSNorm, one QKV GEMM, one QK-norm+RoPE kernel, KV write,
+attention, o_proj, add, RMSNorm, one gate/up GEMM, one SiLU-and-mul kernel, down_proj, add.
+
+The weights are not copied: q/k/v (and gate/up) become views of one concatenated weight, so the original
+modules still hold their weights and `unfused()` gives the Hugging Face forwards back (the hf-compiled peer
+copies the model that way). Under torch.compile the fused forwards run plain torch ops (gmtool.layers_ref),
+which Inductor fuses itself; otherwise they run gmtool's Triton kernels on CUDA, torch ops elsewhere.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+from gmtool import attention, layers_ref
+
+SILU = ("silu", "swish")
+
+
+def _ops(x: torch.Tensor, kernels: str) -> SimpleNamespace:
+    if kernels == "triton" and x.is_cuda and not torch.compiler.is_compiling():
+        from gmtool.kernels import layers
+
+        return layers
+    return _REF
+
+
+_REF = SimpleNamespace(rms_norm=layers_ref.rms_norm_ref, qk_norm_rope=layers_ref.qk_norm_rope_ref,
+                       silu_mul=layers_ref.silu_mul_ref)
+
+
+def _concat_as_views(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several Linears; each Linear keeps a view of its rows, so no copy remains."""
+    w = torch.cat([m.weight for m in linears])
+    has_bias = [m.bias is not None for m in linears]
+    if any(has_bias) and not all(has_bias):
+        raise ValueError("some projections have a bias and some do not")
+    b = torch.cat([m.bias for m in linears]) if all(has_bias) else None
+    at = 0
+    for m in linears:
+        n = m.out_features
+        m.weight = torch.nn.Parameter(w[at:at + n], requires_grad=False)
+        if b is not None:
+            m.bias = torch.nn.Parameter(b[at:at + n], requires_grad=False)
+        at += n
+    return w, b
+
+
+def _is_rmsnorm(m) -> bool:
+    return (type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor)
+            and hasattr(m, "variance_epsilon"))
+
+
+def _rmsnorm_forward(m, kernels: str):
+    w, eps = m.weight, m.variance_epsilon
+
+    def forward(hidden_states):
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])
+        return _ops(x, kernels).rms_norm(x, w, eps).view(hidden_states.shape)
+    return forward
+
+
+def _attention_forward(m, kernels: str):
+    cfg = m.config
+    heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, m.head_dim
+    w, b = _concat_as_views([m.q_proj, m.k_proj, m.v_proj])
+    qn, kn = getattr(m, "q_norm", None), getattr(m, "k_norm", None)
+    qw, kw = (qn.weight, kn.weight) if qn is not None else (None, None)
+    eps = qn.variance_epsilon if qn is not None else 1e-6
+    v_at = (heads + kv_heads) * dim
+
+    def forward(hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])
+        t = x.shape[0]
+        qkv = F.linear(x, w, b)
+        cos, sin = (e.reshape(t, dim) for e in position_embeddings)
+        q, k = _ops(x, kernels).qk_norm_rope(qkv, heads, kv_heads, dim, cos, sin, qw, kw, eps)
+        v = qkv[:, v_at:].view(t, kv_heads, dim)
+        out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling)
+        return m.o_proj(out.reshape(*hidden_states.shape[:-1], heads * dim)), None
+    return forward
+
+
+def _mlp_forward(m, kernels: str):
+    w, _ = _concat_as_views([m.gate_proj, m.up_proj])
+    down = m.down_proj
+
+    def forward(x):
+        return down(_ops(x, kernels).silu_mul(F.linear(x.reshape(-1, x.shape[-1]), w)).view(
+            *x.shape[:-1], -1))
+    return forward
+
+
+def _fusable_attention(m, cfg) -> str | None:
+    """None when the fused forward computes what m.forward does; else why not."""
+    if not all(isinstance(getattr(m, n, None), torch.nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        return "attention without q/k/v/o projections"
+    if (getattr(cfg, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
+        return "partial rotary embedding"
+    if (getattr(m, "q_norm", None) is None) != (getattr(m, "k_norm", None) is None):
+        return "a norm on q or k only"
+    if getattr(m, "q_norm", None) is not None and not (_is_rmsnorm(m.q_norm) and m.q_norm.weight.numel() == m.head_dim):
+        return "q/k norms other than a per-head RMSNorm"
+    return None
+
+
+@dataclass
+class FusedLayers:
+    """What --fuse changed: each entry is (module, fused forward); apply/remove switch them in and out."""
+
+    kernels: str
+    patched: list = field(default_factory=list)
+    counts: dict = field(default_factory=lambda: {"attention": 0, "mlp": 0, "rmsnorm": 0})
+    skipped: list[str] = field(default_factory=list)
+
+    def apply(self) -> None:
+        for m, fwd in self.patched:
+            m.forward = fwd  # an instance attribute shadows the class's forward
+
+    def remove(self) -> None:
+        for m, _ in self.patched:
+            m.__dict__.pop("forward", None)
+
+    @property
+    def summary(self) -> str:
+        c = self.counts
+        s = (f"--fuse: {c['attention']} attention blocks (one QKV GEMM, QK-norm+RoPE in one kernel), {c['mlp']} MLPs "
+             f"(one gate/up GEMM, SiLU-and-mul in one kernel), {c['rmsnorm']} RMSNorms in one kernel each")
+        return s + (f"; left as they are: {'; '.join(sorted(set(self.skipped)))}" if self.skipped else "")
+
+
+def fuse_layers(model: torch.nn.Module, kernels: str) -> FusedLayers:
+    cfg = model.config
+    fused = FusedLayers(kernels)
+    silu = str(getattr(cfg, "hidden_act", "")).lower() in SILU
+    for name, m in model.named_modules():
+        if name.endswith("self_attn"):
+            why = _fusable_attention(m, cfg)
+            if why:
+                fused.skipped.append(why)
+            else:
+                fused.patched.append((m, _attention_forward(m, kernels)))
+                fused.counts["attention"] += 1
+        elif name.endswith("mlp") and all(isinstance(getattr(m, n, None), torch.nn.Linear)
+                                          for n in ("gate_proj", "up_proj", "down_proj")):
+            if silu:
+                fused.patched.append((m, _mlp_forward(m, kernels)))
+                fused.counts["mlp"] += 1
+            else:
+                fused.skipped.append(f"MLP activation {cfg.hidden_act}")
+        elif _is_rmsnorm(m) and not name.endswith(("q_norm", "k_norm")):
+            fused.patched.append((m, _rmsnorm_forward(m, kernels)))
+            fused.counts["rmsnorm"] += 1
+    fused.apply()
+    return fused
+
+
+@contextlib.contextmanager
+def unfused(fused: FusedLayers | None):
+    """The Hugging Face forwards for the duration (the weights are the same either way)."""
+    if fused is None:
+        yield
+        return
+    fused.remove()
+    try:
+        yield
+    finally:
+        fused.apply()

@@ -1,0 +1,142 @@
+"""Fused element-wise decoder-layer ops: RMSNorm, per-head q/k RMSNorm + RoPE, SiLU-and-multiply.
+
+Each launcher allocates its output from the input shapes only and never reads device values on the host,
+so a call can be captured in a CUDA graph (after one eager call has compiled the kernel). Math is fp32,
+with the roundings Hugging Face's modules make kept where they change the result (the normalized value
+is rounded to the activation dtype before the weight multiply). gmtool.layers_ref holds the torch
+references these are checked against.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gmtool.kernels.common import pow2
+
+SILU_BLOCK = 1024
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, eps, H: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2**31 at long prefills
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, 0) / H + eps)
+    y = y.to(out_ptr.dtype.element_ty).to(tl.float32)  # HF rounds before the weight multiply
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * H + cols, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    qkv_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_ptr, k_ptr,
+    stride_t, stride_cos, stride_sin, eps,
+    HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr, NORM: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    D: tl.constexpr = 2 * HALF
+    i = tl.arange(0, HALF_PAD)
+    mask = i < HALF
+    # q heads and k heads sit back to back in the qkv row, so head h's slice is at h * D for both.
+    src = qkv_ptr + t * stride_t + h * D
+    x1 = tl.load(src + i, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    if h < HQ:
+        w_ptr = qw_ptr
+        dst = q_ptr + t * (HQ * D) + h * D
+    else:
+        w_ptr = kw_ptr
+        dst = k_ptr + t * (HKV * D) + (h - HQ) * D
+    dt = q_ptr.dtype.element_ty
+    if NORM:
+        r = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D + eps)
+        w1 = tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + i, mask=mask, other=0.0).to(tl.float32)
+        # HF rounds twice here (normalized value, then the weighted norm output) before RoPE sees it.
+        x1 = ((x1 * r).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+        x2 = ((x2 * r).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    c1 = tl.load(cos_ptr + t * stride_cos + i, mask=mask, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + t * stride_cos + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + t * stride_sin + i, mask=mask, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + t * stride_sin + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dst + i, (x1 * c1 - x2 * s1).to(dt), mask=mask)
+    tl.store(dst + HALF + i, (x2 * c2 + x1 * s2).to(dt), mask=mask)
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, out_ptr, stride_x, I: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < I
+    gate = tl.load(x_ptr + t * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + t * stride_x + I + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * I + cols, (gate * tl.sigmoid(gate) * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _unit_last(x: torch.Tensor) -> torch.Tensor:
+    # Rows may be strided views (a slice of a fused projection); elements within a row must be adjacent.
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [N, H] -> contiguous [N, H] of x.dtype: weight * (x / rms(x)) as LlamaRMSNorm/Qwen3RMSNorm."""
+    x = _unit_last(x)
+    rows, hidden = x.shape
+    if weight.shape != (hidden,):
+        raise ValueError(f"weight {tuple(weight.shape)} does not fit hidden size {hidden}")
+    out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out
+    block = pow2(hidden)
+    _rms_norm_kernel[(rows,)](x, weight.contiguous(), out, x.stride(0), eps, H=hidden, BLOCK=block,
+                              num_warps=8 if block >= 2048 else 4)
+    return out
+
+
+def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, cos: torch.Tensor,
+                 sin: torch.Tensor, q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None,
+                 eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D] and k [T, Hkv, D] from a fused qkv [T, (Hq + 2 Hkv) D]: optional per-head RMSNorm
+    (Qwen3's q_norm/k_norm; None for Llama), then rotate_half RoPE with cos/sin [T, D]. v is not read."""
+    qkv, cos, sin = _unit_last(qkv), _unit_last(cos), _unit_last(sin)
+    tokens = qkv.shape[0]
+    if head_dim % 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
+        raise ValueError(f"qkv {tuple(qkv.shape)} does not hold {num_heads}+2*{num_kv_heads} heads of even "
+                         f"dim {head_dim}")
+    if cos.shape != (tokens, head_dim) or sin.shape != cos.shape:
+        raise ValueError(f"cos/sin {tuple(cos.shape)}/{tuple(sin.shape)} must be [{tokens}, {head_dim}]")
+    if (q_weight is None) != (k_weight is None):
+        raise ValueError("pass both q_weight and k_weight, or neither")
+    q = torch.empty((tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty((tokens, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if tokens == 0:
+        return q, k
+    norm = q_weight is not None
+    qw = q_weight.contiguous() if norm else qkv  # unread without NORM; any pointer will do
+    kw = k_weight.to(qw.dtype).contiguous() if norm else qkv  # both branches of the kernel's `if` share a type
+    half = head_dim // 2
+    _qk_norm_rope_kernel[(tokens, num_heads + num_kv_heads)](
+        qkv, cos, sin, qw, kw, q, k,
+        qkv.stride(0), cos.stride(0), sin.stride(0), eps,
+        HQ=num_heads, HKV=num_kv_heads, HALF=half, HALF_PAD=pow2(half), NORM=norm,
+        num_warps=1,  # a head is 64-128 elements: small programs, many resident per SM
+    )
+    return q, k
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [T, 2I] (gate | up) -> contiguous [T, I] = silu(gate) * up, as the SwiGLU MLP of Llama/Qwen3."""
+    x = _unit_last(x)
+    tokens, width = x.shape
+    if width % 2:
+        raise ValueError(f"silu_mul needs an even last dim, got {width}")
+    inter = width // 2
+    out = torch.empty((tokens, inter), dtype=x.dtype, device=x.device)
+    if tokens == 0:
+        return out
+    _silu_mul_kernel[(tokens, triton.cdiv(inter, SILU_BLOCK))](x, out, x.stride(0), I=inter, BLOCK=SILU_BLOCK,
+                                                                num_warps=4)
+    return out

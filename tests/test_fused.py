@@ -1,0 +1,66 @@
+"""--fuse on the CPU: the fused layers compute what the Hugging Face layers do, share their weights, can be
+switched off again, and run through every graph mode."""
+import json
+
+import pytest
+import torch
+
+from gmtool.fused import fuse_layers, unfused
+
+from .helpers import Rig, rel
+from .test_cli_capture import gm
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama"])
+def test_fused_layers_match_hf_layers(model):
+    rig = Rig(model=model)
+    batches = [rig.batch("1*4", seed=1), rig.batch("5+3@20", seed=2)]  # decode, and prefill with a prefix
+    hf_first = rig.eager(batches[1])
+    fused = fuse_layers(rig.lm.model, "torch")
+    assert fused.counts["attention"] == rig.lm.num_layers and fused.counts["mlp"] == rig.lm.num_layers
+    assert fused.counts["rmsnorm"] == 2 * rig.lm.num_layers + 1 and not fused.skipped
+    for b in batches:  # each pair back to back: a batch's eager pass writes K/V that another may read
+        out = rig.eager(b)
+        with unfused(fused):
+            assert rel(out, rig.eager(b)) < 1e-5
+    attn = rig.lm.model.model.layers[0].self_attn
+    assert "forward" in attn.__dict__
+    # q/k/v are views of one weight: fusing added no copy of the weights
+    ptrs = {m.weight.untyped_storage().data_ptr() for m in (attn.q_proj, attn.k_proj, attn.v_proj)}
+    assert len(ptrs) == 1
+    with unfused(fused):
+        assert "forward" not in attn.__dict__
+        assert torch.equal(rig.eager(batches[1]), hf_first)  # the HF forwards, bit for bit
+    assert "forward" in attn.__dict__
+
+
+def test_fused_layers_replay_like_eager():
+    rig = Rig(buckets=(4, 8))
+    fuse_layers(rig.lm.model, "torch")
+    for text, seed in (("1*4", 1), ("1*7", 2), ("1*3", 3)):
+        b = rig.batch(text, seed)
+        assert rel(rig.graph(b), rig.eager(b)) < 1e-5
+
+
+def test_unfusable_mlp_is_left_alone():
+    rig = Rig()
+    rig.lm.model.config.hidden_act = "gelu"
+    fused = fuse_layers(rig.lm.model, "torch")
+    assert fused.counts["mlp"] == 0 and "MLP activation gelu" in fused.summary
+    assert "forward" not in rig.lm.model.model.layers[0].mlp.__dict__
+
+
+@pytest.mark.parametrize("extra", [[], ["--piecewise-impl", "fx"]])
+def test_compare_with_fuse(tmp_path, extra):
+    out = tmp_path / "fused"
+    code, _, stderr = gm("compare", "eager,full,piecewise", "--fuse", "--device", "cpu", "--buckets", "2,4",
+                         "--num-iters", "1", "--num-iters-warmup", "0", "--format", "quiet", "--out", str(out),
+                         *extra)
+    assert code == 0, stderr
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["config"]["fuse"] is True
+    assert any(n.startswith("--fuse: 2 attention blocks") for n in doc["notes"])
+    rows = [r for r in doc["records"] if r["mode"] != "eager"]
+    assert rows and all(r["status"] == "ok" and r["max_rel_err"] < 1e-4 for r in rows)
+    if extra:
+        assert {r["piecewise_impl"] for r in rows if r["mode"] == "piecewise"} == {"fx"}

@@ -1,0 +1,237 @@
+"""Fused decoder-layer ops on CPU: the torch references against a float64 oracle and Hugging Face's own
+modules, and (when triton is installed) the Triton kernels under the Triton interpreter against the references.
+
+The interpreter must be switched on before triton is imported, so the kernel tests run in a child pytest with
+TRITON_INTERPRET=1 (the pattern of tests/test_kernels.py); they use fp32 and fp16 only, bf16 is covered by
+tests/gpu/test_layer_kernels_gpu.py. Strided inputs are padded with NaN, so a kernel that reads outside its
+row (a wrong mask or stride) gives NaN rather than a small error.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gmtool.layers_ref import qk_norm_rope_ref, rms_norm_ref, silu_mul_ref
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+interp_only = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child process")
+
+F32, F16 = torch.float32, torch.float16
+TOL = {F32: 1e-5, F16: 2e-3}
+EPS = 1e-6
+HEADS = [(4, 2), (2, 2)]  # (q heads, kv heads)
+
+
+def _randn(*shape, seed=0, dtype=F32, scale=1.0, shift=0.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale + shift).to(dtype)
+
+
+def _strided(rows, cols, dtype, seed=0, scale=1.0):
+    """A [rows, cols] view at column 8 of a NaN-filled [rows, cols + 24]: row stride larger than the row."""
+    big = torch.full((rows, cols + 24), float("nan"), dtype=dtype)
+    big[:, 8:8 + cols] = _randn(rows, cols, seed=seed, dtype=dtype, scale=scale)
+    return big[:, 8:8 + cols]
+
+
+def _angles(tokens, head_dim, base=10000.0):
+    """float64 RoPE angles [T, D/2] at scattered positions, so tokens differ and angles pass 2*pi."""
+    pos = torch.arange(tokens, dtype=torch.float64) * 37 + 5
+    return pos[:, None] * base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+
+def _cos_sin(ang, dtype):
+    """HF's layout (cat(freqs, freqs)), as views of one [T, 2D] tensor, so each has row stride 2D."""
+    emb = torch.cat((ang, ang), -1)
+    both = torch.cat((emb.cos(), emb.sin()), -1).to(dtype)
+    return both[:, :emb.shape[1]], both[:, emb.shape[1]:]
+
+
+def _qk_case(tokens, hq, hkv, dim, dtype, norm, seed=0):
+    qkv = _strided(tokens, (hq + 2 * hkv) * dim, dtype, seed=seed, scale=2.0)
+    qkv[:, (hq + hkv) * dim:] = float("nan")  # v: never read
+    weights = (_randn(dim, seed=seed + 1, dtype=dtype, scale=0.3, shift=1.0),
+               _randn(dim, seed=seed + 2, dtype=dtype, scale=0.3, shift=1.0)) if norm else (None, None)
+    return qkv, weights
+
+
+# ---------------------------------------------------------------- references (fp32, CPU)
+
+def test_rms_norm_ref_matches_oracle_and_hf():
+    from transformers.models.qwen3 import modeling_qwen3 as hf
+
+    x = _strided(5, 96, F32, scale=3.0)
+    w = _randn(96, seed=1, scale=0.3, shift=1.0)
+    out = rms_norm_ref(x, w, EPS)
+    xd = x.double()
+    expect = xd / (xd.pow(2).mean(-1, keepdim=True) + EPS).sqrt() * w.double()
+    torch.testing.assert_close(out.double(), expect, atol=1e-5, rtol=1e-5)
+    norm = hf.Qwen3RMSNorm(96, eps=EPS)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+        assert torch.equal(out, norm(x))
+
+
+def _oracle_qk(qkv, hq, hkv, dim, ang, weights):
+    """float64, RoPE as a complex rotation of (x1 + i x2): no rotate_half, no cos/sin tensors."""
+    x = qkv.double()[:, :(hq + hkv) * dim].reshape(-1, hq + hkv, dim)
+    if weights[0] is not None:
+        w = torch.cat((weights[0].double().expand(hq, dim), weights[1].double().expand(hkv, dim)))
+        x = x / (x.pow(2).mean(-1, keepdim=True) + EPS).sqrt() * w
+    half = dim // 2
+    z = torch.complex(x[..., :half], x[..., half:]) * torch.polar(torch.ones_like(ang), ang)[:, None, :]
+    out = torch.cat((z.real, z.imag), -1)
+    return out[:, :hq], out[:, hq:]
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_qk_norm_rope_ref_matches_oracle(norm):
+    hq, hkv, dim = 4, 2, 64
+    qkv, weights = _qk_case(6, hq, hkv, dim, F32, norm)
+    ang = _angles(6, dim)
+    q, k = qk_norm_rope_ref(qkv, hq, hkv, dim, *_cos_sin(ang, F32), *weights, eps=EPS)
+    assert q.shape == (6, hq, dim) and k.shape == (6, hkv, dim) and q.is_contiguous() and k.is_contiguous()
+    eq, ek = _oracle_qk(qkv, hq, hkv, dim, ang, weights)
+    torch.testing.assert_close(q.double(), eq, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k.double(), ek, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16])
+def test_qk_norm_rope_ref_is_hf_qwen3(dtype):
+    """Bit for bit Qwen3Attention's q_norm/k_norm + apply_rotary_pos_emb, bf16 roundings included."""
+    from transformers.models.qwen3 import modeling_qwen3 as hf
+
+    tokens, hq, hkv, dim = 5, 4, 2, 128
+    qkv, (qw, kw) = _qk_case(tokens, hq, hkv, dim, dtype, norm=True)
+    cos, sin = _cos_sin(_angles(tokens, dim), dtype)
+    q, k = qk_norm_rope_ref(qkv, hq, hkv, dim, cos, sin, qw, kw, eps=EPS)
+    q_norm, k_norm = hf.Qwen3RMSNorm(dim, eps=EPS).to(dtype), hf.Qwen3RMSNorm(dim, eps=EPS).to(dtype)
+    with torch.no_grad():
+        q_norm.weight.copy_(qw)
+        k_norm.weight.copy_(kw)
+        # HF's layout: [B, T, H, D] from the projections, normed, then transposed to [B, H, T, D].
+        hq_states = q_norm(qkv[:, :hq * dim].reshape(1, tokens, hq, dim)).transpose(1, 2)
+        hk_states = k_norm(qkv[:, hq * dim:(hq + hkv) * dim].reshape(1, tokens, hkv, dim)).transpose(1, 2)
+        eq, ek = hf.apply_rotary_pos_emb(hq_states, hk_states, cos[None], sin[None])
+    assert torch.equal(q, eq[0].transpose(0, 1)) and torch.equal(k, ek[0].transpose(0, 1))
+
+
+def test_silu_mul_ref_matches_oracle():
+    x = _strided(4, 2 * 96, F32, scale=3.0)
+    out = silu_mul_ref(x)
+    xd = x.double()
+    gate, up = xd[:, :96], xd[:, 96:]
+    assert out.shape == (4, 96) and out.is_contiguous()
+    torch.testing.assert_close(out.double(), gate / (1 + torch.exp(-gate)) * up, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- Triton kernels
+
+@pytest.mark.skipif(INTERPRETED or not HAS_TRITON, reason="needs triton; the child runs the tests itself")
+def test_layer_kernels_under_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "interp_"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    assert " passed" in r.stdout and " failed" not in r.stdout
+
+
+def _compile_for_hopper(jit_fn, consts, ptr="*bf16"):
+    """Compile as a launch on an H200 would (16-aligned pointers and strides): no GPU needed."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    sig, attrs = {}, {}
+    for i, name in enumerate(jit_fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = ptr if name.endswith("_ptr") else "fp32" if name == "eps" else "i32"
+            if name.endswith("_ptr") or name.startswith("stride"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(jit_fn, sig, constexprs={(jit_fn.arg_names.index(k),): v for k, v in consts.items()},
+                    attrs=attrs)
+    return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+
+
+@pytest.mark.skipif(INTERPRETED or not HAS_TRITON, reason="needs triton, not interpreted")
+def test_layer_kernels_compile_for_hopper():
+    """The interpreter runs the kernels as Python; this runs triton's compiler and ptxas for sm_90, which
+    catches what only compiled code rejects (pointer types across the q/k branch, constexpr use)."""
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    from gmtool.kernels import layers
+
+    for ptr in ("*bf16", "*fp32"):
+        assert _compile_for_hopper(layers._rms_norm_kernel, {"H": 4096, "BLOCK": 4096}, ptr).asm["cubin"]
+        for norm, half in ((True, 64), (False, 64), (True, 48)):
+            consts = {"HQ": 16, "HKV": 8, "HALF": half, "HALF_PAD": 64, "NORM": norm}
+            assert _compile_for_hopper(layers._qk_norm_rope_kernel, consts, ptr).asm["cubin"]
+        assert _compile_for_hopper(layers._silu_mul_kernel, {"I": 3072, "BLOCK": 1024}, ptr).asm["cubin"]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_launchers_reject_bad_shapes():
+    from gmtool.kernels.layers import qk_norm_rope, rms_norm, silu_mul
+
+    cos = sin = torch.zeros(3, 64)
+    with pytest.raises(ValueError, match="weight"):
+        rms_norm(torch.zeros(3, 96), torch.ones(64), EPS)
+    with pytest.raises(ValueError, match="heads"):
+        qk_norm_rope(torch.zeros(3, 7 * 64), 4, 2, 64, cos, sin)
+    with pytest.raises(ValueError, match="cos/sin"):
+        qk_norm_rope(torch.zeros(3, 8 * 64), 4, 2, 64, cos[:2], sin[:2])
+    with pytest.raises(ValueError, match="both"):
+        qk_norm_rope(torch.zeros(3, 8 * 64), 4, 2, 64, cos, sin, q_weight=torch.ones(64))
+    with pytest.raises(ValueError, match="even"):
+        silu_mul(torch.zeros(3, 7))
+
+
+def _check(out, expect, dtype):
+    assert out.dtype == dtype and out.shape == expect.shape and out.is_contiguous()
+    torch.testing.assert_close(out, expect, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@interp_only
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("tokens", [1, 3, 7])
+@pytest.mark.parametrize("hidden", [96, 1024])
+def test_interp_rms_norm(dtype, tokens, hidden):
+    from gmtool.kernels.layers import rms_norm
+
+    x = _strided(tokens, hidden, dtype, seed=tokens, scale=3.0)
+    w = _randn(hidden, seed=hidden, dtype=dtype, scale=0.3, shift=1.0)
+    _check(rms_norm(x, w, EPS), rms_norm_ref(x, w, EPS), dtype)
+
+
+@interp_only
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("tokens", [1, 3, 7])
+@pytest.mark.parametrize("hq,hkv", HEADS)
+@pytest.mark.parametrize("dim", [64, 128, 96])
+def test_interp_qk_norm_rope(dtype, norm, tokens, hq, hkv, dim):
+    from gmtool.kernels.layers import qk_norm_rope
+
+    qkv, weights = _qk_case(tokens, hq, hkv, dim, dtype, norm, seed=tokens + dim)
+    cos, sin = _cos_sin(_angles(tokens, dim), dtype)
+    q, k = qk_norm_rope(qkv, hq, hkv, dim, cos, sin, *weights, eps=EPS)
+    eq, ek = qk_norm_rope_ref(qkv, hq, hkv, dim, cos, sin, *weights, eps=EPS)
+    _check(q, eq, dtype)
+    _check(k, ek, dtype)
+
+
+@interp_only
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("tokens", [1, 3, 7])
+@pytest.mark.parametrize("inter", [96, 1000])
+def test_interp_silu_mul(dtype, tokens, inter):
+    from gmtool.kernels.layers import silu_mul
+
+    x = _strided(tokens, 2 * inter, dtype, seed=inter + tokens, scale=3.0)
+    _check(silu_mul(x), silu_mul_ref(x), dtype)
