@@ -9,6 +9,8 @@ Stages (each writes bench-<stage>.json into --out; the table is built from whate
   peer     hf-compiled (HF static cache + torch.compile reduce-overhead) on the same decode work
   prefill  eager vs piecewise vs full (wide key) at 512 and 2048 tokens
   capture  total capture time of the default decode bucket list (no compile)
+  host     where the host time of a B=1 replay goes: copy-in, graph launch on an idle and on a busy device,
+           and the kernels one replay runs (with and without --fuse)
 The benchmark reports; it asserts nothing. GPU only.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-STAGES = ("kernel", "decode", "fused", "compile", "compile-fused", "peer", "prefill", "capture")
+STAGES = ("kernel", "decode", "fused", "compile", "compile-fused", "peer", "prefill", "capture", "host")
 # decode stages: (stage, label, --compile, --fuse, goal against hf-compiled)
 DECODE_VARIANTS = (("decode", "full", False, False, 1.2), ("fused", "full --fuse", False, True, 1.2),
                    ("compile", "full --compile", True, False, 1.5),
@@ -124,6 +126,80 @@ def stage_capture(args) -> dict:
     return {"buckets": len(DEFAULT_DECODE_BUCKETS), "total_s": time.perf_counter() - t0, "capture_only_s": sum(caps)}
 
 
+def _kernels_per_replay(replay) -> int | None:
+    """CUDA kernels one replay runs, as the profiler sees them inside the graph."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            replay()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+    except Exception:  # the profiler is optional here: the count is left out
+        return None
+
+
+def _numpy_write_us() -> float:
+    """This host's cost of one small numpy slice write, the unit copy-in is made of (about 10 per copy-in)."""
+    import numpy as np
+
+    dst, src = np.zeros((4, 64), dtype=np.int64), np.ones((4, 1), dtype=np.int64)
+    t0 = time.perf_counter()
+    for _ in range(10000):
+        dst[:, :1] = src
+    return (time.perf_counter() - t0) * 1e6 / 10000
+
+
+def stage_host(args) -> dict:
+    """Bucket 1, kv 1023: copy-in and launch timed apart, 200 times each, on an idle device (synchronized
+    before each call, as the sweep's host_us) and launch alone on a busy one (calls back to back). The
+    kernel count comes last: the profiler slows every later CUDA call of the process."""
+    from gmtool.batch import make_batch
+    from gmtool.buckets import BucketPolicy
+    from gmtool.compositions import parse_composition
+    from gmtool.executor import GraphExecutor
+    from gmtool.fused import fuse_layers
+    from gmtool.kv_cache import KVCacheSpec, PagedKVCache
+    from gmtool.model import load_model
+    from gmtool.timing import summarize
+
+    dev, out, replays = torch.device("cuda"), {"numpy_write_us": _numpy_write_us()}, {}
+    for fuse in (False, True):
+        name = "full --fuse" if fuse else "full"
+        lm = load_model(MODEL, dev, torch.bfloat16)
+        if fuse:
+            lm.fused = fuse_layers(lm.model, "triton")
+        spec = KVCacheSpec(lm.num_layers, lm.num_kv_heads, lm.head_dim, 16, 1152, torch.bfloat16)
+        cache = PagedKVCache(spec, 1024, dev)
+        ex = GraphExecutor(lm, cache, BucketPolicy([1]), "full", 256, dev, kernels="triton")
+        batch = make_batch(parse_composition("1*1@1023"), cache, lm.vocab_size, 256)
+        entry = ex.prepare(batch)
+        copy, idle, busy = [], [], []
+        for _ in range(200):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            ex.prepare(batch)
+            t1 = time.perf_counter()
+            entry.replay(batch)
+            t2 = time.perf_counter()
+            copy.append((t1 - t0) * 1e6)
+            idle.append((t2 - t1) * 1e6)
+        torch.cuda.synchronize()
+        for _ in range(200):
+            t0 = time.perf_counter()
+            entry.replay(batch)
+            busy.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+        out[name] = {"copy_in_us": summarize(copy), "launch_idle_us": summarize(idle),
+                     "launch_busy_us": summarize(busy)}
+        replays[name] = (ex, entry, batch)
+    for name, (ex, entry, batch) in replays.items():
+        out[name]["kernels_per_replay"] = _kernels_per_replay(lambda: entry.replay(batch))
+        ex.release()
+    return out
+
+
 def _med(r, field="latency_ms"):
     v = r.get(field)
     return v["median"] if isinstance(v, dict) and v else None
@@ -180,6 +256,16 @@ def summary(out: Path, console: Console) -> list[tuple]:
                 ratio = statistics.median(pw) / statistics.median(fu)
                 rows.append((f"prefill {b}: piecewise / full (wide key)", f"{ratio:.2f}x", "<= 1.1x",
                              "met" if ratio <= 1.1 else "NOT met"))
+    host = load("host")
+    for name, h in (host or {}).items():
+        if isinstance(h, dict) and "copy_in_us" in h:
+            rows.append((f"host split, {name} B=1: copy-in {h['copy_in_us']['median']:.0f} us + launch "
+                         f"{h['launch_idle_us']['median']:.0f} us (idle device) / {h['launch_busy_us']['median']:.0f} us "
+                         f"(busy); {h['kernels_per_replay']} kernels per replay",
+                         f"{h['copy_in_us']['median'] + h['launch_idle_us']['median']:.0f} us", "< 30 us", ""))
+    if host:
+        rows.append(("this host: one small numpy slice write (copy-in makes about 10)",
+                     f"{host['numpy_write_us']:.2f} us", "", ""))
     cap = load("capture")
     if cap:
         rows.append((f"capture {cap['buckets']} default decode buckets (capture alone {cap['capture_only_s']:.2f} s)",
@@ -204,10 +290,13 @@ def main(argv=None) -> int:
         console.print("[red]error:[/] make bench needs CUDA (run it on the GPU machine)")
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    fns = {"kernel": stage_kernel, "peer": stage_peer, "prefill": stage_prefill, "capture": stage_capture}
+    fns = {"kernel": stage_kernel, "peer": stage_peer, "prefill": stage_prefill, "capture": stage_capture,
+           "host": stage_host}
     for stage, _, compile_, fuse, _ in DECODE_VARIANTS:
         fns[stage] = lambda a, c=compile_, f=fuse: stage_decode(a, c, f)
-    for stage in args.stages.split(","):
+    # host counts kernels with the profiler, which slows every later CUDA call of the process: it goes last
+    stages = sorted(args.stages.split(","), key=lambda st: st == "host")
+    for stage in stages:
         if stage not in fns:
             console.print(f"[red]error:[/] unknown stage {stage!r}: {', '.join(STAGES)}")
             return 2

@@ -54,11 +54,13 @@ class CapturedGraph:
     baked_plans: list = field(default_factory=list)  # host plans frozen into the graph, if any
     captured_with: str = ""  # the composition whose batch was live during capture
     compile_s: float | None = None  # FX piecewise: trace + split (+ one eager pass) for this shape
+    copies_inputs: bool = False  # its first step copies the staging arena in: prepare only writes staging
+    copy_steps: int = 0  # graphs that only copy inputs (FX split: its pieces capture themselves)
     piecewise_impl: str | None = None  # breakable | fx | "breakable (fx could not trace: ...)"
 
     @property
     def pieces(self) -> int:
-        return len(self.steps) - self.runners
+        return len(self.steps) - self.runners - self.copy_steps
 
     @property
     def runners(self) -> int:
@@ -160,12 +162,19 @@ class GraphExecutor:
         if self.mode == "piecewise":
             entry.ctx.breaker = self._breaker(entry)
         try:
+            # the copy-in joins the graph: one launch instead of a copy, an event record and a launch
             if self.fx is not None and self.fx.split:  # the split forward's pieces capture themselves
+                self.backend.begin()
+                self.inputs.copy_in(entry.key)
+                entry.steps.append(self.backend.end())
+                entry.copy_steps = 1
                 self.fx.record(entry.steps, fn)
             else:
                 self.backend.begin()
+                self.inputs.copy_in(entry.key)
                 fn()
                 entry.steps.append(self.backend.end())
+            entry.copies_inputs = True
         except torch.OutOfMemoryError:
             self.backend.abort()
             raise OutOfMemory(f"out of memory while capturing bucket {entry.key}") from None
@@ -206,7 +215,7 @@ class GraphExecutor:
         entry = self.graphs.get(key)
         if entry is None:
             return self.capture(key, batch)  # it loads the batch, and leaves it loaded
-        self.inputs.load(batch, key)
+        self.inputs.load(batch, key, copy=not entry.copies_inputs)
         return entry
 
     def eager_same_shape(self, batch: Batch) -> torch.Tensor:

@@ -55,7 +55,9 @@ class PersistentInputs:
         self.logits = torch.zeros(max_seqs, vocab_size, dtype=logits_dtype, device=device)
         self._views: dict[BucketKey, StepViews] = {}
         self._host: dict[BucketKey, tuple] = {}
-        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+        # external: captured into a graph, record() becomes an event-record node, so a graph that copies its
+        # own inputs still tells the host when the staging arena may be rewritten
+        self._copied = torch.cuda.Event(external=True) if device.type == "cuda" else None
 
     @property
     def nbytes(self) -> int:
@@ -88,8 +90,9 @@ class PersistentInputs:
         self._host[key] = h
         return h
 
-    def load(self, batch: Batch, key: BucketKey) -> StepViews:
-        """Write the batch into the staging arena (padding included), then one copy to the device."""
+    def load(self, batch: Batch, key: BucketKey, copy: bool = True) -> StepViews:
+        """Write the batch into the staging arena (padding included), then one copy to the device.
+        copy=False leaves the copy to a graph that captured copy_in(key) as its first step."""
         tok, seq, cu, bt, dst, stage = self._host.get(key) or self._host_slots(key)
         n, b = batch.num_tokens, batch.num_seqs
         if n > key.num_tokens or b > seq.shape[1]:
@@ -106,7 +109,14 @@ class PersistentInputs:
         bt[:b, :src.shape[1]] = src
         bt[:b, src.shape[1]:] = 0
         bt[b:] = 0
+        if copy:
+            self.copy_in(key)
+        return self.views(key)
+
+    def copy_in(self, key: BucketKey) -> None:
+        """Staging to device for key's fields. Captured, it is a memcpy node that reads the pinned staging
+        arena at every replay (what the host wrote just before), and an event-record node after it."""
+        _, _, _, _, dst, stage = self._host.get(key) or self._host_slots(key)
         dst.copy_(stage, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
-        return self.views(key)

@@ -188,3 +188,17 @@ def test_fx_falls_back_to_runtime_split_when_tracing_fails(monkeypatch):
     assert rel(rig.graph(b), rig.eager(b)) < 1e-5
     entry = rig.ex.graphs[rig.ex.key_for(b)]
     assert entry.piecewise_impl.startswith("breakable (fx could not trace") and entry.runners == rig.lm.num_layers
+
+
+def test_graph_copies_its_own_inputs():
+    """Copy-in is the graph's first node: prepare only writes the staging arena; the replay reads it."""
+    rig = Rig()
+    a, b = rig.batch("1*4", seed=1), rig.batch("1*4", seed=2)
+    rig.graph(a)
+    key = rig.ex.key_for(b)
+    entry = rig.ex.prepare(b)
+    views = rig.ex.inputs.views(key)
+    assert entry.copies_inputs and views.input_ids.tolist() == a.input_ids.tolist()  # not copied yet
+    entry.replay(b)
+    assert views.input_ids.tolist() == b.input_ids.tolist()
+    assert rel(views.logits[:4].clone(), rig.eager(b)) < 1e-5
