@@ -100,22 +100,33 @@ def stage_prefill(args) -> dict:
     return {m: _rows(res.records, m) for m in ("eager", "full", "piecewise")} | {"errors": res.errors}
 
 
-def stage_capture(args) -> dict:
-    """Capture every default decode bucket, largest first: warm-up and capture, timed together and apart."""
-    from gmtool.batch import make_batch
-    from gmtool.buckets import DEFAULT_DECODE_BUCKETS, BucketPolicy
-    from gmtool.compositions import parse_composition
+def _executor(buckets: list[int], max_kv_len: int, num_blocks: int, fuse: bool = False):
+    """A full-graph executor on the bench model with Triton attention, outside any sweep."""
+    from gmtool import kernels
+    from gmtool.buckets import BucketPolicy
     from gmtool.executor import GraphExecutor
+    from gmtool.fused import fuse_layers
     from gmtool.kv_cache import KVCacheSpec, PagedKVCache
     from gmtool.model import load_model
 
-    from gmtool import kernels
+    dev = torch.device("cuda")
+    lm = load_model(MODEL, dev, torch.bfloat16)
+    attention = "triton" if kernels.available() else "torch"
+    if fuse:
+        lm.fused = fuse_layers(lm.model, attention)
+    spec = KVCacheSpec(lm.num_layers, lm.num_kv_heads, lm.head_dim, 16, max_kv_len, torch.bfloat16)
+    cache = PagedKVCache(spec, num_blocks, dev)
+    return GraphExecutor(lm, cache, BucketPolicy(buckets), "full", 256, dev, kernels=attention)
 
-    lm = load_model(MODEL, torch.device("cuda"), torch.bfloat16)
-    spec = KVCacheSpec(lm.num_layers, lm.num_kv_heads, lm.head_dim, 16, 1024, torch.bfloat16)
-    cache = PagedKVCache(spec, 256 * 64 + 1, torch.device("cuda"))
-    ex = GraphExecutor(lm, cache, BucketPolicy(DEFAULT_DECODE_BUCKETS), "full", 256, torch.device("cuda"),
-                       kernels="triton" if kernels.available() else "torch")
+
+def stage_capture(args) -> dict:
+    """Capture every default decode bucket, largest first: warm-up and capture, timed together and apart."""
+    from gmtool.batch import make_batch
+    from gmtool.buckets import DEFAULT_DECODE_BUCKETS
+    from gmtool.compositions import parse_composition
+
+    ex = _executor(DEFAULT_DECODE_BUCKETS, 1024, 256 * 64 + 1)
+    cache, lm = ex.cache, ex.lm
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     caps = []
@@ -156,23 +167,14 @@ def stage_host(args) -> dict:
     before each call, as the sweep's host_us) and launch alone on a busy one (calls back to back). The
     kernel count comes last: the profiler slows every later CUDA call of the process."""
     from gmtool.batch import make_batch
-    from gmtool.buckets import BucketPolicy
     from gmtool.compositions import parse_composition
-    from gmtool.executor import GraphExecutor
-    from gmtool.fused import fuse_layers
-    from gmtool.kv_cache import KVCacheSpec, PagedKVCache
-    from gmtool.model import load_model
     from gmtool.timing import summarize
 
-    dev, out, replays = torch.device("cuda"), {"numpy_write_us": _numpy_write_us()}, {}
+    out, replays = {"numpy_write_us": _numpy_write_us()}, {}
     for fuse in (False, True):
         name = "full --fuse" if fuse else "full"
-        lm = load_model(MODEL, dev, torch.bfloat16)
-        if fuse:
-            lm.fused = fuse_layers(lm.model, "triton")
-        spec = KVCacheSpec(lm.num_layers, lm.num_kv_heads, lm.head_dim, 16, 1152, torch.bfloat16)
-        cache = PagedKVCache(spec, 1024, dev)
-        ex = GraphExecutor(lm, cache, BucketPolicy([1]), "full", 256, dev, kernels="triton")
+        ex = _executor([1], 1152, 1024, fuse)
+        cache, lm = ex.cache, ex.lm
         batch = make_batch(parse_composition("1*1@1023"), cache, lm.vocab_size, 256)
         entry = ex.prepare(batch)
         copy, idle, busy = [], [], []

@@ -163,15 +163,13 @@ class GraphExecutor:
             entry.ctx.breaker = self._breaker(entry)
         try:
             # the copy-in joins the graph: one launch instead of a copy, an event record and a launch
+            self.backend.begin()
+            self.inputs.copy_in(entry.key)
             if self.fx is not None and self.fx.split:  # the split forward's pieces capture themselves
-                self.backend.begin()
-                self.inputs.copy_in(entry.key)
                 entry.steps.append(self.backend.end())
                 entry.copy_steps = 1
                 self.fx.record(entry.steps, fn)
             else:
-                self.backend.begin()
-                self.inputs.copy_in(entry.key)
                 fn()
                 entry.steps.append(self.backend.end())
             entry.copies_inputs = True

@@ -1,7 +1,8 @@
 """Persistent input buffers: one device arena sized for the largest shape, sliced per bucket.
 
 Every field lives in one int64 device tensor, at offsets fixed per bucket key, so copy-in is one host-to-device
-copy from a pinned staging arena, and a graph captured for a bucket always reads the same addresses.
+copy from a pinned staging arena (captured as the first node of each graph), and a graph captured for a bucket
+always reads the same addresses.
 """
 from __future__ import annotations
 
@@ -29,8 +30,6 @@ class StepViews:
     logits: torch.Tensor  # output, outside any graph pool
 
 
-TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping", "token_seq")
-SEQ_FIELDS = ("logits_indices", "kv_lens")
 _TOKEN_PAD = np.array([[0], [0], [0], [-1]], dtype=np.int64)  # padding tokens: id 0, null slot, no sequence
 
 

@@ -159,25 +159,16 @@ _INDEX_PTRS = ("bt_ptr", "lens_ptr", "cu_ptr", "slot_ptr")
 
 
 def _compile_for_hopper(jit_fn, consts, dtype="bf16"):
-    """Compile as a launch on an H200 would (16-aligned pointers and strides, unit strides as constants)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile
+    """Unit strides as constants, index pointers int64, split partials fp32, the rest of dtype."""
+    from gmtool.kernels.testing import compile_for_hopper
 
     consts = {**consts, **{n: 1 for n in jit_fn.arg_names if n == "stride_btn"}}
-    sig, attrs = {}, {}
-    for i, name in enumerate(jit_fn.arg_names):
-        if name in consts:
-            sig[name] = "constexpr"
-            continue
+
+    def arg_type(name):
         if name.endswith("_ptr"):
-            sig[name] = "*i64" if name in _INDEX_PTRS else "*fp32" if name in ("part_ptr", "lse_ptr") else "*" + dtype
-        else:
-            sig[name] = "fp32" if name == "qk_scale" else "i32"
-        if name.endswith("_ptr") or name.startswith("stride"):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(jit_fn, sig, constexprs={(jit_fn.arg_names.index(k),): v for k, v in consts.items()},
-                    attrs=attrs)
-    return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+            return "*i64" if name in _INDEX_PTRS else "*fp32" if name in ("part_ptr", "lse_ptr") else "*" + dtype
+        return "fp32" if name == "qk_scale" else "i32"
+    return compile_for_hopper(jit_fn, consts, arg_type)
 
 
 @pytest.mark.skipif(INTERPRETED or not HAS_TRITON, reason="needs triton, not interpreted")

@@ -143,21 +143,10 @@ def test_layer_kernels_under_interpreter():
 
 
 def _compile_for_hopper(jit_fn, consts, ptr="*bf16"):
-    """Compile as a launch on an H200 would (16-aligned pointers and strides): no GPU needed."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile
+    from gmtool.kernels.testing import compile_for_hopper
 
-    sig, attrs = {}, {}
-    for i, name in enumerate(jit_fn.arg_names):
-        if name in consts:
-            sig[name] = "constexpr"
-        else:
-            sig[name] = ptr if name.endswith("_ptr") else "fp32" if name == "eps" else "i32"
-            if name.endswith("_ptr") or name.startswith("stride"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(jit_fn, sig, constexprs={(jit_fn.arg_names.index(k),): v for k, v in consts.items()},
-                    attrs=attrs)
-    return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+    return compile_for_hopper(jit_fn, consts,
+                              lambda name: ptr if name.endswith("_ptr") else "fp32" if name == "eps" else "i32")
 
 
 @pytest.mark.skipif(INTERPRETED or not HAS_TRITON, reason="needs triton, not interpreted")

@@ -143,3 +143,22 @@ def decode_case(kv_lens, num_slots=None, **kw) -> tuple[PagedCase, torch.Tensor]
     g = torch.Generator(device=case.q.device).manual_seed(kw.get("seed", 0) + 1)
     q = torch.randn(s, case.q.shape[1], case.q.shape[2], generator=g, device=case.q.device)
     return case, q.to(case.q.dtype)
+
+
+def compile_for_hopper(jit_fn, consts: dict, arg_type):
+    """Compile jit_fn as a launch on an H200 would (16-aligned pointers and strides): no GPU needed.
+    arg_type(name) gives the signature type of each argument that is not in consts ("*bf16", "i32"...)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    sig, attrs = {}, {}
+    for i, name in enumerate(jit_fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+            continue
+        sig[name] = arg_type(name)
+        if name.endswith("_ptr") or name.startswith("stride"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(jit_fn, sig, constexprs={(jit_fn.arg_names.index(k),): v for k, v in consts.items()},
+                    attrs=attrs)
+    return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
