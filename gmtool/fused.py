@@ -115,7 +115,6 @@ def _fusable_attention(m, cfg) -> str | None:
 class FusedLayers:
     """What --fuse changed: each entry is (module, fused forward); apply/remove switch them in and out."""
 
-    kernels: str
     patched: list = field(default_factory=list)
     counts: dict = field(default_factory=lambda: {"attention": 0, "mlp": 0, "rmsnorm": 0})
     skipped: list[str] = field(default_factory=list)
@@ -138,7 +137,7 @@ class FusedLayers:
 
 def fuse_layers(model: torch.nn.Module, kernels: str) -> FusedLayers:
     cfg = model.config
-    fused = FusedLayers(kernels)
+    fused = FusedLayers()
     silu = str(getattr(cfg, "hidden_act", "")).lower() in SILU
     for name, m in model.named_modules():
         if name.endswith("self_attn"):
