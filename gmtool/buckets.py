@@ -65,6 +65,7 @@ class BucketPolicy:
 
     def __post_init__(self) -> None:
         self.sizes = sorted(set(self.sizes))
+        self._keys: dict[tuple, BucketKey] = {}
         if not self.sizes:
             raise GmtoolError("no buckets given")
         if self.max_tokens is None:
@@ -89,6 +90,13 @@ class BucketPolicy:
 
     def key_for(self, num_tokens: int, num_seqs: int, decode: bool, pinned: int | None = None) -> BucketKey:
         """pinned: replay on that bucket's graph instead of the smallest that fits (it must fit)."""
+        asked = (num_tokens, num_seqs, decode, pinned)
+        key = self._keys.get(asked)  # the replay path asks this every step: answer from a dict
+        if key is None:
+            key = self._keys[asked] = self._key_for(num_tokens, num_seqs, decode, pinned)
+        return key
+
+    def _key_for(self, num_tokens: int, num_seqs: int, decode: bool, pinned: int | None) -> BucketKey:
         if pinned is not None:
             if pinned not in self.sizes or pinned < num_tokens:
                 raise GmtoolError(f"a batch of {num_tokens} tokens cannot run on bucket {pinned}")

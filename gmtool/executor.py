@@ -228,7 +228,7 @@ class GraphExecutor:
     def step(self, batch: Batch) -> torch.Tensor:
         entry = self.prepare(batch)
         entry.replay(batch, self.refresh_runner_metadata)
-        return self.inputs.views(entry.key).logits[: batch.num_seqs]
+        return self.inputs.output(entry.key, batch.num_seqs)
 
     def release(self) -> None:
         """Graphs first, then their pools (a pool must outlive every graph captured into it)."""

@@ -2,8 +2,11 @@
 
 A Hugging Face Llama/Qwen layer launches about 50 kernels per decode step (RMSNorm alone is 6-7, RoPE about
 10); inside a CUDA graph each still costs its launch latency, so at small batches the replay is the sum of
-many tiny kernels. Fused, a layer is about 13: RMSNorm, one QKV GEMM, one QK-norm+RoPE kernel, KV write,
-attention, o_proj, add, RMSNorm, one gate/up GEMM, one SiLU-and-mul kernel, down_proj, add.
+many tiny kernels. Fused, a layer is about 11: add+RMSNorm, one QKV GEMM, one QK-norm+RoPE kernel, KV write,
+attention, o_proj, add+RMSNorm, one gate/up GEMM, one SiLU-and-mul kernel, down_proj. Each residual add
+moves into the RMSNorm after it, as engines carry (hidden, residual) pairs through their layers: for the
+architectures whose decoder layer is the plain pre-norm block, the base model's forward is replaced by that
+loop (`_residual_stream_forward`).
 
 The weights are not copied: q/k/v (and gate/up) become views of one concatenated weight, so the original
 modules still hold their weights and `unfused()` gives the Hugging Face forwards back (the hf-compiled peer
@@ -32,8 +35,13 @@ def _ops(x: torch.Tensor, kernels: str) -> SimpleNamespace:
     return _REF
 
 
-_REF = SimpleNamespace(rms_norm=layers_ref.rms_norm_ref, qk_norm_rope=layers_ref.qk_norm_rope_ref,
-                       silu_mul=layers_ref.silu_mul_ref)
+_REF = SimpleNamespace(rms_norm=layers_ref.rms_norm_ref, add_rms_norm=layers_ref.add_rms_norm_ref,
+                       qk_norm_rope=layers_ref.qk_norm_rope_ref, silu_mul=layers_ref.silu_mul_ref)
+
+# Base models whose forward is: embed, rotary, the plain pre-norm decoder layers, final norm (and masks,
+# which gmtool's attention never reads). Others keep their own forward and a separate residual add.
+PRE_NORM = {"LlamaModel": "LlamaDecoderLayer", "Qwen2Model": "Qwen2DecoderLayer",
+            "Qwen3Model": "Qwen3DecoderLayer", "MistralModel": "MistralDecoderLayer"}
 
 
 def _concat_as_views(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -98,6 +106,52 @@ def _mlp_forward(m, kernels: str):
     return forward
 
 
+def _residual_stream_forward(base, kernels: str):
+    """The base model's forward with each residual add fused into the RMSNorm after it:
+    x, residual = add_rms_norm(block_output, residual), as engines write their layers."""
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    layers = list(base.layers[: base.config.num_hidden_layers])
+    norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in layers]
+    final = base.norm
+
+    def forward(input_ids=None, position_ids=None, **kwargs):
+        h = base.embed_tokens(input_ids)
+        pos = base.rotary_emb(h, position_ids)
+        shape = h.shape
+        h = h.reshape(-1, shape[-1])
+        ops = _ops(h, kernels)
+        residual = None
+        for layer, (pre, post) in zip(layers, norms):
+            if residual is None:
+                residual, x = h, ops.rms_norm(h, pre.weight, pre.variance_epsilon)
+            else:
+                x, residual = ops.add_rms_norm(h, residual, pre.weight, pre.variance_epsilon)
+            a, _ = layer.self_attn(hidden_states=x.view(shape), position_embeddings=pos)
+            x, residual = ops.add_rms_norm(a.reshape(h.shape), residual, post.weight, post.variance_epsilon)
+            h = layer.mlp(x.view(shape)).reshape(h.shape)
+        h = (ops.add_rms_norm(h, residual, final.weight, final.variance_epsilon)[0] if residual is not None
+             else ops.rms_norm(h, final.weight, final.variance_epsilon))
+        return BaseModelOutputWithPast(last_hidden_state=h.view(shape))
+    return forward
+
+
+def _residual_stream_blocker(base, fused_attention: set) -> str | None:
+    """None when _residual_stream_forward computes what base.forward does; else why not."""
+    layer_type = PRE_NORM.get(type(base).__name__)
+    if layer_type is None:
+        return f"residual add not fused into RMSNorm for {type(base).__name__}"
+    layers = list(getattr(base, "layers", []))[: base.config.num_hidden_layers]
+    if not layers or not all(hasattr(base, n) for n in ("embed_tokens", "rotary_emb", "norm")):
+        return "residual add not fused: the base model lacks embed_tokens/rotary_emb/norm"
+    for layer in layers:
+        if type(layer).__name__ != layer_type or id(layer.self_attn) not in fused_attention:
+            return "residual add not fused: a decoder layer is not the plain pre-norm block"
+        if not all(_is_rmsnorm(getattr(layer, n, None)) for n in ("input_layernorm", "post_attention_layernorm")):
+            return "residual add not fused: a decoder layer's norms are not RMSNorms"
+    return None if _is_rmsnorm(base.norm) else "residual add not fused: the final norm is not an RMSNorm"
+
+
 def _fusable_attention(m, cfg) -> str | None:
     """None when the fused forward computes what m.forward does; else why not."""
     if not all(isinstance(getattr(m, n, None), torch.nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
@@ -116,7 +170,7 @@ class FusedLayers:
     """What --fuse changed: each entry is (module, fused forward); apply/remove switch them in and out."""
 
     patched: list = field(default_factory=list)
-    counts: dict = field(default_factory=lambda: {"attention": 0, "mlp": 0, "rmsnorm": 0})
+    counts: dict = field(default_factory=lambda: {"attention": 0, "mlp": 0, "rmsnorm": 0, "residual_adds": 0})
     skipped: list[str] = field(default_factory=list)
 
     def apply(self) -> None:
@@ -131,13 +185,15 @@ class FusedLayers:
     def summary(self) -> str:
         c = self.counts
         s = (f"--fuse: {c['attention']} attention blocks (one QKV GEMM, QK-norm+RoPE in one kernel), {c['mlp']} MLPs "
-             f"(one gate/up GEMM, SiLU-and-mul in one kernel), {c['rmsnorm']} RMSNorms in one kernel each")
+             f"(one gate/up GEMM, SiLU-and-mul in one kernel), {c['rmsnorm']} RMSNorms in one kernel each, "
+             f"{c['residual_adds']} residual adds inside the RMSNorm after them")
         return s + (f"; left as they are: {'; '.join(sorted(set(self.skipped)))}" if self.skipped else "")
 
 
 def fuse_layers(model: torch.nn.Module, kernels: str) -> FusedLayers:
     cfg = model.config
     fused = FusedLayers()
+    fused_attention: set[int] = set()
     silu = str(getattr(cfg, "hidden_act", "")).lower() in SILU
     for name, m in model.named_modules():
         if name.endswith("self_attn"):
@@ -147,6 +203,7 @@ def fuse_layers(model: torch.nn.Module, kernels: str) -> FusedLayers:
             else:
                 fused.patched.append((m, _attention_forward(m, kernels)))
                 fused.counts["attention"] += 1
+                fused_attention.add(id(m))
         elif name.endswith("mlp") and all(isinstance(getattr(m, n, None), torch.nn.Linear)
                                           for n in ("gate_proj", "up_proj", "down_proj")):
             if silu:
@@ -157,6 +214,14 @@ def fuse_layers(model: torch.nn.Module, kernels: str) -> FusedLayers:
         elif _is_rmsnorm(m) and not name.endswith(("q_norm", "k_norm")):
             fused.patched.append((m, _rmsnorm_forward(m, kernels)))
             fused.counts["rmsnorm"] += 1
+    base = getattr(model, model.base_model_prefix, None)
+    if base is not None:
+        why = _residual_stream_blocker(base, fused_attention)
+        if why:
+            fused.skipped.append(why)
+        else:
+            fused.patched.append((base, _residual_stream_forward(base, kernels)))
+            fused.counts["residual_adds"] = 2 * base.config.num_hidden_layers
     fused.apply()
     return fused
 

@@ -54,6 +54,9 @@ class PersistentInputs:
         self.logits = torch.zeros(max_seqs, vocab_size, dtype=logits_dtype, device=device)
         self._views: dict[BucketKey, StepViews] = {}
         self._host: dict[BucketKey, tuple] = {}
+        self._outputs: dict[tuple, torch.Tensor] = {}
+        self._written_key: BucketKey | None = None  # the key whose layout the staging arena holds now,
+        self._written: tuple | None = None  # and its last batch's (tokens, seqs, block-table width)
         # external: captured into a graph, record() becomes an event-record node, so a graph that copies its
         # own inputs still tells the host when the staging arena may be rewritten
         self._copied = torch.cuda.Event(external=True) if device.type == "cuda" else None
@@ -81,6 +84,13 @@ class PersistentInputs:
             self._views[key] = v
         return v
 
+    def output(self, key: BucketKey, num_seqs: int) -> torch.Tensor:
+        """The logits rows of a key's first num_seqs sequences (one view per pair, made once)."""
+        o = self._outputs.get((key, num_seqs))
+        if o is None:
+            o = self._outputs[(key, num_seqs)] = self.views(key).logits[:num_seqs]
+        return o
+
     def _host_slots(self, key: BucketKey) -> tuple:
         """Per key, made once: numpy views of the staging arena, and the one copy's source and target."""
         tok, seq, cu, bt = self._layout(self.host, key)
@@ -92,25 +102,51 @@ class PersistentInputs:
     def load(self, batch: Batch, key: BucketKey, copy: bool = True) -> StepViews:
         """Write the batch into the staging arena (padding included), then one copy to the device.
         copy=False leaves the copy to a graph that captured copy_in(key) as its first step."""
-        tok, seq, cu, bt, dst, stage = self._host.get(key) or self._host_slots(key)
+        tok, seq, cu, bt, _, _ = self._host.get(key) or self._host_slots(key)
         n, b = batch.num_tokens, batch.num_seqs
         if n > key.num_tokens or b > seq.shape[1]:
             raise ValueError(f"batch ({n} tokens, {b} seqs) does not fit key {key}")
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy may still be reading the staging arena
-        tok[:, :n] = batch.token_fields
-        tok[:, n:] = _TOKEN_PAD
-        seq[:, :b] = batch.seq_fields
-        seq[:, b:] = 0
-        cu[:b + 1] = batch.cu_q
-        cu[b + 1:] = n
         src = batch.block_table_array
-        bt[:b, :src.shape[1]] = src
-        bt[:b, src.shape[1]:] = 0
-        bt[b:] = 0
+        w = src.shape[1]
+        tok[:, :n] = batch.token_fields
+        seq[:, :b] = batch.seq_fields
+        cu[:b + 1] = batch.cu_q
+        bt[:b, :w] = src
+        self._pad(tok, seq, cu, bt, (n, b, w), self._written if self._written_key == key else None)
+        self._written_key, self._written = key, (n, b, w)
         if copy:
             self.copy_in(key)
         return self.views(key)
+
+    @staticmethod
+    def _pad(tok, seq, cu, bt, now: tuple, before: tuple | None) -> None:
+        """Padding after the batch's data. All of it when another key wrote the arena last (keys overlap);
+        else only what this key's previous batch left beyond the new one (the rest is padding already),
+        which is what keeps a steady decode step at four writes."""
+        n, b, w = now
+        if before is None:
+            tok[:, n:] = _TOKEN_PAD
+            seq[:, b:] = 0
+            cu[b + 1:] = n
+            bt[:b, w:] = 0
+            bt[b:] = 0
+            return
+        n0, b0, w0 = before
+        if n0 > n:
+            tok[:, n:n0] = _TOKEN_PAD
+        if b0 > b:
+            seq[:, b:b0] = 0
+            bt[b:b0] = 0
+        if b0 > b or n0 != n:  # cu_q's tail holds the token count; entries up to b0 held the old cu_q
+            cu[b + 1:] = n
+        if w0 > w:
+            bt[:min(b, b0), w:w0] = 0
+
+    def copied_in(self) -> bool:
+        """True once the device has run the last copy-in (a graph that copies its inputs has begun)."""
+        return self._copied is None or self._copied.query()
 
     def copy_in(self, key: BucketKey) -> None:
         """Staging to device for key's fields. Captured, it is a memcpy node that reads the pinned staging

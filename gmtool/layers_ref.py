@@ -17,6 +17,14 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return weight * xf.to(x.dtype)
 
 
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's `residual + x` (in the activation dtype), then the next RMSNorm of that sum:
+    returns (normed, sum); the sum is the residual stream the layer after reads."""
+    s = residual + x
+    return rms_norm_ref(s, weight, eps), s
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -19,7 +19,14 @@ from gmtool.executor import GraphExecutor
 from gmtool.inputs import PersistentInputs
 from gmtool.kv_cache import KVCacheSpec, PagedKVCache
 from gmtool.model import LoadedModel, load_model
-from gmtool.timing import host_us, rel_err_per_seq, summarize, time_ms, tolerances_for
+from gmtool.timing import (
+    host_us,
+    host_us_steady,
+    rel_err_per_seq,
+    summarize,
+    time_ms,
+    tolerances_for,
+)
 
 STATUS_OK, STATUS_UNSAFE, STATUS_ERROR, STATUS_OOM, STATUS_SKIPPED = "ok", "UNSAFE", "error", "oom", "skipped"
 
@@ -202,13 +209,16 @@ class Sweep:
         n = max(5, cfg.num_iters // 2)
         rec["host_us"] = summarize(host_us(lambda: ex.step(batch), n, self.device))  # copy-in + dispatch
         rec["host_copy_us"] = summarize(host_us(lambda: ex.prepare(batch), n, self.device))  # copy-in alone
+        # the same step issued while the device still runs the previous one: the host's own cost
+        rec["host_steady_us"] = summarize(host_us_steady(lambda: ex.step(batch), ex.inputs.copied_in, n))
+        ex.backend.synchronize()
         return rec
 
 
 RECORD_FIELDS = ("mode", "bucket", "key", "composition", "num_tokens", "num_seqs", "status", "impl",
                  "piecewise_impl", "max_rel_err", "tolerance", "max_rel_err_same_shape", "tolerance_same_shape", "stale_metadata", "capture_s", "compile_s",
                  "graph_mem_bytes", "pool_growth_bytes", "pieces", "runners", "latency_ms",
-                 "eager_latency_ms", "speedup", "host_us", "host_copy_us", "captured_with", "error")
+                 "eager_latency_ms", "speedup", "host_us", "host_copy_us", "host_steady_us", "captured_with", "error")
 
 
 def _record(base: dict, mode: str, status: str, **kw) -> dict:

@@ -31,6 +31,10 @@ def test_capture_on_cpu_writes_results(tmp_path):
     assert {r["bucket"] for r in graph_rows} == {1, 2, 4}
     assert len(graph_rows) >= 9 and all(r["status"] == "ok" for r in graph_rows)
     assert all(r["max_rel_err"] < 1e-4 for r in graph_rows)
+    # host time: from an idle device, copy-in alone, and issued behind the previous step
+    assert all(r[f]["n"] >= 5 and r[f]["median"] > 0 for r in graph_rows
+               for f in ("host_us", "host_copy_us", "host_steady_us"))
+    assert "host_steady_us_median" in (out / "results.csv").read_text().splitlines()[0]
     assert doc["machine"]["backend"] == "cpu-tape"
     assert (out / "results.csv").read_text().startswith("bucket,") or "mode" in (out / "results.csv").read_text()
 

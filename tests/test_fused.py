@@ -19,6 +19,7 @@ def test_fused_layers_match_hf_layers(model):
     fused = fuse_layers(rig.lm.model, "torch")
     assert fused.counts["attention"] == rig.lm.num_layers and fused.counts["mlp"] == rig.lm.num_layers
     assert fused.counts["rmsnorm"] == 2 * rig.lm.num_layers + 1 and not fused.skipped
+    assert fused.counts["residual_adds"] == 2 * rig.lm.num_layers and "forward" in rig.lm.model.model.__dict__
     for b in batches:  # each pair back to back: a batch's eager pass writes K/V that another may read
         out = rig.eager(b)
         with unfused(fused):
@@ -40,6 +41,18 @@ def test_fused_layers_replay_like_eager():
     for text, seed in (("1*4", 1), ("1*7", 2), ("1*3", 3)):
         b = rig.batch(text, seed)
         assert rel(rig.graph(b), rig.eager(b)) < 1e-5
+
+
+def test_residual_stream_needs_fused_attention_in_every_layer():
+    rig = Rig()
+    rig.lm.model.config.partial_rotary_factor = 0.5  # attention left to HF: the base forward must stay HF's
+    fused = fuse_layers(rig.lm.model, "torch")
+    assert fused.counts["attention"] == 0 and fused.counts["residual_adds"] == 0
+    assert "forward" not in rig.lm.model.model.__dict__ and "not the plain pre-norm block" in fused.summary
+    b = rig.batch("1*4", seed=1)
+    out = rig.eager(b)
+    with unfused(fused):
+        assert rel(out, rig.eager(b)) < 1e-5
 
 
 def test_unfusable_mlp_is_left_alone():

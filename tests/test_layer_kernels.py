@@ -16,7 +16,12 @@ import sys
 import pytest
 import torch
 
-from gmtool.layers_ref import qk_norm_rope_ref, rms_norm_ref, silu_mul_ref
+from gmtool.layers_ref import (
+    add_rms_norm_ref,
+    qk_norm_rope_ref,
+    rms_norm_ref,
+    silu_mul_ref,
+)
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -76,6 +81,19 @@ def test_rms_norm_ref_matches_oracle_and_hf():
     with torch.no_grad():
         norm.weight.copy_(w)
         assert torch.equal(out, norm(x))
+
+
+def test_add_rms_norm_ref_is_hf_decoder_residual():
+    """The sum is HF's `residual + hidden_states`; the norm of it is HF's next RMSNorm, bit for bit (bf16)."""
+    from transformers.models.qwen3 import modeling_qwen3 as hf
+
+    x, r = _strided(5, 96, torch.bfloat16, scale=3.0), _strided(5, 96, torch.bfloat16, seed=3, scale=9.0)
+    w = _randn(96, seed=1, scale=0.3, shift=1.0, dtype=torch.bfloat16)
+    out, total = add_rms_norm_ref(x, r, w, EPS)
+    norm = hf.Qwen3RMSNorm(96, eps=EPS).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+        assert torch.equal(total, r + x) and torch.equal(out, norm(r + x))
 
 
 def _oracle_qk(qkv, hq, hkv, dim, ang, weights):
@@ -158,6 +176,7 @@ def test_layer_kernels_compile_for_hopper():
 
     for ptr in ("*bf16", "*fp32"):
         assert _compile_for_hopper(layers._rms_norm_kernel, {"H": 4096, "BLOCK": 4096}, ptr).asm["cubin"]
+        assert _compile_for_hopper(layers._add_rms_norm_kernel, {"H": 1024, "BLOCK": 1024}, ptr).asm["cubin"]
         for norm, half in ((True, 64), (False, 64), (True, 48)):
             consts = {"HQ": 16, "HKV": 8, "HALF": half, "HALF_PAD": 64, "NORM": norm}
             assert _compile_for_hopper(layers._qk_norm_rope_kernel, consts, ptr).asm["cubin"]
@@ -166,11 +185,13 @@ def test_layer_kernels_compile_for_hopper():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 def test_launchers_reject_bad_shapes():
-    from gmtool.kernels.layers import qk_norm_rope, rms_norm, silu_mul
+    from gmtool.kernels.layers import add_rms_norm, qk_norm_rope, rms_norm, silu_mul
 
     cos = sin = torch.zeros(3, 64)
     with pytest.raises(ValueError, match="weight"):
         rms_norm(torch.zeros(3, 96), torch.ones(64), EPS)
+    with pytest.raises(ValueError, match="residual"):
+        add_rms_norm(torch.zeros(3, 96), torch.zeros(2, 96), torch.ones(96), EPS)
     with pytest.raises(ValueError, match="heads"):
         qk_norm_rope(torch.zeros(3, 7 * 64), 4, 2, 64, cos, sin)
     with pytest.raises(ValueError, match="cos/sin"):
@@ -196,6 +217,22 @@ def test_interp_rms_norm(dtype, tokens, hidden):
     x = _strided(tokens, hidden, dtype, seed=tokens, scale=3.0)
     w = _randn(hidden, seed=hidden, dtype=dtype, scale=0.3, shift=1.0)
     _check(rms_norm(x, w, EPS), rms_norm_ref(x, w, EPS), dtype)
+
+
+@interp_only
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("hidden", [96, 1024])
+def test_interp_add_rms_norm(dtype, tokens, hidden):
+    from gmtool.kernels.layers import add_rms_norm
+
+    x = _strided(tokens, hidden, dtype, seed=tokens, scale=3.0)
+    r = _strided(tokens, hidden, dtype, seed=tokens + 5, scale=6.0)
+    w = _randn(hidden, seed=hidden, dtype=dtype, scale=0.3, shift=1.0)
+    out, total = add_rms_norm(x, r, w, EPS)
+    e_out, e_total = add_rms_norm_ref(x, r, w, EPS)
+    _check(total, e_total, dtype)
+    _check(out, e_out, dtype)
 
 
 @interp_only

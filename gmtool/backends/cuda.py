@@ -13,13 +13,11 @@ from gmtool.errors import CaptureError, OutOfMemory
 
 
 class CudaGraph:
-    __slots__ = ("graph",)
+    __slots__ = ("graph", "replay")
 
     def __init__(self, graph: torch.cuda.CUDAGraph):
         self.graph = graph
-
-    def replay(self) -> None:
-        self.graph.replay()
+        self.replay = graph.replay  # bound once: no Python frame of ours on the launch path
 
 
 class CudaGraphBackend:

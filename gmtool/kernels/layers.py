@@ -1,4 +1,5 @@
-"""Fused element-wise decoder-layer ops: RMSNorm, per-head q/k RMSNorm + RoPE, SiLU-and-multiply.
+"""Fused element-wise decoder-layer ops: RMSNorm (alone or after the residual add), per-head q/k RMSNorm +
+RoPE, SiLU-and-multiply.
 
 Each launcher allocates its output from the input shapes only and never reads device values on the host,
 so a call can be captured in a CUDA graph (after one eager call has compiled the kernel). Math is fp32,
@@ -27,6 +28,24 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, eps, H: tl.constexpr, BLOC
     y = y.to(out_ptr.dtype.element_ty).to(tl.float32)  # HF rounds before the weight multiply
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * H + cols, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, eps, H: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    dt = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+    s = (x + r).to(dt)  # HF adds in the activation dtype; the norm reads the rounded sum
+    tl.store(sum_ptr + row * H + cols, s, mask=mask)
+    s = s.to(tl.float32)
+    y = s * tl.rsqrt(tl.sum(s * s, 0) / H + eps)
+    y = y.to(dt).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * H + cols, (y * w).to(dt), mask=mask)
 
 
 @triton.jit
@@ -94,6 +113,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _rms_norm_kernel[(rows,)](x, weight.contiguous(), out, x.stride(0), eps, H=hidden, BLOCK=block,
                               num_warps=8 if block >= 2048 else 4)
     return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(residual + x), residual + x), both contiguous [N, H]: the residual add of one block and the
+    norm of the next in one kernel (what engines call fused_add_rms_norm; out of place here)."""
+    x, residual = _unit_last(x), _unit_last(residual)
+    rows, hidden = x.shape
+    if residual.shape != x.shape or weight.shape != (hidden,):
+        raise ValueError(f"residual {tuple(residual.shape)} and weight {tuple(weight.shape)} do not fit "
+                         f"x {tuple(x.shape)}")
+    out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
+    total = torch.empty_like(out)
+    if rows == 0:
+        return out, total
+    block = pow2(hidden)
+    _add_rms_norm_kernel[(rows,)](x, residual, weight.contiguous(), out, total, x.stride(0), residual.stride(0),
+                                  eps, H=hidden, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    return out, total
 
 
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, cos: torch.Tensor,

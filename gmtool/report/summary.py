@@ -20,6 +20,7 @@ def bucket_summary(records: list[dict]) -> list[dict]:
         lat = [r["latency_ms"]["median"] for r in rs if r.get("latency_ms")]
         eager = [r["eager_latency_ms"] for r in rs if r.get("eager_latency_ms")]
         host = [r["host_us"]["median"] for r in rs if r.get("host_us")]
+        steady = [r["host_steady_us"]["median"] for r in rs if r.get("host_steady_us")]
         errs = [r["max_rel_err"] for r in rs if r.get("max_rel_err") is not None]
         caps = [r["capture_s"] for r in rs if r.get("capture_s") is not None]
         mems = [r["graph_mem_bytes"] for r in rs if r.get("graph_mem_bytes") is not None]
@@ -34,6 +35,7 @@ def bucket_summary(records: list[dict]) -> list[dict]:
             "replay_ms": replay, "eager_ms": eager_ms,
             "speedup": (eager_ms / replay) if (replay and eager_ms and status == "ok") else None,
             "host_us": statistics.median(host) if host and status != "UNSAFE" else None,
+            "host_steady_us": statistics.median(steady) if steady and status != "UNSAFE" else None,
             "max_rel_err": max(errs) if errs else None,
             "pieces": max((r["pieces"] or 0) for r in rs) or None,
             "runners": max((r["runners"] or 0) for r in rs) if any(r.get("runners") is not None for r in rs) else None,

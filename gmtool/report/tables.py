@@ -26,7 +26,7 @@ def capture_table(doc: dict) -> Table:
     """One row per mode x bucket: capture, memory, replay vs eager, worst error over the compositions."""
     t = Table(title=f"gmtool capture: {doc['model']['name']} on {doc['machine'].get('gpu') or doc['machine']['backend']}")
     for col in ("mode", "bucket", "mixes", "capture s", "graph mem", "replay ms", "eager ms", "speedup",
-                "host us", "max rel err", "pieces/runners", "status"):
+                "host us idle/steady", "max rel err", "pieces/runners", "status"):
         t.add_column(col, justify="left" if col in ("mode", "status") else "right")
     for s in bucket_summary(doc["records"]):
         if s["mode"] == "eager":
@@ -34,7 +34,8 @@ def capture_table(doc: dict) -> Table:
         style = STATUS_STYLE.get(s["status"], "")
         t.add_row(s["mode"], str(s["bucket"]), str(s["compositions"]), _f(s["capture_s"], ".3f"),
                   fmt_bytes(s["graph_mem_bytes"]), _f(s["replay_ms"], ".3f"), _f(s["eager_ms"], ".3f"),
-                  _f(s["speedup"], ".2f", "-") + ("x" if s["speedup"] else ""), _f(s["host_us"], ".0f"),
+                  _f(s["speedup"], ".2f", "-") + ("x" if s["speedup"] else ""),
+                  _f(s["host_us"], ".0f") + "/" + _f(s["host_steady_us"], ".0f"),
                   _f(s["max_rel_err"], ".2e"), f"{s['pieces'] or '-'}/{s['runners'] if s['runners'] is not None else '-'}",
                   f"[{style}]{s['status']}[/]")
     return t

@@ -5,7 +5,7 @@ three kernels, replayed after its inputs are rewritten in place.
 import pytest
 import torch
 
-from gmtool.layers_ref import qk_norm_rope_ref, rms_norm_ref, silu_mul_ref
+from gmtool.layers_ref import add_rms_norm_ref, qk_norm_rope_ref, rms_norm_ref, silu_mul_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = torch.device("cuda")
@@ -51,6 +51,21 @@ def test_rms_norm(tokens, hidden, dtype):
     _check(rms_norm(x, w, EPS), rms_norm_ref(x, w, EPS), dtype, f"rms_norm T={tokens} H={hidden}")
 
 
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("hidden", [1024, 4096])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm(tokens, hidden, dtype):
+    from gmtool.kernels.layers import add_rms_norm
+
+    x = _view(tokens, hidden, dtype, seed=tokens, scale=4.0)
+    r = _view(tokens, hidden, dtype, seed=tokens + 7, scale=8.0)
+    w = _randn(hidden, dtype=dtype, seed=hidden, scale=0.3, shift=1.0)
+    out, total = add_rms_norm(x, r, w, EPS)
+    e_out, e_total = add_rms_norm_ref(x, r, w, EPS)
+    assert torch.equal(total, e_total), "the residual sum is one rounding of x + r, as torch's add"
+    _check(out, e_out, dtype, f"add_rms_norm T={tokens} H={hidden}")
+
+
 def _qk_inputs(tokens, dtype, seed):
     qkv = _view(tokens, (HQ + 2 * HKV) * D, dtype, seed=seed, scale=2.0)
     qkv[:, (HQ + HKV) * D:] = float("nan")  # v: never read
@@ -82,19 +97,21 @@ def test_silu_mul(tokens, dtype):
 
 
 def test_layer_kernels_graph_follows_inputs():
-    """All three captured once at T=32; new inputs copied in place; each replay matches the references."""
-    from gmtool.kernels.layers import qk_norm_rope, rms_norm, silu_mul
+    """All four captured once at T=32; new inputs copied in place; each replay matches the references."""
+    from gmtool.kernels.layers import add_rms_norm, qk_norm_rope, rms_norm, silu_mul
 
     tokens, hidden, dtype = 32, 1024, torch.bfloat16
 
     def inputs(seed):
         return {"x": _view(tokens, hidden, dtype, seed=seed), "w": _randn(hidden, dtype=dtype, seed=seed + 1),
+                "r": _view(tokens, hidden, dtype, seed=seed + 4),
                 "qk": _qk_inputs(tokens, dtype, seed=seed + 2), "gu": _view(tokens, 2 * INTER, dtype, seed=seed + 3)}
 
     bufs, outs = inputs(0), {}
 
     def step():
         outs["norm"] = rms_norm(bufs["x"], bufs["w"], EPS)
+        outs["add_norm"], outs["sum"] = add_rms_norm(bufs["x"], bufs["r"], bufs["w"], EPS)
         outs["q"], outs["k"] = qk_norm_rope(bufs["qk"][0], HQ, HKV, D, *bufs["qk"][1:], eps=EPS)
         outs["act"] = silu_mul(bufs["gu"])
 
@@ -109,7 +126,7 @@ def test_layer_kernels_graph_follows_inputs():
 
     for seed in (10, 20):
         new = inputs(seed)
-        for name in ("x", "w", "gu"):
+        for name in ("x", "w", "r", "gu"):
             bufs[name].copy_(new[name])
         for buf, src in zip(bufs["qk"], new["qk"]):
             buf.copy_(src)
@@ -118,6 +135,9 @@ def test_layer_kernels_graph_follows_inputs():
         graph.replay()
         torch.cuda.synchronize()
         _check(outs["norm"], rms_norm_ref(new["x"], new["w"], EPS), dtype, f"replay {seed}: rms_norm")
+        e_norm, e_sum = add_rms_norm_ref(new["x"], new["r"], new["w"], EPS)
+        _check(outs["add_norm"], e_norm, dtype, f"replay {seed}: add_rms_norm")
+        _check(outs["sum"], e_sum, dtype, f"replay {seed}: residual sum")
         eq, ek = qk_norm_rope_ref(new["qk"][0], HQ, HKV, D, *new["qk"][1:], eps=EPS)
         _check(outs["q"], eq, dtype, f"replay {seed}: q")
         _check(outs["k"], ek, dtype, f"replay {seed}: k")
