@@ -24,15 +24,8 @@ class Batch:
     block_tables: list[list[int]]
     block_table_array: np.ndarray | None = None  # [num_seqs, widest row], zero-padded: what copy-in reads
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.q_lens)
-
     def __post_init__(self) -> None:
+        self.num_tokens, self.num_seqs = len(self.input_ids), len(self.q_lens)  # read on every replay
         # derived once here, so that copy-in on the replay path only copies arrays
         self.cu_q = np.concatenate([[0], np.cumsum(self.q_lens)]).astype(np.int64)
         self.logits_indices = self.cu_q[1:] - 1  # each sequence's last token: the one an engine samples

@@ -115,7 +115,12 @@ def _residual_stream_forward(base, kernels: str):
     norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in layers]
     final = base.norm
 
-    def forward(input_ids=None, position_ids=None, **kwargs):
+    def forward(*, input_ids, position_ids, use_cache=False, **kwargs):
+        # gmtool's call only (LoadedModel.forward_logits): no HF cache, embeddings or hidden-state outputs
+        extra = [k for k, v in kwargs.items() if v is not None and v is not False]
+        if use_cache or extra:
+            raise ValueError(f"--fuse's base forward takes input_ids and position_ids only, got use_cache="
+                             f"{use_cache} {extra}")
         h = base.embed_tokens(input_ids)
         pos = base.rotary_emb(h, position_ids)
         shape = h.shape

@@ -71,6 +71,17 @@ class LoadedModel:
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    @property
+    def sliding_window(self) -> int | None:
+        """The attention window of any layer that has one; None when every layer attends to all its context."""
+        window = getattr(self.config, "sliding_window", None)
+        if not window:
+            return None
+        types = getattr(self.config, "layer_types", None)
+        if types is not None:
+            return window if "sliding_attention" in types else None
+        return window if getattr(self.config, "use_sliding_window", True) else None
+
     def forward_logits(self, input_ids, positions, logits_indices) -> torch.Tensor:
         """Packed tokens [1, T], explicit positions, no HF cache: gmtool's attention owns the KV cache."""
         base = getattr(self.model, self.model.base_model_prefix)

@@ -70,6 +70,11 @@ class Sweep:
     def _build(self) -> tuple[LoadedModel, PagedKVCache]:
         cfg = self.cfg
         lm = load_model(cfg.model, self.device, cfg.torch_dtype, cfg.seed)
+        if lm.sliding_window is not None and cfg.max_kv_len > lm.sliding_window:
+            # gmtool's attention reads the whole context: past the window, eager and graphs would agree on
+            # something the model does not compute
+            raise GmtoolError(f"{lm.name} has sliding-window attention ({lm.sliding_window} tokens), which gmtool "
+                              f"does not implement: use --max-kv-len {lm.sliding_window} or less")
         if cfg.fuse:
             from gmtool.fused import fuse_layers
 

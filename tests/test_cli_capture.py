@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,6 +79,19 @@ def test_bad_input_is_one_line_error(args, msg, tmp_path):
     assert code != 0
     assert msg in stderr, stderr
     assert "Traceback" not in stderr + stdout
+
+
+def test_sliding_window_longer_than_the_context_is_refused(tmp_path):
+    """gmtool's attention reads a sequence's whole context: a model whose layers look back only a window
+    would be wrong past it, identically in eager and graphs, so such a run is refused."""
+    cfg = json.loads((Path(__file__).parents[1] / "profiles/models/tiny-llama.json").read_text())["config"]
+    cfg.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=64)
+    cfg.pop("rope_scaling")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, stdout, stderr = gm("capture", "--device", "cpu", "--model", str(path), "--max-kv-len", "160",
+                              "--buckets", "4", "--out", str(tmp_path / "x"))
+    assert code == 2 and "sliding-window attention (64 tokens)" in stderr and "Traceback" not in stderr + stdout
 
 
 def test_unknown_model_lists_profiles(tmp_path):

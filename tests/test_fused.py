@@ -20,6 +20,9 @@ def test_fused_layers_match_hf_layers(model):
     assert fused.counts["attention"] == rig.lm.num_layers and fused.counts["mlp"] == rig.lm.num_layers
     assert fused.counts["rmsnorm"] == 2 * rig.lm.num_layers + 1 and not fused.skipped
     assert fused.counts["residual_adds"] == 2 * rig.lm.num_layers and "forward" in rig.lm.model.model.__dict__
+    with pytest.raises(ValueError, match="input_ids and position_ids only"):  # HF-only arguments are refused
+        rig.lm.model.model(input_ids=torch.zeros(1, 2, dtype=torch.long), position_ids=torch.zeros(1, 2,
+                           dtype=torch.long), inputs_embeds=torch.zeros(1, 2, 8))
     for b in batches:  # each pair back to back: a batch's eager pass writes K/V that another may read
         out = rig.eager(b)
         with unfused(fused):

@@ -44,3 +44,28 @@ def test_output_view_is_made_once_per_key_and_size():
     out = rig.ex.step(b)
     assert out.shape[0] == 3 and out is rig.ex.step(b)
     assert rig.ex.step(rig.batch("1*2")).shape[0] == 2
+
+
+def test_a_load_that_fails_part_way_is_not_trusted_for_padding():
+    """The next load of the key must pad in full: the failed one wrote tokens, then raised."""
+    import copy
+
+    import numpy as np
+
+    rig = Rig(buckets=(8,), max_num_seqs=8)
+    w = rig.cache.spec.blocks_per_seq
+    make = lambda: PersistentInputs(8, 8, w, rig.lm.vocab_size, torch.float32, rig.ex.device)  # noqa: E731
+    inputs, key = make(), BucketKey(8)
+    small, big = rig.batch("1"), rig.batch("6", seed=1)
+    inputs.load(small, key)
+    bad = copy.copy(big)
+    bad.block_table_array = np.zeros((1, w + 1), dtype=np.int64)  # wider than the arena's tables
+    try:
+        inputs.load(bad, key)
+    except ValueError:
+        pass
+    inputs.load(small, key)
+    fresh = make()
+    fresh.load(small, key)
+    end = 4 * 8 + 3 * 8 + 1 + 8 * w
+    assert torch.equal(inputs.arena[:end], fresh.arena[:end])

@@ -192,6 +192,8 @@ def test_launchers_reject_bad_shapes():
         rms_norm(torch.zeros(3, 96), torch.ones(64), EPS)
     with pytest.raises(ValueError, match="residual"):
         add_rms_norm(torch.zeros(3, 96), torch.zeros(2, 96), torch.ones(96), EPS)
+    with pytest.raises(ValueError, match="residual"):
+        add_rms_norm(torch.zeros(3, 96), torch.zeros(3, 96, dtype=F16), torch.ones(96), EPS)
     with pytest.raises(ValueError, match="heads"):
         qk_norm_rope(torch.zeros(3, 7 * 64), 4, 2, 64, cos, sin)
     with pytest.raises(ValueError, match="cos/sin"):

@@ -121,9 +121,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     norm of the next in one kernel (what engines call fused_add_rms_norm; out of place here)."""
     x, residual = _unit_last(x), _unit_last(residual)
     rows, hidden = x.shape
-    if residual.shape != x.shape or weight.shape != (hidden,):
-        raise ValueError(f"residual {tuple(residual.shape)} and weight {tuple(weight.shape)} do not fit "
-                         f"x {tuple(x.shape)}")
+    if residual.shape != x.shape or residual.dtype != x.dtype or weight.shape != (hidden,):
+        raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} and weight {tuple(weight.shape)} "
+                         f"do not fit x {tuple(x.shape)} {x.dtype}")
     out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
     total = torch.empty_like(out)
     if rows == 0:
