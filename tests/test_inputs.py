@@ -54,7 +54,7 @@ def test_a_load_that_fails_part_way_is_not_trusted_for_padding():
 
     rig = Rig(buckets=(8,), max_num_seqs=8)
     w = rig.cache.spec.blocks_per_seq
-    make = lambda: PersistentInputs(8, 8, w, rig.lm.vocab_size, torch.float32, rig.ex.device)  # noqa: E731
+    make = lambda: PersistentInputs(8, 8, w, rig.lm.vocab_size, torch.float32, rig.ex.device)
     inputs, key = make(), BucketKey(8)
     small, big = rig.batch("1"), rig.batch("6", seed=1)
     inputs.load(small, key)
