@@ -16,6 +16,7 @@ The benchmark reports; it asserts nothing. GPU only.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -170,7 +171,7 @@ def stage_host(args) -> dict:
     The kernel count comes last: the profiler slows every later CUDA call of the process."""
     from gmtool.batch import make_batch
     from gmtool.compositions import parse_composition
-    from gmtool.timing import summarize
+    from gmtool.timing import host_us, host_us_steady, summarize
 
     out, replays = {"numpy_write_us": _numpy_write_us()}, {}
     for fuse in (False, True):
@@ -180,28 +181,20 @@ def stage_host(args) -> dict:
         batches = [make_batch(parse_composition(c, seed), cache, lm.vocab_size, 256)
                    for seed, c in enumerate(("1*1@1023", "1*1@700"))]
         entry = ex.prepare(batches[0])
-        step, copy, idle, busy, steady = [], [], [], [], []
-        for i in range(400):
-            batch = batches[i % 2]
+        turn = itertools.cycle(batches)
+        step = host_us(lambda: ex.step(next(turn)), 200, ex.device)
+        copy, idle = [], []
+        for batch in itertools.islice(turn, 200):  # the same from an idle device, copy-in and launch apart
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            if i < 200:
-                ex.step(batch)
-                step.append((time.perf_counter() - t0) * 1e6)
-                continue
             ex.prepare(batch)
             t1 = time.perf_counter()
             entry.replay(batch)
             t2 = time.perf_counter()
             copy.append((t1 - t0) * 1e6)
             idle.append((t2 - t1) * 1e6)
-        torch.cuda.synchronize()
-        for i in range(200):
-            t0 = time.perf_counter()
-            ex.step(batches[i % 2])
-            steady.append((time.perf_counter() - t0) * 1e6)
-            while not ex.inputs.copied_in():  # untimed: the device has begun this step, and runs it a while
-                pass
+        steady = host_us_steady(lambda: ex.step(next(turn)), ex.inputs.copied_in, 200)
+        busy = []
         torch.cuda.synchronize()
         for _ in range(200):
             t0 = time.perf_counter()
