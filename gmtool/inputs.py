@@ -110,12 +110,13 @@ class PersistentInputs:
             self._copied.synchronize()  # the previous copy may still be reading the staging arena
         src = batch.block_table_array
         w = src.shape[1]
+        before = self._written if self._written_key is key else None
         self._written_key = None  # a write that raises part-way leaves nothing to trust
         tok[:, :n] = batch.token_fields
         seq[:, :b] = batch.seq_fields
         cu[:b + 1] = batch.cu_q
         bt[:b, :w] = src
-        self._pad(tok, seq, cu, bt, (n, b, w), self._written if self._written_key is key else None)
+        self._pad(tok, seq, cu, bt, (n, b, w), before)
         self._written_key, self._written = key, (n, b, w)
         if copy:
             self.copy_in(key)

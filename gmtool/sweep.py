@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gmtool.batch import Batch, make_batch
+from gmtool.check import EagerReference, checked_replay, eager_reference
 from gmtool.config import SweepConfig
 from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.executor import GraphExecutor
@@ -22,7 +23,6 @@ from gmtool.model import LoadedModel, load_model
 from gmtool.timing import (
     host_us,
     host_us_steady,
-    rel_err_per_seq,
     summarize,
     time_ms,
     tolerances_for,
@@ -169,43 +169,35 @@ class Sweep:
         from gmtool.trace import eager_fn
 
         fn, logits = eager_fn(lm, cache, inputs, batch, self.cfg.kernels)
-        fn()
-        ref = logits.clone()
+        ref = eager_reference(fn, logits, cache, batch)
         ms = summarize(time_ms(fn, self.cfg.num_iters, self.cfg.num_iters_warmup, self.device)) if timed else None
         return ref, ms
 
-    def _graph_run(self, ex: GraphExecutor, mode, batch, ref, eager_med, tols, base) -> dict:
+    def _graph_run(self, ex: GraphExecutor, mode, batch, ref: EagerReference, eager_med, tols, base) -> dict:
         cfg = self.cfg
         tol_same, tol = tols
         key = ex.key_for(batch)
         fresh = key not in ex.graphs
         try:
-            out = ex.step(batch).clone()
-            same = ex.eager_same_shape(batch).clone()
+            entry, check, _ = checked_replay(ex, batch, ref)
         except OutOfMemory as e:
             ex.backend.abort()
             return _record(base, mode, STATUS_OOM, key=str(key), error=str(e))
         except GmtoolError as e:
             return _record(base, mode, STATUS_ERROR, key=str(key), error=str(e))
-        entry = ex.graphs[key]
-        err, err_same = rel_err_per_seq(out, ref), rel_err_per_seq(out, same)
-        stale = entry.stale_metadata(batch)
-        rec = _record(base, mode, STATUS_OK, key=str(key), impl=entry.impl, max_rel_err=err,
-                      max_rel_err_same_shape=err_same,
+        rec = _record(base, mode, STATUS_OK, key=str(entry.key), impl=entry.impl, max_rel_err=check.max_rel_err,
+                      max_rel_err_same_shape=check.max_rel_err_same_shape, kv_rel_err=check.kv_rel_err,
+                      kv_rel_err_same_shape=check.kv_rel_err_same_shape,
                       capture_s=entry.capture_s if fresh else None,
                       compile_s=entry.compile_s if fresh else None,
                       graph_mem_bytes=entry.graph_mem_bytes if fresh else None,
                       pool_growth_bytes=entry.pool_growth_bytes if fresh else None,
-                      pieces=entry.pieces, runners=entry.runners, stale_metadata=stale,
+                      pieces=entry.pieces, runners=entry.runners, stale_metadata=check.stale_metadata,
                       piecewise_impl=entry.piecewise_impl if mode == "piecewise" else None,
                       captured_with=entry.captured_with)
-        if stale or not err_same <= tol_same or not err <= tol:
-            rec["status"] = STATUS_UNSAFE
-            why = ("stale host metadata frozen at capture" if stale else
-                   "replay differs from the same computation run eagerly" if err_same > tol_same else
-                   "replay differs from eager on the unpadded batch")
-            rec["error"] = (f"{why}: max relative error {err_same:.3g} vs same-shape eager (tolerance "
-                            f"{tol_same:g}), {err:.3g} vs unpadded eager (tolerance {tol:g})")
+        why = check.failure(tol_same, tol)
+        if why:
+            rec.update(status=STATUS_UNSAFE, error=why)
             return rec  # an unsafe replay gets no latency and no speedup
         lat = summarize(time_ms(lambda: entry.replay(batch), cfg.num_iters, cfg.num_iters_warmup, self.device))
         rec["latency_ms"] = lat
@@ -221,7 +213,8 @@ class Sweep:
 
 
 RECORD_FIELDS = ("mode", "bucket", "key", "composition", "num_tokens", "num_seqs", "status", "impl",
-                 "piecewise_impl", "max_rel_err", "tolerance", "max_rel_err_same_shape", "tolerance_same_shape", "stale_metadata", "capture_s", "compile_s",
+                 "piecewise_impl", "max_rel_err", "tolerance", "max_rel_err_same_shape", "tolerance_same_shape",
+                 "kv_rel_err", "kv_rel_err_same_shape", "stale_metadata", "capture_s", "compile_s",
                  "graph_mem_bytes", "pool_growth_bytes", "pieces", "runners", "latency_ms",
                  "eager_latency_ms", "speedup", "host_us", "host_copy_us", "host_steady_us", "captured_with", "error")
 

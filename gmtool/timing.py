@@ -77,9 +77,10 @@ def summarize(samples: list[float]) -> dict:
 
 
 def rel_err_per_seq(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """max over sequences of ||out - ref|| / ||ref|| (float64): one wrong sequence cannot hide in a batch."""
+    """max over sequences of ||out - ref|| / ||ref|| (float64): one wrong sequence cannot hide in a batch.
+    Non-finite values or another shape: inf."""
     o, r = out.double(), ref.double()
-    if not torch.isfinite(o).all():
+    if o.shape != r.shape or not torch.isfinite(o).all():
         return float("inf")
     num = (o - r).norm(dim=-1)
     den = r.norm(dim=-1).clamp_min(1e-30)

@@ -1,4 +1,5 @@
 """Copy-in: what the staging arena holds for a key must not depend on what was loaded before it."""
+import functools
 import random
 
 import torch
@@ -13,13 +14,22 @@ MIXES = [("1*5", "d8 t8 t16 t16xs8"), ("1*2", "d8 t8 t16 t16xs8"), ("1*8", "d8 t
          ("3+2", "t8 t16 t16xs8"), ("16", "t16"), ("5*2+1@40", "t16 t16xs8"), ("1", "d8 t8 t16 t16xs8")]
 
 
+@functools.cache  # one object per key, as BucketPolicy hands out: copy-in trusts its last write by identity
 def _key(text):
     decode, rest = text[0] == "d", text[1:]
     tokens, _, seqs = rest.partition("xs")
     return BucketKey(int(tokens), int(seqs) if seqs else None, decode)
 
 
-def test_staging_written_in_place_equals_a_fresh_write():
+def test_staging_written_in_place_equals_a_fresh_write(monkeypatch):
+    pads = {"in place": 0, "full": 0}
+    real_pad = PersistentInputs._pad
+
+    def pad(tok, seq, cu, bt, now, before):
+        pads["full" if before is None else "in place"] += 1
+        real_pad(tok, seq, cu, bt, now, before)
+
+    monkeypatch.setattr(PersistentInputs, "_pad", staticmethod(pad))
     rig = Rig(buckets=(8, 16), max_num_seqs=16)
     w = rig.cache.spec.blocks_per_seq
     make = lambda: PersistentInputs(16, 16, w, rig.lm.vocab_size, torch.float32, rig.ex.device)
@@ -36,6 +46,8 @@ def test_staging_written_in_place_equals_a_fresh_write():
         s = inputs.seq_slots(key)
         end = 4 * key.num_tokens + 3 * s + 1 + s * w
         assert torch.equal(inputs.arena[:end], fresh.arena[:end]), (step, batch.composition.label, key)
+    # both branches ran: the in-place one for most loads (a run of one key), the full one on key changes
+    assert pads["in place"] > 50 and pads["full"] > 200
 
 
 def test_output_view_is_made_once_per_key_and_size():

@@ -19,13 +19,14 @@ import torch
 from rich.table import Table
 
 from gmtool.batch import make_batch
+from gmtool.check import checked_replay
 from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.executor import AttentionRunner
 from gmtool.inputs import StepViews
 from gmtool.memory.strategies import make_strategy
 from gmtool.report.tables import STATUS_STYLE, _f, fmt_bytes
 from gmtool.sweep import STATUS_OOM, Sweep, _record, machine_info
-from gmtool.timing import rel_err_per_seq, tolerances_for
+from gmtool.timing import tolerances_for
 
 MEMREPORT_JSON, MEMREPORT_CSV, MEMREPORT_PNG = "memreport.json", "memreport.csv", "memreport.png"
 ROW_FIELDS = ("strategy", "status", "order", "mode", "captures", "graph_pool_bytes", "physical_bytes",
@@ -93,22 +94,18 @@ class MemSweep(Sweep):
         try:
             batch = make_batch(comp, self.cache, self.lm.vocab_size, self.cfg.max_num_seqs)
             key = rec["key"] = str(ex.key_for(batch))
-            entry = ex.graphs.get(ex.key_for(batch))
-            if entry is None:  # never captured (an earlier failure): nothing to replay, nothing captured now
+            if ex.key_for(batch) not in ex.graphs:  # never captured (an earlier failure): nothing to replay
                 return rec
-            out = ex.step(batch).clone()
-            same = ex.eager_same_shape(batch).clone()
             ref, _ = self._eager(self.lm, self.cache, eager_inputs, batch, False)
+            _, check, _ = checked_replay(ex, batch, ref)
         except (GmtoolError, torch.OutOfMemoryError) as e:
             rec.update(status="error", error=str(e).splitlines()[0])
             return rec
-        (tol_same, tol), err_same, err = tols, rel_err_per_seq(out, same), rel_err_per_seq(out, ref)
-        rec.update(max_rel_err=err, max_rel_err_same_shape=err_same)
-        ok = err_same <= tol_same and err <= tol and not entry.stale_metadata(batch)  # NaN fails too
-        rec["status"] = "ok" if ok else "UNSAFE"
-        if not ok:
-            rec["error"] = (f"shuffled replay of {key} differs from eager: max relative error {err_same:.3g} vs "
-                            f"the same shape (tolerance {tol_same:g}), {err:.3g} vs unpadded (tolerance {tol:g})")
+        rec.update(max_rel_err=check.max_rel_err, max_rel_err_same_shape=check.max_rel_err_same_shape)
+        why = check.failure(*tols)
+        rec["status"] = "UNSAFE" if why else "ok"
+        if why:
+            rec["error"] = f"shuffled replay of {key}: {why}"
         return rec
 
     def cleanup(self) -> None:

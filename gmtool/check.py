@@ -1,0 +1,101 @@
+"""How a replay is judged: poison what the graph must write, replay, compare with eager on the same batch.
+
+A graph's outputs and the KV slots of the batch's new tokens already hold the right values before a checked
+replay: capture, warm-up and the eager reference computed the same batch into the same buffers. So a replay
+that does nothing, or a graph that never writes K/V, would compare equal. Both are set to NaN first; a replay
+must rewrite every byte the check reads. Logits and the K/V written are compared with two eager runs: the
+unpadded batch (the reference, loose tolerance: other GEMM shapes round differently) and the same padded
+computation without a graph (tight: identical kernels, so anything above rounding is stale data).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gmtool.batch import Batch
+from gmtool.kv_cache import PagedKVCache
+from gmtool.timing import rel_err_per_seq
+
+
+def _slots(cache: PagedKVCache, batch: Batch) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(batch.slot_mapping)).to(cache.device)
+
+
+def written_kv(cache: PagedKVCache, batch: Batch) -> torch.Tensor:
+    """K and V of the batch's new tokens, every layer: [2 x layers x tokens, kv_heads x head_dim]."""
+    slots = _slots(cache, batch)
+    rows = [t.view(-1, *t.shape[2:])[slots].flatten(1) for t in cache.k + cache.v]
+    return torch.cat(rows)
+
+
+def poison_kv(cache: PagedKVCache, batch: Batch) -> None:
+    """NaN into the batch's new-token slots: only a replay that writes K/V (and reads what it wrote) is clean."""
+    slots = _slots(cache, batch)
+    for t in cache.k + cache.v:
+        t.view(-1, *t.shape[2:])[slots] = float("nan")
+
+
+@dataclass
+class EagerReference:
+    """The unpadded batch run eagerly: its logits and the K/V it wrote."""
+
+    logits: torch.Tensor
+    kv: torch.Tensor
+
+
+def eager_reference(run, logits: torch.Tensor, cache: PagedKVCache, batch: Batch) -> EagerReference:
+    """run() computes the batch eagerly into `logits`."""
+    run()
+    return EagerReference(logits.clone(), written_kv(cache, batch))
+
+
+@dataclass
+class ReplayCheck:
+    max_rel_err: float  # logits vs the unpadded eager batch
+    max_rel_err_same_shape: float  # logits vs the same padded computation without a graph
+    kv_rel_err: float  # K/V written vs the unpadded eager batch
+    kv_rel_err_same_shape: float
+    stale_metadata: bool  # a host plan frozen at capture differs from this batch's
+    replay_error: str | None = None  # the replay raised (an index out of range, say): nothing it wrote counts
+
+    def failure(self, tol_same: float, tol: float) -> str | None:
+        """Why this replay is unsafe, or None. Comparisons are written so that NaN fails them."""
+        if self.replay_error:
+            return f"replay failed: {self.replay_error}"
+        if self.stale_metadata:
+            why = "stale host metadata frozen at capture"
+        elif not self.max_rel_err_same_shape <= tol_same:
+            why = "replay differs from the same computation run eagerly"
+        elif not self.max_rel_err <= tol:
+            why = "replay differs from eager on the unpadded batch"
+        elif not (self.kv_rel_err_same_shape <= tol_same and self.kv_rel_err <= tol):
+            why = "the K/V the replay wrote differs from eager's"
+        else:
+            return None
+        return (f"{why}: max relative error {self.max_rel_err_same_shape:.3g} vs same-shape eager (tolerance "
+                f"{tol_same:g}), {self.max_rel_err:.3g} vs unpadded eager (tolerance {tol:g}); K/V "
+                f"{self.kv_rel_err_same_shape:.3g} and {self.kv_rel_err:.3g}")
+
+
+def checked_replay(ex, batch: Batch, ref: EagerReference):
+    """One replay of batch through executor ex (capturing its graph on a miss), judged against eager.
+    Returns (the graph entry, the check, the logits the replay wrote)."""
+    entry = ex.prepare(batch)
+    out = ex.inputs.logits[: batch.num_seqs]  # where this batch's logits must land, whichever graph ran
+    ex.inputs.logits.fill_(float("nan"))  # every row: a replay must write its own
+    poison_kv(ex.cache, batch)
+    try:
+        entry.replay(batch, ex.refresh_runner_metadata)
+        replay_error = None
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, IndexError) as e:  # on the CPU tape, a graph replayed out of its shape's bounds
+        replay_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    out, kv = out.clone(), written_kv(ex.cache, batch)
+    same = ex.eager_same_shape(batch).clone()
+    kv_same = written_kv(ex.cache, batch)
+    check = ReplayCheck(rel_err_per_seq(out, ref.logits), rel_err_per_seq(out, same),
+                        rel_err_per_seq(kv, ref.kv), rel_err_per_seq(kv, kv_same), entry.stale_metadata(batch), replay_error)
+    return entry, check, out

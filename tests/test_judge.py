@@ -1,0 +1,177 @@
+"""The judge must be able to fail: each test breaks one thing a graph must do and checks that the sweep's own
+check (what users see) reports it, or checks one piece of the error arithmetic against a case built to fool it."""
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gmtool.backends import cpu as tape
+from gmtool.check import EagerReference, ReplayCheck, checked_replay, written_kv
+from gmtool.cli.main import app
+from gmtool.config import SweepConfig
+from gmtool.sweep import Sweep
+from gmtool.timing import rel_err_per_seq, summarize, tolerances_for
+from tests.helpers import Rig
+
+runner = CliRunner()
+
+
+def _capture(tmp_path, *args):
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["capture", "--device", "cpu", "--num-iters", "2", "--num-iters-warmup", "0",
+                            "--out", str(out), *args])
+    rows = json.loads((out / "results.json").read_text())["records"] if (out / "results.json").exists() else []
+    return r.exit_code, r.output, rows
+
+
+def _no_replay(monkeypatch):
+    monkeypatch.setattr(tape.TapeGraph, "replay", lambda self: None)
+
+
+def _drop_kv_write_from_tape(monkeypatch):
+    """Capture runs index_copy_ (the KV write) but leaves it off the tape: replays never write K/V."""
+    real = tape._Tape.__torch_dispatch__
+
+    def dispatch(self, func, types, args=(), kwargs=None):
+        n = len(self.ops)
+        out = real(self, func, types, args, kwargs)
+        if func.__name__.startswith("index_copy"):
+            del self.ops[n:]
+        return out
+
+    monkeypatch.setattr(tape._Tape, "__torch_dispatch__", dispatch)
+
+
+# -- blind spot 1: a graph that is never replayed ----------------------------------------------------------
+def test_sanity_the_same_sweep_passes_with_a_working_replay(tmp_path):
+    code, out, rows = _capture(tmp_path, "--buckets", "1,2,4", "--compositions", "1*1,1*2,1*4")
+    graph = [r for r in rows if r["mode"] == "full"]
+    assert code == 0, out
+    assert len(graph) == 3 and all(r["status"] == "ok" for r in graph)
+    assert all(r["kv_rel_err"] <= 1e-5 and r["kv_rel_err_same_shape"] <= 1e-5 for r in graph)
+
+
+def test_a_graph_that_is_never_replayed_is_unsafe(tmp_path, monkeypatch):
+    """Each bucket replays only the batch it was captured with: the output buffer already holds its logits."""
+    _no_replay(monkeypatch)
+    code, out, rows = _capture(tmp_path, "--buckets", "1,2,4", "--compositions", "1*1,1*2,1*4")
+    graph = [r for r in rows if r["mode"] == "full"]
+    assert code == 3, out
+    assert len(graph) == 3 and all(r["status"] == "UNSAFE" and r["latency_ms"] is None for r in graph)
+    assert "UNSAFE" in out
+
+
+def test_a_graph_that_is_never_replayed_is_unsafe_with_default_compositions(tmp_path, monkeypatch):
+    _no_replay(monkeypatch)
+    code, _, rows = _capture(tmp_path, "--buckets", "2,4")
+    graph = [r for r in rows if r["mode"] == "full"]
+    assert code == 3 and graph and all(r["status"] == "UNSAFE" for r in graph)
+
+
+# -- blind spot 2: a graph that never writes K/V -----------------------------------------------------------
+def test_a_graph_that_never_writes_kv_is_unsafe_in_decode(tmp_path, monkeypatch):
+    _drop_kv_write_from_tape(monkeypatch)
+    code, _, rows = _capture(tmp_path, "--buckets", "4,8")
+    graph = [r for r in rows if r["mode"] == "full"]
+    assert code == 3 and len(graph) >= 6
+    assert all(r["status"] == "UNSAFE" and not r["kv_rel_err"] <= 1e-3 for r in graph)
+
+
+def test_a_graph_that_never_writes_kv_is_unsafe_in_mixed_prefill_bf16(tmp_path, monkeypatch):
+    _drop_kv_write_from_tape(monkeypatch)
+    code, _, rows = _capture(tmp_path, "--scenario", "mixed", "--dtype", "bf16", "--buckets", "16",
+                             "--compositions", "8+1*8,4@20+1*12,16")
+    graph = [r for r in rows if r["mode"] == "full"]
+    assert code == 3 and len(graph) == 3 and all(r["status"] == "UNSAFE" for r in graph)
+
+
+def test_the_kv_comparison_itself_sees_a_missing_write():
+    """checked_replay reports the K/V error, not only the logits' (which the NaN in the slots also spoils)."""
+    rig = Rig(buckets=(8,))
+    batch = rig.batch("1*6", seed=3)
+    ref = EagerReference(rig.eager(batch).clone(), written_kv(rig.cache, batch))
+    entry, check, _ = checked_replay(rig.ex, batch, ref)
+    assert check.kv_rel_err < 1e-5 and check.kv_rel_err_same_shape < 1e-5 and check.failure(1e-5, 1e-3) is None
+    rig.ex.graphs.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        _drop_kv_write_from_tape(mp)
+        entry, check, _ = checked_replay(rig.ex, batch, ref)
+    assert check.kv_rel_err == float("inf") and check.failure(1e-5, 1e-3) is not None
+
+
+def test_failure_names_the_kv_when_only_the_kv_differs():
+    check = ReplayCheck(0.0, 0.0, float("nan"), 0.0, False)
+    assert "K/V" in check.failure(1e-5, 1e-3)
+    check = ReplayCheck(0.0, 0.0, 0.0, 2e-5, False)
+    assert "K/V" in check.failure(1e-5, 1e-3)
+    assert ReplayCheck(0.0, 1e-6, 1e-4, 1e-6, False).failure(1e-5, 1e-3) is None
+    assert "stale" in ReplayCheck(0.0, 0.0, 0.0, 0.0, True).failure(1e-5, 1e-3)
+    assert "unpadded" in ReplayCheck(float("nan"), 0.0, 0.0, 0.0, False).failure(1e-5, 1e-3)
+
+
+# -- blind spot 3: keys that share a token count -----------------------------------------------------------
+def test_keys_sharing_a_token_count_get_their_own_graphs(tmp_path):
+    code, out, rows = _capture(tmp_path, "--scenario", "prefill", "--mode", "full", "--buckets", "32",
+                               "--compositions", "16+16,8*4,1*8+8*3")
+    graph = [r for r in rows if r["mode"] == "full"]
+    assert code == 0, out
+    assert [r["key"] for r in graph] == ["t32xs2", "t32xs4", "t32xs11"]
+    assert all(r["status"] == "ok" and r["capture_s"] is not None for r in graph)  # each captured its own
+
+
+def test_graph_lookup_by_num_tokens_only_is_caught_not_a_crash(tmp_path, monkeypatch):
+    """A graph cache that finds graphs by num_tokens alone serves the first key's graph to the others: the
+    sweep must report those replays as wrong, never end in a KeyError."""
+    from gmtool.executor import GraphExecutor
+
+    class ByTokens(dict):
+        def get(self, key, default=None):
+            return next((v for k, v in self.items() if k.num_tokens == key.num_tokens), default)
+
+    real = GraphExecutor.__init__
+
+    def init(self, *a, **kw):
+        real(self, *a, **kw)
+        self.graphs = ByTokens()
+
+    monkeypatch.setattr(GraphExecutor, "__init__", init)
+    code, out, rows = _capture(tmp_path, "--scenario", "prefill", "--mode", "full", "--buckets", "32",
+                               "--compositions", "16+16,8*4,1*8+8*3")
+    graph = [r for r in rows if r["mode"] == "full"]
+    assert code == 3, out
+    assert [r["status"] for r in graph] == ["ok", "UNSAFE", "UNSAFE"]
+
+
+# -- the error arithmetic ----------------------------------------------------------------------------------
+def test_latency_summary_is_the_median_not_the_mean():
+    s = summarize([1.0, 1.0, 1.0, 1.0, 100.0])
+    assert s["median"] == 1.0 and s["min"] == 1.0 and s["n"] == 5
+
+
+def test_one_wrong_sequence_of_eight_is_the_error():
+    ref = torch.randn(8, 64, dtype=torch.float64)
+    out = ref.clone()
+    out[5] *= 1.5  # relative error 0.5 in one sequence, 0 in the others: the mean would be 0.0625
+    assert rel_err_per_seq(out, ref) == pytest.approx(0.5)
+    out[2, 0] = float("nan")
+    assert rel_err_per_seq(out, ref) == float("inf")
+
+
+def test_same_shape_error_is_measured_against_eager_not_a_second_replay(tmp_path):
+    """full-narrow replays the capture-time plan: a second replay agrees with it, eager does not."""
+    code, out, rows = _capture(tmp_path, "--scenario", "prefill", "--mode", "full-narrow", "--buckets", "32",
+                               "--compositions", "16+16,8*4,20+12@40")
+    graph = [r for r in rows if r["mode"] == "full-narrow"]
+    tol_same, _ = tolerances_for(torch.float32)
+    assert [r["status"] for r in graph] == ["ok", "UNSAFE", "UNSAFE"]
+    assert graph[0]["max_rel_err_same_shape"] <= tol_same
+    assert all(r["max_rel_err_same_shape"] > 1e-2 and r["stale_metadata"] for r in graph[1:])
+    assert code == 0, out  # full-narrow's UNSAFE rows are the finding it exists to show
+
+
+def test_sweep_records_carry_the_kv_error():
+    cfg = SweepConfig(device="cpu", buckets="2", modes=("full", "piecewise"), num_iters=1, num_iters_warmup=0)
+    res = Sweep(cfg).run()
+    rows = [r for r in res.records if r["mode"] != "eager"]
+    assert rows and all(r["status"] == "ok" and r["kv_rel_err"] is not None for r in rows)
