@@ -9,10 +9,9 @@ from gmtool.buckets import DEFAULT_DECODE_BUCKETS, DEFAULT_PREFILL_BUCKETS, Buck
 from gmtool.compositions import Composition, assign_buckets, default_compositions, parse_compositions
 from gmtool.errors import GmtoolError
 from gmtool.model import parse_dtype, resolve_device
+from gmtool.modes import SWEEP_MODES, GraphMode
 
 SCENARIOS = ("decode", "prefill", "mixed")
-GRAPH_MODES = ("full", "full-narrow", "piecewise")
-ALL_MODES = ("eager",) + GRAPH_MODES
 PIECEWISE_IMPLS = ("breakable", "fx")
 CPU_DEFAULT_MODEL = "tiny-qwen3"
 GPU_DEFAULT_MODEL = "qwen3-0.6b"
@@ -50,9 +49,10 @@ class SweepConfig:
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
             raise GmtoolError(f"unknown scenario {self.scenario!r}: choose from {', '.join(SCENARIOS)}")
-        bad = [m for m in self.modes if m not in ALL_MODES]
+        bad = [m for m in self.modes if m not in SWEEP_MODES]
         if bad or not self.modes:
-            raise GmtoolError(f"unknown mode {bad[0] if bad else '(none)'!r}: choose from {', '.join(ALL_MODES)}")
+            raise GmtoolError(f"unknown mode {bad[0] if bad else '(none)'!r}: choose from {', '.join(SWEEP_MODES)}")
+        self.modes = tuple(GraphMode(m) for m in self.modes)
         if self.piecewise_impl not in PIECEWISE_IMPLS:
             raise GmtoolError(f"unknown --piecewise-impl {self.piecewise_impl!r}: use breakable or fx")
         for name in ("num_iters", "block_size", "max_num_seqs"):
@@ -105,8 +105,8 @@ class SweepConfig:
         return BucketPolicy(self.bucket_sizes, self.max_tokens, wide_key)
 
     @property
-    def graph_modes(self) -> list[str]:
-        return [m for m in self.modes if m != "eager"]
+    def graph_modes(self) -> list[GraphMode]:
+        return [m for m in self.modes if m.captures]
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in ("plan", "torch_device", "torch_dtype")}

@@ -19,8 +19,8 @@ from gmtool.errors import CaptureError, GmtoolError, OutOfMemory
 from gmtool.inputs import PersistentInputs, StepViews
 from gmtool.kv_cache import PagedKVCache
 from gmtool.model import LoadedModel
+from gmtool.modes import GraphMode
 
-MODES = ("eager", "full", "piecewise")
 
 
 @dataclass
@@ -44,7 +44,7 @@ class AttentionRunner:
 @dataclass
 class CapturedGraph:
     key: BucketKey
-    mode: str
+    mode: GraphMode
     impl: str
     steps: list
     ctx: ForwardContext
@@ -96,8 +96,9 @@ class GraphExecutor:
     def __init__(self, lm: LoadedModel, cache: PagedKVCache, policy: BucketPolicy, mode: str,
                  max_num_seqs: int, device: torch.device, memory=None, kernels: str = "torch"):
         """memory: a MemoryStrategy (gmtool.memory) choosing the pool of each capture; None: one shared pool."""
-        if mode not in ("full", "piecewise"):
-            raise GmtoolError(f"graph mode must be full or piecewise, got {mode!r}")
+        mode = GraphMode(mode)
+        if not mode.captures:
+            raise GmtoolError(f"{mode} captures no graphs")
         self.lm, self.cache, self.policy, self.mode, self.device = lm, cache, policy, mode, device
         self.inputs = PersistentInputs(policy.max_tokens, max_num_seqs, cache.spec.blocks_per_seq,
                                        lm.vocab_size, lm.model.dtype, device)
@@ -151,7 +152,7 @@ class GraphExecutor:
                 entry.capture_s = time.perf_counter() - t0
         if self.memory is not None:
             self.memory.captured(key, entry)
-        if self.mode == "full":
+        if not self.mode.piecewise:  # runners read the plan at replay; a whole graph bakes it in
             entry.baked_plans = list(ctx.planned_with)
         ctx.planned_with.clear()
         self.graphs[key] = entry
@@ -159,7 +160,7 @@ class GraphExecutor:
 
     def _record(self, entry: CapturedGraph, fn) -> None:
         """Run fn under capture into entry.steps; a failure leaves the backend usable and says why."""
-        if self.mode == "piecewise":
+        if self.mode.piecewise:
             entry.ctx.breaker = self._breaker(entry)
         try:
             # the copy-in joins the graph: one launch instead of a copy, an event record and a launch
@@ -186,7 +187,7 @@ class GraphExecutor:
             entry.ctx.breaker = None
 
     def _warmup(self, fn, entry: CapturedGraph) -> None:
-        if self.mode == "piecewise":
+        if self.mode.piecewise:
             entry.piecewise_impl = "fx" if self.fx is not None else (self.fx_fallback or "breakable")
         if self.fx is None:
             return self.backend.warmup(fn)

@@ -31,12 +31,13 @@ from gmtool.batch import make_batch
 from gmtool.compositions import parse_composition
 from gmtool.errors import GmtoolError
 from gmtool.fused import unfused
+from gmtool.modes import GraphMode
 from gmtool.inputs import PersistentInputs
-from gmtool.sweep import RECORD_FIELDS, STATUS_ERROR, STATUS_OK, STATUS_OOM, STATUS_SKIPPED, STATUS_UNSAFE
+from gmtool.records import RECORD_FIELDS, Status
 from gmtool.timing import rel_err_per_seq, summarize, time_ms, tolerances_for
 from gmtool.trace import eager_fn, profile_steps, trace_path
 
-PEER_MODE = "hf-compiled"
+PEER_MODE = GraphMode.HF_COMPILED
 COMPILE_CALLS = 3  # reduce-overhead compiles on the 1st call, records its CUDA graph on the 2nd, replays after
 PEER_COMPILES = ("shared", "per-bucket")
 NEEDS_CUDA = ("hf-compiled needs CUDA: torch.compile(mode='reduce-overhead') is measured by the CUDA graphs it "
@@ -159,17 +160,17 @@ class Peer:
         """One row per bucket; without CUDA or outside decode, rows that say why instead of measurements."""
         cfg, buckets = self.cfg, self.buckets
         if self.device.type != "cuda":
-            return [self.row(b, STATUS_ERROR, error=NEEDS_CUDA.format(device=self.device.type)) for b in buckets]
+            return [self.row(b, Status.ERROR, error=NEEDS_CUDA.format(device=self.device.type)) for b in buckets]
         if cfg.scenario != "decode":
             why = f"hf-compiled times decode steps only; this sweep's scenario is {cfg.scenario}"
-            return [self.row(b, STATUS_SKIPPED, error=why) for b in buckets]
+            return [self.row(b, Status.SKIPPED, error=why) for b in buckets]
         if self.context < 1:
-            return [self.row(b, STATUS_ERROR, error="hf-compiled needs --max-kv-len of at least 2") for b in buckets]
+            return [self.row(b, Status.ERROR, error="hf-compiled needs --max-kv-len of at least 2") for b in buckets]
         try:
             with unfused(self.lm.fused):  # the peer runs the Hugging Face layers as users have them
                 model = sdpa_copy(self.lm.model)
         except torch.OutOfMemoryError:
-            return [self.row(b, STATUS_OOM, error="hf-compiled: no memory for its copy of the weights")
+            return [self.row(b, Status.OOM, error="hf-compiled: no memory for its copy of the weights")
                     for b in buckets]
         if progress:
             progress.start(len(buckets))
@@ -177,10 +178,10 @@ class Peer:
         try:
             for b in buckets:
                 if dead:
-                    rows.append(self.row(b, STATUS_SKIPPED, error=dead))
+                    rows.append(self.row(b, Status.SKIPPED, error=dead))
                 else:
                     rows.append(self._guarded(model, b, trace=(b == buckets[-1])))
-                    if rows[-1]["status"] == STATUS_OOM:
+                    if rows[-1]["status"] == Status.OOM:
                         dead = f"skipped after out of memory at bucket {b}"
                 if progress:
                     progress.advance(f"bucket {b}")
@@ -196,12 +197,12 @@ class Peer:
         try:
             return self._bucket(model, bucket, trace)
         except torch.OutOfMemoryError:
-            return self.row(bucket, STATUS_OOM, error=f"hf-compiled: out of memory at bucket {bucket}")
+            return self.row(bucket, Status.OOM, error=f"hf-compiled: out of memory at bucket {bucket}")
         except GmtoolError as e:
-            return self.row(bucket, STATUS_ERROR, error=str(e))
+            return self.row(bucket, Status.ERROR, error=str(e))
         except Exception as e:  # torch.compile fails in many exception types: record it, go on with the next bucket
             first = (str(e).strip().splitlines() or [""])[0][:300]
-            return self.row(bucket, STATUS_ERROR, error=f"hf-compiled failed: {type(e).__name__}: {first}")
+            return self.row(bucket, Status.ERROR, error=f"hf-compiled failed: {type(e).__name__}: {first}")
         finally:
             if self.compile_how == "per-bucket":
                 torch._dynamo.reset()  # each bucket compiles afresh: compile_s is what that bucket costs
@@ -247,7 +248,7 @@ class Peer:
             hf.rewind()
             err = rel_err_per_seq(step().clone(), ref)
             if not err <= self.tol:  # NaN fails too
-                return self.row(bucket, STATUS_UNSAFE, max_rel_err=err, compile_s=compile_s,
+                return self.row(bucket, Status.UNSAFE, max_rel_err=err, compile_s=compile_s,
                                 error=f"differs from gmtool eager: max relative error {err:.3g} "
                                       f"(tolerance {self.tol:g})")
             lat = summarize(_device_ms(step, hf.rewind, cfg.num_iters, cfg.num_iters_warmup, dev))
@@ -255,6 +256,6 @@ class Peer:
             if trace and self.trace_dir is not None:
                 self.trace_files.append(profile_steps(step, trace_path(self.trace_dir, PEER_MODE),
                                                       f"{PEER_MODE} bucket {bucket}", dev, before=hf.rewind))
-        return self.row(bucket, STATUS_OK, max_rel_err=err, compile_s=compile_s, latency_ms=lat,
+        return self.row(bucket, Status.OK, max_rel_err=err, compile_s=compile_s, latency_ms=lat,
                         eager_latency_ms=eager_ms["median"], host_us=host,
                         speedup=eager_ms["median"] / lat["median"] if lat["median"] > 0 else None)

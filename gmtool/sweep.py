@@ -20,6 +20,8 @@ from gmtool.executor import GraphExecutor
 from gmtool.inputs import PersistentInputs
 from gmtool.kv_cache import KVCacheSpec, PagedKVCache
 from gmtool.model import LoadedModel, load_model
+from gmtool.modes import GraphMode
+from gmtool.records import Status, record
 from gmtool.timing import (
     host_us,
     host_us_steady,
@@ -28,7 +30,6 @@ from gmtool.timing import (
     tolerances_for,
 )
 
-STATUS_OK, STATUS_UNSAFE, STATUS_ERROR, STATUS_OOM, STATUS_SKIPPED = "ok", "UNSAFE", "error", "oom", "skipped"
 
 
 @dataclass
@@ -119,24 +120,24 @@ class Sweep:
                         "num_seqs": comp.num_seqs, "tolerance": tol, "tolerance_same_shape": tol_same}
                 try:
                     batch = make_batch(comp, cache, lm.vocab_size, cfg.max_num_seqs)
-                    ref, eager_ms = self._eager(lm, cache, eager_inputs, batch, "eager" in cfg.modes)
+                    ref, eager_ms = self._eager(lm, cache, eager_inputs, batch, GraphMode.EAGER in cfg.modes)
                 except GmtoolError as e:
                     res.errors.append(str(e))
-                    res.records.append(_record(base, "eager", STATUS_ERROR, error=str(e)))
+                    res.records.append(record(base, GraphMode.EAGER, Status.ERROR, error=str(e)))
                     if self.progress:
                         self.progress.advance(f"{bucket}: {comp.label} (error)")
                     continue
                 eager_med = eager_ms["median"] if eager_ms else None
-                if "eager" in cfg.modes:
-                    res.records.append(_record(base, "eager", STATUS_OK, max_rel_err=0.0, max_rel_err_same_shape=0.0, latency_ms=eager_ms,
+                if GraphMode.EAGER in cfg.modes:
+                    res.records.append(record(base, GraphMode.EAGER, Status.OK, max_rel_err=0.0, max_rel_err_same_shape=0.0, latency_ms=eager_ms,
                                                eager_latency_ms=eager_med, speedup=1.0))
                 for mode, ex in executors.items():
                     if mode in dead:
-                        res.records.append(_record(base, mode, STATUS_SKIPPED, error=dead[mode]))
+                        res.records.append(record(base, mode, Status.SKIPPED, error=dead[mode]))
                         continue
                     rec = self._graph_run(ex, mode, batch, ref, eager_med, (tol_same, tol), base)
                     res.records.append(rec)
-                    if rec["status"] == STATUS_OOM:
+                    if rec["status"] == Status.OOM:
                         dead[mode] = f"skipped after out of memory at bucket {bucket}"
                         res.errors.append(rec["error"])
                 if self.progress:
@@ -152,16 +153,14 @@ class Sweep:
 
     def _executor(self, mode: str, lm, cache) -> GraphExecutor:
         cfg = self.cfg
-        graph_mode = "piecewise" if mode == "piecewise" else "full"
-        # full graphs for prefill take the wide key (num_tokens x num_seqs); full-narrow shows why
-        policy = cfg.policy(wide_key=(mode == "full"))
-        ex = GraphExecutor(lm, cache, policy, graph_mode, cfg.max_num_seqs, self.device,
+        policy = cfg.policy(wide_key=mode.wide_key)
+        ex = GraphExecutor(lm, cache, policy, mode, cfg.max_num_seqs, self.device,
                            self.memory_factory(mode) if self.memory_factory else None, cfg.kernels)
         from gmtool.fx_split import enable_compiled_full, enable_fx_piecewise
 
-        if mode == "piecewise" and (cfg.piecewise_impl == "fx" or cfg.compile):
+        if mode.piecewise and (cfg.piecewise_impl == "fx" or cfg.compile):
             enable_fx_piecewise(ex, inductor=cfg.compile)  # --compile goes through the FX split
-        elif mode != "piecewise" and cfg.compile:
+        elif not mode.piecewise and cfg.compile:
             enable_compiled_full(ex)
         return ex
 
@@ -182,10 +181,10 @@ class Sweep:
             entry, check, _ = checked_replay(ex, batch, ref)
         except OutOfMemory as e:
             ex.backend.abort()
-            return _record(base, mode, STATUS_OOM, key=str(key), error=str(e))
+            return record(base, mode, Status.OOM, key=str(key), error=str(e))
         except GmtoolError as e:
-            return _record(base, mode, STATUS_ERROR, key=str(key), error=str(e))
-        rec = _record(base, mode, STATUS_OK, key=str(entry.key), impl=entry.impl, max_rel_err=check.max_rel_err,
+            return record(base, mode, Status.ERROR, key=str(key), error=str(e))
+        rec = record(base, mode, Status.OK, key=str(entry.key), impl=entry.impl, max_rel_err=check.max_rel_err,
                       max_rel_err_same_shape=check.max_rel_err_same_shape, kv_rel_err=check.kv_rel_err,
                       kv_rel_err_same_shape=check.kv_rel_err_same_shape,
                       capture_s=entry.capture_s if fresh else None,
@@ -193,11 +192,11 @@ class Sweep:
                       graph_mem_bytes=entry.graph_mem_bytes if fresh else None,
                       pool_growth_bytes=entry.pool_growth_bytes if fresh else None,
                       pieces=entry.pieces, runners=entry.runners, stale_metadata=check.stale_metadata,
-                      piecewise_impl=entry.piecewise_impl if mode == "piecewise" else None,
+                      piecewise_impl=entry.piecewise_impl if mode.piecewise else None,
                       captured_with=entry.captured_with)
         why = check.failure(tol_same, tol)
         if why:
-            rec.update(status=STATUS_UNSAFE, error=why)
+            rec.update(status=Status.UNSAFE, error=why)
             return rec  # an unsafe replay gets no latency and no speedup
         lat = summarize(time_ms(lambda: entry.replay(batch), cfg.num_iters, cfg.num_iters_warmup, self.device))
         rec["latency_ms"] = lat
@@ -210,17 +209,3 @@ class Sweep:
         rec["host_steady_us"] = summarize(host_us_steady(lambda: ex.step(batch), ex.inputs.copied_in, n))
         ex.backend.synchronize()
         return rec
-
-
-RECORD_FIELDS = ("mode", "bucket", "key", "composition", "num_tokens", "num_seqs", "status", "impl",
-                 "piecewise_impl", "max_rel_err", "tolerance", "max_rel_err_same_shape", "tolerance_same_shape",
-                 "kv_rel_err", "kv_rel_err_same_shape", "stale_metadata", "capture_s", "compile_s",
-                 "graph_mem_bytes", "pool_growth_bytes", "pieces", "runners", "latency_ms",
-                 "eager_latency_ms", "speedup", "host_us", "host_copy_us", "host_steady_us", "captured_with", "error")
-
-
-def _record(base: dict, mode: str, status: str, **kw) -> dict:
-    rec = dict.fromkeys(RECORD_FIELDS)
-    rec.update(base)
-    rec.update(mode=mode, status=status, **kw)
-    return rec

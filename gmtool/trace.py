@@ -16,6 +16,7 @@ from gmtool.batch import Batch, make_batch
 from gmtool.buckets import BucketKey
 from gmtool.errors import GmtoolError
 from gmtool.inputs import PersistentInputs
+from gmtool.modes import GraphMode
 from gmtool.sweep import Sweep
 
 TRACE_REPLAYS = 3
@@ -89,12 +90,12 @@ class TracedSweep(Sweep):
     def after_sweep(self, res, executors, eager_inputs, tol) -> None:
         super().after_sweep(res, executors, eager_inputs, tol)
         cfg, lm, cache = self.cfg, self.lm, self.cache
-        if "eager" in cfg.modes:
+        if GraphMode.EAGER in cfg.modes:
             bucket = max(cfg.plan)
             try:
                 batch = make_batch(cfg.plan[bucket][0], cache, lm.vocab_size, cfg.max_num_seqs)
                 fn, _ = eager_fn(lm, cache, eager_inputs, batch, cfg.kernels)
-                self.trace_files.append(profile_steps(fn, trace_path(self.out_dir, "eager"),
+                self.trace_files.append(profile_steps(fn, trace_path(self.out_dir, GraphMode.EAGER),
                                                       f"eager bucket {bucket}", self.device))
             except GmtoolError as e:
                 res.notes.append(f"--trace: no eager trace: {e}")

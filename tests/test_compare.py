@@ -15,7 +15,7 @@ import torch
 
 from gmtool.cli.compare import parse_modes
 from gmtool.errors import GmtoolError
-from gmtool.sweep import RECORD_FIELDS
+from gmtool.records import RECORD_FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--device", "cpu", "--num-iters", "2", "--num-iters-warmup", "1"]

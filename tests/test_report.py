@@ -16,7 +16,7 @@ from gmtool.report.html import render_html
 from gmtool.report.markdown import render_markdown
 from gmtool.report.results import load_results, write_reports, write_results
 from gmtool.report.tables import compare_table, noise_warning
-from gmtool.sweep import RECORD_FIELDS
+from gmtool.records import RECORD_FIELDS
 from tests.test_compare import one_error, run_cli
 
 PEER_NOTE = "hf-compiled: HF StaticCache + torch.compile, every sequence at context 512"

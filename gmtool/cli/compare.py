@@ -13,7 +13,7 @@ from gmtool.cli import options as o
 from gmtool.cli.progress import SweepProgress, make_console
 from gmtool.cli.report import BaselineOpt
 from gmtool.cli.run_sweep import build_config, finish
-from gmtool.config import ALL_MODES
+from gmtool.modes import GraphMode
 from gmtool.errors import GmtoolError
 from gmtool.buckets import parse_buckets
 from gmtool.peer import PEER_COMPILES, PEER_MODE, Peer
@@ -23,7 +23,7 @@ from gmtool.report.tables import compare_table, noise_warning
 from gmtool.sweep import Sweep
 from gmtool.trace import TracedSweep
 
-VALID_MODES = ALL_MODES + (PEER_MODE,)
+VALID_MODES = tuple(GraphMode)
 FORMATS = ("human", "json", "quiet")
 
 
@@ -32,7 +32,7 @@ def parse_modes(text: str) -> list[str]:
     bad = [m for m in modes if m not in VALID_MODES]
     if bad or not modes:
         raise GmtoolError(f"unknown mode {bad[0] if bad else '(none)'!r}: choose from {', '.join(VALID_MODES)}")
-    return modes
+    return [GraphMode(m) for m in modes]
 
 
 def _expected_model_name(spec: str) -> str:
@@ -104,7 +104,7 @@ def compare(
     console.quiet = fmt == "quiet"
     problems = console if fmt == "human" else make_console(stderr=True)
     base = load_baseline(baseline) if baseline else None
-    sweep_modes = tuple(m for m in wanted if m != PEER_MODE) or ("eager",)  # the peer's reference is gmtool eager
+    sweep_modes = tuple(m for m in wanted if m.in_sweep) or (GraphMode.EAGER,)  # the peer's reference is gmtool eager
     cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
                        modes=sweep_modes, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
@@ -116,7 +116,7 @@ def compare(
     if base is not None:
         check_same_model(base, _expected_model_name(cfg.model))
     out_dir = prepare_out_dir(out or default_out_dir("compare"), force)
-    no_eager = [] if "eager" in sweep_modes else ["eager is not among the modes: the graph modes get no speedup"]
+    no_eager = [] if GraphMode.EAGER in sweep_modes else ["eager is not among the modes: the graph modes get no speedup"]
     for note in cfg.notes + no_eager:
         console.print(f"[yellow]note:[/] {note}")
 

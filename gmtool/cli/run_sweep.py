@@ -8,6 +8,7 @@ from rich.console import Console
 
 from gmtool.cli.progress import SweepProgress
 from gmtool.config import SweepConfig
+from gmtool.records import Status, exit_code, unexpected_unsafe
 from gmtool.profiles import load_sweep_profile
 from gmtool.report.results import default_out_dir, prepare_out_dir, to_document, write_results
 from gmtool.sweep import Sweep
@@ -38,16 +39,14 @@ def finish(doc: dict, console: Console) -> None:
     (full-narrow's UNSAFE rows are the finding it exists to show, not a failure)."""
     errors, seen = list(doc["errors"]), set(doc["errors"])
     for r in doc["records"]:  # graph-mode error rows are recorded in the row only
-        if r["status"] in ("error", "oom") and r.get("error") and r["error"] not in seen:
+        if Status(r["status"]).failed and r.get("error") and r["error"] not in seen:
             seen.add(r["error"])
             errors.append(f"{r['mode']} bucket {r['bucket']} ({r['composition']}): {r['error']}")
     for e in errors:
         console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-    unsafe = [r for r in doc["records"] if r["status"] == "UNSAFE" and r["mode"] != "full-narrow"]
-    for r in unsafe:
+    for r in unexpected_unsafe(doc["records"]):
         console.print(f"[bold red]UNSAFE[/] {r['mode']} bucket {r['bucket']} {r['composition']}: {r['error']}",
                       highlight=False, soft_wrap=True)
-    if errors:
-        raise typer.Exit(1)
-    if unsafe:
-        raise typer.Exit(3)
+    code = exit_code(doc["records"], doc["errors"])
+    if code:
+        raise typer.Exit(code)

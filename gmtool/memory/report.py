@@ -24,8 +24,9 @@ from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.executor import AttentionRunner
 from gmtool.inputs import StepViews
 from gmtool.memory.strategies import make_strategy
-from gmtool.report.tables import STATUS_STYLE, _f, fmt_bytes
-from gmtool.sweep import STATUS_OOM, Sweep, _record, machine_info
+from gmtool.report.tables import _f, fmt_bytes
+from gmtool.records import Status, record, style_of
+from gmtool.sweep import Sweep, machine_info
 from gmtool.timing import tolerances_for
 
 MEMREPORT_JSON, MEMREPORT_CSV, MEMREPORT_PNG = "memreport.json", "memreport.csv", "memreport.png"
@@ -68,9 +69,9 @@ class MemSweep(Sweep):
         except torch.OutOfMemoryError as e:  # outside the capture itself (warm-up, timing)
             ex.backend.abort()
             key = ex.key_for(batch)
-            rec = _record(base, mode, STATUS_OOM, key=str(key),
+            rec = record(base, mode, Status.OOM, key=str(key),
                           error=f"out of memory at bucket {key}: {str(e).splitlines()[0]}")
-        if rec["status"] == STATUS_OOM and (detail := self.strategy.failure_detail()):
+        if rec["status"] == Status.OOM and (detail := self.strategy.failure_detail()):
             rec["error"] += f" ({detail})"
         return rec
 
@@ -122,7 +123,7 @@ def input_costs(ex) -> dict:
     per_shape = sum(getattr(ex.inputs.views(k), f.name).nbytes for k in ex.graphs
                     for f in dataclasses.fields(StepViews))
     arena = ex.inputs.nbytes
-    if ex.mode == "piecewise":  # the attention-output buffer is one more max-shape arena
+    if ex.mode.piecewise:  # the attention-output buffer is one more max-shape arena
         arena += ex.attn_out.nbytes
         per_shape += sum(ex.attn_out[: k.num_tokens].nbytes for k in ex.graphs)
     return {"input_arena_bytes": arena, "input_per_shape_bytes": per_shape}
@@ -305,7 +306,7 @@ def memreport_table(doc: dict) -> Table:
     for c in cols:
         t.add_column(c, justify="left" if c in ("strategy", "status") else "right")
     for r in doc["strategies"]:
-        style = STATUS_STYLE.get(r["status"], "yellow")
+        style = style_of(r["status"])
         inputs = "-" if r.get("input_arena_bytes") is None else \
             f"{fmt_bytes(r['input_arena_bytes'])} / {fmt_bytes(r['input_per_shape_bytes'])}"
         t.add_row(r["strategy"], f"[{style}]{r['status']}[/]", str(r.get("captures") or "-"),

@@ -3,11 +3,7 @@ from __future__ import annotations
 
 import statistics
 
-_WORST = ["ok", "skipped", "error", "oom", "UNSAFE"]
-
-
-def _worst(statuses) -> str:
-    return max(statuses, key=lambda s: _WORST.index(s) if s in _WORST else 0)
+from gmtool.records import worst as _worst
 
 
 def bucket_summary(records: list[dict]) -> list[dict]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from gmtool.records import style_of
 from gmtool.report.summary import bucket_summary, mode_order
 
 
@@ -19,7 +20,6 @@ def _f(x, spec: str, none: str = "-") -> str:
     return none if x is None else format(x, spec)
 
 
-STATUS_STYLE = {"ok": "green", "UNSAFE": "bold red", "error": "red", "oom": "red", "skipped": "yellow"}
 
 
 def capture_table(doc: dict) -> Table:
@@ -31,7 +31,7 @@ def capture_table(doc: dict) -> Table:
     for s in bucket_summary(doc["records"]):
         if s["mode"] == "eager":
             continue
-        style = STATUS_STYLE.get(s["status"], "")
+        style = style_of(s["status"])
         t.add_row(s["mode"], str(s["bucket"]), str(s["compositions"]), _f(s["capture_s"], ".3f"),
                   fmt_bytes(s["graph_mem_bytes"]), _f(s["replay_ms"], ".3f"), _f(s["eager_ms"], ".3f"),
                   _f(s["speedup"], ".2f", "-") + ("x" if s["speedup"] else ""),
@@ -60,7 +60,7 @@ def compare_table(doc: dict) -> Table:
         if i and s["bucket"] != rows[i - 1]["bucket"]:
             t.add_section()
         setup = s["compile_s"] if s["compile_s"] is not None else s["capture_s"]
-        style = STATUS_STYLE.get(s["status"], "")
+        style = style_of(s["status"])
         cells = [str(s["bucket"]), s["mode"], str(s["compositions"]),
                  _f(s["replay_ms"], ".3f") + ("!" if s["noisy"] and s["replay_ms"] is not None else ""),
                  _f(s["eager_ms"], ".3f"), _f(s["speedup"], ".2f") + ("x" if s["speedup"] else ""),
