@@ -1,7 +1,10 @@
 """The sweep configuration: what the user asked for, with derived fields filled in __post_init__."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import json
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
@@ -15,10 +18,14 @@ SCENARIOS = ("decode", "prefill", "mixed")
 PIECEWISE_IMPLS = ("breakable", "fx")
 CPU_DEFAULT_MODEL = "tiny-qwen3"
 GPU_DEFAULT_MODEL = "qwen3-0.6b"
+CPU_DEFAULT_BUCKETS = {"decode": [1, 2, 4, 8], "prefill": [16, 32, 64]}  # the CPU backend emulates: a small sweep
 
 
 @dataclass
 class SweepConfig:
+    """Every sweep option's default is written here and only here: the commands' options default to None (not
+    given), a sweep profile fills what the command line left out, and these defaults fill the rest."""
+
     model: str | None = None
     device: str = "auto"
     dtype: str | None = None
@@ -79,8 +86,8 @@ class SweepConfig:
             self.bucket_sizes = parse_buckets(self.buckets)
         elif cuda:
             self.bucket_sizes = default
-        else:  # the CPU backend emulates; keep its default sweep small
-            self.bucket_sizes = [1, 2, 4, 8] if self.scenario == "decode" else [16, 32, 64]
+        else:
+            self.bucket_sizes = list(CPU_DEFAULT_BUCKETS["decode" if self.scenario == "decode" else "prefill"])
         policy = self.policy()
         comps = parse_compositions(self.compositions) if self.compositions else []
         self.plan = {b: [] for b in policy.sizes}
@@ -114,3 +121,53 @@ class SweepConfig:
         d["dtype"] = str(self.torch_dtype).replace("torch.", "")
         d["compositions_by_bucket"] = {str(b): [c.label for c in cs] for b, cs in self.plan.items()}
         return d
+
+
+SWEEP_OPTIONS = tuple(f.name for f in fields(SweepConfig) if f.init)  # what a sweep profile may set
+PROFILE_EXTRA_KEYS = ("description",)  # read by people, not by the sweep
+
+
+def option_default(name: str):
+    """SweepConfig's default for one option (what --help shows)."""
+    return SweepConfig.__dataclass_fields__[name].default
+
+
+def _json_types(hint) -> list[tuple[type, str]]:
+    """The JSON values a field of this type takes from a profile: (Python type, how to say it)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return [t for h in typing.get_args(hint) for t in _json_types(h)]
+    if typing.get_origin(hint) is tuple:
+        return [(list, "a list of strings")]
+    return [(hint, {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+                    type(None): "null"}.get(hint, getattr(hint, "__name__", str(hint))))]
+
+
+def _fits(value, typ: type) -> bool:
+    if typ is list:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if isinstance(value, bool):  # JSON true/false is not a number here
+        return typ is bool
+    if typ is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, typ)
+
+
+def check_profile(prof, source: str) -> dict:
+    """A sweep profile's settings as SweepConfig keyword arguments; an unknown key or a value of the wrong type
+    is refused, naming it."""
+    if not isinstance(prof, dict):
+        raise GmtoolError(f"sweep profile {source} must be a JSON object of option: value")
+    hints = typing.get_type_hints(SweepConfig)
+    out = {}
+    for key, value in prof.items():
+        if key in PROFILE_EXTRA_KEYS:
+            continue
+        if key not in SWEEP_OPTIONS:
+            raise GmtoolError(f"sweep profile {source}: unknown key {key!r} "
+                              f"(known: {', '.join(PROFILE_EXTRA_KEYS + SWEEP_OPTIONS)})")
+        allowed = _json_types(hints[key])
+        if not any(_fits(value, t) for t, _ in allowed):
+            raise GmtoolError(f"sweep profile {source}: {key} must be {' or '.join(w for _, w in allowed)}, "
+                              f"got {json.dumps(value)}")
+        out[key] = tuple(value) if isinstance(value, list) else value
+    return out

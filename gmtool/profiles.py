@@ -32,12 +32,17 @@ def load_model_profile(name: str) -> dict:
 
 
 def load_sweep_profile(name_or_path: str) -> dict:
+    """A sweep profile (a name under profiles/sweeps or a path) as SweepConfig keyword arguments; an unknown key
+    or a value of the wrong type is refused."""
+    from gmtool.config import check_profile  # config imports model, which imports this module
+
     path = Path(name_or_path)
     if not path.is_file():
         path = PROFILES_DIR / "sweeps" / f"{name_or_path}.json"
     if not path.is_file():
         raise GmtoolError(f"unknown sweep profile {name_or_path!r}: choose from {', '.join(sweep_profiles())}")
     try:
-        return json.loads(path.read_text())
+        prof = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise GmtoolError(f"sweep profile {path} is not valid JSON: {e}") from None
+    return check_profile(prof, str(path))

@@ -175,3 +175,13 @@ def test_sweep_records_carry_the_kv_error():
     res = Sweep(cfg).run()
     rows = [r for r in res.records if r["mode"] != "eager"]
     assert rows and all(r["status"] == "ok" and r["kv_rel_err"] is not None for r in rows)
+
+
+def test_capture_mode_eager_is_refused(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "gmtool.cli.main", "capture", "--device", "cpu", "--mode", "eager",
+                        "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "captures nothing" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "o").exists()

@@ -10,6 +10,8 @@ from gmtool.cli.progress import make_console
 
 from gmtool.cli import options as o
 from gmtool.cli.run_sweep import build_config, finish, run_and_write
+from gmtool.errors import GmtoolError
+from gmtool.modes import CAPTURE_MODES
 from gmtool.report.tables import capture_table
 
 
@@ -17,31 +19,34 @@ def capture(
     model: o.ModelOpt = None,
     buckets: o.BucketsOpt = None,
     compositions: o.CompositionsOpt = None,
-    scenario: o.ScenarioOpt = "decode",
-    mode: Annotated[str, typer.Option("--mode", help="full | piecewise | full-narrow (num_tokens-only key, "
-                                      "unsafe for prefill: shown to be detected)")] = "full",
-    piecewise_impl: o.PiecewiseImplOpt = "breakable",
-    attention: o.AttentionOpt = "auto",
-    compile: o.CompileOpt = False,
-    fuse: o.FuseOpt = False,
-    device: o.DeviceOpt = "auto",
+    scenario: o.ScenarioOpt = None,
+    mode: Annotated[Optional[str], typer.Option("--mode", help="full | piecewise | full-narrow (num_tokens-only key, "
+                                                "unsafe for prefill: shown to be detected)",
+                                                show_default=o.shown_mode())] = None,
+    piecewise_impl: o.PiecewiseImplOpt = None,
+    attention: o.AttentionOpt = None,
+    compile: o.CompileOpt = None,
+    fuse: o.FuseOpt = None,
+    device: o.DeviceOpt = None,
     dtype: o.DtypeOpt = None,
     max_kv_len: o.MaxKvLenOpt = None,
     max_tokens: o.MaxTokensOpt = None,
-    max_num_seqs: o.MaxSeqsOpt = 256,
+    max_num_seqs: o.MaxSeqsOpt = None,
     kv_cache_gb: o.KvCacheGbOpt = None,
-    block_size: o.BlockSizeOpt = 16,
-    num_iters: o.ItersOpt = 20,
-    num_iters_warmup: o.WarmupOpt = 3,
-    seed: o.SeedOpt = 0,
+    block_size: o.BlockSizeOpt = None,
+    num_iters: o.ItersOpt = None,
+    num_iters_warmup: o.WarmupOpt = None,
+    seed: o.SeedOpt = None,
     profile: o.ProfileOpt = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/capture-<time>).")] = None,
     force: o.ForceOpt = False,
 ) -> None:
     """Capture one graph per bucket, replay it with several batch compositions, compare each with eager."""
     console = make_console()
+    if mode is not None and mode not in CAPTURE_MODES:
+        raise GmtoolError(f"--mode {mode!r} captures nothing: use {', '.join(CAPTURE_MODES)} (compare runs eager)")
     cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
-                       modes=("eager", mode), piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
+                       modes=("eager", mode) if mode else None, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
                        num_iters_warmup=num_iters_warmup, seed=seed)

@@ -17,6 +17,7 @@ from gmtool.modes import GraphMode
 from gmtool.errors import GmtoolError
 from gmtool.buckets import parse_buckets
 from gmtool.peer import PEER_COMPILES, PEER_MODE, Peer
+from gmtool.profiles import load_sweep_profile
 from gmtool.report.baseline import attach_baseline, check_same_model, load_baseline
 from gmtool.report.results import default_out_dir, prepare_out_dir, to_document, write_reports, write_results
 from gmtool.report.tables import compare_table, noise_warning
@@ -40,7 +41,9 @@ def _expected_model_name(spec: str) -> str:
     return Path(spec).name if Path(spec).exists() else spec
 
 
-ModesArg = Annotated[str, typer.Argument(help=f"Comma-separated modes: {', '.join(VALID_MODES)}.")]
+DEFAULT_MODES = "eager,full,piecewise"  # compare's own default (a sweep profile's "modes" comes first)
+ModesArg = Annotated[Optional[str], typer.Argument(help=f"Comma-separated modes: {', '.join(VALID_MODES)}.",
+                                                   show_default=DEFAULT_MODES)]
 OutOpt = Annotated[Optional[Path], typer.Option(
     "--out", "-o", help="Output directory (default gmtool-out/compare-<time>).")]
 FormatOpt = Annotated[str, typer.Option(
@@ -62,25 +65,25 @@ def _peer_buckets(text: str | None, sweep_buckets: list[int]) -> list[int] | Non
 
 
 def compare(
-    modes: ModesArg = "eager,full,piecewise",
+    modes: ModesArg = None,
     model: o.ModelOpt = None,
     buckets: o.BucketsOpt = None,
     compositions: o.CompositionsOpt = None,
-    scenario: o.ScenarioOpt = "decode",
-    piecewise_impl: o.PiecewiseImplOpt = "breakable",
-    attention: o.AttentionOpt = "auto",
-    compile: o.CompileOpt = False,
-    fuse: o.FuseOpt = False,
-    device: o.DeviceOpt = "auto",
+    scenario: o.ScenarioOpt = None,
+    piecewise_impl: o.PiecewiseImplOpt = None,
+    attention: o.AttentionOpt = None,
+    compile: o.CompileOpt = None,
+    fuse: o.FuseOpt = None,
+    device: o.DeviceOpt = None,
     dtype: o.DtypeOpt = None,
     max_kv_len: o.MaxKvLenOpt = None,
     max_tokens: o.MaxTokensOpt = None,
-    max_num_seqs: o.MaxSeqsOpt = 256,
+    max_num_seqs: o.MaxSeqsOpt = None,
     kv_cache_gb: o.KvCacheGbOpt = None,
-    block_size: o.BlockSizeOpt = 16,
-    num_iters: o.ItersOpt = 20,
-    num_iters_warmup: o.WarmupOpt = 3,
-    seed: o.SeedOpt = 0,
+    block_size: o.BlockSizeOpt = None,
+    num_iters: o.ItersOpt = None,
+    num_iters_warmup: o.WarmupOpt = None,
+    seed: o.SeedOpt = None,
     profile: o.ProfileOpt = None,
     out: OutOpt = None,
     force: o.ForceOpt = False,
@@ -98,14 +101,15 @@ def compare(
     """Run every mode over every bucket and composition in one process; write results and reports."""
     if fmt not in FORMATS:
         raise GmtoolError(f"unknown --format {fmt!r}: choose from {', '.join(FORMATS)}")
-    wanted = parse_modes(modes)
+    prof = load_sweep_profile(profile) if profile else {}
+    wanted = parse_modes(modes or ",".join(prof.get("modes", ())) or DEFAULT_MODES)
     # stdout carries only the JSON document in json mode; in quiet mode nothing but problems is shown
     console = make_console(stderr=(fmt != "human"))
     console.quiet = fmt == "quiet"
     problems = console if fmt == "human" else make_console(stderr=True)
     base = load_baseline(baseline) if baseline else None
     sweep_modes = tuple(m for m in wanted if m.in_sweep) or (GraphMode.EAGER,)  # the peer's reference is gmtool eager
-    cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
+    cfg = build_config(prof, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
                        modes=sweep_modes, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,

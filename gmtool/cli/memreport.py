@@ -14,29 +14,31 @@ from gmtool.memory.report import build_document, exit_code, memreport_table, run
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
 from gmtool.report.results import default_out_dir, prepare_out_dir
 
+MEMREPORT_MODES = ("full", "piecewise")
+
 
 def memreport(
     model: o.ModelOpt = None,
     buckets: o.BucketsOpt = None,
     compositions: o.CompositionsOpt = None,
-    scenario: o.ScenarioOpt = "decode",
+    scenario: o.ScenarioOpt = None,
     strategies: Annotated[str, typer.Option("--strategies", help=f"Comma list of {', '.join(STRATEGIES)}.")]
     = ",".join(STRATEGIES),
-    mode: Annotated[str, typer.Option("--mode", help="full | piecewise")] = "full",
-    piecewise_impl: o.PiecewiseImplOpt = "breakable",
-    attention: o.AttentionOpt = "auto",
-    compile: o.CompileOpt = False,
-    fuse: o.FuseOpt = False,
-    device: o.DeviceOpt = "auto",
+    mode: Annotated[Optional[str], typer.Option("--mode", help="full | piecewise", show_default=o.shown_mode())] = None,
+    piecewise_impl: o.PiecewiseImplOpt = None,
+    attention: o.AttentionOpt = None,
+    compile: o.CompileOpt = None,
+    fuse: o.FuseOpt = None,
+    device: o.DeviceOpt = None,
     dtype: o.DtypeOpt = None,
     max_kv_len: o.MaxKvLenOpt = None,
     max_tokens: o.MaxTokensOpt = None,
-    max_num_seqs: o.MaxSeqsOpt = 256,
+    max_num_seqs: o.MaxSeqsOpt = None,
     kv_cache_gb: o.KvCacheGbOpt = None,
-    block_size: o.BlockSizeOpt = 16,
-    num_iters: o.ItersOpt = 20,
-    num_iters_warmup: o.WarmupOpt = 3,
-    seed: o.SeedOpt = 0,
+    block_size: o.BlockSizeOpt = None,
+    num_iters: o.ItersOpt = None,
+    num_iters_warmup: o.WarmupOpt = None,
+    seed: o.SeedOpt = None,
     profile: o.ProfileOpt = None,
     out: Annotated[Optional[Path], typer.Option(
         "--out", "-o", help="Output directory (default gmtool-out/memreport-<time>).")] = None,
@@ -46,13 +48,15 @@ def memreport(
     first, VMM ranges over shared physical memory); replay all against eager, also in shuffled order; compare
     the memory each holds with sum(shape) and max(shape)."""
     names = parse_strategies(strategies)
-    if mode not in ("full", "piecewise"):
+    if mode is not None and mode not in MEMREPORT_MODES:
         raise GmtoolError(f"--mode must be full or piecewise, got {mode!r}")
     cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
-                       modes=("eager", mode), piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
+                       modes=("eager", mode) if mode else None, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
                        num_iters_warmup=num_iters_warmup, seed=seed)
+    if cfg.graph_modes not in [[m] for m in MEMREPORT_MODES]:  # modes from a sweep profile
+        raise GmtoolError(f"memreport runs one graph mode, full or piecewise, not {','.join(cfg.graph_modes) or 'none'}")
     if cfg.torch_device.type != "cuda":
         raise GmtoolError(f"memory strategies need CUDA: memreport cannot run on {cfg.torch_device}")
     out_dir = prepare_out_dir(out or default_out_dir("memreport"), force)

@@ -1,4 +1,7 @@
-"""Option aliases shared by every command, so names and help stay the same everywhere."""
+"""Option aliases shared by every command, so names and help stay the same everywhere.
+
+Every sweep option defaults to None, meaning "not given": build_config then takes the sweep profile's value, else
+SweepConfig's default. --help shows that default, read from SweepConfig (show_default), so it is written once."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,32 +9,56 @@ from typing import Annotated, Optional
 
 import typer
 
+from gmtool.buckets import DEFAULT_DECODE_BUCKETS, DEFAULT_PREFILL_BUCKETS
+from gmtool.config import CPU_DEFAULT_BUCKETS, CPU_DEFAULT_MODEL, GPU_DEFAULT_MODEL, option_default
 from gmtool.profiles import model_profiles
+
+
+def shown(name: str) -> str:
+    """SweepConfig's default for an option, as --help shows it."""
+    return str(option_default(name))
+
+
+def shown_mode() -> str:
+    """The graph mode capture and memreport run when neither --mode nor the profile names one."""
+    return ",".join(m for m in option_default("modes") if m != "eager")
+
+
+def _short(sizes: list[int]) -> str:
+    return ",".join(map(str, sizes)) if len(sizes) <= 5 else f"{','.join(map(str, sizes[:4]))}..{sizes[-1]}"
+
+
+def flag(name: str, help: str):
+    """An on/off option that is None unless given (--x or --no-x), so it never masks a profile."""
+    opt = name.replace("_", "-")
+    return typer.Option(f"--{opt}/--no-{opt}", help=help, show_default=opt if option_default(name) else f"no-{opt}")
+
 
 ModelOpt = Annotated[Optional[str], typer.Option(
     "--model", "-m", help=f"Built-in profile ({', '.join(model_profiles())}), a local HF checkpoint directory, "
-    "or a config.json. Default: qwen3-0.6b on CUDA, tiny-qwen3 on the CPU backend.")]
+    f"or a config.json. Default: {GPU_DEFAULT_MODEL} on CUDA, {CPU_DEFAULT_MODEL} on the CPU backend.")]
 BucketsOpt = Annotated[Optional[str], typer.Option(
     "--buckets", "-b", help="Token buckets: '1,2,4,8', ranges 'start:stop:step' (stop included). "
-    "Default: the engines' decode list 1,2,4,8..256 (prefill: 128,512,2048).")]
+    f"Default: the engines' decode list {_short(DEFAULT_DECODE_BUCKETS)} (prefill: {_short(DEFAULT_PREFILL_BUCKETS)}); "
+    f"on the CPU backend {_short(CPU_DEFAULT_BUCKETS['decode'])} (prefill: {_short(CPU_DEFAULT_BUCKETS['prefill'])}).")]
 CompositionsOpt = Annotated[Optional[str], typer.Option(
     "--compositions", "-c", help="Batch mixes, e.g. '128=64+64,32*4,16*8,100+28@512': N*K is K requests of N "
     "new tokens, @P a cached prefix of P tokens, B= pins a bucket. Default: 3+ mixes per bucket.")]
-ScenarioOpt = Annotated[str, typer.Option("--scenario", "-s", help="decode | prefill | mixed")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cuda | cuda:N | cpu (the CPU tape backend)")]
+ScenarioOpt = Annotated[Optional[str], typer.Option("--scenario", "-s", help="decode | prefill | mixed", show_default=shown("scenario"))]
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto | cuda | cuda:N | cpu (the CPU tape backend)", show_default=shown("device"))]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="bf16 | fp16 | fp32 (default bf16 on CUDA, fp32 on CPU)")]
 MaxKvLenOpt = Annotated[Optional[int], typer.Option("--max-kv-len", help="Longest context a sequence may have (block tables are sized for it).")]
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Configured maximum bucket (persistent buffers' size). Default: the largest bucket.")]
-MaxSeqsOpt = Annotated[int, typer.Option("--max-num-seqs", help="Most sequences in one step.")]
+MaxSeqsOpt = Annotated[Optional[int], typer.Option("--max-num-seqs", help="Most sequences in one step.", show_default=shown("max_num_seqs"))]
 KvCacheGbOpt = Annotated[Optional[float], typer.Option("--kv-cache-gb", help="KV cache memory budget in GiB (default: 40% of free GPU memory).")]
-BlockSizeOpt = Annotated[int, typer.Option("--block-size", help="KV cache block size in tokens.")]
-ItersOpt = Annotated[int, typer.Option("--num-iters", help="Timed iterations per measurement.")]
-WarmupOpt = Annotated[int, typer.Option("--num-iters-warmup", help="Untimed iterations before timing.")]
-PiecewiseImplOpt = Annotated[str, typer.Option("--piecewise-impl", help="breakable (end capture at each attention) | fx (torch.compile FX split)")]
+BlockSizeOpt = Annotated[Optional[int], typer.Option("--block-size", help="KV cache block size in tokens.", show_default=shown("block_size"))]
+ItersOpt = Annotated[Optional[int], typer.Option("--num-iters", help="Timed iterations per measurement.", show_default=shown("num_iters"))]
+WarmupOpt = Annotated[Optional[int], typer.Option("--num-iters-warmup", help="Untimed iterations before timing.", show_default=shown("num_iters_warmup"))]
+PiecewiseImplOpt = Annotated[Optional[str], typer.Option("--piecewise-impl", help="breakable (end capture at each attention) | fx (torch.compile FX split)", show_default=shown("piecewise_impl"))]
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory for results.json / results.csv and reports.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Write into an existing output directory.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for weights, token ids, contexts and block placement.")]
-ProfileOpt = Annotated[Optional[str], typer.Option("--profile", "-p", help="A sweep profile from profiles/sweeps (or a path to one); explicit options win.")]
-AttentionOpt = Annotated[str, typer.Option("--attention", help="Attention kernels: auto (Triton on CUDA when available) | torch (reference) | triton")]
-FuseOpt = Annotated[bool, typer.Option("--fuse", help="Fuse the model's layers as engines do (one QKV and one gate/up GEMM; Triton RMSNorm, QK-norm+RoPE and SiLU-and-mul): fewer kernels per step. Eager and every graph mode run the fused model.")]
-CompileOpt = Annotated[bool, typer.Option("--compile", help="Compile the non-attention parts with Inductor before capture (piecewise: through the FX split); compile time is reported apart from capture time.")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed for weights, token ids, contexts and block placement.", show_default=shown("seed"))]
+ProfileOpt = Annotated[Optional[str], typer.Option("--profile", "-p", help="A sweep profile from profiles/sweeps (or a path to a JSON file of option: value, names as in results.json's config): it sets what the command line leaves out; the defaults fill the rest.")]
+AttentionOpt = Annotated[Optional[str], typer.Option("--attention", help="Attention kernels: auto (Triton on CUDA when available) | torch (reference) | triton", show_default=shown("attention"))]
+FuseOpt = Annotated[Optional[bool], flag("fuse", help="Fuse the model's layers as engines do (one QKV and one gate/up GEMM; Triton RMSNorm, QK-norm+RoPE and SiLU-and-mul): fewer kernels per step. Eager and every graph mode run the fused model.")]
+CompileOpt = Annotated[Optional[bool], flag("compile", help="Compile the non-attention parts with Inductor before capture (piecewise: through the FX split); compile time is reported apart from capture time.")]

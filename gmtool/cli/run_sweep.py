@@ -14,12 +14,11 @@ from gmtool.report.results import default_out_dir, prepare_out_dir, to_document,
 from gmtool.sweep import Sweep
 
 
-def build_config(profile: str | None, **opts) -> SweepConfig:
-    """Options left at None fall back to the sweep profile, then to SweepConfig's defaults."""
-    prof = load_sweep_profile(profile) if profile else {}
-    merged = {k: v for k, v in prof.items() if k in SweepConfig.__dataclass_fields__}
-    merged.update({k: v for k, v in opts.items() if v is not None})
-    return SweepConfig(**merged)
+def build_config(profile: str | dict | None, **opts) -> SweepConfig:
+    """Each option: the command line's value when given (not None), else the sweep profile's (a name, a path, or
+    one already loaded), else SweepConfig's default."""
+    prof = load_sweep_profile(profile) if isinstance(profile, str) else dict(profile or {})
+    return SweepConfig(**{**prof, **{k: v for k, v in opts.items() if v is not None}})
 
 
 def run_and_write(cfg: SweepConfig, command: str, out: Path | None, force: bool, console: Console,
