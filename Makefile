@@ -22,6 +22,7 @@ run: setup
 	$(VENV)/bin/gmtool capture
 
 test: setup
+	$(VENV)/bin/ruff check gmtool tests tools
 	$(VPY) -m pytest -q -m "not gpu"
 
 # GPU machine: no install there; run from the tree with its own python3.

@@ -32,7 +32,7 @@ def test_staging_written_in_place_equals_a_fresh_write(monkeypatch):
     monkeypatch.setattr(PersistentInputs, "_pad", staticmethod(pad))
     rig = Rig(buckets=(8, 16), max_num_seqs=16)
     w = rig.cache.spec.blocks_per_seq
-    make = lambda: PersistentInputs(16, 16, w, rig.lm.vocab_size, torch.float32, rig.ex.device)
+    make = lambda: PersistentInputs(16, 16, w, rig.lm.vocab_size, torch.float32, rig.ex.device)  # noqa: E731
     inputs = make()
     batches = [(rig.batch(text, seed=i), [_key(k) for k in keys.split()]) for i, (text, keys) in enumerate(MIXES)]
     rng = random.Random(0)
@@ -66,7 +66,7 @@ def test_a_load_that_fails_part_way_is_not_trusted_for_padding():
 
     rig = Rig(buckets=(8,), max_num_seqs=8)
     w = rig.cache.spec.blocks_per_seq
-    make = lambda: PersistentInputs(8, 8, w, rig.lm.vocab_size, torch.float32, rig.ex.device)
+    make = lambda: PersistentInputs(8, 8, w, rig.lm.vocab_size, torch.float32, rig.ex.device)  # noqa: E731
     inputs, key = make(), BucketKey(8)
     small, big = rig.batch("1"), rig.batch("6", seed=1)
     inputs.load(small, key)
