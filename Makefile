@@ -30,7 +30,7 @@ test-gpu:
 	PYTHONPATH=. $(PY) -m pytest -q -m gpu tests/gpu -x -p no:cacheprovider
 
 bench:
-	PYTHONPATH=. $(PY) -m gmtool.bench --out $(OUT)/bench
+	PYTHONPATH=. $(PY) -m gmtool.cli.main bench --out $(OUT)/bench
 
 clean:
 	rm -rf $(VENV) gmtool-out .pytest_cache

@@ -12,10 +12,8 @@ Three implementations, chosen per captured graph:
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -92,66 +90,62 @@ def planned_varlen_attention(q, k_cache, v_cache, views: StepViews, plan, scale)
     return out
 
 
+class TorchAttention:
+    """The reference attention backend: plain torch over the paged cache (any device, the CPU tape included)."""
+
+    name = "torch"
+
+    def write_kv(self, kc, vc, k, v, slots) -> None:
+        write_kv(kc, vc, k, v, slots)
+
+    def plan_signature(self, plan: tuple) -> tuple:
+        """The part of a host plan the planned implementation turns into launch shapes: it slices per sequence."""
+        return plan
+
+    def decode(self, ctx, q, kc, vc, scale, out):
+        return _into(decode_attention(q, kc, vc, ctx.views.block_tables, ctx.views.kv_lens, scale), out)
+
+    def masked(self, ctx, q, kc, vc, scale, out):
+        return _into(masked_varlen_attention(q, kc, vc, ctx.views, ctx.num_seqs, scale), out)
+
+    def planned(self, ctx, q, kc, vc, scale, out):
+        ctx.planned_with.append(self.plan_signature(ctx.plan))
+        return _into(planned_varlen_attention(q, kc, vc, ctx.views, ctx.plan, scale), out)
+
+
+def _into(res: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        return res
+    out.copy_(res)
+    return out
+
+
+TORCH_ATTENTION = TorchAttention()
+
+
 @dataclass
 class ForwardContext:
     """What attention needs during one forward; set around each eager run, capture and replay."""
 
     cache: PagedKVCache
     views: StepViews
-    impl: str  # decode | masked | planned
+    impl: str  # decode | masked | planned: the backend's method that serves this batch shape
     plan: tuple = ()  # host plan of the current batch (planned impl)
     num_seqs: int = 0  # masked impl: sequences covered by the launch shape
     breaker: object = None  # piecewise capture: called at each attention instead of computing it
-    kernels: str = "torch"  # torch (reference) | triton (gmtool.kernels)
+    backend: object = TORCH_ATTENTION  # TorchAttention, or gmtool.kernels.TritonAttention
     planned_with: list = field(default_factory=list)  # host plan parts consumed while this context was live
 
+    def __post_init__(self) -> None:
+        self._run = getattr(self.backend, self.impl)  # looked up once, not per layer
+
     def plan_signature(self, plan: tuple) -> tuple:
-        """The part of a host plan that the planned implementation turns into launch shapes."""
-        if self.kernels == "triton":  # grid (num_seqs, max_q_len); lengths are read from the device
-            return (len(plan), max((q for q, _ in plan), default=0))
-        return plan  # the torch reference slices per sequence on the host
+        return self.backend.plan_signature(plan)
 
     def attend(self, layer: int, q, k, v, scale, out: torch.Tensor | None = None) -> torch.Tensor:
-        kc, vc, views = self.cache.k[layer], self.cache.v[layer], self.views
-        if self.kernels == "triton":
-            return self._attend_triton(kc, vc, q, k, v, scale, out)
-        write_kv(kc, vc, k, v, views.slot_mapping)
-        if self.impl == "decode":
-            res = decode_attention(q, kc, vc, views.block_tables, views.kv_lens, scale)
-        elif self.impl == "masked":
-            res = masked_varlen_attention(q, kc, vc, views, self.num_seqs, scale)
-        else:
-            self.planned_with.append(self.plan_signature(self.plan))
-            res = planned_varlen_attention(q, kc, vc, views, self.plan, scale)
-        if out is None:
-            return res
-        out.copy_(res)
-        return out
-
-    def _attend_triton(self, kc, vc, q, k, v, scale, out):
-        kern, views = _triton_kernels(), self.views
-        kern.write_kv(kc, vc, k, v, views.slot_mapping)
-        if self.impl == "decode":
-            return kern.decode(q, kc, vc, views.block_tables, views.kv_lens, scale, out=out)
-        if self.impl == "masked":
-            return kern.varlen_wide(q, kc, vc, views.cu_q, views.kv_lens, views.block_tables, self.num_seqs,
-                                    scale, out=out)
-        sig = self.plan_signature(self.plan)
-        self.planned_with.append(sig)
-        return kern.varlen(q, kc, vc, views.cu_q, views.kv_lens, views.block_tables, sig[0], sig[1], scale,
-                           out=out)
-
-
-@functools.cache
-def _triton_kernels() -> SimpleNamespace:
-    """Imported on first use (CPU machines need no triton), then looked up once: runners call this per layer."""
-    from gmtool.kernels import get_attention_ops
-    from gmtool.kernels.decode_attention import decode_attention
-    from gmtool.kernels.prefill_attention import varlen_attention, varlen_attention_wide
-
-    ops = get_attention_ops("triton")  # raises a clear error when triton cannot run here
-    return SimpleNamespace(write_kv=ops.write_kv, decode=decode_attention, varlen=varlen_attention,
-                           varlen_wide=varlen_attention_wide)
+        kc, vc = self.cache.k[layer], self.cache.v[layer]
+        self.backend.write_kv(kc, vc, k, v, self.views.slot_mapping)
+        return self._run(self, q, kc, vc, scale, out)
 
 
 _current: ForwardContext | None = None

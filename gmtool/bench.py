@@ -69,23 +69,22 @@ def stage_decode(args, compile_: bool = False, fuse: bool = False) -> dict:
 
 def stage_peer(args) -> dict:
     from gmtool.config import SweepConfig
-    from gmtool.peer import Peer
-    from gmtool.sweep import Sweep
+    from gmtool.peer import HfCompiled
+    from gmtool.workbench import Workbench
 
     rows = []
     for kv in KV_LENS:
-        # the sweep only builds the model and the paged cache the peer copies its K/V from
+        # the workbench holds the model and the paged cache the peer copies its K/V from
         cfg = SweepConfig(model=MODEL, device="cuda", buckets=",".join(map(str, BATCHES)), modes=("eager",),
                           max_kv_len=kv + 128, kv_cache_gb=24, num_iters=args.iters, num_iters_warmup=10,
                           compositions=",".join(f"{b}=1*{b}@{kv - 1}" for b in BATCHES))
-        sweep = Sweep(cfg)
-        sweep.run()
-        peer = Peer(sweep, compile_how="per-bucket")  # the peer at its fastest
+        bench = Workbench.build(cfg)
+        peer = HfCompiled(bench, compile_how="per-bucket")  # the peer at its fastest
         peer.context = kv  # every sequence at context kv, as gmtool's decode rows
         for r in peer.run():
             r["kv_len"] = kv
             rows.append(r)
-        del sweep, peer
+        del bench, peer
         torch.cuda.empty_cache()
     return {"rows": [{k: r.get(k) for k in ("bucket", "kv_len", "status", "max_rel_err", "compile_s",
                                             "latency_ms", "host_us", "error")} for r in rows]}
@@ -102,22 +101,14 @@ def stage_prefill(args) -> dict:
 
 
 def _executor(buckets: list[int], max_kv_len: int, num_blocks: int, fuse: bool = False):
-    """A full-graph executor on the bench model with Triton attention, outside any sweep."""
-    from gmtool import kernels
-    from gmtool.buckets import BucketPolicy
-    from gmtool.executor import GraphExecutor
-    from gmtool.fused import fuse_layers
-    from gmtool.kv_cache import KVCacheSpec, PagedKVCache
-    from gmtool.model import load_model
+    """A full-graph executor on the bench model (Triton attention when it can run), outside any sweep."""
+    from gmtool.config import SweepConfig
+    from gmtool.modes import GraphMode
+    from gmtool.workbench import Workbench
 
-    dev = torch.device("cuda")
-    lm = load_model(MODEL, dev, torch.bfloat16)
-    attention = "triton" if kernels.available() else "torch"
-    if fuse:
-        lm.fused = fuse_layers(lm.model, attention)
-    spec = KVCacheSpec(lm.num_layers, lm.num_kv_heads, lm.head_dim, 16, max_kv_len, torch.bfloat16)
-    cache = PagedKVCache(spec, num_blocks, dev)
-    return GraphExecutor(lm, cache, BucketPolicy(buckets), "full", 256, dev, kernels=attention)
+    cfg = SweepConfig(model=MODEL, device="cuda", buckets=",".join(map(str, buckets)), modes=("full",),
+                      max_kv_len=max_kv_len, fuse=fuse)
+    return Workbench.build(cfg, num_blocks=num_blocks).executor(GraphMode.FULL)
 
 
 def stage_capture(args) -> dict:

@@ -5,6 +5,7 @@ import json
 import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 
 import torch
 
@@ -14,8 +15,25 @@ from gmtool.errors import GmtoolError
 from gmtool.model import parse_dtype, resolve_device
 from gmtool.modes import SWEEP_MODES, GraphMode
 
-SCENARIOS = ("decode", "prefill", "mixed")
-PIECEWISE_IMPLS = ("breakable", "fx")
+class Scenario(StrEnum):
+    DECODE = "decode"
+    PREFILL = "prefill"
+    MIXED = "mixed"
+
+
+class PiecewiseImpl(StrEnum):
+    BREAKABLE = "breakable"  # end capture at each attention call
+    FX = "fx"  # torch.compile's FX graph split at the attention op
+
+
+class AttentionChoice(StrEnum):
+    AUTO = "auto"  # Triton on CUDA when it can run, else the torch reference
+    TORCH = "torch"
+    TRITON = "triton"
+
+
+SCENARIOS = tuple(Scenario)
+PIECEWISE_IMPLS = tuple(PiecewiseImpl)
 CPU_DEFAULT_MODEL = "tiny-qwen3"
 GPU_DEFAULT_MODEL = "qwen3-0.6b"
 CPU_DEFAULT_BUCKETS = {"decode": [1, 2, 4, 8], "prefill": [16, 32, 64]}  # the CPU backend emulates: a small sweep
@@ -48,7 +66,7 @@ class SweepConfig:
     # derived
     torch_device: torch.device = field(init=False, repr=False)
     torch_dtype: torch.dtype = field(init=False, repr=False)
-    kernels: str = field(init=False)
+    attention_backend: str = field(init=False)  # torch | triton: what --attention resolved to
     bucket_sizes: list[int] = field(init=False)
     plan: dict[int, list[Composition]] = field(init=False, repr=False)
     notes: list[str] = field(init=False, default_factory=list)
@@ -75,10 +93,10 @@ class SweepConfig:
         from gmtool import kernels
 
         if self.attention == "auto":
-            self.kernels = "triton" if cuda and kernels.available() else "torch"
+            self.attention_backend = "triton" if cuda and kernels.available() else "torch"
         elif self.attention in kernels.BACKENDS:
-            kernels.get_attention_ops(self.attention)  # a clear error when triton cannot run here
-            self.kernels = self.attention
+            kernels.attention_backend(self.attention)  # a clear error when triton cannot run here
+            self.attention_backend = self.attention
         else:
             raise GmtoolError(f"unknown --attention {self.attention!r}: use auto, torch or triton")
         default = DEFAULT_DECODE_BUCKETS if self.scenario == "decode" else DEFAULT_PREFILL_BUCKETS

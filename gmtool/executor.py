@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gmtool.attention import ForwardContext, forward_context
+from gmtool.attention import TORCH_ATTENTION, ForwardContext, forward_context
 from gmtool.backends import make_backend
 from gmtool.batch import Batch
 from gmtool.buckets import BucketKey, BucketPolicy
@@ -94,8 +94,10 @@ def _memory_of(entry: CapturedGraph, device: torch.device):
 
 class GraphExecutor:
     def __init__(self, lm: LoadedModel, cache: PagedKVCache, policy: BucketPolicy, mode: str,
-                 max_num_seqs: int, device: torch.device, memory=None, kernels: str = "torch"):
-        """memory: a MemoryStrategy (gmtool.memory) choosing the pool of each capture; None: one shared pool."""
+                 max_num_seqs: int, device: torch.device, memory=None, attention=None, forward=None):
+        """memory: a MemoryStrategy (gmtool.memory) choosing the pool of each capture; None: one shared pool.
+        forward: how the forward runs and is cut into captured steps (gmtool.forwards); default: one whole
+        graph, or the runtime split for piecewise."""
         mode = GraphMode(mode)
         if not mode.captures:
             raise GmtoolError(f"{mode} captures no graphs")
@@ -108,11 +110,14 @@ class GraphExecutor:
                                     device=device)
         self.backend = make_backend(device)
         self.memory = memory
-        self.kernels = kernels  # attention kernels: torch reference or triton
+        self.attention = attention or TORCH_ATTENTION  # the attention backend object (gmtool.kernels)
         self.graphs: dict[BucketKey, CapturedGraph] = {}
         self.refresh_runner_metadata = True  # False only to demonstrate the stale-metadata bug
-        self.fx = None  # FxPiecewise when --piecewise-impl fx (gmtool.fx_split.enable_fx_piecewise)
-        self.fx_fallback: str | None = None  # why fx was given up for the runtime split, if it was
+        if forward is None:
+            from gmtool.forwards import RuntimeSplit, WholeGraph
+
+            forward = RuntimeSplit() if mode.piecewise else WholeGraph()
+        self.forward_impl = forward
 
     def key_for(self, batch: Batch) -> BucketKey:
         return self.policy.key_for(batch.num_tokens, batch.num_seqs, batch.is_decode, batch.composition.bucket)
@@ -123,13 +128,11 @@ class GraphExecutor:
         return "masked" if key.num_seqs is not None else "planned"
 
     def forward(self, views: StepViews) -> None:
-        if self.fx is not None:
-            return self.fx.forward(views)
-        views.logits.copy_(self.lm.forward_logits(views.input_ids, views.positions, views.logits_indices))
+        self.forward_impl.run(self, views)
 
     def _context(self, key: BucketKey, views: StepViews, batch: Batch) -> ForwardContext:
         return ForwardContext(self.cache, views, self.impl_for(key), batch.plan, key.num_seqs or 0,
-                              kernels=self.kernels)
+                              backend=self.attention)
 
     def capture(self, key: BucketKey, batch: Batch) -> CapturedGraph:
         """Warm up on the capture stream, then capture; piecewise ends a graph at every attention call."""
@@ -139,9 +142,11 @@ class GraphExecutor:
         fn = lambda: self.forward(views)  # noqa: E731
         with forward_context(ctx), torch.no_grad():
             t0 = time.perf_counter()
-            self._warmup(fn, entry)  # with fx: the trace and split of this shape happen here
-            if self.fx is not None:
+            self.forward_impl.warmup(self, fn)  # with fx: the trace and split of this shape happen here
+            if self.forward_impl.compiles:
                 entry.compile_s = time.perf_counter() - t0
+            if self.mode.piecewise:
+                entry.piecewise_impl = self.forward_impl.label
             ctx.planned_with.clear()
             if self.memory is not None:  # every piece of one bucket goes into the pool chosen for it
                 self.backend.pool = self.memory.pool_for(key)
@@ -160,19 +165,11 @@ class GraphExecutor:
 
     def _record(self, entry: CapturedGraph, fn) -> None:
         """Run fn under capture into entry.steps; a failure leaves the backend usable and says why."""
-        if self.mode.piecewise:
-            entry.ctx.breaker = self._breaker(entry)
         try:
             # the copy-in joins the graph: one launch instead of a copy, an event record and a launch
             self.backend.begin()
             self.inputs.copy_in(entry.key)
-            if self.fx is not None and self.fx.split:  # the split forward's pieces capture themselves
-                entry.steps.append(self.backend.end())
-                entry.copy_steps = 1
-                self.fx.record(entry.steps, fn)
-            else:
-                fn()
-                entry.steps.append(self.backend.end())
+            self.forward_impl.record(self, entry, fn)
             entry.copies_inputs = True
         except torch.OutOfMemoryError:
             self.backend.abort()
@@ -183,30 +180,6 @@ class GraphExecutor:
         except RuntimeError as e:
             self.backend.abort()
             raise CaptureError(f"capture of bucket {entry.key} failed: {str(e).splitlines()[0]}") from None
-        finally:
-            entry.ctx.breaker = None
-
-    def _warmup(self, fn, entry: CapturedGraph) -> None:
-        if self.mode.piecewise:
-            entry.piecewise_impl = "fx" if self.fx is not None else (self.fx_fallback or "breakable")
-        if self.fx is None:
-            return self.backend.warmup(fn)
-        try:
-            self.backend.warmup(fn)
-        except Exception as e:  # dynamo raises many types; any of them means: this model cannot be traced
-            reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-            self.fx, self.fx_fallback = None, f"breakable (fx could not trace: {reason})"
-            entry.piecewise_impl = self.fx_fallback
-            self.backend.warmup(fn)
-
-    def _breaker(self, entry: CapturedGraph):
-        def attention_break(layer, q, k, v, scale):
-            entry.steps.append(self.backend.end())
-            out = self.attn_out[: q.shape[0]]
-            entry.steps.append(AttentionRunner(layer, q, k, v, out, scale, entry.ctx))
-            self.backend.begin()
-            return out
-        return attention_break
 
     def prepare(self, batch: Batch) -> CapturedGraph:
         """Copy-in and graph selection: everything the host does before a replay."""

@@ -23,26 +23,28 @@ import torch
 import torch.nn.functional as F
 
 from gmtool import attention, layers_ref
+from gmtool.families import FUSED_RESIDUAL
 
 SILU = ("silu", "swish")
 
 
-def _ops(x: torch.Tensor, kernels: str) -> SimpleNamespace:
-    if kernels == "triton" and x.is_cuda and not torch.compiler.is_compiling():
-        from gmtool.kernels import layers
+class LayerOps:
+    """The fused layers' kernels, chosen once per run: Triton on CUDA (their torch form while Inductor traces,
+    which it fuses itself), the torch form elsewhere."""
 
-        return layers
-    return _REF
+    def __init__(self, attention_backend: str):
+        self.triton = attention_backend == "triton"
+
+    def __call__(self, x: torch.Tensor) -> SimpleNamespace:
+        if self.triton and x.is_cuda and not torch.compiler.is_compiling():
+            from gmtool.kernels import layers
+
+            return layers
+        return _REF
 
 
 _REF = SimpleNamespace(rms_norm=layers_ref.rms_norm_ref, add_rms_norm=layers_ref.add_rms_norm_ref,
                        qk_norm_rope=layers_ref.qk_norm_rope_ref, silu_mul=layers_ref.silu_mul_ref)
-
-# Base models whose forward is: embed, rotary, the plain pre-norm decoder layers, final norm (and masks,
-# which gmtool's attention never reads). Others keep their own forward and a separate residual add.
-PRE_NORM = {"LlamaModel": "LlamaDecoderLayer", "Qwen2Model": "Qwen2DecoderLayer",
-            "Qwen3Model": "Qwen3DecoderLayer", "MistralModel": "MistralDecoderLayer"}
-
 
 def _concat_as_views(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One weight (and bias) for several Linears; each Linear keeps a view of its rows, so no copy remains."""
@@ -66,16 +68,16 @@ def _is_rmsnorm(m) -> bool:
             and hasattr(m, "variance_epsilon"))
 
 
-def _rmsnorm_forward(m, kernels: str):
+def _rmsnorm_forward(m, ops: LayerOps):
     w, eps = m.weight, m.variance_epsilon
 
     def forward(hidden_states):
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
-        return _ops(x, kernels).rms_norm(x, w, eps).view(hidden_states.shape)
+        return ops(x).rms_norm(x, w, eps).view(hidden_states.shape)
     return forward
 
 
-def _attention_forward(m, kernels: str):
+def _attention_forward(m, ops: LayerOps):
     cfg = m.config
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, m.head_dim
     w, b = _concat_as_views([m.q_proj, m.k_proj, m.v_proj])
@@ -89,24 +91,24 @@ def _attention_forward(m, kernels: str):
         t = x.shape[0]
         qkv = F.linear(x, w, b)
         cos, sin = (e.reshape(t, dim) for e in position_embeddings)
-        q, k = _ops(x, kernels).qk_norm_rope(qkv, heads, kv_heads, dim, cos, sin, qw, kw, eps)
+        q, k = ops(x).qk_norm_rope(qkv, heads, kv_heads, dim, cos, sin, qw, kw, eps)
         v = qkv[:, v_at:].view(t, kv_heads, dim)
         out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling)
         return m.o_proj(out.reshape(*hidden_states.shape[:-1], heads * dim)), None
     return forward
 
 
-def _mlp_forward(m, kernels: str):
+def _mlp_forward(m, ops: LayerOps):
     w, _ = _concat_as_views([m.gate_proj, m.up_proj])
     down = m.down_proj
 
     def forward(x):
-        return down(_ops(x, kernels).silu_mul(F.linear(x.reshape(-1, x.shape[-1]), w)).view(
+        return down(ops(x).silu_mul(F.linear(x.reshape(-1, x.shape[-1]), w)).view(
             *x.shape[:-1], -1))
     return forward
 
 
-def _residual_stream_forward(base, kernels: str):
+def _residual_stream_forward(base, ops: LayerOps):
     """The base model's forward with each residual add fused into the RMSNorm after it:
     x, residual = add_rms_norm(block_output, residual), as engines write their layers."""
     from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -125,25 +127,25 @@ def _residual_stream_forward(base, kernels: str):
         pos = base.rotary_emb(h, position_ids)
         shape = h.shape
         h = h.reshape(-1, shape[-1])
-        ops = _ops(h, kernels)
+        kern = ops(h)
         residual = None
         for layer, (pre, post) in zip(layers, norms):
             if residual is None:
-                residual, x = h, ops.rms_norm(h, pre.weight, pre.variance_epsilon)
+                residual, x = h, kern.rms_norm(h, pre.weight, pre.variance_epsilon)
             else:
-                x, residual = ops.add_rms_norm(h, residual, pre.weight, pre.variance_epsilon)
+                x, residual = kern.add_rms_norm(h, residual, pre.weight, pre.variance_epsilon)
             a, _ = layer.self_attn(hidden_states=x.view(shape), position_embeddings=pos)
-            x, residual = ops.add_rms_norm(a.reshape(h.shape), residual, post.weight, post.variance_epsilon)
+            x, residual = kern.add_rms_norm(a.reshape(h.shape), residual, post.weight, post.variance_epsilon)
             h = layer.mlp(x.view(shape)).reshape(h.shape)
-        h = (ops.add_rms_norm(h, residual, final.weight, final.variance_epsilon)[0] if residual is not None
-             else ops.rms_norm(h, final.weight, final.variance_epsilon))
+        h = (kern.add_rms_norm(h, residual, final.weight, final.variance_epsilon)[0] if residual is not None
+             else kern.rms_norm(h, final.weight, final.variance_epsilon))
         return BaseModelOutputWithPast(last_hidden_state=h.view(shape))
     return forward
 
 
 def _residual_stream_blocker(base, fused_attention: set) -> str | None:
     """None when _residual_stream_forward computes what base.forward does; else why not."""
-    layer_type = PRE_NORM.get(type(base).__name__)
+    layer_type = FUSED_RESIDUAL.get(type(base).__name__)
     if layer_type is None:
         return f"residual add not fused into RMSNorm for {type(base).__name__}"
     layers = list(getattr(base, "layers", []))[: base.config.num_hidden_layers]
@@ -195,8 +197,8 @@ class FusedLayers:
         return s + (f"; left as they are: {'; '.join(sorted(set(self.skipped)))}" if self.skipped else "")
 
 
-def fuse_layers(model: torch.nn.Module, kernels: str) -> FusedLayers:
-    cfg = model.config
+def fuse_layers(model: torch.nn.Module, attention_backend: str) -> FusedLayers:
+    cfg, ops = model.config, LayerOps(attention_backend)
     fused = FusedLayers()
     fused_attention: set[int] = set()
     silu = str(getattr(cfg, "hidden_act", "")).lower() in SILU
@@ -206,18 +208,18 @@ def fuse_layers(model: torch.nn.Module, kernels: str) -> FusedLayers:
             if why:
                 fused.skipped.append(why)
             else:
-                fused.patched.append((m, _attention_forward(m, kernels)))
+                fused.patched.append((m, _attention_forward(m, ops)))
                 fused.counts["attention"] += 1
                 fused_attention.add(id(m))
         elif name.endswith("mlp") and all(isinstance(getattr(m, n, None), torch.nn.Linear)
                                           for n in ("gate_proj", "up_proj", "down_proj")):
             if silu:
-                fused.patched.append((m, _mlp_forward(m, kernels)))
+                fused.patched.append((m, _mlp_forward(m, ops)))
                 fused.counts["mlp"] += 1
             else:
                 fused.skipped.append(f"MLP activation {cfg.hidden_act}")
         elif _is_rmsnorm(m) and not name.endswith(("q_norm", "k_norm")):
-            fused.patched.append((m, _rmsnorm_forward(m, kernels)))
+            fused.patched.append((m, _rmsnorm_forward(m, ops)))
             fused.counts["rmsnorm"] += 1
     base = getattr(model, model.base_model_prefix, None)
     if base is not None:
@@ -225,7 +227,7 @@ def fuse_layers(model: torch.nn.Module, kernels: str) -> FusedLayers:
         if why:
             fused.skipped.append(why)
         else:
-            fused.patched.append((base, _residual_stream_forward(base, kernels)))
+            fused.patched.append((base, _residual_stream_forward(base, ops)))
             fused.counts["residual_adds"] = 2 * base.config.num_hidden_layers
     fused.apply()
     return fused

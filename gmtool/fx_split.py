@@ -63,7 +63,7 @@ class _Piece(torch.nn.Module):
         steps = self.fx.recording
         if steps is None:
             return self.inner(*args)
-        backend = self.fx.executor.backend
+        backend = self.fx.backend
         backend.begin()
         out = self.inner(*args)
         steps.append(backend.end())
@@ -97,9 +97,10 @@ class _Attention(torch.nn.Module):
 
 
 class FxPiecewise:
-    def __init__(self, executor, split: bool = True, inductor: bool = False):
-        self.executor, self.split, self.inductor = executor, split, inductor
+    def __init__(self, lm, split: bool = True, inductor: bool = False):
+        self.lm, self.split, self.inductor = lm, split, inductor
         self.recording: list | None = None
+        self.backend = None  # the graph backend of the capture under way
         self.splits: list[tuple[int, int]] = []  # (pieces, attention submodules) per traced bucket
         for name in ("cache_size_limit", "recompile_limit"):  # one trace per bucket shape
             if hasattr(torch._dynamo.config, name):
@@ -108,7 +109,7 @@ class FxPiecewise:
         self.compiled = torch.compile(self._forward, backend=backend, fullgraph=True, dynamic=False)
 
     def _forward(self, input_ids, positions, logits_indices, logits):
-        logits.copy_(self.executor.lm.forward_logits(input_ids, positions, logits_indices))
+        logits.copy_(self.lm.forward_logits(input_ids, positions, logits_indices))
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs):
         split, attn_names = split_at_attention(gm)
@@ -122,22 +123,11 @@ class FxPiecewise:
         with attention.opaque_attention():
             self.compiled(views.input_ids, views.positions, views.logits_indices, views.logits)
 
-    def record(self, steps: list, fn) -> None:
-        self.recording = steps
+    def record(self, steps: list, fn, backend) -> None:
+        self.recording, self.backend = steps, backend
         try:
             fn()
         except torch._dynamo.exc.Unsupported as e:
             raise CaptureError(f"torch.compile could not trace the model: {str(e).splitlines()[0]}") from None
         finally:
-            self.recording = None
-
-
-def enable_fx_piecewise(executor, inductor: bool = False) -> FxPiecewise:
-    executor.fx = FxPiecewise(executor, split=True, inductor=inductor)
-    return executor.fx
-
-
-def enable_compiled_full(executor) -> FxPiecewise:
-    """--compile for full graphs: one Inductor-compiled forward, captured whole."""
-    executor.fx = FxPiecewise(executor, split=False, inductor=True)
-    return executor.fx
+            self.recording, self.backend = None, None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from gmtool import attention
+from gmtool import attention, families
 from gmtool.errors import GmtoolError
 from gmtool.profiles import load_model_profile
 
@@ -71,17 +71,6 @@ class LoadedModel:
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
-    @property
-    def sliding_window(self) -> int | None:
-        """The attention window of any layer that has one; None when every layer attends to all its context."""
-        window = getattr(self.config, "sliding_window", None)
-        if not window:
-            return None
-        types = getattr(self.config, "layer_types", None)
-        if types is not None:
-            return window if "sliding_attention" in types else None
-        return window if getattr(self.config, "use_sliding_window", True) else None
-
     def forward_logits(self, input_ids, positions, logits_indices) -> torch.Tensor:
         """Packed tokens [1, T], explicit positions, no HF cache: gmtool's attention owns the KV cache."""
         base = getattr(self.model, self.model.base_model_prefix)
@@ -103,9 +92,9 @@ def _config_from_dict(d: dict):
 
 
 def _check_supported(cfg) -> None:
-    rope = getattr(cfg, "rope_scaling", None) or {}
-    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "dynamic":
-        raise GmtoolError("dynamic RoPE syncs with the host on every step: it cannot be captured")
+    why = families.load_refusal(cfg)
+    if why:
+        raise GmtoolError(why)
 
 
 def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:

@@ -24,22 +24,26 @@ import copy
 import gc
 import inspect
 import time
+from enum import StrEnum
 
 import torch
 
-from gmtool.batch import make_batch
 from gmtool.compositions import parse_composition
 from gmtool.errors import GmtoolError
 from gmtool.fused import unfused
 from gmtool.modes import GraphMode
-from gmtool.inputs import PersistentInputs
-from gmtool.records import RECORD_FIELDS, Status
+from gmtool.records import Status, record
 from gmtool.timing import rel_err_per_seq, summarize, time_ms, tolerances_for
-from gmtool.trace import eager_fn, profile_steps, trace_path
+from gmtool.trace import profile_steps, trace_path
 
 PEER_MODE = GraphMode.HF_COMPILED
 COMPILE_CALLS = 3  # reduce-overhead compiles on the 1st call, records its CUDA graph on the 2nd, replays after
-PEER_COMPILES = ("shared", "per-bucket")
+class PeerCompile(StrEnum):
+    SHARED = "shared"  # once for the whole sweep, as users get it
+    PER_BUCKET = "per-bucket"  # each bucket for its own shape: the peer's fastest kernels
+
+
+PEER_COMPILES = tuple(PeerCompile)
 NEEDS_CUDA = ("hf-compiled needs CUDA: torch.compile(mode='reduce-overhead') is measured by the CUDA graphs it "
               "captures; not run on the {device} backend")
 
@@ -130,27 +134,25 @@ def _note(context: int, max_len: int, how: str) -> str:
             "a bucket (compile, if that bucket caused one, and graph recording); host_us is the compiled call alone (its inputs already on the device)")
 
 
-class Peer:
-    def __init__(self, sweep, trace_dir=None, buckets: list[int] | None = None, compile_how: str = "shared"):
-        """sweep: a Sweep that has run (its model and paged cache supply the weights, K/V and reference);
+class HfCompiled:
+    def __init__(self, bench, trace_dir=None, buckets: list[int] | None = None, compile_how: str = "shared"):
+        """bench: the sweep's Workbench (its model and paged cache supply the weights, K/V and reference);
         buckets: the ones to compile and time (default: all of the sweep's); compile_how: shared|per-bucket."""
         if compile_how not in PEER_COMPILES:
             raise GmtoolError(f"unknown --peer-compile {compile_how!r}: use {' or '.join(PEER_COMPILES)}")
         self.compile_how, self._compiled = compile_how, None
-        self.cfg, self.lm, self.paged = sweep.cfg, sweep.lm, sweep.cache
+        self.bench, self.cfg, self.lm, self.paged = bench, bench.cfg, bench.lm, bench.cache
         self.buckets = sorted(buckets or self.cfg.bucket_sizes)
-        self.device, self.trace_dir, self.trace_files = sweep.device, trace_dir, []
+        self.device, self.trace_dir, self.trace_files = bench.device, trace_dir, []
         self.context = self.cfg.max_kv_len // 2
         # other kernels than gmtool's: the tolerance for eager on another shape, not the same-kernel one
         self.tol = tolerances_for(self.cfg.torch_dtype)[1]
 
     def row(self, bucket: int, status: str, **kw) -> dict:
-        rec = dict.fromkeys(RECORD_FIELDS)
-        rec.update(mode=PEER_MODE, bucket=bucket, composition=f"1*{bucket}@{self.context}", num_tokens=bucket,
-                   num_seqs=bucket, status=status, impl=f"hf-static-sdpa ({self.compile_how} compile)",
-                   tolerance=self.tol, notes=_note(self.context, self.cfg.max_kv_len, self.compile_how))
-        rec.update(kw)
-        return rec
+        base = {"bucket": bucket, "composition": f"1*{bucket}@{self.context}", "num_tokens": bucket,
+                "num_seqs": bucket, "impl": f"hf-static-sdpa ({self.compile_how} compile)", "tolerance": self.tol,
+                "notes": _note(self.context, self.cfg.max_kv_len, self.compile_how)}
+        return record(base, PEER_MODE, status, **kw)
 
     @property
     def runnable(self) -> bool:
@@ -220,13 +222,10 @@ class Peer:
         return self._compiled
 
     def _bucket(self, model, bucket: int, trace: bool) -> dict:
-        cfg, lm, dev = self.cfg, self.lm, self.device
-        batch = make_batch(parse_composition(f"1*{bucket}@{self.context}"), self.paged, lm.vocab_size,
-                           cfg.max_num_seqs)
-        inputs = PersistentInputs(bucket, cfg.max_num_seqs, self.paged.spec.blocks_per_seq, lm.vocab_size,
-                                  lm.model.dtype, dev)
+        cfg, dev = self.cfg, self.device
+        batch = self.bench.batch(parse_composition(f"1*{bucket}@{self.context}"))
         hf = HFDecode(model, self.paged, batch, self.context, cfg.max_kv_len)
-        eager, logits = eager_fn(lm, self.paged, inputs, batch, cfg.kernels)
+        eager, logits = self.bench.eager_fn(batch)
         eager()
         ref = logits.clone()
         eager_ms = summarize(time_ms(eager, cfg.num_iters, cfg.num_iters_warmup, dev))

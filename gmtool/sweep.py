@@ -2,34 +2,26 @@
 
 Buckets are taken largest first (graphs of a pool then reuse the largest capture's memory; a memory strategy
 with order "ascending" reverses it). For every composition, eager runs the exact batch (no padding) as the
-reference; each graph mode replays the padded bucket and is compared with it.
+reference; each graph mode replays the padded bucket and is judged against it (gmtool.check). Probes run once
+every row is measured, while every graph is still alive: tracing, memreport's shuffled replays and metering.
 """
 from __future__ import annotations
 
 import platform
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from gmtool.batch import Batch, make_batch
-from gmtool.check import EagerReference, checked_replay, eager_reference
+from gmtool.check import EagerReference, checked_replay
 from gmtool.config import SweepConfig
 from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.executor import GraphExecutor
-from gmtool.inputs import PersistentInputs
-from gmtool.kv_cache import KVCacheSpec, PagedKVCache
-from gmtool.model import LoadedModel, load_model
 from gmtool.modes import GraphMode
 from gmtool.records import Status, record
-from gmtool.timing import (
-    host_us,
-    host_us_steady,
-    summarize,
-    time_ms,
-    tolerances_for,
-)
-
+from gmtool.timing import host_us, host_us_steady, summarize, time_ms, tolerances_for
+from gmtool.workbench import Workbench
 
 
 @dataclass
@@ -41,6 +33,11 @@ class SweepResult:
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+
+
+class Probe(Protocol):
+    def after_sweep(self, bench: Workbench, executors: dict[GraphMode, GraphExecutor], res: SweepResult) -> None:
+        """Runs once every row is measured, before the executors are released."""
 
 
 def machine_info(device: torch.device) -> dict:
@@ -62,56 +59,36 @@ def machine_info(device: torch.device) -> dict:
 
 
 class Sweep:
-    def __init__(self, cfg: SweepConfig, progress=None, memory_factory=None):
+    def __init__(self, cfg: SweepConfig, progress=None, memory_factory=None, probes: tuple[Probe, ...] = ()):
         """memory_factory(mode) -> a MemoryStrategy for that mode's executor (None: one shared pool)."""
-        self.cfg, self.progress, self.memory_factory = cfg, progress, memory_factory
+        self.cfg, self.progress, self.memory_factory, self.probes = cfg, progress, memory_factory, probes
         self.device = cfg.torch_device
+        self.bench: Workbench | None = None
 
-    # -- setup ---------------------------------------------------------------------------------------
-    def _build(self) -> tuple[LoadedModel, PagedKVCache]:
-        cfg = self.cfg
-        lm = load_model(cfg.model, self.device, cfg.torch_dtype, cfg.seed)
-        if lm.sliding_window is not None and cfg.max_kv_len > lm.sliding_window:
-            # gmtool's attention reads the whole context: past the window, eager and graphs would agree on
-            # something the model does not compute
-            raise GmtoolError(f"{lm.name} has sliding-window attention ({lm.sliding_window} tokens), which gmtool "
-                              f"does not implement: use --max-kv-len {lm.sliding_window} or less")
-        if cfg.fuse:
-            from gmtool.fused import fuse_layers
-
-            lm.fused = fuse_layers(lm.model, cfg.kernels)
-        spec = KVCacheSpec(lm.num_layers, lm.num_kv_heads, lm.head_dim, cfg.block_size, cfg.max_kv_len,
-                           cfg.torch_dtype)
-        worst = max(c.num_seqs for cs in cfg.plan.values() for c in cs) * spec.blocks_per_seq
-        if cfg.kv_cache_gb is not None:
-            budget = int(cfg.kv_cache_gb * 2**30)
-        elif self.device.type == "cuda":
-            budget = int(torch.cuda.mem_get_info(self.device)[0] * 0.4)
-        else:
-            budget = 1 << 40
-        cache = PagedKVCache.from_budget(spec, budget, worst, self.device)
-        cache.fill_random(cfg.seed)
-        return lm, cache
-
-    # -- the sweep -----------------------------------------------------------------------------------
-    def run(self) -> SweepResult:
+    def run(self, bench: Workbench | None = None) -> SweepResult:
         cfg, t_start = self.cfg, time.perf_counter()
-        lm, cache = self._build()
-        self.lm, self.cache = lm, cache
-        res = SweepResult(cfg.to_dict(), machine_info(self.device),
-                          {"name": lm.name, "source": lm.source, "params": lm.num_params,
-                           "layers": lm.num_layers, "heads": lm.num_heads, "kv_heads": lm.num_kv_heads,
-                           "head_dim": lm.head_dim, "vocab": lm.vocab_size,
-                           "kv_cache_blocks": cache.num_blocks, "kv_cache_bytes": cache.nbytes},
-                          notes=list(cfg.notes) + ([lm.fused.summary] if lm.fused else []))
-        executors = {m: self._executor(m, lm, cache) for m in cfg.graph_modes}
-        eager_inputs = PersistentInputs(max(cfg.bucket_sizes), cfg.max_num_seqs, cache.spec.blocks_per_seq,
-                                        lm.vocab_size, lm.model.dtype, self.device)
+        self.bench = bench = bench or Workbench.build(cfg)
+        res = SweepResult(cfg.to_dict(), machine_info(self.device), bench.model_info(),
+                          notes=list(cfg.notes) + ([bench.lm.fused.summary] if bench.lm.fused else []))
+        executors = {m: bench.executor(m, self.memory_factory(m) if self.memory_factory else None)
+                     for m in cfg.graph_modes}
+        try:
+            self._measure(bench, executors, res)
+            for probe in self.probes:
+                probe.after_sweep(bench, executors, res)
+        except BaseException:
+            _release(executors, quiet=True)  # the failure that got us here is what gets reported
+            raise
+        _release(executors)
+        res.wall_s = time.perf_counter() - t_start
+        return res
+
+    def _measure(self, bench: Workbench, executors: dict, res: SweepResult) -> None:
+        cfg = self.cfg
         tol_same, tol = tolerances_for(cfg.torch_dtype)
         dead: dict[str, str] = {}  # mode -> why its remaining buckets are skipped
-        total = sum(len(cs) for cs in cfg.plan.values())
         if self.progress:
-            self.progress.start(total)
+            self.progress.start(sum(len(cs) for cs in cfg.plan.values()))
         # a memory strategy may ask for smallest first (to show what the largest-first order saves)
         ascending = any(getattr(ex.memory, "order", None) == "ascending" for ex in executors.values())
         for bucket in sorted(cfg.plan, reverse=not ascending):
@@ -119,18 +96,20 @@ class Sweep:
                 base = {"bucket": bucket, "composition": comp.label, "num_tokens": comp.num_tokens,
                         "num_seqs": comp.num_seqs, "tolerance": tol, "tolerance_same_shape": tol_same}
                 try:
-                    batch = make_batch(comp, cache, lm.vocab_size, cfg.max_num_seqs)
-                    ref, eager_ms = self._eager(lm, cache, eager_inputs, batch, GraphMode.EAGER in cfg.modes)
+                    batch = bench.batch(comp)
+                    ref, eager_fn = bench.reference(batch)
                 except GmtoolError as e:
                     res.errors.append(str(e))
                     res.records.append(record(base, GraphMode.EAGER, Status.ERROR, error=str(e)))
-                    if self.progress:
-                        self.progress.advance(f"{bucket}: {comp.label} (error)")
+                    self._advance(f"{bucket}: {comp.label} (error)")
                     continue
-                eager_med = eager_ms["median"] if eager_ms else None
+                eager_med = None
                 if GraphMode.EAGER in cfg.modes:
-                    res.records.append(record(base, GraphMode.EAGER, Status.OK, max_rel_err=0.0, max_rel_err_same_shape=0.0, latency_ms=eager_ms,
-                                               eager_latency_ms=eager_med, speedup=1.0))
+                    eager_ms = summarize(time_ms(eager_fn, cfg.num_iters, cfg.num_iters_warmup, self.device))
+                    eager_med = eager_ms["median"]
+                    res.records.append(record(base, GraphMode.EAGER, Status.OK, max_rel_err=0.0,
+                                              max_rel_err_same_shape=0.0, latency_ms=eager_ms,
+                                              eager_latency_ms=eager_med, speedup=1.0))
                 for mode, ex in executors.items():
                     if mode in dead:
                         res.records.append(record(base, mode, Status.SKIPPED, error=dead[mode]))
@@ -140,37 +119,11 @@ class Sweep:
                     if rec["status"] == Status.OOM:
                         dead[mode] = f"skipped after out of memory at bucket {bucket}"
                         res.errors.append(rec["error"])
-                if self.progress:
-                    self.progress.advance(f"bucket {bucket}: {comp.label}")
-        self.after_sweep(res, executors, eager_inputs, tol)
-        for ex in executors.values():
-            ex.release()
-        res.wall_s = time.perf_counter() - t_start
-        return res
+                self._advance(f"bucket {bucket}: {comp.label}")
 
-    def after_sweep(self, res: SweepResult, executors: dict, eager_inputs: PersistentInputs, tol: float) -> None:
-        """Runs while every graph is still alive, before the executors are released (memreport uses it)."""
-
-    def _executor(self, mode: str, lm, cache) -> GraphExecutor:
-        cfg = self.cfg
-        policy = cfg.policy(wide_key=mode.wide_key)
-        ex = GraphExecutor(lm, cache, policy, mode, cfg.max_num_seqs, self.device,
-                           self.memory_factory(mode) if self.memory_factory else None, cfg.kernels)
-        from gmtool.fx_split import enable_compiled_full, enable_fx_piecewise
-
-        if mode.piecewise and (cfg.piecewise_impl == "fx" or cfg.compile):
-            enable_fx_piecewise(ex, inductor=cfg.compile)  # --compile goes through the FX split
-        elif not mode.piecewise and cfg.compile:
-            enable_compiled_full(ex)
-        return ex
-
-    def _eager(self, lm, cache, inputs: PersistentInputs, batch: Batch, timed: bool):
-        from gmtool.trace import eager_fn
-
-        fn, logits = eager_fn(lm, cache, inputs, batch, self.cfg.kernels)
-        ref = eager_reference(fn, logits, cache, batch)
-        ms = summarize(time_ms(fn, self.cfg.num_iters, self.cfg.num_iters_warmup, self.device)) if timed else None
-        return ref, ms
+    def _advance(self, label: str) -> None:
+        if self.progress:
+            self.progress.advance(label)
 
     def _graph_run(self, ex: GraphExecutor, mode, batch, ref: EagerReference, eager_med, tols, base) -> dict:
         cfg = self.cfg
@@ -179,9 +132,12 @@ class Sweep:
         fresh = key not in ex.graphs
         try:
             entry, check, _ = checked_replay(ex, batch, ref)
-        except OutOfMemory as e:
+        except (OutOfMemory, torch.OutOfMemoryError) as e:  # torch's: outside the capture (warm-up, say)
             ex.backend.abort()
-            return record(base, mode, Status.OOM, key=str(key), error=str(e))
+            error = str(e) if isinstance(e, OutOfMemory) else f"out of memory at bucket {key}: {str(e).splitlines()[0]}"
+            if ex.memory is not None and (detail := ex.memory.failure_detail()):
+                error += f" ({detail})"
+            return record(base, mode, Status.OOM, key=str(key), error=error)
         except GmtoolError as e:
             return record(base, mode, Status.ERROR, key=str(key), error=str(e))
         rec = record(base, mode, Status.OK, key=str(entry.key), impl=entry.impl, max_rel_err=check.max_rel_err,
@@ -209,3 +165,13 @@ class Sweep:
         rec["host_steady_us"] = summarize(host_us_steady(lambda: ex.step(batch), ex.inputs.copied_in, n))
         ex.backend.synchronize()
         return rec
+
+
+def _release(executors: dict, quiet: bool = False) -> None:
+    """Graphs before their pools; quiet: best effort, after a failure."""
+    for ex in executors.values():
+        try:
+            ex.release()
+        except Exception:
+            if not quiet:
+                raise

@@ -2,7 +2,7 @@
 an NVTX range on CUDA so that Nsight Systems shows it by name.
 
 The replays are re-run outside the sweep's timed loop, through the executors while their graphs are still
-alive (Sweep.after_sweep): profiling never perturbs the figures the sweep reports.
+alive (a sweep probe): profiling never perturbs the figures the sweep reports.
 """
 from __future__ import annotations
 
@@ -11,13 +11,8 @@ from pathlib import Path
 
 import torch
 
-from gmtool.attention import ForwardContext, forward_context
-from gmtool.batch import Batch, make_batch
-from gmtool.buckets import BucketKey
 from gmtool.errors import GmtoolError
-from gmtool.inputs import PersistentInputs
 from gmtool.modes import GraphMode
-from gmtool.sweep import Sweep
 
 TRACE_REPLAYS = 3
 
@@ -32,21 +27,6 @@ def nvtx_range(name: str, device: torch.device):
         yield
     finally:
         torch.cuda.nvtx.range_pop()
-
-
-def eager_fn(lm, cache, inputs: PersistentInputs, batch: Batch, kernels: str = "torch"):
-    """gmtool's eager forward of the exact batch (no padding): the sweep's reference; returns the callable
-    and the logits view it writes."""
-    key = BucketKey(batch.num_tokens, batch.num_seqs, batch.is_decode)
-    views = inputs.load(batch, key)
-    ctx = ForwardContext(cache, views, "decode" if batch.is_decode else "planned", batch.plan, batch.num_seqs,
-                         kernels=kernels)
-
-    def fn():
-        with forward_context(ctx), torch.no_grad():
-            views.logits.copy_(lm.forward_logits(views.input_ids, views.positions, views.logits_indices))
-
-    return fn, views.logits[: batch.num_seqs]
 
 
 def _sync(device: torch.device) -> None:
@@ -80,23 +60,20 @@ def trace_path(out_dir: Path, mode: str) -> Path:
     return Path(out_dir) / f"trace-{mode}.json"
 
 
-class TracedSweep(Sweep):
-    """A Sweep that, once every bucket is measured, traces each mode's largest captured bucket."""
+class TraceProbe:
+    """Once every bucket is measured, traces each mode's largest captured bucket (and eager's largest)."""
 
-    def __init__(self, cfg, progress, out_dir: Path, memory_factory=None):
-        super().__init__(cfg, progress, memory_factory)
+    def __init__(self, out_dir: Path):
         self.out_dir, self.trace_files = Path(out_dir), []
 
-    def after_sweep(self, res, executors, eager_inputs, tol) -> None:
-        super().after_sweep(res, executors, eager_inputs, tol)
-        cfg, lm, cache = self.cfg, self.lm, self.cache
+    def after_sweep(self, bench, executors, res) -> None:
+        cfg, device = bench.cfg, bench.device
         if GraphMode.EAGER in cfg.modes:
             bucket = max(cfg.plan)
             try:
-                batch = make_batch(cfg.plan[bucket][0], cache, lm.vocab_size, cfg.max_num_seqs)
-                fn, _ = eager_fn(lm, cache, eager_inputs, batch, cfg.kernels)
+                fn, _ = bench.eager_fn(bench.batch(cfg.plan[bucket][0]))
                 self.trace_files.append(profile_steps(fn, trace_path(self.out_dir, GraphMode.EAGER),
-                                                      f"eager bucket {bucket}", self.device))
+                                                      f"eager bucket {bucket}", device))
             except GmtoolError as e:
                 res.notes.append(f"--trace: no eager trace: {e}")
         for mode, ex in executors.items():
@@ -107,9 +84,9 @@ class TracedSweep(Sweep):
             label = ex.graphs[key].captured_with
             comp = next(c for c in cfg.plan[key.num_tokens] if c.label == label)
             try:
-                batch = make_batch(comp, cache, lm.vocab_size, cfg.max_num_seqs)
+                batch = bench.batch(comp)
                 entry = ex.prepare(batch)  # copy-in only: the graph for this key already exists
                 self.trace_files.append(profile_steps(lambda: entry.replay(batch), trace_path(self.out_dir, mode),
-                                                      f"{mode} bucket {key.num_tokens}", self.device))
+                                                      f"{mode} bucket {key.num_tokens}", device))
             except GmtoolError as e:
                 res.notes.append(f"--trace: no {mode} trace: {e}")

@@ -1,42 +1,41 @@
-"""Small builders shared by the tests: a tiny model, its KV cache, an executor."""
+"""Small builders shared by the tests: a tiny model, its KV cache and an executor, through the Workbench."""
 import torch
 
-from gmtool.attention import ForwardContext, forward_context
-from gmtool.batch import make_batch
-from gmtool.buckets import BucketKey, BucketPolicy
 from gmtool.compositions import parse_composition
-from gmtool.executor import GraphExecutor
-from gmtool.inputs import PersistentInputs
-from gmtool.kv_cache import KVCacheSpec, PagedKVCache
-from gmtool.model import load_model
+from gmtool.config import SweepConfig
+from gmtool.modes import GraphMode
+from gmtool.workbench import Workbench
 
 CPU = torch.device("cpu")
 
 
+def graph_mode(mode: str, wide_key: bool) -> GraphMode:
+    """The executor tests name a mode and a key width; full graphs come in both widths."""
+    if mode == "full":
+        return GraphMode.FULL if wide_key else GraphMode.FULL_NARROW
+    return GraphMode(mode)
+
+
 class Rig:
     def __init__(self, model="tiny-qwen3", buckets=(4, 8, 16, 32), mode="full", wide_key=False, max_kv_len=160,
-                 max_num_seqs=32):
-        self.lm = load_model(model, CPU, torch.float32, seed=0)
-        spec = KVCacheSpec(self.lm.num_layers, self.lm.num_kv_heads, self.lm.head_dim, 16, max_kv_len,
-                           torch.float32)
-        self.cache = PagedKVCache(spec, 400, CPU)
-        self.cache.fill_random(0)
-        self.max_num_seqs = max_num_seqs
-        self.ex = GraphExecutor(self.lm, self.cache, BucketPolicy(list(buckets), wide_key=wide_key), mode,
-                                max_num_seqs, CPU)
-        self.eager_inputs = PersistentInputs(max(buckets), max_num_seqs, spec.blocks_per_seq,
-                                             self.lm.vocab_size, torch.float32, CPU)
+                 max_num_seqs=32, piecewise_impl="breakable"):
+        mode = graph_mode(mode, wide_key)
+        cfg = SweepConfig(model=model, device="cpu", dtype="fp32", buckets=",".join(map(str, buckets)),
+                          modes=(GraphMode.EAGER, mode), max_kv_len=max_kv_len, max_num_seqs=max_num_seqs,
+                          piecewise_impl=piecewise_impl)
+        self.bench = Workbench.build(cfg, num_blocks=400)
+        self.lm, self.cache, self.max_num_seqs = self.bench.lm, self.bench.cache, max_num_seqs
+        self.ex = self.bench.executor(mode)
+        self.eager_inputs = self.bench.eager_inputs
 
     def batch(self, text, seed=0):
-        return make_batch(parse_composition(text, seed), self.cache, self.lm.vocab_size, self.max_num_seqs)
+        return self.bench.batch(parse_composition(text, seed))
 
     def eager(self, batch):
         """Reference: the exact batch, no padding, no graph."""
-        key = BucketKey(batch.num_tokens, batch.num_seqs, batch.is_decode)
-        views = self.eager_inputs.load(batch, key)
-        ctx = ForwardContext(self.cache, views, "decode" if batch.is_decode else "planned", batch.plan)
-        with forward_context(ctx), torch.no_grad():
-            return self.lm.forward_logits(views.input_ids, views.positions, views.logits_indices)
+        fn, logits = self.bench.eager_fn(batch)
+        fn()
+        return logits.clone()
 
     def graph(self, batch):
         return self.ex.step(batch).clone()

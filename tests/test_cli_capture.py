@@ -70,7 +70,7 @@ def test_narrow_full_graph_for_prefill_is_reported_unsafe(tmp_path):
     (["--compositions", "8=4+8"], "more than its bucket"),
     (["--compositions", "0*3"], "must be > 0"),
     (["--buckets", "8", "--compositions", "4@200", "--max-kv-len", "128"], "exceeds --max-kv-len"),
-    (["--scenario", "sideways"], "unknown scenario"),
+    (["--scenario", "sideways"], "is not one of"),
     (["--mode", "fastest"], "unknown mode"),
     (["--dtype", "int3"], "unknown dtype"),
 ])

@@ -249,27 +249,21 @@ def test_exit_codes(records, code):
 def test_peer_static_cache_matches_gmtool_eager():
     """The hf-compiled peer's inputs: an HF StaticCache holding gmtool's K/V gives gmtool eager's logits
     (uncompiled here; the compiled step is only run on CUDA)."""
-    from gmtool.batch import make_batch
     from gmtool.compositions import parse_composition
     from gmtool.config import SweepConfig
-    from gmtool.inputs import PersistentInputs
     from gmtool.peer import HFDecode, sdpa_copy
-    from gmtool.sweep import Sweep
     from gmtool.timing import rel_err_per_seq
-    from gmtool.trace import eager_fn
+    from gmtool.workbench import Workbench
 
     cfg = SweepConfig(device="cpu", buckets="3", compositions="1*3", modes=("eager",), num_iters=1,
                       num_iters_warmup=0)
-    sweep = Sweep(cfg)
-    sweep.run()
-    lm, paged, ctx = sweep.lm, sweep.cache, cfg.max_kv_len // 2
-    batch = make_batch(parse_composition(f"1*3@{ctx}"), paged, lm.vocab_size, cfg.max_num_seqs)
-    inputs = PersistentInputs(3, cfg.max_num_seqs, paged.spec.blocks_per_seq, lm.vocab_size, lm.model.dtype,
-                              sweep.device)
+    bench = Workbench.build(cfg)
+    lm, paged, ctx = bench.lm, bench.cache, cfg.max_kv_len // 2
+    batch = bench.batch(parse_composition(f"1*3@{ctx}"))
     model = sdpa_copy(lm.model)
-    assert lm.model.config._attn_implementation == "gmtool"  # the copy changed, not the sweep's model
+    assert lm.model.config._attn_implementation == "gmtool"  # the copy changed, not the workbench's model
     hf = HFDecode(model, paged, batch, ctx, cfg.max_kv_len)
-    eager, logits = eager_fn(lm, paged, inputs, batch)
+    eager, logits = bench.eager_fn(batch)
     eager()
     with torch.no_grad():
         for _ in range(2):  # rewinding makes every step the same step
@@ -282,25 +276,23 @@ def test_peer_shared_compile_traces_at_most_twice():
     reusing the second graph for every later batch size; aot_eager here stands in for Inductor."""
     import torch._dynamo.utils as dyn
 
-    from gmtool.batch import make_batch
     from gmtool.compositions import parse_composition
     from gmtool.config import SweepConfig
     from gmtool.peer import HFDecode, hf_step, sdpa_copy
-    from gmtool.sweep import Sweep
     from gmtool.timing import rel_err_per_seq
+    from gmtool.workbench import Workbench
 
     cfg = SweepConfig(device="cpu", buckets="1,2,4,8", modes=("eager",), num_iters=1, num_iters_warmup=0)
-    sweep = Sweep(cfg)
-    sweep.run()
-    model, ctx = sdpa_copy(sweep.lm.model), cfg.max_kv_len // 2
+    bench = Workbench.build(cfg)
+    model, ctx = sdpa_copy(bench.lm.model), cfg.max_kv_len // 2
     torch._dynamo.reset()
     dyn.counters.clear()
     compiled = torch.compile(hf_step, backend="aot_eager")
     try:
         with torch.no_grad():
             for b in (1, 2, 4, 8):
-                batch = make_batch(parse_composition(f"1*{b}@{ctx}"), sweep.cache, sweep.lm.vocab_size, 256)
-                hf = HFDecode(model, sweep.cache, batch, ctx, cfg.max_kv_len)
+                batch = bench.batch(parse_composition(f"1*{b}@{ctx}"))
+                hf = HFDecode(model, bench.cache, batch, ctx, cfg.max_kv_len)
                 hf.rewind()
                 out = compiled(model, hf.ids, hf.pos, hf.kwargs)
                 hf.rewind()

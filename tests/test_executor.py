@@ -147,10 +147,8 @@ def test_tape_replay_reruns_over_the_same_tensors():
 
 
 def test_fx_piecewise_splits_at_attention_and_matches_eager():
-    from gmtool.fx_split import enable_fx_piecewise
-
-    rig = Rig(mode="piecewise")
-    fx = enable_fx_piecewise(rig.ex)
+    rig = Rig(mode="piecewise", piecewise_impl="fx")
+    fx = rig.ex.forward_impl.active.fx
     for i, text in enumerate(["16+16", "8*4", "20+12@64"]):
         b = rig.batch(text, seed=i)
         assert rel(rig.graph(b), rig.eager(b)) < 1e-5, text
@@ -162,10 +160,7 @@ def test_fx_piecewise_splits_at_attention_and_matches_eager():
 
 
 def test_fx_piecewise_runner_reads_current_metadata():
-    from gmtool.fx_split import enable_fx_piecewise
-
-    rig = Rig(mode="piecewise")
-    enable_fx_piecewise(rig.ex)
+    rig = Rig(mode="piecewise", piecewise_impl="fx")
     a, b = rig.batch("16+16", seed=1), rig.batch("4*8", seed=2)
     rig.graph(a)
     rig.ex.refresh_runner_metadata = False
@@ -175,10 +170,8 @@ def test_fx_piecewise_runner_reads_current_metadata():
 
 
 def test_fx_falls_back_to_runtime_split_when_tracing_fails(monkeypatch):
-    from gmtool import fx_split
-
-    rig = Rig(mode="piecewise")
-    fx = fx_split.enable_fx_piecewise(rig.ex)
+    rig = Rig(mode="piecewise", piecewise_impl="fx")
+    fx = rig.ex.forward_impl.active.fx
 
     def broken(*args, **kwargs):
         raise RuntimeError("cannot trace this model")

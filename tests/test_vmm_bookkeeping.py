@@ -377,6 +377,7 @@ def test_memreport_cli_keeps_results_and_fails_on_oom(monkeypatch, tmp_path):
 
     import gmtool.cli.memreport as cli
     from gmtool.cli.main import app
+    import gmtool.memory.report as report
     from gmtool.memory.report import derive
 
     real_build = cli.build_config
@@ -392,7 +393,7 @@ def test_memreport_cli_keeps_results_and_fails_on_oom(monkeypatch, tmp_path):
                 _rec("full", 8), _rec("full", 4, "oom", error="out of memory while capturing bucket d4")]))}
     result = SimpleNamespace(machine={"device": "cuda", "gpu": "stub"}, model={"name": "tiny-qwen3"})
     monkeypatch.setattr(cli, "build_config", build_on_cuda)
-    monkeypatch.setattr(cli, "run_strategy", lambda cfg, name, progress=None: (rows[name], result))
+    monkeypatch.setattr(report, "run_strategy", lambda cfg, name, progress=None: (rows[name], result))
     out = tmp_path / "mem"
     r = CliRunner().invoke(app, ["memreport", "-m", "tiny-qwen3", "-b", "1,2,4,8", "--strategies",
                                  "independent,vmm,shared", "--out", str(out)])

@@ -6,12 +6,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from gmtool.cli.progress import make_console
+from gmtool.app import run_capture
+from gmtool.cli.progress import make_console, progress_bars
 
 from gmtool.cli import options as o
-from gmtool.cli.run_sweep import build_config, finish, run_and_write
+from gmtool.cli.run_sweep import build_config, finish
 from gmtool.errors import GmtoolError
-from gmtool.modes import CAPTURE_MODES
+from gmtool.modes import CAPTURE_MODES, GraphMode
+from gmtool.report.results import default_out_dir, prepare_out_dir
 from gmtool.report.tables import capture_table
 
 
@@ -44,13 +46,17 @@ def capture(
     """Capture one graph per bucket, replay it with several batch compositions, compare each with eager."""
     console = make_console()
     if mode is not None and mode not in CAPTURE_MODES:
-        raise GmtoolError(f"--mode {mode!r} captures nothing: use {', '.join(CAPTURE_MODES)} (compare runs eager)")
+        why = "captures nothing" if mode in tuple(GraphMode) else "is an unknown mode"
+        raise GmtoolError(f"--mode {mode!r} {why}: choose from {', '.join(CAPTURE_MODES)} (compare runs eager)")
     cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
                        modes=("eager", mode) if mode else None, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
                        num_iters_warmup=num_iters_warmup, seed=seed)
-    doc, out_dir = run_and_write(cfg, "capture", out, force, console)
+    out_dir = prepare_out_dir(out or default_out_dir("capture"), force)
+    for note in cfg.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    doc = run_capture(cfg, out_dir, progress_bars(console))
     console.print(capture_table(doc))
     console.print(f"results: {out_dir / 'results.json'}, {out_dir / 'results.csv'}")
     finish(doc, console)

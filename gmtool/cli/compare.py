@@ -1,31 +1,35 @@
 """gmtool compare: several modes side by side over the same buckets and batch compositions, in one process."""
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from gmtool.cli import options as o
-from gmtool.cli.progress import SweepProgress, make_console
+from gmtool.app import run_compare
+from gmtool.cli.progress import make_console, progress_bars
 from gmtool.cli.report import BaselineOpt
 from gmtool.cli.run_sweep import build_config, finish
 from gmtool.modes import GraphMode
 from gmtool.errors import GmtoolError
 from gmtool.buckets import parse_buckets
-from gmtool.peer import PEER_COMPILES, PEER_MODE, Peer
+from gmtool.peer import PeerCompile
 from gmtool.profiles import load_sweep_profile
-from gmtool.report.baseline import attach_baseline, check_same_model, load_baseline
-from gmtool.report.results import default_out_dir, prepare_out_dir, to_document, write_reports, write_results
+from gmtool.report.baseline import check_same_model, load_baseline
+from gmtool.report.results import default_out_dir, prepare_out_dir
 from gmtool.report.tables import compare_table, noise_warning
-from gmtool.sweep import Sweep
-from gmtool.trace import TracedSweep
 
 VALID_MODES = tuple(GraphMode)
-FORMATS = ("human", "json", "quiet")
+
+
+class OutputFormat(StrEnum):
+    HUMAN = "human"  # tables
+    JSON = "json"  # the results document on stdout, nothing else
+    QUIET = "quiet"  # problems only
 
 
 def parse_modes(text: str) -> list[str]:
@@ -46,7 +50,7 @@ ModesArg = Annotated[Optional[str], typer.Argument(help=f"Comma-separated modes:
                                                    show_default=DEFAULT_MODES)]
 OutOpt = Annotated[Optional[Path], typer.Option(
     "--out", "-o", help="Output directory (default gmtool-out/compare-<time>).")]
-FormatOpt = Annotated[str, typer.Option(
+FormatOpt = Annotated[OutputFormat, typer.Option(
     "--format", "-f", help="human (tables) | json (the results document on stdout, nothing else) | quiet "
     "(problems only)")]
 TraceOpt = Annotated[bool, typer.Option(
@@ -87,20 +91,18 @@ def compare(
     profile: o.ProfileOpt = None,
     out: OutOpt = None,
     force: o.ForceOpt = False,
-    fmt: FormatOpt = "human",
+    fmt: FormatOpt = OutputFormat.HUMAN,
     trace: TraceOpt = False,
     baseline: BaselineOpt = None,
     peer_buckets: Annotated[Optional[str], typer.Option(
         "--peer-buckets", help="Buckets hf-compiled runs on (each compiles for ~40 s on an H200). "
         "Default: every bucket of the sweep.")] = None,
-    peer_compile: Annotated[str, typer.Option(
+    peer_compile: Annotated[PeerCompile, typer.Option(
         "--peer-compile", help="hf-compiled: 'shared' compiles once for all buckets (static, then one graph with "
         "the batch symbolic, as users get it); 'per-bucket' compiles each bucket for its own shape (its fastest "
-        "kernels, ~40 s each on an H200).")] = "shared",
+        "kernels, ~40 s each on an H200).")] = PeerCompile.SHARED,
 ) -> None:
     """Run every mode over every bucket and composition in one process; write results and reports."""
-    if fmt not in FORMATS:
-        raise GmtoolError(f"unknown --format {fmt!r}: choose from {', '.join(FORMATS)}")
     prof = load_sweep_profile(profile) if profile else {}
     wanted = parse_modes(modes or ",".join(prof.get("modes", ())) or DEFAULT_MODES)
     # stdout carries only the JSON document in json mode; in quiet mode nothing but problems is shown
@@ -115,32 +117,14 @@ def compare(
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
                        num_iters_warmup=num_iters_warmup, seed=seed)
     peer_list = _peer_buckets(peer_buckets, cfg.bucket_sizes)
-    if peer_compile not in PEER_COMPILES:
-        raise GmtoolError(f"unknown --peer-compile {peer_compile!r}: use {' or '.join(PEER_COMPILES)}")
     if base is not None:
         check_same_model(base, _expected_model_name(cfg.model))
     out_dir = prepare_out_dir(out or default_out_dir("compare"), force)
     no_eager = [] if GraphMode.EAGER in sweep_modes else ["eager is not among the modes: the graph modes get no speedup"]
     for note in cfg.notes + no_eager:
         console.print(f"[yellow]note:[/] {note}")
-
-    with SweepProgress(console, "compare") as progress:
-        sweep = TracedSweep(cfg, progress, out_dir) if trace else Sweep(cfg, progress)
-        result = sweep.run()
-    traces = list(getattr(sweep, "trace_files", []))
-    if PEER_MODE in wanted:
-        peer = Peer(sweep, out_dir if trace else None, peer_list, peer_compile)
-        with SweepProgress(console, PEER_MODE) if peer.runnable else contextlib.nullcontext() as progress:
-            result.records += peer.run(progress)
-        traces += peer.trace_files
-    if trace and not traces:
-        result.notes.append("--trace: no trace was written")
-
-    doc = to_document(result, "compare")
-    doc["config"]["modes"] = wanted  # the peer is not a SweepConfig mode, but the reports list it in order
-    if base is not None:
-        attach_baseline(doc, base, baseline)
-    files = write_results(out_dir, doc) + write_reports(out_dir, doc) + traces
+    doc, files = run_compare(cfg, wanted, out_dir, progress_bars(console), trace, peer_list, peer_compile,
+                             (base, baseline) if base is not None else None)
 
     if fmt == "json":
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")

@@ -21,12 +21,13 @@ def _root() -> None:
 
 
 def _register() -> None:
-    from gmtool.cli import capture, compare, memreport, report
+    from gmtool.cli import bench, capture, compare, memreport, report
 
     app.command("capture")(capture.capture)
     app.command("memreport")(memreport.memreport)
     app.command("compare")(compare.compare)
     app.command("report")(report.report)
+    app.command("bench")(bench.bench)
 
 
 _register()

@@ -7,10 +7,11 @@ from typing import Annotated, Optional
 import typer
 
 from gmtool.cli import options as o
-from gmtool.cli.progress import SweepProgress, make_console
+from gmtool.app import run_memreport
+from gmtool.cli.progress import make_console, progress_bars
 from gmtool.cli.run_sweep import build_config
 from gmtool.errors import GmtoolError
-from gmtool.memory.report import build_document, exit_code, memreport_table, run_strategy, write_report
+from gmtool.memory.report import exit_code, memreport_table
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
 from gmtool.report.results import default_out_dir, prepare_out_dir
 
@@ -61,18 +62,14 @@ def memreport(
         raise GmtoolError(f"memory strategies need CUDA: memreport cannot run on {cfg.torch_device}")
     out_dir = prepare_out_dir(out or default_out_dir("memreport"), force)
     console = make_console()
-    rows, result = [], None
-    for name in names:
-        with SweepProgress(console, f"memreport {name}") as progress:
-            row, res = run_strategy(cfg, name, progress)
-        rows.append(row)
-        result = result or res
-        if row["status"] not in ("ok",):
-            console.print(f"[bold yellow]{name}:[/] {row['status']}: {row['reason']}", highlight=False)
-        doc = build_document(cfg, rows, result)
-        paths = write_report(out_dir, doc)  # after every strategy: a later failure keeps what was measured
+
+    def said(row):
+        if row["status"] != "ok":
+            console.print(f"[bold yellow]{row['strategy']}:[/] {row['status']}: {row['reason']}", highlight=False)
+
+    doc, paths = run_memreport(cfg, names, out_dir, progress_bars(console), said)
     console.print(memreport_table(doc))
-    for r in rows:
+    for r in doc["strategies"]:
         for w in r["warning_list"]:
             console.print(f"[yellow]warning ({r['strategy']}):[/] {w}", highlight=False)
     console.print(f"results: {', '.join(str(p) for p in paths)}")

@@ -10,7 +10,15 @@ from typing import Annotated, Optional
 import typer
 
 from gmtool.buckets import DEFAULT_DECODE_BUCKETS, DEFAULT_PREFILL_BUCKETS
-from gmtool.config import CPU_DEFAULT_BUCKETS, CPU_DEFAULT_MODEL, GPU_DEFAULT_MODEL, option_default
+from gmtool.config import (
+    CPU_DEFAULT_BUCKETS,
+    CPU_DEFAULT_MODEL,
+    GPU_DEFAULT_MODEL,
+    AttentionChoice,
+    PiecewiseImpl,
+    Scenario,
+    option_default,
+)
 from gmtool.profiles import model_profiles
 
 
@@ -44,7 +52,7 @@ BucketsOpt = Annotated[Optional[str], typer.Option(
 CompositionsOpt = Annotated[Optional[str], typer.Option(
     "--compositions", "-c", help="Batch mixes, e.g. '128=64+64,32*4,16*8,100+28@512': N*K is K requests of N "
     "new tokens, @P a cached prefix of P tokens, B= pins a bucket. Default: 3+ mixes per bucket.")]
-ScenarioOpt = Annotated[Optional[str], typer.Option("--scenario", "-s", help="decode | prefill | mixed", show_default=shown("scenario"))]
+ScenarioOpt = Annotated[Optional[Scenario], typer.Option("--scenario", "-s", help="What each step holds: decode tokens, prefill chunks, or both.", show_default=shown("scenario"))]
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto | cuda | cuda:N | cpu (the CPU tape backend)", show_default=shown("device"))]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="bf16 | fp16 | fp32 (default bf16 on CUDA, fp32 on CPU)")]
 MaxKvLenOpt = Annotated[Optional[int], typer.Option("--max-kv-len", help="Longest context a sequence may have (block tables are sized for it).")]
@@ -54,11 +62,11 @@ KvCacheGbOpt = Annotated[Optional[float], typer.Option("--kv-cache-gb", help="KV
 BlockSizeOpt = Annotated[Optional[int], typer.Option("--block-size", help="KV cache block size in tokens.", show_default=shown("block_size"))]
 ItersOpt = Annotated[Optional[int], typer.Option("--num-iters", help="Timed iterations per measurement.", show_default=shown("num_iters"))]
 WarmupOpt = Annotated[Optional[int], typer.Option("--num-iters-warmup", help="Untimed iterations before timing.", show_default=shown("num_iters_warmup"))]
-PiecewiseImplOpt = Annotated[Optional[str], typer.Option("--piecewise-impl", help="breakable (end capture at each attention) | fx (torch.compile FX split)", show_default=shown("piecewise_impl"))]
+PiecewiseImplOpt = Annotated[Optional[PiecewiseImpl], typer.Option("--piecewise-impl", help="breakable (end capture at each attention) | fx (torch.compile FX split)", show_default=shown("piecewise_impl"))]
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory for results.json / results.csv and reports.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Write into an existing output directory.")]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed for weights, token ids, contexts and block placement.", show_default=shown("seed"))]
 ProfileOpt = Annotated[Optional[str], typer.Option("--profile", "-p", help="A sweep profile from profiles/sweeps (or a path to a JSON file of option: value, names as in results.json's config): it sets what the command line leaves out; the defaults fill the rest.")]
-AttentionOpt = Annotated[Optional[str], typer.Option("--attention", help="Attention kernels: auto (Triton on CUDA when available) | torch (reference) | triton", show_default=shown("attention"))]
+AttentionOpt = Annotated[Optional[AttentionChoice], typer.Option("--attention", help="Attention kernels: auto (Triton on CUDA when available) | torch (reference) | triton", show_default=shown("attention"))]
 FuseOpt = Annotated[Optional[bool], flag("fuse", help="Fuse the model's layers as engines do (one QKV and one gate/up GEMM; Triton RMSNorm, QK-norm+RoPE and SiLU-and-mul): fewer kernels per step. Eager and every graph mode run the fused model.")]
 CompileOpt = Annotated[Optional[bool], flag("compile", help="Compile the non-attention parts with Inductor before capture (piecewise: through the FX split); compile time is reported apart from capture time.")]

@@ -26,6 +26,11 @@ class SweepProgress:
         self.progress.update(self.task, advance=1, description=f"{self.title}: {description}")
 
 
+def progress_bars(console: Console):
+    """progress(label) for the application layer: a rich bar per sweep, on this console."""
+    return lambda label: SweepProgress(console, str(label))
+
+
 def make_console(stderr: bool = False) -> Console:
     """Wide enough for the tables when the output is a file or a pipe (rich would assume 80 columns)."""
     c = Console(stderr=stderr)

@@ -1,17 +1,12 @@
-"""What capture and compare share: build the config, run the sweep with progress, write the files."""
+"""What the sweep commands share: the config from command line, profile and defaults; problems and the exit code."""
 from __future__ import annotations
-
-from pathlib import Path
 
 import typer
 from rich.console import Console
 
-from gmtool.cli.progress import SweepProgress
 from gmtool.config import SweepConfig
-from gmtool.records import Status, exit_code, unexpected_unsafe
 from gmtool.profiles import load_sweep_profile
-from gmtool.report.results import default_out_dir, prepare_out_dir, to_document, write_results
-from gmtool.sweep import Sweep
+from gmtool.records import Status, exit_code, unexpected_unsafe
 
 
 def build_config(profile: str | dict | None, **opts) -> SweepConfig:
@@ -19,18 +14,6 @@ def build_config(profile: str | dict | None, **opts) -> SweepConfig:
     one already loaded), else SweepConfig's default."""
     prof = load_sweep_profile(profile) if isinstance(profile, str) else dict(profile or {})
     return SweepConfig(**{**prof, **{k: v for k, v in opts.items() if v is not None}})
-
-
-def run_and_write(cfg: SweepConfig, command: str, out: Path | None, force: bool, console: Console,
-                  memory_factory=None) -> tuple[dict, Path]:
-    out = prepare_out_dir(out or default_out_dir(command), force)
-    for note in cfg.notes:
-        console.print(f"[yellow]note:[/] {note}")
-    with SweepProgress(console, command) as progress:
-        result = Sweep(cfg, progress, memory_factory).run()
-    doc = to_document(result, command)
-    write_results(out, doc)
-    return doc, out
 
 
 def finish(doc: dict, console: Console) -> None:

@@ -51,6 +51,52 @@ def _torch_varlen(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs, ma
     return masked_varlen_attention(q, k_cache, v_cache, views, num_seqs, scale)
 
 
+class TritonAttention:
+    """gmtool's Triton kernels over the paged cache (CUDA): launch shapes fixed by the bucket key."""
+
+    name = "triton"
+
+    def __init__(self):
+        from gmtool.kernels.decode_attention import decode_attention
+        from gmtool.kernels.kv_write import write_kv
+        from gmtool.kernels.prefill_attention import varlen_attention, varlen_attention_wide
+
+        self.write_kv = write_kv
+        self._decode, self._varlen, self._varlen_wide = decode_attention, varlen_attention, varlen_attention_wide
+
+    def plan_signature(self, plan: tuple) -> tuple:
+        """Grid (num_seqs, max_q_len); the lengths themselves are read from the device."""
+        return (len(plan), max((q for q, _ in plan), default=0))
+
+    def decode(self, ctx, q, kc, vc, scale, out):
+        return self._decode(q, kc, vc, ctx.views.block_tables, ctx.views.kv_lens, scale, out=out)
+
+    def masked(self, ctx, q, kc, vc, scale, out):
+        v = ctx.views
+        return self._varlen_wide(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, ctx.num_seqs, scale, out=out)
+
+    def planned(self, ctx, q, kc, vc, scale, out):
+        sig = self.plan_signature(ctx.plan)
+        ctx.planned_with.append(sig)
+        v = ctx.views
+        return self._varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, sig[0], sig[1], scale, out=out)
+
+
+@functools.cache
+def attention_backend(name: str):
+    """The attention backend object of a run (one per process and name)."""
+    from gmtool.attention import TORCH_ATTENTION
+
+    if name == "torch":
+        return TORCH_ATTENTION
+    if name == "triton":
+        if not available():
+            raise GmtoolError("the triton attention backend needs a CUDA device and the triton package; "
+                              "use the torch backend")
+        return TritonAttention()
+    raise GmtoolError(f"unknown attention backend {name!r}: choose one of {', '.join(BACKENDS)}")
+
+
 @functools.lru_cache(maxsize=None)
 def get_attention_ops(backend: str) -> AttentionOps:
     if backend == "torch":

@@ -18,14 +18,13 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
-from gmtool.batch import make_batch
 from gmtool.check import checked_replay
 from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.executor import AttentionRunner
 from gmtool.inputs import StepViews
 from gmtool.memory.strategies import make_strategy
 from gmtool.report.tables import _f, fmt_bytes
-from gmtool.records import Status, record, style_of
+from gmtool.records import Status, style_of
 from gmtool.sweep import Sweep, machine_info
 from gmtool.timing import tolerances_for
 
@@ -39,83 +38,74 @@ ROW_FIELDS = ("strategy", "status", "order", "mode", "captures", "graph_pool_byt
 FAILED = ("error", "oom", "UNSAFE")
 
 
-class MemSweep(Sweep):
-    """A Sweep whose one graph mode uses `strategy`; before release it replays every captured composition in
-    shuffled order (each graph after graphs of other shapes, whose memory it may share) and measures."""
+class ShuffledReplayProbe:
+    """Once every row is measured: replays every composition again in shuffled order (each graph right after
+    graphs of other shapes, whose memory it may share), judged against eager, then meters the strategy."""
 
-    def __init__(self, cfg, progress, strategy):
-        if len(cfg.graph_modes) != 1:
-            raise GmtoolError("memreport measures one graph mode at a time")
-        super().__init__(cfg, progress, lambda mode: strategy)
-        self.strategy = strategy
-        self.executors: dict = {}
+    def __init__(self, strategy, seed: int):
+        self.strategy, self.seed = strategy, seed
         self.shuffled: list[dict] = []
         self.inputs: dict = {}
         self.measured: dict = {}
 
-    def _executor(self, mode, lm, cache):
-        self.executors[mode] = ex = super()._executor(mode, lm, cache)
-        return ex
-
-    def _eager(self, *args, **kw):
-        try:
-            return super()._eager(*args, **kw)
-        except torch.OutOfMemoryError:
-            raise OutOfMemory("out of memory in the eager reference run") from None
-
-    def _graph_run(self, ex, mode, batch, ref, eager_med, tols, base) -> dict:
-        try:
-            rec = super()._graph_run(ex, mode, batch, ref, eager_med, tols, base)
-        except torch.OutOfMemoryError as e:  # outside the capture itself (warm-up, timing)
-            ex.backend.abort()
-            key = ex.key_for(batch)
-            rec = record(base, mode, Status.OOM, key=str(key),
-                          error=f"out of memory at bucket {key}: {str(e).splitlines()[0]}")
-        if rec["status"] == Status.OOM and (detail := self.strategy.failure_detail()):
-            rec["error"] += f" ({detail})"
-        return rec
-
-    def after_sweep(self, res, executors, eager_inputs, tol) -> None:
-        rng = random.Random(self.cfg.seed)
-        tols = tolerances_for(self.cfg.torch_dtype)
+    def after_sweep(self, bench, executors, res) -> None:
+        rng, cfg = random.Random(self.seed), bench.cfg
+        tols = tolerances_for(cfg.torch_dtype)
         for mode, ex in executors.items():
-            comps = [c for b in self.cfg.plan for c in self.cfg.plan[b]]
+            comps = [c for b in cfg.plan for c in cfg.plan[b]]
             rng.shuffle(comps)
             for i, comp in enumerate(comps):
-                self.shuffled.append(self._replay_checked(ex, mode, comp, i, eager_inputs, tols))
+                self.shuffled.append(_replay_checked(bench, ex, mode, comp, i, tols))
             self.inputs[mode] = input_costs(ex)
         self.measured = self.strategy.measure()
         self.strategy.check(held_storages(executors))
 
-    def _replay_checked(self, ex, mode, comp, order, eager_inputs, tols) -> dict:
-        """One replay, right after graphs of other shapes ran, against its own computation run eagerly
-        (tight: what aliasing would break) and against eager on the unpadded batch."""
-        rec = {"mode": mode, "order": order, "composition": comp.label, "key": None, "status": "skipped",
-               "max_rel_err": None, "max_rel_err_same_shape": None, "error": None}
-        try:
-            batch = make_batch(comp, self.cache, self.lm.vocab_size, self.cfg.max_num_seqs)
-            key = rec["key"] = str(ex.key_for(batch))
-            if ex.key_for(batch) not in ex.graphs:  # never captured (an earlier failure): nothing to replay
-                return rec
-            ref, _ = self._eager(self.lm, self.cache, eager_inputs, batch, False)
-            _, check, _ = checked_replay(ex, batch, ref)
-        except (GmtoolError, torch.OutOfMemoryError) as e:
-            rec.update(status="error", error=str(e).splitlines()[0])
-            return rec
-        rec.update(max_rel_err=check.max_rel_err, max_rel_err_same_shape=check.max_rel_err_same_shape)
-        why = check.failure(*tols)
-        rec["status"] = "UNSAFE" if why else "ok"
-        if why:
-            rec["error"] = f"shuffled replay of {key}: {why}"
-        return rec
 
-    def cleanup(self) -> None:
-        """After a failure inside run(): release what it left (graphs before pools)."""
-        for ex in self.executors.values():
-            try:
-                ex.release()
-            except Exception:  # best effort: the failure that got us here is what gets reported
-                pass
+def _replay_checked(bench, ex, mode, comp, order, tols) -> dict:
+    """One replay, right after graphs of other shapes ran, judged as the sweep judges (gmtool.check)."""
+    rec = {"mode": mode, "order": order, "composition": comp.label, "key": None, "status": Status.SKIPPED,
+           "max_rel_err": None, "max_rel_err_same_shape": None, "error": None}
+    try:
+        batch = bench.batch(comp)
+        key = rec["key"] = str(ex.key_for(batch))
+        if ex.key_for(batch) not in ex.graphs:  # never captured (an earlier failure): nothing to replay
+            return rec
+        ref, _ = bench.reference(batch)
+        _, check, _ = checked_replay(ex, batch, ref)
+    except (GmtoolError, torch.OutOfMemoryError) as e:
+        rec.update(status=Status.ERROR, error=str(e).splitlines()[0])
+        return rec
+    rec.update(max_rel_err=check.max_rel_err, max_rel_err_same_shape=check.max_rel_err_same_shape)
+    why = check.failure(*tols)
+    rec["status"] = Status.UNSAFE if why else Status.OK
+    if why:
+        rec["error"] = f"shuffled replay of {key}: {why}"
+    return rec
+
+
+class MemSweep:
+    """The sweep of one graph mode under `strategy`, with the shuffled replays and metering of memreport."""
+
+    def __init__(self, cfg, progress, strategy):
+        if len(cfg.graph_modes) != 1:
+            raise GmtoolError("memreport measures one graph mode at a time")
+        self.probe = ShuffledReplayProbe(strategy, cfg.seed)
+        self.sweep = Sweep(cfg, progress, lambda mode: strategy, probes=(self.probe,))
+
+    def run(self):
+        return self.sweep.run()
+
+    @property
+    def shuffled(self) -> list[dict]:
+        return self.probe.shuffled
+
+    @property
+    def inputs(self) -> dict:
+        return self.probe.inputs
+
+    @property
+    def measured(self) -> dict:
+        return self.probe.measured
 
 
 def input_costs(ex) -> dict:
@@ -156,7 +146,6 @@ def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[dict, objec
     try:
         res = sweep.run()
     except (GmtoolError, RuntimeError) as e:  # RuntimeError: CUDA errors too; the other strategies still run
-        sweep.cleanup()
         strategy.release()  # no-op when the executors released it; else the failure came before them
         oom = isinstance(e, (OutOfMemory, torch.OutOfMemoryError))
         first = (str(e).splitlines() or [type(e).__name__])[0]

@@ -4,16 +4,13 @@ import random
 import pytest
 import torch
 
-from gmtool.attention import ForwardContext, forward_context
-from gmtool.batch import make_batch
-from gmtool.buckets import BucketKey, BucketPolicy
+from gmtool.buckets import BucketKey
 from gmtool.compositions import default_compositions, parse_composition
 from gmtool.config import SweepConfig
-from gmtool.executor import GraphExecutor
-from gmtool.inputs import PersistentInputs
-from gmtool.kv_cache import KVCacheSpec, PagedKVCache
-from gmtool.model import load_model
+from gmtool.modes import GraphMode
 from gmtool.sweep import Sweep
+from gmtool.workbench import Workbench
+from tests.helpers import graph_mode
 from gmtool.timing import rel_err_per_seq, tolerances_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -21,24 +18,24 @@ DEV = torch.device("cuda")
 
 
 class GpuRig:
-    def __init__(self, model, buckets, mode="full", wide_key=False, max_kv_len=1024):
-        self.lm = load_model(model, DEV, torch.bfloat16)
-        spec = KVCacheSpec(self.lm.num_layers, self.lm.num_kv_heads, self.lm.head_dim, 16, max_kv_len,
-                           torch.bfloat16)
-        self.cache = PagedKVCache(spec, 4096, DEV)
-        self.cache.fill_random(0)
-        self.ex = GraphExecutor(self.lm, self.cache, BucketPolicy(buckets, wide_key=wide_key), mode, 256, DEV)
-        self.ref_inputs = PersistentInputs(max(buckets), 256, spec.blocks_per_seq, self.lm.vocab_size,
-                                           torch.bfloat16, DEV)
+    """The CPU Rig's twin: torch reference attention in eager and graphs alike, bf16, a fixed KV cache."""
+
+    def __init__(self, model, buckets, mode="full", wide_key=False, max_kv_len=1024, piecewise_impl="breakable"):
+        mode = graph_mode(mode, wide_key)
+        cfg = SweepConfig(model=model, device="cuda", dtype="bf16", attention="torch",
+                          buckets=",".join(map(str, buckets)), modes=(GraphMode.EAGER, mode), max_kv_len=max_kv_len,
+                          piecewise_impl=piecewise_impl)
+        self.bench = Workbench.build(cfg, num_blocks=4096)
+        self.lm, self.cache = self.bench.lm, self.bench.cache
+        self.ex = self.bench.executor(mode)
 
     def batch(self, comp):
-        return make_batch(comp, self.cache, self.lm.vocab_size, 256)
+        return self.bench.batch(comp)
 
     def eager(self, b):
-        views = self.ref_inputs.load(b, BucketKey(b.num_tokens, b.num_seqs, b.is_decode))
-        ctx = ForwardContext(self.cache, views, "decode" if b.is_decode else "planned", b.plan)
-        with forward_context(ctx), torch.no_grad():
-            return self.lm.forward_logits(views.input_ids, views.positions, views.logits_indices).clone()
+        fn, logits = self.bench.eager_fn(b)
+        fn()
+        return logits.clone()
 
 
 def test_decode_full_graphs_match_eager_in_any_order():
@@ -93,11 +90,9 @@ def test_sweep_end_to_end_small():
 
 
 def test_fx_piecewise_matches_eager_for_prefill_mixes():
-    from gmtool.fx_split import enable_fx_piecewise
-
     comps = [parse_composition(t, i) for i, t in enumerate(["64+64", "32*4", "16*8", "100+28@512"])]
-    rig = GpuRig("qwen3-0.6b", [128], mode="piecewise")
-    fx = enable_fx_piecewise(rig.ex)
+    rig = GpuRig("qwen3-0.6b", [128], mode="piecewise", piecewise_impl="fx")
+    fx = rig.ex.forward_impl.active.fx
     tol_same, tol = tolerances_for(torch.bfloat16)
     for c in comps:
         b = rig.batch(c)

@@ -9,14 +9,15 @@ import gmtool.attention as attention
 from gmtool.backends import cuda as cuda_backend
 from gmtool.config import SweepConfig
 from gmtool.executor import GraphExecutor
+from gmtool.kernels import attention_backend
 from gmtool.sweep import Sweep
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-def _sweep(scenario="decode", buckets="1,4,8", attention_backend="auto"):
+def _sweep(scenario="decode", buckets="1,4,8", attention="auto"):
     cfg = SweepConfig(model="qwen3-0.6b", device="cuda", scenario=scenario, buckets=buckets,
-                      modes=("full", "piecewise"), attention=attention_backend, num_iters=2, num_iters_warmup=1)
+                      modes=("full", "piecewise"), attention=attention, num_iters=2, num_iters_warmup=1)
     res = Sweep(cfg).run()
     return [r for r in res.records if r["mode"] != "eager"]
 
@@ -39,8 +40,8 @@ def test_graphs_never_replayed_are_unsafe(monkeypatch):
     assert rows and all(r["status"] == "UNSAFE" and r["latency_ms"] is None for r in rows)
 
 
-@pytest.mark.parametrize("attention_backend", ["torch", "triton"])
-def test_graphs_whose_kv_write_was_not_captured_are_unsafe(monkeypatch, attention_backend):
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_graphs_whose_kv_write_was_not_captured_are_unsafe(monkeypatch, backend):
     """The KV write runs in warm-up but is left out of the recording: replays never write K/V."""
     real_record = GraphExecutor._record
 
@@ -48,11 +49,11 @@ def test_graphs_whose_kv_write_was_not_captured_are_unsafe(monkeypatch, attentio
         with contextlib.ExitStack() as stack:
             mp = stack.enter_context(pytest.MonkeyPatch.context())
             mp.setattr(attention, "write_kv", lambda *a, **k: None)
-            if attention_backend == "triton":
-                mp.setattr(attention._triton_kernels(), "write_kv", lambda *a, **k: None)
+            if backend == "triton":
+                mp.setattr(attention_backend("triton"), "write_kv", lambda *a, **k: None)
             real_record(self, entry, fn)
 
     monkeypatch.setattr(GraphExecutor, "_record", record)
-    rows = [r for r in _sweep(attention_backend=attention_backend) if r["mode"] == "full"]
+    rows = [r for r in _sweep(attention=backend) if r["mode"] == "full"]
     assert rows and all(r["status"] == "UNSAFE" for r in rows)
     assert all(not r["kv_rel_err_same_shape"] <= 5e-3 for r in rows)

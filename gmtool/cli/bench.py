@@ -1,0 +1,22 @@
+"""gmtool bench: the peer and every gmtool mode on the same model and work, in one process (GPU only)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gmtool.bench import STAGES, main
+
+
+def bench(
+    stages: Annotated[str, typer.Option("--stages", help=f"Comma list of {', '.join(STAGES)}.")] = ",".join(STAGES),
+    iters: Annotated[int, typer.Option("--iters", help="Timed iterations per measurement.")] = 50,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for bench-<stage>.json.")] = Path(
+        "gmtool-out/bench"),
+) -> None:
+    """Benchmark stages on qwen3-0.6b: attention bandwidth, decode against hf-compiled, prefill, capture time and
+    host time per replay. Reports figures; asserts nothing."""
+    code = main(["--stages", stages, "--iters", str(iters), "--out", str(out)])
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,111 @@
+"""How an executor runs the model's forward: eagerly (warm-up, the same-shape check) and under capture.
+
+One strategy per way of cutting the forward into captured steps, chosen when the executor is made:
+- WholeGraph: the HF forward captured as one graph (full).
+- RuntimeSplit: the HF forward, capture ended at each attention call; attention runs between the pieces at
+  replay (piecewise, `--piecewise-impl breakable`).
+- FxSplit: torch.compile traces the forward and splits it at the registered attention op; each piece captures
+  itself (piecewise, `--piecewise-impl fx`; with inductor, each piece is compiled first: `--compile`).
+- CompiledWhole: Inductor compiles the whole forward, captured as one graph (full `--compile`).
+- Fallback(primary, secondary): the primary until its first warm-up fails (a model dynamo cannot trace), then
+  the secondary, saying why.
+"""
+from __future__ import annotations
+
+from gmtool.executor import AttentionRunner
+
+
+class WholeGraph:
+    label = "whole"
+    compiles = False  # True: the first warm-up of a shape traces (and compiles) it: reported as compile_s
+
+    def run(self, ex, views) -> None:
+        views.logits.copy_(ex.lm.forward_logits(views.input_ids, views.positions, views.logits_indices))
+
+    def warmup(self, ex, fn) -> None:
+        ex.backend.warmup(fn)
+
+    def record(self, ex, entry, fn) -> None:
+        """Called with the capture begun and the copy-in recorded: everything up to the end of the forward."""
+        fn()
+        entry.steps.append(ex.backend.end())
+
+
+class RuntimeSplit(WholeGraph):
+    label = "breakable"
+
+    def record(self, ex, entry, fn) -> None:
+        def attention_break(layer, q, k, v, scale):
+            entry.steps.append(ex.backend.end())
+            out = ex.attn_out[: q.shape[0]]
+            entry.steps.append(AttentionRunner(layer, q, k, v, out, scale, entry.ctx))
+            ex.backend.begin()
+            return out
+
+        entry.ctx.breaker = attention_break
+        try:
+            super().record(ex, entry, fn)
+        finally:
+            entry.ctx.breaker = None
+
+
+class FxSplit(WholeGraph):
+    label = "fx"
+    compiles = True
+
+    def __init__(self, lm, split: bool = True, inductor: bool = False):
+        from gmtool.fx_split import FxPiecewise
+
+        self.fx = FxPiecewise(lm, split=split, inductor=inductor)
+
+    def run(self, ex, views) -> None:
+        self.fx.forward(views)
+
+    def record(self, ex, entry, fn) -> None:
+        if not self.fx.split:
+            return super().record(ex, entry, fn)
+        entry.steps.append(ex.backend.end())  # the copy-in, alone: the pieces capture themselves
+        entry.copy_steps = 1
+        self.fx.record(entry.steps, fn, ex.backend)
+
+
+def CompiledWhole(lm) -> FxSplit:  # noqa: N802 (a strategy, named as the others)
+    return FxSplit(lm, split=False, inductor=True)
+
+
+class Fallback:
+    def __init__(self, primary, secondary):
+        self.active, self.secondary, self.reason = primary, secondary, None
+
+    @property
+    def label(self) -> str:
+        return self.active.label if self.reason is None else f"{self.secondary.label} ({self.reason})"
+
+    @property
+    def compiles(self) -> bool:
+        return self.active.compiles
+
+    def run(self, ex, views) -> None:
+        self.active.run(ex, views)
+
+    def warmup(self, ex, fn) -> None:
+        if self.reason is not None:
+            return self.active.warmup(ex, fn)
+        try:
+            self.active.warmup(ex, fn)
+        except Exception as e:  # dynamo raises many types; any of them means: this model cannot be traced
+            why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            self.active, self.reason = self.secondary, f"fx could not trace: {why}"
+            self.active.warmup(ex, fn)
+
+    def record(self, ex, entry, fn) -> None:
+        self.active.record(ex, entry, fn)
+
+
+def forward_for(mode, lm, piecewise_impl: str, compile: bool):
+    """The strategy a mode's executor runs, from the run's options."""
+    if mode.piecewise:
+        if piecewise_impl == "fx" or compile:  # --compile goes through the FX split
+            return Fallback(FxSplit(lm, inductor=compile), RuntimeSplit())
+        return RuntimeSplit()
+    return Fallback(CompiledWhole(lm), WholeGraph()) if compile else WholeGraph()

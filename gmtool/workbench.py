@@ -1,0 +1,115 @@
+"""The workbench: what one run measures on, built once from its config.
+
+The model (fused when asked), its paged KV cache filled with random prefixes, the input buffers of the eager
+reference, and a factory for graph executors. The sweep, memreport, the hf-compiled peer, the benchmark and
+the tests all build through it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gmtool import families
+from gmtool.attention import ForwardContext, forward_context
+from gmtool.batch import Batch, make_batch
+from gmtool.buckets import BucketKey
+from gmtool.check import EagerReference, eager_reference
+from gmtool.compositions import Composition
+from gmtool.config import SweepConfig
+from gmtool.errors import GmtoolError, OutOfMemory
+from gmtool.executor import GraphExecutor
+from gmtool.inputs import PersistentInputs
+from gmtool.kv_cache import KVCacheSpec, PagedKVCache
+from gmtool.model import LoadedModel, load_model
+from gmtool.modes import GraphMode
+
+
+@dataclass
+class Workbench:
+    cfg: SweepConfig
+    lm: LoadedModel
+    cache: PagedKVCache
+    eager_inputs: PersistentInputs  # the unpadded reference runs' buffers, apart from every executor's
+
+    @classmethod
+    def build(cls, cfg: SweepConfig, num_blocks: int | None = None) -> "Workbench":
+        """num_blocks: a fixed KV cache size; default: what the config's compositions need, within budget."""
+        device = cfg.torch_device
+        lm = load_model(cfg.model, device, cfg.torch_dtype, cfg.seed)
+        why = families.run_refusal(lm.name, lm.config, cfg.max_kv_len)
+        if why:
+            raise GmtoolError(why)
+        if cfg.fuse:
+            from gmtool.fused import fuse_layers
+
+            lm.fused = fuse_layers(lm.model, cfg.attention_backend)
+        spec = KVCacheSpec(lm.num_layers, lm.num_kv_heads, lm.head_dim, cfg.block_size, cfg.max_kv_len,
+                           cfg.torch_dtype)
+        if num_blocks is not None:
+            cache = PagedKVCache(spec, num_blocks, device)
+        else:
+            worst = max(c.num_seqs for cs in cfg.plan.values() for c in cs) * spec.blocks_per_seq
+            if cfg.kv_cache_gb is not None:
+                budget = int(cfg.kv_cache_gb * 2**30)
+            elif device.type == "cuda":
+                budget = int(torch.cuda.mem_get_info(device)[0] * 0.4)
+            else:
+                budget = 1 << 40
+            cache = PagedKVCache.from_budget(spec, budget, worst, device)
+        cache.fill_random(cfg.seed)
+        eager_inputs = PersistentInputs(max(cfg.bucket_sizes), cfg.max_num_seqs, spec.blocks_per_seq,
+                                        lm.vocab_size, lm.model.dtype, device)
+        return cls(cfg, lm, cache, eager_inputs)
+
+    @property
+    def attention(self):
+        """The attention backend object the run's eager and graph forwards share."""
+        from gmtool.kernels import attention_backend
+
+        return attention_backend(self.cfg.attention_backend)
+
+    @property
+    def device(self) -> torch.device:
+        return self.cfg.torch_device
+
+    def model_info(self) -> dict:
+        lm = self.lm
+        return {"name": lm.name, "source": lm.source, "params": lm.num_params, "layers": lm.num_layers,
+                "heads": lm.num_heads, "kv_heads": lm.num_kv_heads, "head_dim": lm.head_dim, "vocab": lm.vocab_size,
+                "kv_cache_blocks": self.cache.num_blocks, "kv_cache_bytes": self.cache.nbytes}
+
+    def batch(self, comp: Composition) -> Batch:
+        return make_batch(comp, self.cache, self.lm.vocab_size, self.cfg.max_num_seqs)
+
+    def executor(self, mode: GraphMode, memory=None) -> GraphExecutor:
+        """memory: a MemoryStrategy choosing each capture's pool (None: one shared pool)."""
+        from gmtool.forwards import forward_for
+
+        cfg, mode = self.cfg, GraphMode(mode)
+        return GraphExecutor(self.lm, self.cache, cfg.policy(wide_key=mode.wide_key), mode, cfg.max_num_seqs,
+                             self.device, memory, self.attention,
+                             forward_for(mode, self.lm, cfg.piecewise_impl, cfg.compile))
+
+    def eager_fn(self, batch: Batch):
+        """gmtool's eager forward of the exact batch (no padding): the reference. Returns the callable and the
+        logits view it writes."""
+        key = BucketKey(batch.num_tokens, batch.num_seqs, batch.is_decode)
+        views = self.eager_inputs.load(batch, key)
+        ctx = ForwardContext(self.cache, views, "decode" if batch.is_decode else "planned", batch.plan,
+                             batch.num_seqs, backend=self.attention)
+        lm = self.lm
+
+        def fn():
+            with forward_context(ctx), torch.no_grad():
+                views.logits.copy_(lm.forward_logits(views.input_ids, views.positions, views.logits_indices))
+
+        return fn, views.logits[: batch.num_seqs]
+
+    def reference(self, batch: Batch) -> tuple[EagerReference, object]:
+        """The eager reference of batch, and the callable that recomputes it (for timing)."""
+        fn, logits = self.eager_fn(batch)
+        try:
+            return eager_reference(fn, logits, self.cache, batch), fn
+        except torch.OutOfMemoryError:
+            raise OutOfMemory("out of memory in the eager reference run") from None
