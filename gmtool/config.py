@@ -68,7 +68,7 @@ class SweepConfig:
     torch_dtype: torch.dtype = field(init=False, repr=False)
     attention_backend: str = field(init=False)  # torch | triton: what --attention resolved to
     bucket_sizes: list[int] = field(init=False)
-    plan: dict[int, list[Composition]] = field(init=False, repr=False)
+    compositions_by_bucket: dict[int, list[Composition]] = field(init=False, repr=False)
     notes: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -108,21 +108,21 @@ class SweepConfig:
             self.bucket_sizes = list(CPU_DEFAULT_BUCKETS["decode" if self.scenario == "decode" else "prefill"])
         policy = self.policy()
         comps = parse_compositions(self.compositions) if self.compositions else []
-        self.plan = {b: [] for b in policy.sizes}
+        self.compositions_by_bucket = {b: [] for b in policy.sizes}
         for b, cs in assign_buckets(comps, policy).items():
-            self.plan[b].extend(cs)
+            self.compositions_by_bucket[b].extend(cs)
         below = 0
-        for b in sorted(self.plan):
-            if not self.plan[b]:
-                self.plan[b].extend(default_compositions(b, self.scenario, below))
+        for b in sorted(self.compositions_by_bucket):
+            if not self.compositions_by_bucket[b]:
+                self.compositions_by_bucket[b].extend(default_compositions(b, self.scenario, below))
             below = b
-        longest = max(((p.prefix or 0) + p.new_tokens) for cs in self.plan.values() for c in cs for p in c.parts)
+        longest = max(((p.prefix or 0) + p.new_tokens) for cs in self.compositions_by_bucket.values() for c in cs for p in c.parts)
         if self.max_kv_len is None:
             self.max_kv_len = max(1024 if cuda else 128, longest)
         if self.max_kv_len <= 0:
             raise GmtoolError("--max-kv-len must be positive")
         if longest > self.max_kv_len:
-            c = next(c for cs in self.plan.values() for c in cs
+            c = next(c for cs in self.compositions_by_bucket.values() for c in cs
                      if any((p.prefix or 0) + p.new_tokens == longest for p in c.parts))
             raise GmtoolError(f"composition {c.label}: prefix + new tokens = {longest} exceeds --max-kv-len {self.max_kv_len}")
 
@@ -134,10 +134,10 @@ class SweepConfig:
         return [m for m in self.modes if m.captures]
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("plan", "torch_device", "torch_dtype")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("compositions_by_bucket", "torch_device", "torch_dtype")}
         d["device"] = str(self.torch_device)
         d["dtype"] = str(self.torch_dtype).replace("torch.", "")
-        d["compositions_by_bucket"] = {str(b): [c.label for c in cs] for b, cs in self.plan.items()}
+        d["compositions_by_bucket"] = {str(b): [c.label for c in cs] for b, cs in self.compositions_by_bucket.items()}
         return d
 
 

@@ -88,11 +88,11 @@ class Sweep:
         tol_same, tol = tolerances_for(cfg.torch_dtype)
         dead: dict[str, str] = {}  # mode -> why its remaining buckets are skipped
         if self.progress:
-            self.progress.start(sum(len(cs) for cs in cfg.plan.values()))
+            self.progress.start(sum(len(cs) for cs in cfg.compositions_by_bucket.values()))
         # a memory strategy may ask for smallest first (to show what the largest-first order saves)
         ascending = any(getattr(ex.memory, "order", None) == "ascending" for ex in executors.values())
-        for bucket in sorted(cfg.plan, reverse=not ascending):
-            for comp in cfg.plan[bucket]:
+        for bucket in sorted(cfg.compositions_by_bucket, reverse=not ascending):
+            for comp in cfg.compositions_by_bucket[bucket]:
                 base = {"bucket": bucket, "composition": comp.label, "num_tokens": comp.num_tokens,
                         "num_seqs": comp.num_seqs, "tolerance": tol, "tolerance_same_shape": tol_same}
                 try:

@@ -69,9 +69,9 @@ class TraceProbe:
     def after_sweep(self, bench, executors, res) -> None:
         cfg, device = bench.cfg, bench.device
         if GraphMode.EAGER in cfg.modes:
-            bucket = max(cfg.plan)
+            bucket = max(cfg.compositions_by_bucket)
             try:
-                fn, _ = bench.eager_fn(bench.batch(cfg.plan[bucket][0]))
+                fn, _ = bench.eager_fn(bench.batch(cfg.compositions_by_bucket[bucket][0]))
                 self.trace_files.append(profile_steps(fn, trace_path(self.out_dir, GraphMode.EAGER),
                                                       f"eager bucket {bucket}", device))
             except GmtoolError as e:
@@ -82,7 +82,7 @@ class TraceProbe:
                 continue
             key = max(ex.graphs, key=lambda k: k.num_tokens)
             label = ex.graphs[key].captured_with
-            comp = next(c for c in cfg.plan[key.num_tokens] if c.label == label)
+            comp = next(c for c in cfg.compositions_by_bucket[key.num_tokens] if c.label == label)
             try:
                 batch = bench.batch(comp)
                 entry = ex.prepare(batch)  # copy-in only: the graph for this key already exists

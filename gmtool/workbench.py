@@ -49,7 +49,7 @@ class Workbench:
         if num_blocks is not None:
             cache = PagedKVCache(spec, num_blocks, device)
         else:
-            worst = max(c.num_seqs for cs in cfg.plan.values() for c in cs) * spec.blocks_per_seq
+            worst = max(c.num_seqs for cs in cfg.compositions_by_bucket.values() for c in cs) * spec.blocks_per_seq
             if cfg.kv_cache_gb is not None:
                 budget = int(cfg.kv_cache_gb * 2**30)
             elif device.type == "cuda":

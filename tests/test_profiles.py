@@ -135,7 +135,7 @@ def test_memreport_refuses_profile_with_several_graph_modes(tmp_path):
 
 
 def test_help_shows_the_config_defaults():
-    r = runner.invoke(app, ["capture", "--help"], terminal_width=200)
+    r = runner.invoke(app, ["capture", "--help"], terminal_width=300, env={"COLUMNS": "300"})
     assert r.exit_code == 0
     text = " ".join(r.output.split())
     for default in ("[default: (decode)]", "[default: (16)]", "[default: (256)]", "[default: (20)]", "[default: (auto)]",

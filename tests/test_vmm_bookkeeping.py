@@ -357,9 +357,9 @@ def test_memsweep_on_the_cpu_backend(mode, order):
     sizes = [k.num_tokens for k in rec.keys]
     assert sizes == sorted(sizes, reverse=(order == "descending")) and len(sizes) == 3
     assert rec.released
-    assert len(sweep.shuffled) == sum(len(c) for c in cfg.plan.values())
+    assert len(sweep.shuffled) == sum(len(c) for c in cfg.compositions_by_bucket.values())
     assert all(s["status"] == "ok" for s in sweep.shuffled), sweep.shuffled
-    assert [s["composition"] for s in sweep.shuffled] != [c.label for b in sorted(cfg.plan) for c in cfg.plan[b]]
+    assert [s["composition"] for s in sweep.shuffled] != [c.label for b in sorted(cfg.compositions_by_bucket) for c in cfg.compositions_by_bucket[b]]
     inputs = sweep.inputs[mode]
     assert 0 < inputs["input_per_shape_bytes"] and inputs["input_arena_bytes"] > 0
     assert bool(rec.held) == (mode == "piecewise")  # piecewise graphs own the tensors between pieces

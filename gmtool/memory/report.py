@@ -52,7 +52,7 @@ class ShuffledReplayProbe:
         rng, cfg = random.Random(self.seed), bench.cfg
         tols = tolerances_for(cfg.torch_dtype)
         for mode, ex in executors.items():
-            comps = [c for b in cfg.plan for c in cfg.plan[b]]
+            comps = [c for b in cfg.compositions_by_bucket for c in cfg.compositions_by_bucket[b]]
             rng.shuffle(comps)
             for i, comp in enumerate(comps):
                 self.shuffled.append(_replay_checked(bench, ex, mode, comp, i, tols))

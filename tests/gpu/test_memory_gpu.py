@@ -32,7 +32,7 @@ def _check_replays(row, cfg):
     assert row["status"] == "ok", f"{row['strategy']}: {row['reason']}"
     assert row["captures"] == len(cfg.bucket_sizes)
     assert row["replays"] == row["replays_ok"] > 0
-    comps = sum(len(c) for c in cfg.plan.values())
+    comps = sum(len(c) for c in cfg.compositions_by_bucket.values())
     assert row["shuffled_replays"] == row["shuffled_ok"] == comps, row["shuffled"]
     assert row["warnings"] == 0, row["warning_list"]
 
