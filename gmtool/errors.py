@@ -1,13 +1,20 @@
-"""One error type for everything the user can cause; the CLI turns it into a one-line message."""
+"""gmtool's errors: each becomes one line at the entry point, never a traceback.
+
+A GmtoolError is something the user can fix in what they asked for (exit 2). A RunFailure happened while
+measuring what they asked for (exit 1): inside a sweep it becomes the row's status and the run goes on."""
 
 
 class GmtoolError(Exception):
-    """A problem with the user's input or environment, reported without a traceback."""
+    """A problem with the user's input or environment (exit 2)."""
 
 
-class CaptureError(GmtoolError):
+class RunFailure(GmtoolError):
+    """The run could not do what was asked (exit 1)."""
+
+
+class CaptureError(RunFailure):
     """Graph capture failed (an op that cannot be captured, or a host sync inside capture)."""
 
 
-class OutOfMemory(GmtoolError):
+class OutOfMemory(RunFailure):
     """The device ran out of memory; what was done before it is kept."""

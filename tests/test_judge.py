@@ -185,3 +185,26 @@ def test_capture_mode_eager_is_refused(tmp_path):
                         "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "captures nothing" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_run_failure_outside_any_row_exits_1_and_bad_input_exits_2(monkeypatch, capsys, tmp_path):
+    """Exit 2 is for what the user can fix in the command; a failure while measuring is exit 1."""
+    import sys
+
+    from gmtool.cli.main import main
+    from gmtool.errors import OutOfMemory
+    from gmtool.workbench import Workbench
+
+    def build(cfg, num_blocks=None):
+        raise OutOfMemory("KV cache of 9 blocks does not fit: lower --max-kv-len or --kv-cache-gb")
+
+    monkeypatch.setattr(Workbench, "build", classmethod(lambda cls, cfg, num_blocks=None: build(cfg)))
+    monkeypatch.setattr(sys, "argv", ["gmtool", "capture", "--device", "cpu", "--buckets", "2",
+                                      "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 1 and "does not fit" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["gmtool", "capture", "--device", "cpu", "--buckets", "2,x"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 2 and "malformed bucket" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import sys
 import typer
 from rich.console import Console
 
-from gmtool.errors import GmtoolError
+from gmtool.errors import GmtoolError, RunFailure
 
 app = typer.Typer(
     name="gmtool", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -39,7 +39,7 @@ def main() -> None:
         sys.exit(rc if isinstance(rc, int) else 0)
     except GmtoolError as e:
         err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        sys.exit(1 if isinstance(e, RunFailure) else 2)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
         sys.exit(130)
