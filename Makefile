@@ -11,9 +11,9 @@ $(VPY):
 	# torch==2.13.0 takes the CPU build on these machines; a bare 'torch' would pull a multi-GB CUDA build
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==2.13.0
+	# the test extra brings Triton, required: on the CPU its interpreter runs the kernel tests
+	# (tests/test_kernels.py, tests/test_layer_kernels.py), which fail rather than skip without it
 	$(VPY) -m pip install -q -e '.[test]'
-	# Triton on the CPU runs the attention kernels in its interpreter (tests/test_kernels.py); optional
-	$(VPY) -m pip install -q triton || echo "triton not installed: the kernel interpreter tests will skip"
 
 setup: $(VPY)
 

@@ -45,3 +45,20 @@ def rel(a, b):
     from gmtool.timing import rel_err_per_seq
 
     return rel_err_per_seq(a, b)
+
+
+def md_table_rows(markdown: str, section: str) -> list[list[str]]:
+    """The data rows of one Markdown report section's table, as cell strings (header and rule left out)."""
+    body = markdown.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in body.splitlines() if ln.startswith("|")]
+    return [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines[2:]]
+
+
+def html_table_rows(html: str, section: str) -> list[list[str]]:
+    """The data rows of one HTML report section's table, as (unescaped) cell texts."""
+    import re
+    from html import unescape
+
+    table = html.split(f"<h2>{section}</h2>", 1)[1].split("</table>", 1)[0]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", tr) for tr in table.split("<tr>")[1:]]
+    return [[unescape(c) for c in row] for row in rows if row]

@@ -1,3 +1,4 @@
+import csv
 import json
 import subprocess
 import sys
@@ -35,9 +36,17 @@ def test_capture_on_cpu_writes_results(tmp_path):
     # host time: from an idle device, copy-in alone, and issued behind the previous step
     assert all(r[f]["n"] >= 5 and r[f]["median"] > 0 for r in graph_rows
                for f in ("host_us", "host_copy_us", "host_steady_us"))
-    assert "host_steady_us_median" in (out / "results.csv").read_text().splitlines()[0]
     assert doc["machine"]["backend"] == "cpu-tape"
-    assert (out / "results.csv").read_text().startswith("bucket,") or "mode" in (out / "results.csv").read_text()
+    # results.csv: one row per record of results.json, in the same order, with the same values
+    with (out / "results.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert {"mode", "bucket", "composition", "status", "max_rel_err", "latency_ms_median",
+            "host_steady_us_median"} <= set(table[0])
+    assert [(t["mode"], int(t["bucket"]), t["composition"], t["status"]) for t in table] == \
+        [(r["mode"], r["bucket"], r["composition"], r["status"]) for r in doc["records"]]
+    for t, r in zip(table, doc["records"]):
+        assert float(t["max_rel_err"]) == pytest.approx(r["max_rel_err"], rel=1e-6, abs=1e-12)
+        assert float(t["latency_ms_median"]) == pytest.approx(r["latency_ms"]["median"], rel=1e-6)
 
 
 def test_capture_piecewise_prefill_reports_pieces(tmp_path):
@@ -53,11 +62,23 @@ def test_capture_piecewise_prefill_reports_pieces(tmp_path):
 
 def test_narrow_full_graph_for_prefill_is_reported_unsafe(tmp_path):
     out = tmp_path / "narrow"
-    code, stdout, _ = gm("capture", "--device", "cpu", "--scenario", "prefill", "--mode", "full-narrow",
-                         "--buckets", "32", "--compositions", "16+16,8*4", "--num-iters", "2", "--out", str(out))
+    """Captured with 16+16, replayed with 8*4: the graph froze the capture's plan. The row is UNSAFE because
+    the stale plan was detected, and the replay's numbers are wrong too; exit 0, since full-narrow's UNSAFE
+    rows are the finding it exists to show (run_sweep.finish)."""
+    code, stdout, stderr = gm("capture", "--device", "cpu", "--scenario", "prefill", "--mode", "full-narrow",
+                              "--buckets", "32", "--compositions", "16+16,8*4", "--num-iters", "2",
+                              "--out", str(out))
+    assert code == 0, stderr
     rows = [r for r in json.loads((out / "results.json").read_text())["records"] if r["mode"] == "full-narrow"]
-    assert [r["status"] for r in rows] == ["ok", "UNSAFE"]
-    assert rows[1]["latency_ms"] is None and rows[1]["speedup"] is None and rows[1]["max_rel_err"] > 1e-2
+    assert [(r["composition"], r["status"]) for r in rows] == [("16+16", "ok"), ("8*4", "UNSAFE")]
+    ok, bad = rows
+    assert ok["stale_metadata"] is False and ok["max_rel_err"] < 1e-4 and ok["captured_with"] == "16+16"
+    # the reason: stale metadata detected, not only a numeric difference
+    assert bad["stale_metadata"] is True and bad["captured_with"] == "16+16"
+    assert bad["error"].startswith("stale host metadata frozen at capture"), bad["error"]
+    # and the numbers confirm it: far outside both tolerances
+    assert bad["max_rel_err"] > 1e-2 and bad["max_rel_err_same_shape"] > 1e-2
+    assert bad["latency_ms"] is None and bad["speedup"] is None
     assert "UNSAFE" in stdout
 
 
@@ -108,7 +129,8 @@ def test_cuda_requested_without_cuda(tmp_path):
 def test_existing_out_dir_is_not_overwritten(tmp_path):
     (tmp_path / "keep.txt").write_text("x")
     code, _, stderr = gm("capture", "--device", "cpu", "--out", str(tmp_path))
-    assert code == 2 and "--force" in stderr and (tmp_path / "keep.txt").exists()
+    assert code == 2 and "--force" in stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"] and (tmp_path / "keep.txt").read_text() == "x"
 
 
 def test_help_is_useful():

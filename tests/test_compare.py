@@ -16,10 +16,16 @@ import torch
 from gmtool.cli.compare import parse_modes
 from gmtool.errors import GmtoolError
 from gmtool.records import RECORD_FIELDS
+from tests.helpers import html_table_rows, md_table_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--device", "cpu", "--num-iters", "2", "--num-iters-warmup", "1"]
 STATUSES = {"ok", "UNSAFE", "error", "oom", "skipped"}
+# (bucket, label) of the shared run's compositions in the order run, largest bucket first; 1@40 is another
+# decode context than 1*1's
+RUN_ROWS = [(2, "1*2"), (2, "1*1"), (1, "1*1"), (1, "1@40")]
+BY_BUCKET = sorted(RUN_ROWS, key=lambda bc: bc[0])  # the reports' order: buckets ascending, the run's within
+COMPOSITIONS = ["1*1", "1@40", "1*2", "2=1*1"]
 TIMING_KEYS = {"median": float, "p90": float, "p99": float, "min": float, "iqr": float, "n": int, "noisy": bool}
 
 
@@ -51,19 +57,40 @@ def one_error(err: str) -> str:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One compare sweep shared by the tests: two buckets, a padded mix in bucket 2, traces, JSON on stdout."""
+    """One compare sweep shared by the tests: two buckets of two compositions each (so every graph is also
+    replayed with a batch other than the one it was captured with), a padded mix in bucket 2, traces, JSON on
+    stdout."""
     out = tmp_path_factory.mktemp("compare") / "run"
     code, stdout, stderr = run_cli("compare", "eager,full,piecewise", *FAST, "--buckets", "1,2",
-                                   "--compositions", "1*1,1*2,2=1*1", "--trace", "--format", "json", "--out", out)
+                                   "--compositions", ",".join(COMPOSITIONS), "--trace", "--format", "json",
+                                   "--out", out)
     return {"code": code, "stdout": stdout, "stderr": stderr, "out": out,
             "doc": json.loads((out / "results.json").read_text())}
 
 
 def test_compare_writes_every_file(run):
+    """Each file holds the run: 4 compositions x 3 modes in results, 2 buckets x 3 modes in the summary."""
     assert run["code"] == 0, run["stderr"]
-    for name in ("results.json", "results.csv", "report.md", "report.html",
-                 "trace-eager.json", "trace-full.json", "trace-piecewise.json"):
-        assert (run["out"] / name).stat().st_size > 0, name
+    out, modes = run["out"], ("eager", "full", "piecewise")
+    records = json.loads((out / "results.json").read_text())["records"]
+    assert [(r["mode"], r["bucket"], r["composition"]) for r in records] == \
+        [(m, b, c) for b, c in RUN_ROWS for m in modes]
+    table = pd.read_csv(out / "results.csv")
+    assert list(zip(table["mode"], table["bucket"], table["composition"], table["status"])) == \
+        [(r["mode"], r["bucket"], r["composition"], "ok") for r in records]
+    summary = [(b, m, "2", "ok") for b in ("1", "2") for m in modes]  # bucket, mode, mixes, status
+    md = (out / "report.md").read_text()
+    assert md.startswith("# gmtool compare: tiny-qwen3\n")
+    assert [tuple(r[:4]) for r in md_table_rows(md, "Summary (mode x bucket)")] == summary
+    assert [r[:2] for r in md_table_rows(md, "Safety per composition")] == [[str(b), f"`{c}`"] for b, c in BY_BUCKET]
+    html = (out / "report.html").read_text()
+    assert [tuple(r[:4]) for r in html_table_rows(html, "Summary (mode x bucket)")] == summary
+    assert html.count('<img src="data:image/png;base64,') == 2  # latency and speedup (no graph memory on CPU)
+    for mode in modes:
+        events = json.loads((out / f"trace-{mode}.json").read_text())["traceEvents"]
+        names = {e.get("name", "") for e in events}
+        # the largest bucket's steps, and the ops they ran
+        assert f"{mode} bucket 2 replay 0" in names and any(n.startswith("aten::") for n in names), mode
 
 
 def test_json_format_prints_only_the_document(run):
@@ -77,11 +104,20 @@ def test_results_json_schema(run):
                      "records": list}.items():
         assert isinstance(doc[key], typ), key
     assert doc["command"] == "compare" and doc["config"]["modes"] == ["eager", "full", "piecewise"]
+    assert doc["errors"] == [] and all(r["status"] == "ok" for r in doc["records"])
     assert {"name", "params", "layers"} <= doc["model"].keys()
     assert {"device", "torch", "transformers", "backend"} <= doc["machine"].keys()
-    # every mode over every composition: 3 mixes x 3 modes
-    assert sorted((r["mode"], r["bucket"]) for r in doc["records"]) == sorted(
-        (m, b) for m in ("eager", "full", "piecewise") for b in (1, 2, 2))
+    # every mode over every composition: 4 mixes x 3 modes
+    assert sorted((r["mode"], r["bucket"], r["composition"]) for r in doc["records"]) == sorted(
+        (m, b, c) for m in ("eager", "full", "piecewise") for b, c in RUN_ROWS)
+    # every graph was captured with its bucket's first mix and replayed with the other: a replay that does
+    # nothing, or reads what capture left, cannot pass
+    for mode in ("full", "piecewise"):
+        for bucket in (1, 2):
+            rows = [r for r in doc["records"] if r["mode"] == mode and r["bucket"] == bucket]
+            first = next(c for b, c in RUN_ROWS if b == bucket)
+            assert [r["captured_with"] for r in rows] == [first, first], (mode, bucket)
+            assert [r["capture_s"] is not None for r in rows] == [True, False], (mode, bucket)
     for r in doc["records"]:
         assert set(RECORD_FIELDS) <= r.keys()
         assert isinstance(r["mode"], str) and isinstance(r["bucket"], int) and isinstance(r["composition"], str)
@@ -114,35 +150,68 @@ def test_traces_are_chrome_traces_of_named_replays(run):
 
 
 def test_report_round_trip(run, tmp_path):
+    """gmtool report from results.json alone: the reports show the run's rows, statuses and latencies."""
     code, stdout, stderr = run_cli("report", run["out"], "--out", tmp_path / "again")
     assert code == 0, stderr
+    md = (tmp_path / "again" / "report.md").read_text()
+    html = (tmp_path / "again" / "report.html").read_text()
+    records = run["doc"]["records"]
+    for rows in (md_table_rows(md, "Summary (mode x bucket)"), html_table_rows(html, "Summary (mode x bucket)")):
+        assert len(rows) == 6  # 2 buckets x 3 modes
+        for bucket, mode, mixes, status, replay_ms, *_ in rows:
+            mine = [r for r in records if r["mode"] == mode and r["bucket"] == int(bucket)]
+            assert (mixes, status) == ("2", "ok")
+            # the median of two compositions is their mean
+            assert float(replay_ms) == pytest.approx(sum(r["latency_ms"]["median"] for r in mine) / 2, abs=1e-3)
+    safety = md_table_rows(md, "Safety per composition")
+    assert safety == [[str(b), f"`{c}`", "ok", "ok", "ok"] for b, c in BY_BUCKET]
+    assert "## UNSAFE replays\n\nReplays" in md and md.split("## UNSAFE replays", 1)[1].split("## ")[0].rstrip()\
+        .endswith("none")
+    # rendered from the JSON, the reports are those the compare run wrote from its records in memory
     for name in ("report.md", "report.html"):
         assert (tmp_path / "again" / name).read_text() == (run["out"] / name).read_text()
     assert "gmtool compare: tiny-qwen3" in stdout and "piecewise" in stdout
 
 
-def test_compare_with_baseline(run, tmp_path):
-    """The baseline is the shared run with every latency doubled: each matched row got 50% faster."""
+def one_ms(fn, iters, warmup, device):
+    """time_ms with a stub clock: runs fn as often, says every run took exactly 1 ms."""
+    for _ in range(warmup + iters):
+        fn()
+    return [1.0] * iters
+
+
+def test_compare_with_baseline(run, tmp_path, monkeypatch):
+    """New run timed by a stub clock (1 ms every step); the baseline is the shared run with every latency
+    at 2 ms and every error at 0.25: each matched row is 50% faster and 0.25 more accurate."""
+    import gmtool.sweep
+
+    monkeypatch.setattr(gmtool.sweep, "time_ms", one_ms)
     old = json.loads(json.dumps(run["doc"]))
     for r in old["records"]:
         if r["latency_ms"]:
-            r["latency_ms"]["median"] *= 2
+            r["latency_ms"]["median"] = 2.0
+        r["max_rel_err"] = 0.25
     (tmp_path / "old.json").write_text(json.dumps(old))
     code, stdout, stderr = run_cli("compare", "eager,full", *FAST, "--buckets", "1", "--compositions", "1*1",
                                    "--format", "json", "--out", tmp_path / "new", "--baseline", tmp_path / "old.json")
     assert code == 0, stderr
     doc = json.loads(stdout)
     assert doc["baseline"]["matched"] == 2 and doc["baseline"]["unmatched"] == 0
-    first = {}
-    for o in old["records"]:
-        first.setdefault((o["mode"], o["bucket"], o["composition"]), o)
+    assert [(r["mode"], r["latency_ms"]["median"]) for r in doc["records"]] == [("eager", 1.0), ("full", 1.0)]
     for r in doc["records"]:
-        b, o = r["baseline"], first[(r["mode"], 1, "1*1")]
-        assert b["latency_ms"] == o["latency_ms"]["median"]
-        assert b["latency_delta_pct"] == pytest.approx((r["latency_ms"]["median"] / b["latency_ms"] - 1) * 100)
-        assert b["err_delta"] == pytest.approx(r["max_rel_err"] - o["max_rel_err"])
-    assert "Change vs baseline" in (tmp_path / "new" / "report.md").read_text()
-    assert "baseline_latency_delta_pct" in pd.read_csv(tmp_path / "new" / "results.csv").columns
+        b = r["baseline"]
+        assert (b["status"], b["latency_ms"], b["latency_delta_pct"], b["max_rel_err"]) == ("ok", 2.0, -50.0, 0.25)
+        assert b["err_delta"] == pytest.approx(-0.25, abs=1e-4)  # this run's error is ~0 (eager: exactly 0)
+    assert [(d["mode"], d["bucket"], d["old_replay_ms"], d["replay_delta_pct"])
+            for d in doc["baseline"]["buckets"]] == [("eager", 1, 2.0, -50.0), ("full", 1, 2.0, -50.0)]
+    md = (tmp_path / "new" / "report.md").read_text()
+    change = md_table_rows(md, "Change vs baseline")
+    assert [r[:7] for r in change] == [[m, "1", "`1*1`", "ok", "1.000", "2.000", "-50.0%"] for m in ("eager", "full")]
+    assert change[0][8] == "-2.50e-01"  # eager's error: 0 - 0.25
+    assert [r[-1] for r in md_table_rows(md, "Summary (mode x bucket)")] == ["-50.0%", "-50.0%"]
+    table = pd.read_csv(tmp_path / "new" / "results.csv")
+    assert list(table["baseline_latency_delta_pct"]) == [-50.0, -50.0]
+    assert list(table["baseline_latency_ms"]) == [2.0, 2.0]
 
 
 def test_hf_compiled_on_cpu_is_an_error_row(tmp_path):

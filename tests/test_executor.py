@@ -41,13 +41,23 @@ def test_stale_input_not_copied_in_is_detected():
 
 
 def test_replacing_a_buffer_object_is_not_seen_by_replay():
+    """A graph reads the tensors it captured: pointing the views at a new tensor holding batch b changes
+    nothing, and the replay (staging still holds batch a) computes batch a's result again."""
     rig = Rig()
+    key = BucketKey(4, None, True)
     a, b = rig.batch("1*4", seed=1), rig.batch("1*4", seed=2)
     out_a = rig.graph(a)
-    views = rig.ex.inputs.views(BucketKey(4, None, True))
+    ref_b = rig.eager(b)
+    assert rel(out_a, ref_b) > 1e-2  # the two results differ: the checks below can tell them apart
+    views = rig.ex.inputs.views(key)
     views.input_ids = torch.tensor(b.input_ids)  # a new tensor, not a copy into the captured one
-    rig.ex.graphs[BucketKey(4, None, True)].steps[0].replay()
-    assert torch.equal(rig.ex.inputs.views(BucketKey(4, None, True)).logits[:4], out_a)
+    logits = rig.ex.inputs.views(key).logits  # the output buffer, a view of the storage the graph writes
+    logits.fill_(float("nan"))  # what the replay does not write stays NaN
+    rig.ex.graphs[key].steps[0].replay()
+    out = logits[:4].clone()
+    assert not out.isnan().any()  # the replay wrote the output...
+    assert torch.equal(out, out_a)  # ...with batch a's result, recomputed
+    assert rel(out, ref_b) > 1e-2  # not b's
 
 
 def test_padding_is_zeroed_and_addresses_are_stable():

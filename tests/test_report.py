@@ -14,9 +14,11 @@ from rich.console import Console
 from gmtool.report.baseline import attach_baseline
 from gmtool.report.html import render_html
 from gmtool.report.markdown import render_markdown
-from gmtool.report.results import load_results, write_reports, write_results
+from gmtool.report.results import write_reports, write_results
 from gmtool.report.tables import compare_table, noise_warning
 from gmtool.records import RECORD_FIELDS
+from tests.helpers import html_table_rows
+from tests.helpers import md_table_rows as table_rows
 from tests.test_compare import one_error, run_cli
 
 PEER_NOTE = "hf-compiled: HF StaticCache + torch.compile, every sequence at context 512"
@@ -66,10 +68,12 @@ def make_doc(model: str = "tiny-qwen3") -> dict:
     }
 
 
-def table_rows(markdown: str, section: str) -> list[list[str]]:
-    body = markdown.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
-    return [[c.strip() for c in ln.strip("|").split(" | ")] for ln in body.splitlines()
-            if ln.startswith("| ") and not ln.startswith("| bucket |") and not ln.startswith("| mode |")]
+# make_doc's summary, as every report must show it: (bucket, mode, mixes, status, replay ms) per mode x bucket,
+# buckets ascending, modes in the order asked; UNSAFE and error buckets show no latency
+SUMMARY = [("8", "eager", "2", "ok", "4.100"), ("8", "full", "2", "ok", "1.050"),
+           ("8", "full-narrow", "2", "UNSAFE", "-"), ("8", "piecewise", "2", "ok", "2.100"),
+           ("8", "hf-compiled", "1", "ok", "1.500"), ("16", "eager", "1", "ok", "9.000"),
+           ("16", "full", "2", "UNSAFE", "-"), ("16", "piecewise", "1", "error", "-")]
 
 
 def test_markdown_sections():
@@ -174,11 +178,21 @@ def results_dir(tmp_path):
 
 
 def test_report_renders_in_place(results_dir):
+    """The files `gmtool report` writes from results.json hold make_doc's rows: the summary, the UNSAFE and
+    failed rows, one safety row per composition."""
     code, out, err = run_cli("report", results_dir)
     assert code == 0, err
-    doc = load_results(results_dir)
-    assert (results_dir / "report.md").read_text() == render_markdown(doc)
-    assert (results_dir / "report.html").read_text() == render_html(doc)
+    md = (results_dir / "report.md").read_text()
+    html = (results_dir / "report.html").read_text()
+    assert md.startswith("# gmtool compare: tiny-qwen3\n") and "<title>gmtool compare: tiny-qwen3</title>" in html
+    for rows in (table_rows(md, "Summary (mode x bucket)"), html_table_rows(html, "Summary (mode x bucket)")):
+        assert [(r[0], r[1], r[2], r[3].strip("*"), r[4]) for r in rows] == SUMMARY
+        assert {(r[0], r[1]): r[6] for r in rows}[("8", "full")] == "3.90x"  # 4.1 / 1.05
+    for rows in (table_rows(md, "UNSAFE replays"), html_table_rows(html, "UNSAFE replays")):
+        assert [(r[0], r[1], r[4]) for r in rows] == [("full-narrow", "8", "1.50e+00"), ("full", "16", "8.00e-01")]
+    for rows in (table_rows(md, "Errors and skipped rows"), html_table_rows(html, "Errors and skipped rows")):
+        assert [(r[0], r[1], r[3]) for r in rows] == [("piecewise", "16", "error")]
+    assert len(table_rows(md, "Safety per composition")) == len(html_table_rows(html, "Safety per composition")) == 5
     assert "gmtool compare: tiny-qwen3 on NVIDIA H200" in out
 
 
@@ -220,6 +234,7 @@ def test_report_out_dir_needs_force(results_dir, tmp_path):
     code, _, err = run_cli("report", results_dir, "--out", other)
     assert code == 2 and "pass --force" in one_error(err)
     assert run_cli("report", results_dir, "--out", other, "--force")[0] == 0
+    assert len(table_rows((other / "report.md").read_text(), "Summary (mode x bucket)")) == len(SUMMARY)
 
 
 def test_write_reports_from_a_copy_is_deterministic(tmp_path):

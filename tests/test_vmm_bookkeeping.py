@@ -369,6 +369,47 @@ def test_memsweep_on_the_cpu_backend(mode, order):
     assert row["status"] == "ok" and row["replays"] == row["replays_ok"] > 0
 
 
+def test_memsweep_shuffled_check_flags_a_broken_graph():
+    """Bucket 2's graph stops working once the sweep has measured it (its steps replay nothing): every shuffled
+    replay of bucket 2 is UNSAFE, with an error far over the tolerance (or NaN), while bucket 1's stay ok; the
+    strategy's row is UNSAFE, exit code 3."""
+    import math
+
+    from gmtool.config import SweepConfig
+    from gmtool.memory.report import ShuffledReplayProbe, derive, exit_code
+    from gmtool.sweep import Sweep
+    from gmtool.timing import tolerances_for
+
+    class BreaksBucket2(ShuffledReplayProbe):
+        def after_sweep(self, bench, executors, res):
+            ex = executors["full"]
+            self.broken = str(next(k for k in ex.graphs if k.num_tokens == 2))
+            for step in next(e for k, e in ex.graphs.items() if k.num_tokens == 2).steps:
+                step.replay = lambda: None
+            super().after_sweep(bench, executors, res)
+
+    cfg = SweepConfig(device="cpu", model="tiny-qwen3", buckets="1,2", modes=("eager", "full"), num_iters=1,
+                      num_iters_warmup=0, max_kv_len=64)
+    rec = _Recorder()
+    sweep = BreaksBucket2(rec, cfg.seed)
+    res = Sweep(cfg, None, lambda mode: rec, probes=(sweep,)).run()
+    assert [r["status"] for r in res.records if r["mode"] == "full"] == ["ok"] * 6  # measured before the break
+    tol_same, tol = tolerances_for(torch.float32)
+    shuffled = {b: [s for s in sweep.shuffled if s["key"] == b] for b in ("d1", sweep.broken)}
+    assert sweep.broken == "d2" and [len(v) for v in shuffled.values()] == [3, 3]
+    for s in shuffled["d2"]:
+        assert s["status"] == "UNSAFE", s
+        for err, limit in ((s["max_rel_err"], tol), (s["max_rel_err_same_shape"], tol_same)):
+            assert math.isnan(err) or err > 100 * limit, s
+    for s in shuffled["d1"]:
+        assert s["status"] == "ok" and s["max_rel_err_same_shape"] <= tol_same and s["max_rel_err"] <= tol, s
+    row = derive({"strategy": "cpu", "mode": "full", "per_key": list(rec.per_key.values()),
+                  "shuffled": sweep.shuffled, "records": res.records, "errors": res.errors,
+                  "measured": sweep.measured, "inputs": sweep.inputs["full"]})
+    assert (row["status"], row["shuffled_replays"], row["shuffled_ok"]) == ("UNSAFE", 6, 3)
+    assert "d2" in row["reason"] and exit_code({"strategies": [row]}) == 3
+
+
 def test_memreport_cli_keeps_results_and_fails_on_oom(monkeypatch, tmp_path):
     """The command's own flow with the measuring stubbed out (it needs CUDA): files, table, exit code."""
     from types import SimpleNamespace
@@ -401,7 +442,12 @@ def test_memreport_cli_keeps_results_and_fails_on_oom(monkeypatch, tmp_path):
     assert "unavailable: no cuda.h" in r.output and "bucket d4" in r.output
     doc = json.loads((out / "memreport.json").read_text())
     assert [s["status"] for s in doc["strategies"]] == ["ok", "unavailable", "oom"]
-    assert (out / "memreport.png").is_file() and (out / "memreport.csv").is_file()
+    with (out / "memreport.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [(t["strategy"], t["status"]) for t in table] == [("independent", "ok"), ("vmm", "unavailable"),
+                                                              ("shared", "oom")]
+    assert float(table[0]["physical_bytes"]) == 480 * MiB and "bucket d4" in table[2]["reason"]
+    assert (out / "memreport.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = CliRunner().invoke(app, ["memreport", "-m", "tiny-qwen3", "--strategies", "independent", "--out", str(out)])
     assert isinstance(r.exception, GmtoolError) and "--force" in str(r.exception)  # never overwrites silently
     r = CliRunner().invoke(app, ["memreport", "-m", "tiny-qwen3", "--strategies", "independent,vmm", "--out",

@@ -191,10 +191,10 @@ def test_prefill_graph_follows_buffers():
 
 
 def test_decode_bandwidth_vs_copy():
-    """Goal: K/V read at >= 70% of copy bandwidth at B=32, kv 4096; asserted loosely, the machine is shared."""
+    """Goal: K/V read at >= 70% of copy bandwidth at B=32, kv 4096 (measured: 91%, README)."""
     from gmtool.kernels.bench import decode_bandwidth
 
     r = decode_bandwidth()
     print(f"\ndecode {r.kernel_ms:.3f} ms, splits {r.num_splits}, {r.kernel_bytes_per_s / 1e12:.2f} TB/s vs copy "
           f"{r.copy_bytes_per_s / 1e12:.2f} TB/s: ratio {r.ratio:.2f}")
-    assert r.ratio > 0.5, r
+    assert r.ratio >= 0.70, r
