@@ -237,9 +237,9 @@ def test_peer_buckets_limit_the_peer(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["compare", "eager,hf-compiled", "--buckets", "1,2", "--peer-buckets", "4"], "--peer-buckets 4 is not among"),
-    (["compare", "eager,hf-compiled", "--buckets", "1", "--peer-compile", "sometimes"], "unknown --peer-compile"),
+    (["compare", "eager,hf-compiled", "--buckets", "1", "--peer-compile", "sometimes"], "'sometimes' is not one of 'shared', 'per-bucket'"),
     (["compare", "eager,fast"], "unknown mode 'fast': choose from eager, full, full-narrow, piecewise, hf-compiled"),
-    (["compare", "eager", "--format", "yaml"], "unknown --format 'yaml'"),
+    (["compare", "eager", "--format", "yaml"], "'yaml' is not one of 'human', 'json', 'quiet'"),
 ])
 def test_bad_arguments(args, message):
     code, _, err = run_cli(*args, *FAST)

@@ -46,9 +46,13 @@ def main() -> None:
     except (typer.Exit, SystemExit) as e:
         sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))
     except Exception as e:
-        # click's usage errors (typer may vendor click): show them as click would, without a traceback
-        if hasattr(e, "show") and hasattr(e, "exit_code"):
-            e.show()
+        # click's usage errors (typer may vendor click): one line, as gmtool's own errors
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):
+            if type(e).__name__ == "NoArgsIsHelpError":
+                e.show()
+                sys.exit(0)
+            msg = e.format_message().replace("Value error, ", "")
+            err_console.print(f"[bold red]error:[/] {msg[:1].lower() + msg[1:]}", highlight=False, soft_wrap=True)
             sys.exit(e.exit_code)
         if type(e).__name__ == "Abort":
             sys.exit(1)
