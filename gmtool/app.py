@@ -11,7 +11,7 @@ from pathlib import Path
 from gmtool.config import SweepConfig
 from gmtool.modes import GraphMode
 from gmtool.report.results import to_document, write_reports, write_results
-from gmtool.sweep import Sweep
+from gmtool.measure.sweep import Sweep
 
 
 def _no_progress(label: str):
@@ -32,9 +32,9 @@ def run_compare(cfg: SweepConfig, modes: list[GraphMode], out_dir: Path, progres
                 baseline: tuple[dict, Path] | None = None) -> tuple[dict, list[Path]]:
     """The sweep's modes, then the hf-compiled peer on the same workbench; results, reports and traces.
     baseline: (an older results document, its path) to attach. Returns the document and the files written."""
-    from gmtool.peer import HfCompiled
+    from gmtool.measure.hf_compiled import HfCompiled
     from gmtool.report.baseline import attach_baseline
-    from gmtool.trace import TraceProbe
+    from gmtool.measure.trace import TraceProbe
 
     tracer = TraceProbe(out_dir) if trace else None
     with progress("compare") as p:

@@ -9,10 +9,10 @@ from enum import StrEnum
 
 import torch
 
-from gmtool.buckets import DEFAULT_DECODE_BUCKETS, DEFAULT_PREFILL_BUCKETS, BucketPolicy, parse_buckets
-from gmtool.compositions import Composition, assign_buckets, default_compositions, parse_compositions
+from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS, DEFAULT_PREFILL_BUCKETS, BucketPolicy, parse_buckets
+from gmtool.core.compositions import Composition, assign_buckets, default_compositions, parse_compositions
 from gmtool.errors import GmtoolError
-from gmtool.model import parse_dtype, resolve_device
+from gmtool.model.loading import parse_dtype, resolve_device
 from gmtool.modes import SWEEP_MODES, GraphMode
 
 class Scenario(StrEnum):
@@ -53,7 +53,7 @@ class SweepConfig:
     modes: tuple[str, ...] = ("eager", "full")
     piecewise_impl: str = "breakable"
     compile: bool = False  # Inductor-compile the non-attention parts before capture
-    fuse: bool = False  # gmtool.fused: fewer kernels per decoder layer
+    fuse: bool = False  # gmtool.model.fused: fewer kernels per decoder layer
     attention: str = "auto"  # attention kernels: auto (triton on CUDA when available) | torch | triton
     max_kv_len: int | None = None
     max_tokens: int | None = None

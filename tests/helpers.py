@@ -1,10 +1,10 @@
 """Small builders shared by the tests: a tiny model, its KV cache and an executor, through the Workbench."""
 import torch
 
-from gmtool.compositions import parse_composition
+from gmtool.core.compositions import parse_composition
 from gmtool.config import SweepConfig
 from gmtool.modes import GraphMode
-from gmtool.workbench import Workbench
+from gmtool.measure.workbench import Workbench
 
 CPU = torch.device("cpu")
 
@@ -42,7 +42,7 @@ class Rig:
 
 
 def rel(a, b):
-    from gmtool.timing import rel_err_per_seq
+    from gmtool.measure.timing import rel_err_per_seq
 
     return rel_err_per_seq(a, b)
 

@@ -4,7 +4,7 @@ import json
 
 from rich.console import Console
 
-from gmtool.bench import summary
+from gmtool.measure.bench import summary
 
 
 def _lat(ms):

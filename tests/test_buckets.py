@@ -1,7 +1,7 @@
 import pytest
 
-from gmtool.buckets import DEFAULT_DECODE_BUCKETS, BucketKey, BucketPolicy, parse_buckets
-from gmtool.compositions import assign_buckets, default_compositions, parse_composition, parse_compositions
+from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS, BucketKey, BucketPolicy, parse_buckets
+from gmtool.core.compositions import assign_buckets, default_compositions, parse_composition, parse_compositions
 from gmtool.errors import GmtoolError
 
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from gmtool.cli.main import app
 from gmtool.config import SweepConfig
-from gmtool.sweep import Sweep
+from gmtool.measure.sweep import Sweep
 
 runner = CliRunner()
 
@@ -142,7 +142,7 @@ def test_help_is_useful():
 
 def test_out_of_memory_during_capture_keeps_done_buckets(monkeypatch):
     """OOM at one bucket: earlier buckets' results kept, the failing one named, later ones skipped."""
-    from gmtool.backends.cpu import CpuTapeBackend
+    from gmtool.core.backends.cpu import CpuTapeBackend
 
     real_end = CpuTapeBackend.end
     calls = {"n": 0}

@@ -183,9 +183,9 @@ def one_ms(fn, iters, warmup, device):
 def test_compare_with_baseline(run, tmp_path, monkeypatch):
     """New run timed by a stub clock (1 ms every step); the baseline is the shared run with every latency
     at 2 ms and every error at 0.25: each matched row is 50% faster and 0.25 more accurate."""
-    import gmtool.sweep
+    import gmtool.measure.sweep
 
-    monkeypatch.setattr(gmtool.sweep, "time_ms", one_ms)
+    monkeypatch.setattr(gmtool.measure.sweep, "time_ms", one_ms)
     old = json.loads(json.dumps(run["doc"]))
     for r in old["records"]:
         if r["latency_ms"]:
@@ -318,11 +318,11 @@ def test_exit_codes(records, code):
 def test_peer_static_cache_matches_gmtool_eager():
     """The hf-compiled peer's inputs: an HF StaticCache holding gmtool's K/V gives gmtool eager's logits
     (uncompiled here; the compiled step is only run on CUDA)."""
-    from gmtool.compositions import parse_composition
+    from gmtool.core.compositions import parse_composition
     from gmtool.config import SweepConfig
-    from gmtool.peer import HFDecode, sdpa_copy
-    from gmtool.timing import rel_err_per_seq
-    from gmtool.workbench import Workbench
+    from gmtool.measure.hf_compiled import HFDecode, sdpa_copy
+    from gmtool.measure.timing import rel_err_per_seq
+    from gmtool.measure.workbench import Workbench
 
     cfg = SweepConfig(device="cpu", buckets="3", compositions="1*3", modes=("eager",), num_iters=1,
                       num_iters_warmup=0)
@@ -345,11 +345,11 @@ def test_peer_shared_compile_traces_at_most_twice():
     reusing the second graph for every later batch size; aot_eager here stands in for Inductor."""
     import torch._dynamo.utils as dyn
 
-    from gmtool.compositions import parse_composition
+    from gmtool.core.compositions import parse_composition
     from gmtool.config import SweepConfig
-    from gmtool.peer import HFDecode, hf_step, sdpa_copy
-    from gmtool.timing import rel_err_per_seq
-    from gmtool.workbench import Workbench
+    from gmtool.measure.hf_compiled import HFDecode, hf_step, sdpa_copy
+    from gmtool.measure.timing import rel_err_per_seq
+    from gmtool.measure.workbench import Workbench
 
     cfg = SweepConfig(device="cpu", buckets="1,2,4,8", modes=("eager",), num_iters=1, num_iters_warmup=0)
     bench = Workbench.build(cfg)

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from gmtool.backends.cpu import CpuTapeBackend, TapeGraph
-from gmtool.buckets import BucketKey
+from gmtool.core.backends.cpu import CpuTapeBackend, TapeGraph
+from gmtool.core.buckets import BucketKey
 from gmtool.errors import CaptureError
-from gmtool.executor import AttentionRunner
+from gmtool.core.executor import AttentionRunner
 from tests.helpers import Rig, rel
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from gmtool.fused import fuse_layers, unfused
+from gmtool.model.fused import fuse_layers, unfused
 
 from .helpers import Rig, rel
 from .test_cli_capture import gm

@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from gmtool.buckets import BucketKey
-from gmtool.inputs import PersistentInputs
+from gmtool.core.buckets import BucketKey
+from gmtool.core.inputs import PersistentInputs
 from tests.helpers import Rig
 
 # (composition, keys it fits): token counts, sequence counts and block-table widths that grow and shrink

@@ -6,12 +6,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from gmtool.backends import cpu as tape
-from gmtool.check import EagerReference, ReplayCheck, checked_replay, written_kv
+from gmtool.core.backends import cpu as tape
+from gmtool.measure.check import EagerReference, ReplayCheck, checked_replay, written_kv
 from gmtool.cli.main import app
 from gmtool.config import SweepConfig
-from gmtool.sweep import Sweep
-from gmtool.timing import rel_err_per_seq, summarize, tolerances_for
+from gmtool.measure.sweep import Sweep
+from gmtool.measure.timing import rel_err_per_seq, summarize, tolerances_for
 from tests.helpers import Rig
 
 runner = CliRunner()
@@ -123,7 +123,7 @@ def test_keys_sharing_a_token_count_get_their_own_graphs(tmp_path):
 def test_graph_lookup_by_num_tokens_only_is_caught_not_a_crash(tmp_path, monkeypatch):
     """A graph cache that finds graphs by num_tokens alone serves the first key's graph to the others: the
     sweep must report those replays as wrong, never end in a KeyError."""
-    from gmtool.executor import GraphExecutor
+    from gmtool.core.executor import GraphExecutor
 
     class ByTokens(dict):
         def get(self, key, default=None):
@@ -193,7 +193,7 @@ def test_a_run_failure_outside_any_row_exits_1_and_bad_input_exits_2(monkeypatch
 
     from gmtool.cli.main import main
     from gmtool.errors import OutOfMemory
-    from gmtool.workbench import Workbench
+    from gmtool.measure.workbench import Workbench
 
     def build(cfg, num_blocks=None):
         raise OutOfMemory("KV cache of 9 blocks does not fit: lower --max-kv-len or --kv-cache-gb")

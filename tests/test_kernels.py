@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gmtool import attention as ref
+from gmtool.model import attention as ref
 from gmtool.errors import GmtoolError
 from gmtool.kernels import available, get_attention_ops
 from gmtool.kernels.testing import decode_case, make_case, naive_decode, naive_varlen, poison_unused
@@ -148,7 +148,7 @@ def test_num_splits_depends_on_bucket_only():
     assert choose_num_splits(1, 1, 1 << 20, 132) == MAX_SPLITS
     assert choose_num_splits(512, 8, 4096, 132) == 1
     assert choose_num_splits(8, 8, 16, 132) == 1
-    from gmtool.buckets import DEFAULT_DECODE_BUCKETS
+    from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS
 
     splits = {choose_num_splits(b, 8, 1024, 132) for b in DEFAULT_DECODE_BUCKETS}
     assert splits == {1, 2, 4, 8}  # powers of two only: few JIT variants over the default bucket list

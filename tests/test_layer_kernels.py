@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from gmtool.layers_ref import (
+from gmtool.model.layers_ref import (
     add_rms_norm_ref,
     qk_norm_rope_ref,
     rms_norm_ref,

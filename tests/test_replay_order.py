@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from gmtool.batch import make_batch
-from gmtool.compositions import default_compositions
+from gmtool.core.batch import make_batch
+from gmtool.core.compositions import default_compositions
 from tests.helpers import Rig, rel
 
 BUCKETS = (1, 2, 4, 8)

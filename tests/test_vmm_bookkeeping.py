@@ -377,8 +377,8 @@ def test_memsweep_shuffled_check_flags_a_broken_graph():
 
     from gmtool.config import SweepConfig
     from gmtool.memory.report import ShuffledReplayProbe, derive, exit_code
-    from gmtool.sweep import Sweep
-    from gmtool.timing import tolerances_for
+    from gmtool.measure.sweep import Sweep
+    from gmtool.measure.timing import tolerances_for
 
     class BreaksBucket2(ShuffledReplayProbe):
         def after_sweep(self, bench, executors, res):

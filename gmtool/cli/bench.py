@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from gmtool.bench import STAGES, main
+from gmtool.measure.bench import STAGES, main
 
 
 def bench(

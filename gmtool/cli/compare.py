@@ -16,8 +16,8 @@ from gmtool.cli.report import BaselineOpt
 from gmtool.cli.run_sweep import build_config, finish
 from gmtool.modes import GraphMode
 from gmtool.errors import GmtoolError
-from gmtool.buckets import parse_buckets
-from gmtool.peer import PeerCompile
+from gmtool.core.buckets import parse_buckets
+from gmtool.measure.hf_compiled import PeerCompile
 from gmtool.profiles import load_sweep_profile
 from gmtool.report.baseline import check_same_model, load_baseline
 from gmtool.report.results import default_out_dir, prepare_out_dir

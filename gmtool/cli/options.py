@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gmtool.buckets import DEFAULT_DECODE_BUCKETS, DEFAULT_PREFILL_BUCKETS
+from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS, DEFAULT_PREFILL_BUCKETS
 from gmtool.config import (
     CPU_DEFAULT_BUCKETS,
     CPU_DEFAULT_MODEL,

@@ -39,7 +39,7 @@ def available() -> bool:
 
 def _torch_varlen(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs, max_q_len, scale):
     """The masked reference, fed the per-token metadata it needs, derived on device from cu_q/kv_lens."""
-    from gmtool.attention import masked_varlen_attention
+    from gmtool.model.attention import masked_varlen_attention
 
     t = torch.arange(q.shape[0], device=q.device)
     seq = torch.searchsorted(cu_q[1:num_seqs + 1].contiguous(), t, right=True)
@@ -85,7 +85,7 @@ class TritonAttention:
 @functools.cache
 def attention_backend(name: str):
     """The attention backend object of a run (one per process and name)."""
-    from gmtool.attention import TORCH_ATTENTION
+    from gmtool.model.attention import TORCH_ATTENTION
 
     if name == "torch":
         return TORCH_ATTENTION
@@ -100,7 +100,7 @@ def attention_backend(name: str):
 @functools.lru_cache(maxsize=None)
 def get_attention_ops(backend: str) -> AttentionOps:
     if backend == "torch":
-        from gmtool.attention import decode_attention, write_kv
+        from gmtool.model.attention import decode_attention, write_kv
 
         return AttentionOps(write_kv, decode_attention, _torch_varlen)
     if backend == "triton":

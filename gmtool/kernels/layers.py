@@ -4,7 +4,7 @@ RoPE, SiLU-and-multiply.
 Each launcher allocates its output from the input shapes only and never reads device values on the host,
 so a call can be captured in a CUDA graph (after one eager call has compiled the kernel). Math is fp32,
 with the roundings Hugging Face's modules make kept where they change the result (the normalized value
-is rounded to the activation dtype before the weight multiply). gmtool.layers_ref holds the torch
+is rounded to the activation dtype before the weight multiply). gmtool.model.layers_ref holds the torch
 references these are checked against.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Random paged-cache inputs and a naive per-sequence oracle, for the kernel tests and the bandwidth bench.
 
 The oracle gathers each sequence's tokens explicitly and computes in float64 (or a given dtype), sharing no
-code with the kernels or with gmtool.attention, so it checks both.
+code with the kernels or with gmtool.model.attention, so it checks both.
 """
 from __future__ import annotations
 

@@ -18,15 +18,15 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
-from gmtool.check import checked_replay
+from gmtool.measure.check import checked_replay
 from gmtool.errors import GmtoolError, OutOfMemory
-from gmtool.executor import AttentionRunner
-from gmtool.inputs import StepViews
+from gmtool.core.executor import AttentionRunner
+from gmtool.core.inputs import StepViews
 from gmtool.memory.strategies import make_strategy
 from gmtool.report.tables import _f, fmt_bytes
 from gmtool.records import Status, style_of
-from gmtool.sweep import Sweep, machine_info
-from gmtool.timing import tolerances_for
+from gmtool.measure.sweep import Sweep, machine_info
+from gmtool.measure.timing import tolerances_for
 
 MEMREPORT_JSON, MEMREPORT_CSV, MEMREPORT_PNG = "memreport.json", "memreport.csv", "memreport.png"
 ROW_FIELDS = ("strategy", "status", "order", "mode", "captures", "graph_pool_bytes", "physical_bytes",
@@ -62,7 +62,7 @@ class ShuffledReplayProbe:
 
 
 def _replay_checked(bench, ex, mode, comp, order, tols) -> dict:
-    """One replay, right after graphs of other shapes ran, judged as the sweep judges (gmtool.check)."""
+    """One replay, right after graphs of other shapes ran, judged as the sweep judges (gmtool.measure.check)."""
     rec = {"mode": mode, "order": order, "composition": comp.label, "key": None, "status": Status.SKIPPED,
            "max_rel_err": None, "max_rel_err_same_shape": None, "error": None}
     try:

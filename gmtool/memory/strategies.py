@@ -15,7 +15,7 @@ import torch
 
 from gmtool.errors import GmtoolError
 
-STRATEGIES = ("independent", "shared", "shared-ascending", "vmm")
+_REGISTRY: dict[str, type] = {}  # name -> strategy class: a subclass with a name is a strategy, in definition order
 
 
 def parse_strategies(text: str) -> list[str]:
@@ -30,7 +30,7 @@ def parse_strategies(text: str) -> list[str]:
 
 def make_strategy(name: str, device: torch.device, **vmm_opts) -> "MemoryStrategy":
     """GmtoolError for an unknown name, for no CUDA, and (vmm) when the allocator is unavailable."""
-    classes = {c.name: c for c in (Independent, Shared, SharedAscending, Vmm)}
+    classes = _REGISTRY
     if name not in classes:
         raise GmtoolError(f"unknown strategy {name!r} (use {'|'.join(STRATEGIES)})")
     if device.type != "cuda":
@@ -93,6 +93,11 @@ class DeviceMeter:
 class MemoryStrategy:
     name = ""
     order = "descending"  # the sweep captures the largest bucket first unless "ascending"
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if cls.name:
+            _REGISTRY[cls.name] = cls
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -242,3 +247,6 @@ class Vmm(MemoryStrategy):
         if why:
             self.warnings.append(f"VMM memory left mapped until exit: {why}")
         super().release()
+
+
+STRATEGIES = tuple(_REGISTRY)

@@ -4,14 +4,14 @@ import random
 import pytest
 import torch
 
-from gmtool.buckets import BucketKey
-from gmtool.compositions import default_compositions, parse_composition
+from gmtool.core.buckets import BucketKey
+from gmtool.core.compositions import default_compositions, parse_composition
 from gmtool.config import SweepConfig
 from gmtool.modes import GraphMode
-from gmtool.sweep import Sweep
-from gmtool.workbench import Workbench
+from gmtool.measure.sweep import Sweep
+from gmtool.measure.workbench import Workbench
 from tests.helpers import graph_mode
-from gmtool.timing import rel_err_per_seq, tolerances_for
+from gmtool.measure.timing import rel_err_per_seq, tolerances_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = torch.device("cuda")
@@ -108,7 +108,7 @@ def test_fx_piecewise_matches_eager_for_prefill_mixes():
 def test_fused_layers_match_hf_layers_and_replay():
     """--fuse on the GPU: the fused Triton layers against the Hugging Face layers (decode and prefill with a
     prefix), then a sweep whose every graph mode runs the fused model."""
-    from gmtool.fused import fuse_layers, unfused
+    from gmtool.model.fused import fuse_layers, unfused
 
     rig = GpuRig("qwen3-0.6b", [128])  # the reference inputs must hold the 128-token prefill
     fused = fuse_layers(rig.lm.model, "triton")

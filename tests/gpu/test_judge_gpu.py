@@ -5,12 +5,12 @@ import contextlib
 import pytest
 import torch
 
-import gmtool.attention as attention
-from gmtool.backends import cuda as cuda_backend
+import gmtool.model.attention as attention
+from gmtool.core.backends import cuda as cuda_backend
 from gmtool.config import SweepConfig
-from gmtool.executor import GraphExecutor
+from gmtool.core.executor import GraphExecutor
 from gmtool.kernels import attention_backend
-from gmtool.sweep import Sweep
+from gmtool.measure.sweep import Sweep
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

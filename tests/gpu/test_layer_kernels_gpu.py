@@ -1,11 +1,11 @@
-"""GPU checks of the fused decoder-layer kernels against their torch references (gmtool.layers_ref) at the
+"""GPU checks of the fused decoder-layer kernels against their torch references (gmtool.model.layers_ref) at the
 shapes of the real models, on fresh random inputs given as strided views; and one CUDA graph holding all
 three kernels, replayed after its inputs are rewritten in place.
 """
 import pytest
 import torch
 
-from gmtool.layers_ref import add_rms_norm_ref, qk_norm_rope_ref, rms_norm_ref, silu_mul_ref
+from gmtool.model.layers_ref import add_rms_norm_ref, qk_norm_rope_ref, rms_norm_ref, silu_mul_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = torch.device("cuda")

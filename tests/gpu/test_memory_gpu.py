@@ -71,7 +71,7 @@ def test_vmm_piecewise_pieces_share_physical_memory_safely():
 
 
 def test_vmm_check_flags_an_allocation_that_outlives_capture():
-    from gmtool.buckets import BucketKey
+    from gmtool.core.buckets import BucketKey
     from gmtool.memory.strategies import make_strategy
 
     s = make_strategy("vmm", torch.device("cuda"))

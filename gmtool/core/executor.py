@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gmtool.attention import TORCH_ATTENTION, ForwardContext, forward_context
-from gmtool.backends import make_backend
-from gmtool.batch import Batch
-from gmtool.buckets import BucketKey, BucketPolicy
+from gmtool.model.attention import TORCH_ATTENTION, ForwardContext, forward_context
+from gmtool.core.backends import make_backend
+from gmtool.core.batch import Batch
+from gmtool.core.buckets import BucketKey, BucketPolicy
 from gmtool.errors import CaptureError, GmtoolError, OutOfMemory
-from gmtool.inputs import PersistentInputs, StepViews
-from gmtool.kv_cache import PagedKVCache
-from gmtool.model import LoadedModel
+from gmtool.core.inputs import PersistentInputs, StepViews
+from gmtool.core.kv_cache import PagedKVCache
+from gmtool.model.loading import LoadedModel
 from gmtool.modes import GraphMode
 
 
@@ -96,7 +96,7 @@ class GraphExecutor:
     def __init__(self, lm: LoadedModel, cache: PagedKVCache, policy: BucketPolicy, mode: str,
                  max_num_seqs: int, device: torch.device, memory=None, attention=None, forward=None):
         """memory: a MemoryStrategy (gmtool.memory) choosing the pool of each capture; None: one shared pool.
-        forward: how the forward runs and is cut into captured steps (gmtool.forwards); default: one whole
+        forward: how the forward runs and is cut into captured steps (gmtool.core.forwards); default: one whole
         graph, or the runtime split for piecewise."""
         mode = GraphMode(mode)
         if not mode.captures:
@@ -114,7 +114,7 @@ class GraphExecutor:
         self.graphs: dict[BucketKey, CapturedGraph] = {}
         self.refresh_runner_metadata = True  # False only to demonstrate the stale-metadata bug
         if forward is None:
-            from gmtool.forwards import RuntimeSplit, WholeGraph
+            from gmtool.core.forwards import RuntimeSplit, WholeGraph
 
             forward = RuntimeSplit() if mode.piecewise else WholeGraph()
         self.forward_impl = forward

@@ -28,13 +28,13 @@ from enum import StrEnum
 
 import torch
 
-from gmtool.compositions import parse_composition
+from gmtool.core.compositions import parse_composition
 from gmtool.errors import GmtoolError
-from gmtool.fused import unfused
+from gmtool.model.fused import unfused
 from gmtool.modes import GraphMode
 from gmtool.records import Status, record
-from gmtool.timing import rel_err_per_seq, summarize, time_ms, tolerances_for
-from gmtool.trace import profile_steps, trace_path
+from gmtool.measure.timing import rel_err_per_seq, summarize, time_ms, tolerances_for
+from gmtool.measure.trace import profile_steps, trace_path
 
 PEER_MODE = GraphMode.HF_COMPILED
 COMPILE_CALLS = 3  # reduce-overhead compiles on the 1st call, records its CUDA graph on the 2nd, replays after

@@ -2,7 +2,7 @@
 
 Buckets are taken largest first (graphs of a pool then reuse the largest capture's memory; a memory strategy
 with order "ascending" reverses it). For every composition, eager runs the exact batch (no padding) as the
-reference; each graph mode replays the padded bucket and is judged against it (gmtool.check). Probes run once
+reference; each graph mode replays the padded bucket and is judged against it (gmtool.measure.check). Probes run once
 every row is measured, while every graph is still alive: tracing, memreport's shuffled replays and metering.
 """
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import Protocol
 
 import torch
 
-from gmtool.check import EagerReference, checked_replay
+from gmtool.measure.check import EagerReference, checked_replay
 from gmtool.config import SweepConfig
 from gmtool.errors import GmtoolError, OutOfMemory
-from gmtool.executor import GraphExecutor
+from gmtool.core.executor import GraphExecutor
 from gmtool.modes import GraphMode
 from gmtool.records import Status, record
-from gmtool.timing import host_us, host_us_steady, summarize, time_ms, tolerances_for
-from gmtool.workbench import Workbench
+from gmtool.measure.timing import host_us, host_us_steady, summarize, time_ms, tolerances_for
+from gmtool.measure.workbench import Workbench
 
 
 @dataclass

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gmtool.batch import Batch
-from gmtool.buckets import BucketKey
+from gmtool.core.batch import Batch
+from gmtool.core.buckets import BucketKey
 
 
 @dataclass

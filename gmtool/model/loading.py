@@ -9,7 +9,9 @@ from pathlib import Path
 
 import torch
 
-from gmtool import attention, families
+from gmtool.model import attention
+
+from gmtool.model import families
 from gmtool.errors import GmtoolError
 from gmtool.profiles import load_model_profile
 
@@ -45,7 +47,7 @@ class LoadedModel:
     model: torch.nn.Module
     config: object
     source: str  # profile | checkpoint | config
-    fused: object = None  # gmtool.fused.FusedLayers when --fuse
+    fused: object = None  # gmtool.model.fused.FusedLayers when --fuse
 
     @property
     def num_layers(self) -> int:

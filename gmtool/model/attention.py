@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from gmtool.inputs import StepViews
-from gmtool.kv_cache import PagedKVCache
+from gmtool.core.inputs import StepViews
+from gmtool.core.kv_cache import PagedKVCache
 
 ATTN_NAME = "gmtool"
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gmtool.compositions import Composition
+from gmtool.core.compositions import Composition
 from gmtool.errors import GmtoolError
-from gmtool.kv_cache import PagedKVCache
+from gmtool.core.kv_cache import PagedKVCache
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Batch:
         self.logits_indices = self.cu_q[1:] - 1  # each sequence's last token: the one an engine samples
         self.token_seq = np.repeat(np.arange(len(self.q_lens)), self.q_lens)
         self.kv_len_array = np.asarray(self.kv_lens, dtype=np.int64)
-        # copy-in writes these two blocks whole (gmtool.inputs lays the fields out in this order)
+        # copy-in writes these two blocks whole (gmtool.core.inputs lays the fields out in this order)
         self.token_fields = np.stack([self.input_ids, self.positions, self.slot_mapping, self.token_seq])
         self.seq_fields = np.stack([self.logits_indices, self.kv_len_array])
         self.plan = tuple(zip(self.q_lens, self.kv_lens))

@@ -61,7 +61,7 @@ def stage_kernel(args) -> dict:
 
 
 def stage_decode(args, compile_: bool = False, fuse: bool = False) -> dict:
-    from gmtool.sweep import Sweep
+    from gmtool.measure.sweep import Sweep
 
     res = Sweep(_decode_cfg(compile_, args.iters, fuse)).run()
     return {"rows": _rows(res.records, "full"), "eager": _rows(res.records, "eager"), "errors": res.errors}
@@ -69,8 +69,8 @@ def stage_decode(args, compile_: bool = False, fuse: bool = False) -> dict:
 
 def stage_peer(args) -> dict:
     from gmtool.config import SweepConfig
-    from gmtool.peer import HfCompiled
-    from gmtool.workbench import Workbench
+    from gmtool.measure.hf_compiled import HfCompiled
+    from gmtool.measure.workbench import Workbench
 
     rows = []
     for kv in KV_LENS:
@@ -92,7 +92,7 @@ def stage_peer(args) -> dict:
 
 def stage_prefill(args) -> dict:
     from gmtool.config import SweepConfig
-    from gmtool.sweep import Sweep
+    from gmtool.measure.sweep import Sweep
 
     cfg = SweepConfig(model=MODEL, device="cuda", scenario="prefill", buckets="512,2048",
                       modes=("eager", "full", "piecewise"), kv_cache_gb=24, num_iters=args.iters, num_iters_warmup=5)
@@ -104,7 +104,7 @@ def _executor(buckets: list[int], max_kv_len: int, num_blocks: int, fuse: bool =
     """A full-graph executor on the bench model (Triton attention when it can run), outside any sweep."""
     from gmtool.config import SweepConfig
     from gmtool.modes import GraphMode
-    from gmtool.workbench import Workbench
+    from gmtool.measure.workbench import Workbench
 
     cfg = SweepConfig(model=MODEL, device="cuda", buckets=",".join(map(str, buckets)), modes=("full",),
                       max_kv_len=max_kv_len, fuse=fuse)
@@ -113,9 +113,9 @@ def _executor(buckets: list[int], max_kv_len: int, num_blocks: int, fuse: bool =
 
 def stage_capture(args) -> dict:
     """Capture every default decode bucket, largest first: warm-up and capture, timed together and apart."""
-    from gmtool.batch import make_batch
-    from gmtool.buckets import DEFAULT_DECODE_BUCKETS
-    from gmtool.compositions import parse_composition
+    from gmtool.core.batch import make_batch
+    from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS
+    from gmtool.core.compositions import parse_composition
 
     ex = _executor(DEFAULT_DECODE_BUCKETS, 1024, 256 * 64 + 1)
     cache, lm = ex.cache, ex.lm
@@ -160,9 +160,9 @@ def stage_host(args) -> dict:
     whole step (copy-in, launch, output view), then copy-in and launch timed apart; the whole step issued
     while the device still runs the previous one (the steady state of an engine); launch alone back to back.
     The kernel count comes last: the profiler slows every later CUDA call of the process."""
-    from gmtool.batch import make_batch
-    from gmtool.compositions import parse_composition
-    from gmtool.timing import host_us, host_us_steady, summarize
+    from gmtool.core.batch import make_batch
+    from gmtool.core.compositions import parse_composition
+    from gmtool.measure.timing import host_us, host_us_steady, summarize
 
     out, replays = {"numpy_write_us": _numpy_write_us()}, {}
     for fuse in (False, True):

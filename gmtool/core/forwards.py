@@ -12,7 +12,7 @@ One strategy per way of cutting the forward into captured steps, chosen when the
 """
 from __future__ import annotations
 
-from gmtool.executor import AttentionRunner
+from gmtool.core.executor import AttentionRunner
 
 
 class WholeGraph:
@@ -54,7 +54,7 @@ class FxSplit(WholeGraph):
     compiles = True
 
     def __init__(self, lm, split: bool = True, inductor: bool = False):
-        from gmtool.fx_split import FxPiecewise
+        from gmtool.model.fx_split import FxPiecewise
 
         self.fx = FxPiecewise(lm, split=split, inductor=inductor)
 

@@ -10,18 +10,18 @@ from dataclasses import dataclass
 
 import torch
 
-from gmtool import families
-from gmtool.attention import ForwardContext, forward_context
-from gmtool.batch import Batch, make_batch
-from gmtool.buckets import BucketKey
-from gmtool.check import EagerReference, eager_reference
-from gmtool.compositions import Composition
+from gmtool.model import families
+from gmtool.model.attention import ForwardContext, forward_context
+from gmtool.core.batch import Batch, make_batch
+from gmtool.core.buckets import BucketKey
+from gmtool.measure.check import EagerReference, eager_reference
+from gmtool.core.compositions import Composition
 from gmtool.config import SweepConfig
 from gmtool.errors import GmtoolError, OutOfMemory
-from gmtool.executor import GraphExecutor
-from gmtool.inputs import PersistentInputs
-from gmtool.kv_cache import KVCacheSpec, PagedKVCache
-from gmtool.model import LoadedModel, load_model
+from gmtool.core.executor import GraphExecutor
+from gmtool.core.inputs import PersistentInputs
+from gmtool.core.kv_cache import KVCacheSpec, PagedKVCache
+from gmtool.model.loading import LoadedModel, load_model
 from gmtool.modes import GraphMode
 
 
@@ -41,7 +41,7 @@ class Workbench:
         if why:
             raise GmtoolError(why)
         if cfg.fuse:
-            from gmtool.fused import fuse_layers
+            from gmtool.model.fused import fuse_layers
 
             lm.fused = fuse_layers(lm.model, cfg.attention_backend)
         spec = KVCacheSpec(lm.num_layers, lm.num_kv_heads, lm.head_dim, cfg.block_size, cfg.max_kv_len,
@@ -84,7 +84,7 @@ class Workbench:
 
     def executor(self, mode: GraphMode, memory=None) -> GraphExecutor:
         """memory: a MemoryStrategy choosing each capture's pool (None: one shared pool)."""
-        from gmtool.forwards import forward_for
+        from gmtool.core.forwards import forward_for
 
         cfg, mode = self.cfg, GraphMode(mode)
         return GraphExecutor(self.lm, self.cache, cfg.policy(wide_key=mode.wide_key), mode, cfg.max_num_seqs,

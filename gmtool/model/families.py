@@ -3,7 +3,7 @@
 - `FUSED_RESIDUAL`: base models whose forward is embed, rotary, the plain pre-norm decoder layers and a final
   norm (masks aside, which gmtool's attention never reads). `--fuse` replaces that forward with the
   (hidden, residual) loop engines use, each residual add inside the RMSNorm after it. Other families keep
-  their own forward; their attention, MLP and RMSNorms are still fused where `gmtool.fused` finds them exact.
+  their own forward; their attention, MLP and RMSNorms are still fused where `gmtool.model.fused` finds them exact.
 - `refusal()`: why gmtool cannot run a model faithfully, said before anything is captured.
 """
 from __future__ import annotations

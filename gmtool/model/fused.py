@@ -10,7 +10,7 @@ loop (`_residual_stream_forward`).
 
 The weights are not copied: q/k/v (and gate/up) become views of one concatenated weight, so the original
 modules still hold their weights and `unfused()` gives the Hugging Face forwards back (the hf-compiled peer
-copies the model that way). Under torch.compile the fused forwards run plain torch ops (gmtool.layers_ref),
+copies the model that way). Under torch.compile the fused forwards run plain torch ops (gmtool.model.layers_ref),
 which Inductor fuses itself; otherwise they run gmtool's Triton kernels on CUDA, torch ops elsewhere.
 """
 from __future__ import annotations
@@ -22,8 +22,10 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from gmtool import attention, layers_ref
-from gmtool.families import FUSED_RESIDUAL
+from gmtool.model import attention
+
+from gmtool.model import layers_ref
+from gmtool.model.families import FUSED_RESIDUAL
 
 SILU = ("silu", "swish")
 

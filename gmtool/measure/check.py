@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gmtool.batch import Batch
-from gmtool.kv_cache import PagedKVCache
-from gmtool.timing import rel_err_per_seq
+from gmtool.core.batch import Batch
+from gmtool.core.kv_cache import PagedKVCache
+from gmtool.measure.timing import rel_err_per_seq
 
 
 def _slots(cache: PagedKVCache, batch: Batch) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-from gmtool import attention
+from gmtool.model import attention
 from gmtool.errors import CaptureError
 
 ATTENTION_OPS = {"gmtool.attention", "gmtool.attention.default"}  # dynamo records the packet

@@ -1,0 +1,1 @@
+"""Requests to graphs: buckets, batches, persistent inputs, the paged KV cache, the executor and its backends."""

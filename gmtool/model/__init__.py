@@ -1,0 +1,1 @@
+"""The Hugging Face model as gmtool runs it: loading, attention routing, fused layers, families, the FX split."""
