@@ -4,7 +4,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 OUT ?= gmtool-out
 
-.PHONY: setup run test test-gpu bench clean
+.PHONY: setup run test test-gpu mutants bench clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,11 @@ run: setup
 test: setup
 	$(VENV)/bin/ruff check gmtool tests tools
 	$(VPY) -m pytest -q -m "not gpu"
+
+# Targeted mutants of the correctness paths (tools/mutants.py): each must make a test fail.
+# ARGS: e.g. ARGS="-j 2", ARGS="--only relerr-mean", ARGS="--list", ARGS="--markdown mutants.md".
+mutants: setup
+	$(VPY) tools/mutants.py $(ARGS)
 
 # GPU machine: no install there; run from the tree with its own python3.
 test-gpu:

@@ -208,3 +208,98 @@ def test_a_run_failure_outside_any_row_exits_1_and_bad_input_exits_2(monkeypatch
     with pytest.raises(SystemExit) as e:
         main()
     assert e.value.code == 2 and "malformed bucket" in capsys.readouterr().err
+
+
+# -- what the poisoning and the tolerances are for ----------------------------------------------------------
+def _drop_writes_into(mp, tensors):
+    """Capture runs every op, but the tape leaves off the in-place writes into these tensors' storage: replays
+    of the graph never write them."""
+    ptrs = {t.untyped_storage().data_ptr() for t in tensors}
+    real = tape._Tape.__torch_dispatch__
+
+    def dispatch(self, func, types, args=(), kwargs=None):
+        n = len(self.ops)
+        out = real(self, func, types, args, kwargs)
+        dst = args[0] if args else None
+        if (func.__name__.split(".")[0].endswith("_") and isinstance(dst, torch.Tensor)
+                and dst.untyped_storage().data_ptr() in ptrs):
+            del self.ops[n:]
+        return out
+
+    mp.setattr(tape._Tape, "__torch_dispatch__", dispatch)
+
+
+def _reference(rig, batch):
+    return EagerReference(rig.eager(batch).clone(), written_kv(rig.cache, batch))
+
+
+def test_a_graph_that_never_writes_its_logits_is_unsafe():
+    """Its K/V are right and capture left this batch's logits in the output buffer: only poisoning the outputs
+    before the replay shows that the replay wrote none."""
+    rig = Rig(buckets=(8,))
+    batch = rig.batch("1*6", seed=3)
+    ref = _reference(rig, batch)
+    with pytest.MonkeyPatch.context() as mp:
+        _drop_writes_into(mp, [rig.ex.inputs.logits])
+        _, check, _ = checked_replay(rig.ex, batch, ref)
+    assert check.kv_rel_err < 1e-5 and check.max_rel_err == float("inf")
+    assert check.failure(1e-5, 1e-3) is not None
+
+
+def test_a_graph_that_writes_k_but_not_v_is_unsafe():
+    """Capture wrote this batch's V into its slots: only poisoning V as well as K shows the replay wrote none."""
+    rig = Rig(buckets=(8,))
+    batch = rig.batch("1*6", seed=3)
+    ref = _reference(rig, batch)
+    with pytest.MonkeyPatch.context() as mp:
+        _drop_writes_into(mp, rig.cache.v)
+        _, check, _ = checked_replay(rig.ex, batch, ref)
+    assert not check.kv_rel_err <= 1e-3 and check.failure(1e-5, 1e-3) is not None
+
+
+def test_a_replay_off_by_1e_4_is_unsafe_in_fp32(tmp_path, monkeypatch):
+    """An fp32 replay runs the kernels of its same-shape eager pass: 1e-4 is no rounding, it is stale data. The
+    sweep must judge it with fp32's tight tolerance (1e-5), not with bf16's (5e-3) or the unpadded one (1e-3)."""
+    from gmtool.executor import CapturedGraph
+
+    real = CapturedGraph.replay
+
+    def replay(self, batch, refresh_metadata=True):
+        real(self, batch, refresh_metadata)
+        self.ctx.views.logits.mul_(1 + 1e-4)
+
+    monkeypatch.setattr(CapturedGraph, "replay", replay)
+    code, out, rows = _capture(tmp_path, "--buckets", "2", "--compositions", "1*2,1*1")
+    graph = [r for r in rows if r["mode"] == "full"]
+    assert code == 3, out
+    assert len(graph) == 2 and all(r["status"] == "UNSAFE" for r in graph)
+    assert all("same computation run eagerly" in r["error"] for r in graph)
+    assert all(r["tolerance_same_shape"] == 1e-5 and r["max_rel_err_same_shape"] == pytest.approx(1e-4, rel=1e-2)
+               for r in graph)
+
+
+def test_failure_applies_each_tolerance_to_its_own_comparison():
+    """Same-shape comparisons get the tight tolerance (identical kernels); unpadded ones the loose one (GEMMs of
+    another shape round differently)."""
+    tol_same, tol = 1e-5, 1e-3
+    assert ReplayCheck(1e-4, 0.0, 1e-4, 0.0, False).failure(tol_same, tol) is None
+    assert "same computation" in ReplayCheck(1e-4, 1e-4, 0.0, 0.0, False).failure(tol_same, tol)
+    assert "unpadded" in ReplayCheck(2e-3, 0.0, 0.0, 0.0, False).failure(tol_same, tol)
+    assert "K/V" in ReplayCheck(0.0, 0.0, 0.0, 1e-4, False).failure(tol_same, tol)
+    assert "K/V" in ReplayCheck(0.0, 0.0, 2e-3, 0.0, False).failure(tol_same, tol)
+
+
+def test_a_replay_that_raises_is_unsafe_not_a_crash():
+    """A graph replayed past its shape's bounds raises on the tape: the check says so, the sweep goes on."""
+    rig = Rig(buckets=(8,))
+    batch = rig.batch("1*6", seed=3)
+    ref = _reference(rig, batch)
+    entry = rig.ex.prepare(batch)  # captured
+
+    def replay(*args, **kwargs):
+        raise RuntimeError("index 9 is out of bounds for dimension 0 with size 8\nwhere it happened")
+
+    entry.replay = replay
+    _, check, _ = checked_replay(rig.ex, batch, ref)
+    assert check.replay_error == "RuntimeError: index 9 is out of bounds for dimension 0 with size 8"
+    assert check.failure(1e-5, 1e-3).startswith("replay failed: RuntimeError: index 9")
