@@ -260,7 +260,7 @@ def test_a_graph_that_writes_k_but_not_v_is_unsafe():
 def test_a_replay_off_by_1e_4_is_unsafe_in_fp32(tmp_path, monkeypatch):
     """An fp32 replay runs the kernels of its same-shape eager pass: 1e-4 is no rounding, it is stale data. The
     sweep must judge it with fp32's tight tolerance (1e-5), not with bf16's (5e-3) or the unpadded one (1e-3)."""
-    from gmtool.executor import CapturedGraph
+    from gmtool.core.executor import CapturedGraph
 
     real = CapturedGraph.replay
 

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pandas as pd
 import torch
 
-from gmtool.attention import ForwardContext
-from gmtool.buckets import BucketKey
-from gmtool.executor import CapturedGraph
+from gmtool.model.attention import ForwardContext
+from gmtool.core.buckets import BucketKey
+from gmtool.core.executor import CapturedGraph
 from gmtool.report.markdown import render_markdown
 from gmtool.report.results import write_results
 from gmtool.report.summary import bucket_summary
@@ -49,7 +49,7 @@ def test_gmtool_eager_matches_hf_attention_on_prefill():
     """gmtool's eager forward (paged K/V write, its own attention, the logits row it samples) against the HF
     model with its own SDPA attention: the judge compares replays with gmtool eager, so gmtool eager must be
     the model. batch-logits-first-token, kv-write-v-gets-k."""
-    from gmtool.peer import sdpa_copy
+    from gmtool.measure.hf_compiled import sdpa_copy
 
     rig = Rig()
     hf = sdpa_copy(rig.lm.model)
