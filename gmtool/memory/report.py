@@ -35,7 +35,7 @@ ROW_FIELDS = ("strategy", "status", "order", "mode", "captures", "graph_pool_byt
               "input_per_shape_bytes", "capture_s", "replay_ms_median", "eager_ms_median", "max_rel_err",
               "replays", "replays_ok", "shuffled_replays", "shuffled_ok", "shuffled_max_rel_err", "warnings",
               "wall_s", "reason")
-FAILED = ("error", "oom", "UNSAFE")
+FAILED = (Status.ERROR, Status.OOM, Status.UNSAFE)  # a strategy row with one of these fails the run
 
 
 class ShuffledReplayProbe:

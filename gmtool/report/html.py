@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
+from gmtool.records import Status
 from gmtool.report.markdown import notes, overview, sections
 from gmtool.report.plots import all_plots
 
@@ -18,7 +19,7 @@ td.s-error, td.s-oom { color: #c0392b; } td.s-skipped { color: #a06800; }
 figure { display: inline-block; margin: 0 1em 1em 0; } figcaption { font-size: 0.9em; color: #555; }
 .note { color: #555; }
 """
-_STATUSES = ("ok", "UNSAFE", "error", "oom", "skipped")
+_STATUSES = tuple(Status)
 _TEXT_COLUMNS = ("mode", "composition", "key", "error", "status")
 
 

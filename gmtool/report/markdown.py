@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gmtool.records import Status
 from gmtool.report.summary import bucket_summary, mode_order, safety_matrix
 from gmtool.report.tables import fmt_bytes, noise_warning
 
-PROBLEM_STATUSES = ("error", "oom", "skipped")
 
 
 @dataclass
@@ -75,7 +75,7 @@ def sections(doc: dict) -> list[Section]:
                    for r in records if r["status"] == "UNSAFE"]
     problems = Section("Errors and skipped rows", ["mode", "bucket", "composition", "status", "error"])
     problems.rows = [[r["mode"], str(r["bucket"]), r["composition"], r["status"], r.get("error") or ""]
-                     for r in records if r["status"] in PROBLEM_STATUSES]
+                     for r in records if Status(r["status"]) in (Status.ERROR, Status.OOM, Status.SKIPPED)]
 
     modes, matrix = safety_matrix(doc)
     labels = [(m["bucket"], m["composition"]) for m in matrix]
