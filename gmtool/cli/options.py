@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from gmtool.modes import GraphMode
 from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS, DEFAULT_PREFILL_BUCKETS
 from gmtool.config import (
     CPU_DEFAULT_BUCKETS,
@@ -29,7 +30,7 @@ def shown(name: str) -> str:
 
 def shown_mode() -> str:
     """The graph mode capture and memreport run when neither --mode nor the profile names one."""
-    return ",".join(m for m in option_default("modes") if m != "eager")
+    return ",".join(m for m in option_default("modes") if GraphMode(m).captures)
 
 
 def _short(sizes: list[int]) -> str:

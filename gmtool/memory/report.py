@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
+from gmtool.modes import GraphMode
 from gmtool.measure.check import checked_replay
 from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.core.executor import AttentionRunner
@@ -154,7 +155,7 @@ def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[dict, objec
     raw.update(per_key=list(strategy.per_key.values()), shuffled=sweep.shuffled, measured=sweep.measured,
                inputs=sweep.inputs.get(mode, {}), warnings=list(strategy.warnings))
     if res is not None:
-        raw.update(records=[r for r in res.records if r["mode"] in (mode, "eager")], errors=res.errors,
+        raw.update(records=[r for r in res.records if r["mode"] in (mode, GraphMode.EAGER)], errors=res.errors,
                    wall_s=res.wall_s)
     del sweep, strategy
     gc.collect()
@@ -193,9 +194,9 @@ def derive(raw: dict) -> dict:
     row["nvml_used_bytes"] = sum(nv) if nv and len(nv) == len(pk) else None
     caps = [k["capture_s"] for k in pk if k.get("capture_s") is not None]
     row["capture_s"] = sum(caps) if caps else None
-    graph = [r for r in row["records"] if r["mode"] != "eager"]
+    graph = [r for r in row["records"] if r["mode"] != GraphMode.EAGER]
     lat = [r["latency_ms"]["median"] for r in graph if r.get("latency_ms")]
-    eager = [r["latency_ms"]["median"] for r in row["records"] if r["mode"] == "eager" and r.get("latency_ms")]
+    eager = [r["latency_ms"]["median"] for r in row["records"] if r["mode"] == GraphMode.EAGER and r.get("latency_ms")]
     row["replay_ms_median"] = statistics.median(lat) if lat else None
     row["eager_ms_median"] = statistics.median(eager) if eager else None
     errs = [r["max_rel_err"] for r in graph if r.get("max_rel_err") is not None]

@@ -9,6 +9,7 @@ import io
 
 from matplotlib.figure import Figure
 
+from gmtool.modes import GraphMode
 from gmtool.report.summary import bucket_summary, mode_order
 
 
@@ -23,7 +24,7 @@ def _series(doc: dict, field: str, skip_eager: bool = False) -> dict[str, tuple[
     rows = bucket_summary(doc["records"])
     out = {}
     for mode in mode_order(doc):
-        if skip_eager and mode == "eager":
+        if skip_eager and mode == GraphMode.EAGER:
             continue
         pts = sorted((s["bucket"], s[field]) for s in rows if s["mode"] == mode and s[field] is not None)
         if pts:

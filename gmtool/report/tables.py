@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from gmtool.modes import GraphMode
 from gmtool.records import style_of
 from gmtool.report.summary import bucket_summary, mode_order
 
@@ -29,7 +30,7 @@ def capture_table(doc: dict) -> Table:
                 "host us idle/steady", "max rel err", "pieces/runners", "status"):
         t.add_column(col, justify="left" if col in ("mode", "status") else "right")
     for s in bucket_summary(doc["records"]):
-        if s["mode"] == "eager":
+        if s["mode"] == GraphMode.EAGER:
             continue
         style = style_of(s["status"])
         t.add_row(s["mode"], str(s["bucket"]), str(s["compositions"]), _f(s["capture_s"], ".3f"),
