@@ -13,7 +13,7 @@ from gmtool.cli import options as o
 from gmtool.cli.run_sweep import build_config, finish
 from gmtool.errors import GmtoolError
 from gmtool.modes import CAPTURE_MODES, GraphMode
-from gmtool.report.results import default_out_dir, prepare_out_dir
+from gmtool.report.results import default_out_dir, output_dir
 from gmtool.report.tables import capture_table
 
 
@@ -53,10 +53,10 @@ def capture(
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
                        num_iters_warmup=num_iters_warmup, seed=seed)
-    out_dir = prepare_out_dir(out or default_out_dir("capture"), force)
     for note in cfg.notes:
         console.print(f"[yellow]note:[/] {note}")
-    doc = run_capture(cfg, out_dir, progress_bars(console))
+    with output_dir(out or default_out_dir("capture"), force) as out_dir:
+        doc = run_capture(cfg, out_dir, progress_bars(console))
     console.print(capture_table(doc))
     console.print(f"results: {out_dir / 'results.json'}, {out_dir / 'results.csv'}")
     finish(doc, console)

@@ -20,7 +20,7 @@ from gmtool.core.buckets import parse_buckets
 from gmtool.measure.hf_compiled import PeerCompile
 from gmtool.profiles import load_sweep_profile
 from gmtool.report.baseline import check_same_model, load_baseline
-from gmtool.report.results import default_out_dir, prepare_out_dir
+from gmtool.report.results import default_out_dir, output_dir
 from gmtool.report.tables import compare_table, noise_warning
 
 VALID_MODES = tuple(GraphMode)
@@ -119,12 +119,12 @@ def compare(
     peer_list = _peer_buckets(peer_buckets, cfg.bucket_sizes)
     if base is not None:
         check_same_model(base, _expected_model_name(cfg.model))
-    out_dir = prepare_out_dir(out or default_out_dir("compare"), force)
     no_eager = [] if GraphMode.EAGER in sweep_modes else ["eager is not among the modes: the graph modes get no speedup"]
     for note in cfg.notes + no_eager:
         console.print(f"[yellow]note:[/] {note}")
-    doc, files = run_compare(cfg, wanted, out_dir, progress_bars(console), trace, peer_list, peer_compile,
-                             (base, baseline) if base is not None else None)
+    with output_dir(out or default_out_dir("compare"), force) as out_dir:
+        doc, files = run_compare(cfg, wanted, out_dir, progress_bars(console), trace, peer_list, peer_compile,
+                                 (base, baseline) if base is not None else None)
 
     if fmt == "json":
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -15,8 +16,17 @@ app = typer.Typer(
 err_console = Console(stderr=True)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from gmtool import __version__
+
+        print(f"gmtool {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: Annotated[Optional[bool], typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print gmtool's version and exit.")] = None) -> None:
     """gmtool: CUDA graph capture, replay and memory, measured against eager."""
 
 

@@ -13,7 +13,7 @@ from gmtool.cli.run_sweep import build_config
 from gmtool.errors import GmtoolError
 from gmtool.memory.report import exit_code, memreport_table
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
-from gmtool.report.results import default_out_dir, prepare_out_dir
+from gmtool.report.results import default_out_dir, output_dir
 
 MEMREPORT_MODES = ("full", "piecewise")
 
@@ -60,14 +60,14 @@ def memreport(
         raise GmtoolError(f"memreport runs one graph mode, full or piecewise, not {','.join(cfg.graph_modes) or 'none'}")
     if cfg.torch_device.type != "cuda":
         raise GmtoolError(f"memory strategies need CUDA: memreport cannot run on {cfg.torch_device}")
-    out_dir = prepare_out_dir(out or default_out_dir("memreport"), force)
     console = make_console()
 
     def said(row):
         if row["status"] != "ok":
             console.print(f"[bold yellow]{row['strategy']}:[/] {row['status']}: {row['reason']}", highlight=False)
 
-    doc, paths = run_memreport(cfg, names, out_dir, progress_bars(console), said)
+    with output_dir(out or default_out_dir("memreport"), force) as out_dir:
+        doc, paths = run_memreport(cfg, names, out_dir, progress_bars(console), said)
     console.print(memreport_table(doc))
     for r in doc["strategies"]:
         for w in r["warning_list"]:

@@ -1,7 +1,9 @@
 """results.json / results.csv: the stable files every command writes and `gmtool report` reads back."""
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import os
 import json
 from pathlib import Path
 
@@ -13,19 +15,53 @@ SCHEMA_VERSION = 1
 RESULTS_JSON, RESULTS_CSV = "results.json", "results.csv"
 
 
+# what gmtool writes into an output directory: --force clears these, so no file of an older run stays behind
+OUTPUT_FILES = ("results.json", "results.csv", "report.md", "report.html", "memreport.json", "memreport.csv",
+                "memreport.png", "trace-*.json")
+
+
 def prepare_out_dir(out: Path, force: bool) -> Path:
-    """Refuse to write into a non-empty directory unless --force: never overwrite silently."""
+    """Refuse to write into a non-empty directory unless --force: never overwrite silently. With --force,
+    the files an earlier gmtool run wrote there are removed first (other files are left alone)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise GmtoolError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise GmtoolError(f"output directory {out} exists and is not empty: pass --force to overwrite, or another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise GmtoolError(f"output directory {out} exists and is not empty: pass --force to overwrite, or "
+                              "another --out")
+        for pattern in OUTPUT_FILES:
+            for f in out.glob(pattern):
+                f.unlink()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GmtoolError(f"cannot create output directory {out}: {e.strerror or e}") from None
     return out
 
 
+@contextlib.contextmanager
+def output_dir(out: Path, force: bool):
+    """prepare_out_dir, and a directory this run created is removed again if the run fails before writing."""
+    created = not Path(out).exists()
+    path = prepare_out_dir(out, force)
+    try:
+        yield path
+    except BaseException:
+        if created and path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+        raise
+
+
 def default_out_dir(command: str) -> Path:
-    return Path("gmtool-out") / f"{command}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    """gmtool-out/<command>-<time>-<pid>: runs started in the same second never share one."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path("gmtool-out") / f"{command}-{stamp}-{os.getpid()}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
 
 
 def to_document(result, command: str) -> dict:
