@@ -83,6 +83,12 @@ class SweepConfig:
         for name in ("num_iters", "block_size", "max_num_seqs"):
             if getattr(self, name) <= 0:
                 raise GmtoolError(f"--{name.replace('_', '-')} must be positive")
+        if self.num_iters_warmup < 0:
+            raise GmtoolError("--num-iters-warmup must be 0 or more")
+        if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
+            raise GmtoolError("--kv-cache-gb must be positive")
+        if self.compositions is not None and not str(self.compositions).strip():
+            raise GmtoolError("empty composition list: give mixes like '1*8,4+4', or leave --compositions out")
         self.torch_device = resolve_device(self.device)
         cuda = self.torch_device.type == "cuda"
         if self.model is None:
@@ -108,6 +114,10 @@ class SweepConfig:
             self.bucket_sizes = list(CPU_DEFAULT_BUCKETS["decode" if self.scenario == "decode" else "prefill"])
         policy = self.policy()
         comps = parse_compositions(self.compositions) if self.compositions else []
+        crowded = next((c for c in comps if c.num_seqs > self.max_num_seqs), None)
+        if crowded is not None:
+            raise GmtoolError(f"composition {crowded.label} has {crowded.num_seqs} sequences, above --max-num-seqs "
+                              f"{self.max_num_seqs}")
         self.compositions_by_bucket = {b: [] for b in policy.sizes}
         for b, cs in assign_buckets(comps, policy).items():
             self.compositions_by_bucket[b].extend(cs)

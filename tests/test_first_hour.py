@@ -64,3 +64,26 @@ def test_capture_that_fails_before_writing_leaves_no_directory(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "sliding-window" in p.stderr and "Traceback" not in p.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "{tmp}/invalid.json"], "cannot read config file"),
+    (["--model", "{tmp}/t5.json"], "is not a causal language model"),
+    (["--model", "{tmp}/unknown.json"], "does not know model_type 'no-such-type'"),
+    (["--num-iters-warmup", "-3"], "--num-iters-warmup must be 0 or more"),
+    (["--kv-cache-gb", "-1"], "--kv-cache-gb must be positive"),
+    (["--compositions", ""], "empty composition list"),
+    (["--buckets", "4", "--compositions", "1*4", "--max-num-seqs", "2"], "above --max-num-seqs 2"),
+])
+def test_bad_input_is_refused_before_anything_runs(tmp_path, args, message):
+    (tmp_path / "invalid.json").write_text("{bad")
+    (tmp_path / "t5.json").write_text('{"model_type": "t5", "d_model": 64, "num_layers": 2, "num_heads": 2, '
+                                      '"d_kv": 16, "d_ff": 64, "vocab_size": 100}')
+    (tmp_path / "unknown.json").write_text('{"model_type": "no-such-type"}')
+    out = tmp_path / "o"
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    p = subprocess.run([sys.executable, "-m", "gmtool", "capture", "--device", "cpu", "--buckets", "1", *argv,
+                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and message in lines[0] and len(lines[0]) < 300, p.stderr
+    assert not out.exists()

@@ -90,7 +90,9 @@ def _config_from_dict(d: dict):
     try:
         return AutoConfig.for_model(model_type, **d)
     except (KeyError, ValueError) as e:
-        raise GmtoolError(f"transformers does not know model_type {model_type!r}: {e}") from None
+        import transformers
+
+        raise GmtoolError(f"transformers {transformers.__version__} does not know model_type {model_type!r}") from None
 
 
 def _check_supported(cfg) -> None:
@@ -119,13 +121,24 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 
         if path.suffix == ".json":
             if not path.is_file():
                 raise GmtoolError(f"config file {spec} does not exist")
-            raw, source = json.loads(path.read_text()), "config"
+            try:
+                raw, source = json.loads(path.read_text()), "config"
+            except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+                raise GmtoolError(f"cannot read config file {spec}: {str(e).splitlines()[0]}") from None
+            if not isinstance(raw, dict):
+                raise GmtoolError(f"config file {spec} is not a JSON object")
         else:
             raw, source = load_model_profile(spec)["config"], "profile"
         cfg = _config_from_dict(raw)
         _check_supported(cfg)
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attention.ATTN_NAME)
+            try:
+                model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attention.ATTN_NAME)
+            except ValueError as e:
+                if "Unrecognized configuration class" not in str(e):
+                    raise
+                raise GmtoolError(f"{type(cfg).__name__} ({cfg.model_type}) is not a causal language model that "
+                                  "transformers can build (AutoModelForCausalLM does not take it)") from None
     _check_supported(cfg)
     model.eval().requires_grad_(False)
     return LoadedModel(path.name if path.exists() else spec, model, cfg, source)
