@@ -89,7 +89,7 @@ def _config_from_dict(d: dict):
         raise GmtoolError("the config has no model_type")
     try:
         return AutoConfig.for_model(model_type, **d)
-    except (KeyError, ValueError) as e:
+    except (KeyError, ValueError):
         import transformers
 
         raise GmtoolError(f"transformers {transformers.__version__} does not know model_type {model_type!r}") from None
