@@ -214,25 +214,26 @@ def test_compare_with_baseline(run, tmp_path, monkeypatch):
     assert list(table["baseline_latency_ms"]) == [2.0, 2.0]
 
 
-def test_hf_compiled_on_cpu_is_an_error_row(tmp_path):
+def test_hf_compiled_on_cpu_is_refused_before_the_sweep(tmp_path):
     out = tmp_path / "peer"
     code, stdout, stderr = run_cli("compare", "eager,hf-compiled", *FAST, "--buckets", "1", "--compositions", "1*1",
                                    "--format", "quiet", "--out", out)
-    assert code == 1
-    assert stdout == ""
+    assert code == 2 and stdout == ""
     assert "needs CUDA" in one_error(stderr)
-    doc = json.loads((out / "results.json").read_text())
-    peer = [r for r in doc["records"] if r["mode"] == "hf-compiled"]
-    assert len(peer) == 1 and peer[0]["status"] == "error" and peer[0]["latency_ms"] is None
-    assert "needs CUDA" in (out / "report.md").read_text()
+    assert not out.exists()
 
 
-def test_peer_buckets_limit_the_peer(tmp_path):
-    out = tmp_path / "peer2"
-    code, _, _ = run_cli("compare", "eager,hf-compiled", *FAST, "--buckets", "1,2", "--compositions", "1*1,1*2",
-                         "--peer-buckets", "2", "--format", "quiet", "--out", out)
-    peer = [r for r in json.loads((out / "results.json").read_text())["records"] if r["mode"] == "hf-compiled"]
-    assert code == 1 and [r["bucket"] for r in peer] == [2]
+def test_peer_buckets_limit_the_peer():
+    """Only the buckets asked for get a peer row (on the CPU each says why it cannot run)."""
+    from gmtool.config import SweepConfig
+    from gmtool.measure.hf_compiled import HfCompiled
+    from gmtool.measure.workbench import Workbench
+
+    cfg = SweepConfig(device="cpu", buckets="1,2", compositions="1*1,1*2", modes=("eager",), num_iters=1,
+                      num_iters_warmup=0)
+    rows = HfCompiled(Workbench.build(cfg), buckets=[2]).run()
+    assert [r["bucket"] for r in rows] == [2]
+    assert rows[0]["status"] == "error" and "needs CUDA" in rows[0]["error"] and rows[0]["latency_ms"] is None
 
 
 @pytest.mark.parametrize("args, message", [

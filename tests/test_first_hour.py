@@ -87,3 +87,45 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path, args, message):
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2 and len(lines) == 1 and message in lines[0] and len(lines[0]) < 300, p.stderr
     assert not out.exists()
+
+
+def _results_doc(scenario="decode", **over):
+    doc = {"tool": "gmtool", "schema_version": 1, "command": "compare", "model": {"name": "tiny-qwen3"},
+           "config": {"scenario": scenario, "modes": ["eager"]}, "machine": {"device": "cpu"}, "errors": [],
+           "notes": [], "records": []}
+    doc.update(over)
+    return doc
+
+
+def test_a_baseline_of_another_scenario_is_refused(tmp_path):
+    import json
+
+    (tmp_path / "base.json").write_text(json.dumps(_results_doc("prefill")))
+    out = tmp_path / "o"
+    p = subprocess.run([sys.executable, "-m", "gmtool", "compare", "eager", "--device", "cpu", "--buckets", "1",
+                        "--baseline", str(tmp_path / "base.json"), "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "is a prefill run, this run is decode" in p.stderr and "Traceback" not in p.stderr
+    assert not out.exists()
+
+
+def test_report_on_an_incomplete_results_file_is_one_line(tmp_path):
+    import json
+
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(_results_doc(records=[{"mode": "full", "bucket": 1}])))
+    p = subprocess.run([sys.executable, "-m", "gmtool", "report", str(d)], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 2 and "record 0 lacks composition, status" in p.stderr and "Traceback" not in p.stderr
+    (d / "results.json").write_text(json.dumps({"tool": "gmtool", "records": []}))
+    p = subprocess.run([sys.executable, "-m", "gmtool", "report", str(d)], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 2 and "no 'model' section" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_out_under_a_file_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    p = subprocess.run([sys.executable, "-m", "gmtool", "capture", "--device", "cpu", "--buckets", "1",
+                        "--out", str(tmp_path / "afile" / "run")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "cannot create output directory" in p.stderr and "Traceback" not in p.stderr

@@ -17,7 +17,7 @@ from gmtool.cli.run_sweep import build_config, finish
 from gmtool.modes import GraphMode
 from gmtool.errors import GmtoolError
 from gmtool.core.buckets import parse_buckets
-from gmtool.measure.hf_compiled import PeerCompile
+from gmtool.measure.hf_compiled import NEEDS_CUDA, PeerCompile
 from gmtool.profiles import load_sweep_profile
 from gmtool.report.baseline import check_same_model, load_baseline
 from gmtool.report.results import default_out_dir, output_dir
@@ -118,7 +118,9 @@ def compare(
                        num_iters_warmup=num_iters_warmup, seed=seed)
     peer_list = _peer_buckets(peer_buckets, cfg.bucket_sizes)
     if base is not None:
-        check_same_model(base, _expected_model_name(cfg.model))
+        check_same_model(base, _expected_model_name(cfg.model), scenario=cfg.scenario)
+    if GraphMode.HF_COMPILED in wanted and cfg.torch_device.type != "cuda":
+        raise GmtoolError(NEEDS_CUDA.format(device=cfg.torch_device.type))
     no_eager = [] if GraphMode.EAGER in sweep_modes else ["eager is not among the modes: the graph modes get no speedup"]
     for note in cfg.notes + no_eager:
         console.print(f"[yellow]note:[/] {note}")

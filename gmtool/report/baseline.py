@@ -15,8 +15,13 @@ def load_baseline(path: Path) -> dict:
         raise GmtoolError(f"--baseline: {e}") from None
 
 
-def check_same_model(base: dict, name: str, params: int | None = None) -> None:
-    """Timings of two different models say nothing about each other: refuse rather than print noise."""
+def check_same_model(base: dict, name: str, params: int | None = None, scenario: str | None = None) -> None:
+    """Timings of two different models, or of decode against prefill steps, say nothing about each other:
+    refuse rather than print noise (or match no row without a word)."""
+    old_scenario = (base.get("config") or {}).get("scenario")
+    if scenario is not None and old_scenario is not None and old_scenario != scenario:
+        raise GmtoolError(f"--baseline is a {old_scenario} run, this run is {scenario}: compare runs of the same "
+                          "scenario")
     old = base.get("model") or {}
     same = old.get("name") == name and (params is None or old.get("params") in (None, params))
     if not same:
@@ -40,7 +45,7 @@ def _median(r: dict):
 
 def attach_baseline(doc: dict, base: dict, path: Path) -> None:
     """Adds r["baseline"] to every record (None when the old run has no such row) and doc["baseline"]."""
-    check_same_model(base, doc["model"]["name"], doc["model"].get("params"))
+    check_same_model(base, doc["model"]["name"], doc["model"].get("params"), (doc.get("config") or {}).get("scenario"))
     old = dict(zip(row_keys(base["records"]), base["records"]))
     matched = 0
     for key, r in zip(row_keys(doc["records"]), doc["records"]):

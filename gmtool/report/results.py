@@ -12,6 +12,7 @@ import pandas as pd
 from gmtool.errors import GmtoolError
 
 SCHEMA_VERSION = 1
+RECORD_KEYS = ("mode", "bucket", "composition", "status")  # what every report reads of a record
 RESULTS_JSON, RESULTS_CSV = "results.json", "results.csv"
 
 
@@ -105,8 +106,15 @@ def load_results(path: Path) -> dict:
         raise GmtoolError(f"no results file at {path}") from None
     except (OSError, ValueError) as e:  # ValueError: bad JSON, or bytes that are not UTF-8
         raise GmtoolError(f"cannot read results file {path}: {e}") from None
-    if not isinstance(doc, dict) or doc.get("tool") != "gmtool" or "records" not in doc:
+    if not isinstance(doc, dict) or doc.get("tool") != "gmtool" or not isinstance(doc.get("records"), list):
         raise GmtoolError(f"{path} is not a gmtool results file")
+    for key in ("model", "config", "machine"):
+        if not isinstance(doc.get(key), dict):
+            raise GmtoolError(f"{path} is not a complete gmtool results file: no {key!r} section")
+    for i, r in enumerate(doc["records"]):
+        missing = [k for k in RECORD_KEYS if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise GmtoolError(f"{path}: record {i} lacks {', '.join(missing)}")
     return doc
 
 
