@@ -347,13 +347,14 @@ class _Recorder:
 def test_memsweep_on_the_cpu_backend(mode, order):
     """The sweep honours the strategy's order; shuffled replays match eager; input costs add up."""
     from gmtool.config import SweepConfig
-    from gmtool.memory.report import MemSweep, derive
+    from gmtool.measure.sweep import Sweep
+    from gmtool.memory.report import ShuffledReplayProbe, derive
 
     cfg = SweepConfig(device="cpu", model="tiny-qwen3", buckets="1,2,4", modes=("eager", mode),
                       num_iters=1, num_iters_warmup=0, max_kv_len=64)
     rec = _Recorder(order)
-    sweep = MemSweep(cfg, None, rec)
-    res = sweep.run()
+    sweep = ShuffledReplayProbe(rec, cfg.seed)
+    res = Sweep(cfg, None, lambda mode: rec, probes=(sweep,)).run()
     sizes = [k.num_tokens for k in rec.keys]
     assert sizes == sorted(sizes, reverse=(order == "descending")) and len(sizes) == 3
     assert rec.released

@@ -23,16 +23,15 @@ def _slots(cache: PagedKVCache, batch: Batch) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(batch.slot_mapping)).to(cache.device)
 
 
-def written_kv(cache: PagedKVCache, batch: Batch) -> torch.Tensor:
+def written_kv(cache: PagedKVCache, batch: Batch, slots: torch.Tensor | None = None) -> torch.Tensor:
     """K and V of the batch's new tokens, every layer: [2 x layers x tokens, kv_heads x head_dim]."""
-    slots = _slots(cache, batch)
+    slots = _slots(cache, batch) if slots is None else slots
     rows = [t.view(-1, *t.shape[2:])[slots].flatten(1) for t in cache.k + cache.v]
     return torch.cat(rows)
 
 
-def poison_kv(cache: PagedKVCache, batch: Batch) -> None:
+def poison_kv(cache: PagedKVCache, slots: torch.Tensor) -> None:
     """NaN into the batch's new-token slots: only a replay that writes K/V (and reads what it wrote) is clean."""
-    slots = _slots(cache, batch)
     for t in cache.k + cache.v:
         t.view(-1, *t.shape[2:])[slots] = float("nan")
 
@@ -85,7 +84,8 @@ def checked_replay(ex, batch: Batch, ref: EagerReference):
     entry = ex.prepare(batch)
     out = ex.inputs.logits[: batch.num_seqs]  # where this batch's logits must land, whichever graph ran
     ex.inputs.logits.fill_(float("nan"))  # every row: a replay must write its own
-    poison_kv(ex.cache, batch)
+    slots = _slots(ex.cache, batch)
+    poison_kv(ex.cache, slots)
     try:
         entry.replay(batch, ex.refresh_runner_metadata)
         replay_error = None
@@ -93,9 +93,9 @@ def checked_replay(ex, batch: Batch, ref: EagerReference):
         raise
     except (RuntimeError, IndexError) as e:  # on the CPU tape, a graph replayed out of its shape's bounds
         replay_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    out, kv = out.clone(), written_kv(ex.cache, batch)
+    out, kv = out.clone(), written_kv(ex.cache, batch, slots)
     same = ex.eager_same_shape(batch).clone()
-    kv_same = written_kv(ex.cache, batch)
+    kv_same = written_kv(ex.cache, batch, slots)
     check = ReplayCheck(rel_err_per_seq(out, ref.logits), rel_err_per_seq(out, same),
                         rel_err_per_seq(kv, ref.kv), rel_err_per_seq(kv, kv_same), entry.stale_metadata(batch), replay_error)
     return entry, check, out

@@ -36,7 +36,6 @@ from gmtool.records import Status, record
 from gmtool.measure.timing import rel_err_per_seq, summarize, time_ms, tolerances_for
 from gmtool.measure.trace import profile_steps, trace_path
 
-PEER_MODE = GraphMode.HF_COMPILED
 COMPILE_CALLS = 3  # reduce-overhead compiles on the 1st call, records its CUDA graph on the 2nd, replays after
 class PeerCompile(StrEnum):
     SHARED = "shared"  # once for the whole sweep, as users get it
@@ -152,7 +151,7 @@ class HfCompiled:
         base = {"bucket": bucket, "composition": f"1*{bucket}@{self.context}", "num_tokens": bucket,
                 "num_seqs": bucket, "impl": f"hf-static-sdpa ({self.compile_how} compile)", "tolerance": self.tol,
                 "notes": _note(self.context, self.cfg.max_kv_len, self.compile_how)}
-        return record(base, PEER_MODE, status, **kw)
+        return record(base, GraphMode.HF_COMPILED, status, **kw)
 
     @property
     def runnable(self) -> bool:
@@ -253,8 +252,8 @@ class HfCompiled:
             lat = summarize(_device_ms(step, hf.rewind, cfg.num_iters, cfg.num_iters_warmup, dev))
             host = summarize(_host_us(step, hf.rewind, max(5, cfg.num_iters // 2), dev))
             if trace and self.trace_dir is not None:
-                self.trace_files.append(profile_steps(step, trace_path(self.trace_dir, PEER_MODE),
-                                                      f"{PEER_MODE} bucket {bucket}", dev, before=hf.rewind))
+                self.trace_files.append(profile_steps(step, trace_path(self.trace_dir, GraphMode.HF_COMPILED),
+                                                      f"{GraphMode.HF_COMPILED} bucket {bucket}", dev, before=hf.rewind))
         return self.row(bucket, Status.OK, max_rel_err=err, compile_s=compile_s, latency_ms=lat,
                         eager_latency_ms=eager_ms["median"], host_us=host,
                         speedup=eager_ms["median"] / lat["median"] if lat["median"] > 0 else None)

@@ -84,31 +84,6 @@ def _replay_checked(bench, ex, mode, comp, order, tols) -> dict:
     return rec
 
 
-class MemSweep:
-    """The sweep of one graph mode under `strategy`, with the shuffled replays and metering of memreport."""
-
-    def __init__(self, cfg, progress, strategy):
-        if len(cfg.graph_modes) != 1:
-            raise GmtoolError("memreport measures one graph mode at a time")
-        self.probe = ShuffledReplayProbe(strategy, cfg.seed)
-        self.sweep = Sweep(cfg, progress, lambda mode: strategy, probes=(self.probe,))
-
-    def run(self):
-        return self.sweep.run()
-
-    @property
-    def shuffled(self) -> list[dict]:
-        return self.probe.shuffled
-
-    @property
-    def inputs(self) -> dict:
-        return self.probe.inputs
-
-    @property
-    def measured(self) -> dict:
-        return self.probe.measured
-
-
 def input_costs(ex) -> dict:
     """The one max-shape input arena against separate input tensors per captured shape."""
     per_shape = sum(getattr(ex.inputs.views(k), f.name).nbytes for k in ex.graphs
@@ -136,12 +111,15 @@ def held_storages(executors: dict) -> list[tuple[int, int]]:
 # -- one strategy ------------------------------------------------------------------------------------
 def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[dict, object]:
     """(the strategy's row, the SweepResult or None). Failures become the row's status, never exceptions."""
+    if len(cfg.graph_modes) != 1:
+        raise GmtoolError("memreport measures one graph mode at a time")
     mode = cfg.graph_modes[0]
     try:
         strategy = make_strategy(name, cfg.torch_device, **vmm_opts)
     except GmtoolError as e:
         return derive({"strategy": name, "mode": mode, "status": "unavailable", "reason": str(e)}), None
-    sweep = MemSweep(cfg, progress, strategy)
+    probe = ShuffledReplayProbe(strategy, cfg.seed)
+    sweep = Sweep(cfg, progress, lambda mode, s=strategy: s, probes=(probe,))
     raw = {"strategy": name, "mode": mode, "order": strategy.order}
     res = None
     try:
@@ -152,12 +130,12 @@ def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[dict, objec
         first = (str(e).splitlines() or [type(e).__name__])[0]
         raw.update(status="oom" if oom else "error",
                    reason=first if isinstance(e, GmtoolError) else f"{type(e).__name__}: {first}")
-    raw.update(per_key=list(strategy.per_key.values()), shuffled=sweep.shuffled, measured=sweep.measured,
-               inputs=sweep.inputs.get(mode, {}), warnings=list(strategy.warnings))
+    raw.update(per_key=list(strategy.per_key.values()), shuffled=probe.shuffled, measured=probe.measured,
+               inputs=probe.inputs.get(mode, {}), warnings=list(strategy.warnings))
     if res is not None:
         raw.update(records=[r for r in res.records if r["mode"] in (mode, GraphMode.EAGER)], errors=res.errors,
                    wall_s=res.wall_s)
-    del sweep, strategy
+    del sweep, probe, strategy
     gc.collect()
     torch.cuda.empty_cache()  # the next strategy starts from the same allocator state
     return derive(raw), res
