@@ -1,12 +1,10 @@
 """Small builders shared by the tests: a tiny model, its KV cache and an executor, through the Workbench."""
-import torch
 
 from gmtool.core.compositions import parse_composition
 from gmtool.config import SweepConfig
 from gmtool.modes import GraphMode
 from gmtool.measure.workbench import Workbench
 
-CPU = torch.device("cpu")
 
 
 def graph_mode(mode: str, wide_key: bool) -> GraphMode:
