@@ -6,7 +6,6 @@ from gmtool.modes import GraphMode
 from gmtool.measure.workbench import Workbench
 
 
-
 def graph_mode(mode: str, wide_key: bool) -> GraphMode:
     """The executor tests name a mode and a key width; full graphs come in both widths."""
     if mode == "full":
