@@ -1,0 +1,117 @@
+"""gmtool plan: the capture sizes that minimize a workload's expected step time under memory, capture-time and
+graph-count budgets, from a results file or measured on the spot."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gmtool.cli import options as o
+from gmtool.cli.progress import make_console, progress_bars
+from gmtool.cli.run_sweep import build_config
+from gmtool.core.buckets import parse_buckets
+from gmtool.errors import GmtoolError
+from gmtool.modes import GraphMode
+from gmtool.plan.costs import from_results
+from gmtool.plan.document import build_document, plan_table, write_plan
+from gmtool.plan.optimizer import Budgets, PoolSharing
+from gmtool.plan.run import PlanInputs, make_plan, measure, needed_buckets
+from gmtool.plan.workload import builtin_workloads, is_decode, load_workload
+from gmtool.report.results import default_out_dir, load_results, output_dir, write_results
+
+PLAN_MODES = (GraphMode.FULL, GraphMode.PIECEWISE)
+
+
+def _positive(value, name: str):
+    if value is not None and not value > 0:
+        raise GmtoolError(f"{name} must be positive")
+    return value
+
+
+def plan(
+    workload: Annotated[str, typer.Option("--workload", "-w", help="CSV or JSONL of step shapes num_tokens,num_seqs"
+                                          f"[,count], or a built-in workload ({', '.join(builtin_workloads())}).")],
+    from_: Annotated[Optional[Path], typer.Option("--from", help="A results.json (or its directory) of compare or "
+                                                  "capture to take per-bucket costs from; without it they are measured "
+                                                  "now.")] = None,
+    memory_budget: Annotated[Optional[float], typer.Option("--memory-budget", help="Graph memory allowed, GiB.")] = None,
+    capture_budget: Annotated[Optional[float], typer.Option("--capture-budget", help="Capture time allowed, s.")] = None,
+    max_graphs: Annotated[Optional[int], typer.Option("--max-graphs", help="Most graphs to capture.")] = None,
+    memory_sharing: Annotated[PoolSharing, typer.Option("--memory-sharing", help="shared: one pool, graph memory is "
+                              "the largest pool plus each graph's memory outside it; independent: the sum.")]
+    = PoolSharing.SHARED,
+    candidates: Annotated[Optional[str], typer.Option("--candidates", help="Sizes the plan may pick from (default: "
+                          "the measured buckets and the workload's sizes within them).")] = None,
+    mode: Annotated[Optional[str], typer.Option("--mode", help="full | piecewise: the graphs planned (default: full, "
+                    "or the results' one graph mode).")] = None,
+    model: o.ModelOpt = None,
+    buckets: o.BucketsOpt = None,
+    compositions: o.CompositionsOpt = None,
+    scenario: o.ScenarioOpt = None,
+    piecewise_impl: o.PiecewiseImplOpt = None,
+    attention: o.AttentionOpt = None,
+    compile: o.CompileOpt = None,
+    fuse: o.FuseOpt = None,
+    device: o.DeviceOpt = None,
+    dtype: o.DtypeOpt = None,
+    max_kv_len: o.MaxKvLenOpt = None,
+    max_tokens: o.MaxTokensOpt = None,
+    max_num_seqs: o.MaxSeqsOpt = None,
+    kv_cache_gb: o.KvCacheGbOpt = None,
+    block_size: o.BlockSizeOpt = None,
+    num_iters: o.ItersOpt = None,
+    num_iters_warmup: o.WarmupOpt = None,
+    seed: o.SeedOpt = None,
+    profile: o.ProfileOpt = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/plan-<time>).")] = None,
+    force: o.ForceOpt = False,
+) -> None:
+    """Choose the capture sizes that minimize the workload's expected step time within the budgets (padding
+    included; steps above the largest graph run eager), and compare with the engines' default lists."""
+    if mode is not None and mode not in PLAN_MODES:
+        raise GmtoolError(f"--mode must be full or piecewise, got {mode!r}")
+    budgets = Budgets(_positive(memory_budget, "--memory-budget") and memory_budget * 2**30,
+                      _positive(capture_budget, "--capture-budget"), _positive(max_graphs, "--max-graphs"))
+    chosen = parse_buckets(candidates) if candidates is not None else None
+    steps, path = load_workload(workload)
+    console = make_console()
+    measured_doc = None
+    if from_ is not None:
+        doc = load_results(from_)
+        name = doc["model"].get("name")
+        if model is not None and Path(model).name != name:
+            raise GmtoolError(f"--model {model} but {from_} measured {name}")
+        source = {"kind": "results file", "path": str(from_)}
+    else:
+        cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario or
+                           ("decode" if is_decode(steps) else "mixed"), modes=("eager", mode or "full"),
+                           piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse,
+                           device=device, dtype=dtype, max_kv_len=max_kv_len, max_tokens=max_tokens,
+                           max_num_seqs=max_num_seqs, kv_cache_gb=kv_cache_gb, block_size=block_size,
+                           num_iters=num_iters, num_iters_warmup=num_iters_warmup, seed=seed)
+        if buckets is None:  # only the buckets the workload reaches
+            cfg = build_config(profile, **{**cfg_opts(cfg), "buckets": ",".join(
+                map(str, needed_buckets(cfg.bucket_sizes, int(steps["num_tokens"].max()))))})
+        for note in cfg.notes:
+            console.print(f"[yellow]note:[/] {note}")
+        source = {"kind": "measured now", "buckets": cfg.bucket_sizes}
+        doc = measured_doc = measure(cfg, progress_bars(console))
+    inp = PlanInputs(steps, path, from_results(doc, mode), budgets, memory_sharing, chosen, max_tokens)
+    res = make_plan(inp)
+    plan_doc = build_document(res, inp, source, doc["model"], doc["machine"])
+    with output_dir(out or default_out_dir("plan"), force) as out_dir:
+        files = (write_results(out_dir, measured_doc) if measured_doc else []) + write_plan(out_dir, plan_doc)
+    console.print(plan_table(plan_doc))
+    console.print(f"capture sizes: {','.join(map(str, plan_doc['capture_sizes'])) or '(none: eager is faster)'}",
+                  highlight=False)
+    for n in plan_doc["notes"]:
+        console.print(f"[yellow]note:[/] {n}", highlight=False)
+    console.print("wrote " + ", ".join(str(f) for f in files), highlight=False)
+
+
+def cfg_opts(cfg) -> dict:
+    """A config's options as given (to rebuild it with other buckets)."""
+    from gmtool.config import SWEEP_OPTIONS
+
+    return {k: getattr(cfg, k) for k in SWEEP_OPTIONS if k != "buckets"}

@@ -1,0 +1,127 @@
+"""Per-bucket costs a plan is chosen from: replay latency, graph memory and capture time per captured size, and
+eager latency per step size, read from a results document (a compare or capture run).
+
+A size the run did not measure is estimated linearly between its measured neighbours ("interpolated") or
+beyond the range along the least-squares line of all measured sizes ("extrapolated"), never below zero nor
+falling away from the nearest measured value; every estimate is
+labelled so the plan can say which figures it measured and which it guessed. Latency of a replay grows about
+linearly with the batch in the range where graphs pay off (weights are read once per step, activations grow
+with the batch), which is what makes a straight line a fair estimate between measured buckets.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+import pandas as pd
+
+from gmtool.errors import GmtoolError
+from gmtool.modes import GraphMode
+from gmtool.records import Status
+from gmtool.report.results import flat_records
+
+
+class Source(StrEnum):
+    MEASURED = "measured"
+    INTERPOLATED = "interpolated"
+    EXTRAPOLATED = "extrapolated"
+
+
+def estimate(known: pd.Series, at) -> tuple[np.ndarray, list[Source]]:
+    """known (index: size, values) at the sizes `at`: measured where known, else linear in size."""
+    known = known.dropna().sort_index()
+    at = np.asarray(at, dtype=float)
+    if known.empty:
+        return np.full(len(at), np.nan), [Source.EXTRAPOLATED] * len(at)
+    x, y = known.index.to_numpy(dtype=float), known.to_numpy(dtype=float)
+    vals = np.interp(at, x, y)
+    if len(x) > 1:  # beyond the range: the least-squares line through every measured point, one noisy
+        slope, icpt = np.polyfit(x, y, 1)  # pair of neighbours cannot tilt it; never falling away from the ends
+        lo, hi = at < x[0], at > x[-1]
+        vals[lo] = np.minimum(y[0], np.maximum(0.0, y[0] + slope * (at[lo] - x[0])))
+        vals[hi] = np.maximum(y[-1], y[-1] + slope * (at[hi] - x[-1]))
+    measured = set(x)
+    how = [Source.MEASURED if a in measured else Source.INTERPOLATED if x[0] < a < x[-1] else Source.EXTRAPOLATED
+           for a in at]
+    return vals, how
+
+
+@dataclass
+class CostTable:
+    """graph: one row per measured bucket (graph_ms, pool_bytes, overhead_bytes, capture_s); eager: ms per
+    step size (num_tokens). pool_bytes is NaN where the backend measures no memory (the CPU tape)."""
+
+    mode: str
+    graph: pd.DataFrame
+    eager: pd.Series
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def buckets(self) -> list[int]:
+        return [int(b) for b in self.graph.index]
+
+    @property
+    def has_memory(self) -> bool:
+        return bool(self.graph["pool_bytes"].notna().all())
+
+    def graph_at(self, sizes) -> pd.DataFrame:
+        """Costs at any sizes; `source` says how the latency was obtained."""
+        sizes = sorted({int(s) for s in sizes})
+        out = pd.DataFrame(index=pd.Index(sizes, name="size"))
+        for col in ("graph_ms", "pool_bytes", "overhead_bytes", "capture_s"):
+            out[col], how = estimate(self.graph[col], sizes)
+            if col == "graph_ms":
+                out["source"] = [str(h) for h in how]
+        return out
+
+    def eager_at(self, sizes) -> pd.Series:
+        vals, _ = estimate(self.eager, sizes)
+        return pd.Series(vals, index=pd.Index(sizes, name="num_tokens"))
+
+    def eager_estimated(self, sizes) -> int:
+        return sum(h is not Source.MEASURED for h in estimate(self.eager, sizes)[1])
+
+
+def _graph_mode(df: pd.DataFrame, mode: str | None) -> str:
+    present = [m for m in dict.fromkeys(df["mode"]) if m in {g.value for g in GraphMode if g.captures}]
+    if mode is not None:
+        if mode not in present:
+            raise GmtoolError(f"the results have no {mode} rows (graph modes there: {', '.join(present) or 'none'})")
+        return mode
+    if not present:
+        raise GmtoolError("the results have no graph-mode rows: run compare or capture with full or piecewise")
+    return GraphMode.FULL if GraphMode.FULL in present else present[0]
+
+
+def from_results(doc: dict, mode: str | None = None) -> CostTable:
+    """The cost table of one graph mode of a results document. A bucket with any row that is not ok (UNSAFE,
+    error, out of memory) is no candidate: a plan only captures sizes that replayed correctly."""
+    df = flat_records(doc["records"])
+    if df.empty:
+        raise GmtoolError("the results hold no records")
+    mode = _graph_mode(df, mode)
+    rows = df[df["mode"] == mode]
+    notes = []
+    bad = rows.loc[rows["status"] != Status.OK, "bucket"].unique()
+    if len(bad):
+        notes.append(f"{mode} buckets {', '.join(map(str, sorted(bad)))} left out: some replay there was not ok")
+    rows = rows[~rows["bucket"].isin(bad)]
+    if rows.empty:
+        raise GmtoolError(f"no {mode} bucket replayed correctly in the results")
+    for col in ("graph_mem_bytes", "capture_s", "outside_pool_bytes"):
+        if col not in rows:
+            rows = rows.assign(**{col: np.nan})
+    g = rows.groupby("bucket").agg(graph_ms=("latency_ms_median", "median"), pool_bytes=("graph_mem_bytes", "max"),
+                                   overhead_bytes=("outside_pool_bytes", "max"), capture_s=("capture_s", "sum"))
+    g.index = g.index.astype(int)
+    if g["overhead_bytes"].isna().all():
+        g["overhead_bytes"] = 0.0
+    g = g.astype(float)
+    eager = df[(df["mode"] == GraphMode.EAGER) & (df["status"] == Status.OK)]
+    if eager.empty:
+        raise GmtoolError("the results have no eager rows: steps above the largest graph run eager, so the plan "
+                          "needs them (run compare with eager among the modes)")
+    e = eager.groupby("num_tokens")["latency_ms_median"].median()
+    e.index = e.index.astype(int)
+    return CostTable(str(mode), g, e.astype(float), notes)

@@ -1,0 +1,193 @@
+"""The capture set that minimizes the expected step time of a workload under memory, capture-time and graph-count
+budgets.
+
+The cost model is the engines' dispatch rule: a step of n tokens runs on the smallest captured size s >= n,
+padded, and pays that graph's replay latency g(s); a step larger than every captured size runs eager and pays
+e(n). Graph memory is the pools' (max over graphs when they share one pool, captured largest first; the sum
+when each has its own) plus each graph's memory outside the pool where it is known; capture time is the sum.
+
+The exact method: with candidate sizes s_1 < ... < s_m and chosen sizes i_1 < ... < i_k, the steps split into
+runs (0, s_i1], (s_i1, s_i2], ..., (s_ik, inf): the total is
+    sum_j g(s_ij) * W(s_i{j-1}, s_ij]  +  sum over steps n > s_ik of e(n)
+where W(a, b] counts the steps of a < n <= b. It depends on consecutive pairs only, so a dynamic program over
+the sorted candidates ("the last chosen size is s_i") is exact: each state keeps the Pareto set of (time so
+far, graphs, capture seconds, additive memory) over the dimensions a budget constrains, so no feasible set that
+could still win is dropped. Under a shared pool the max of the pool sizes is not additive: the program is run
+once per cap P (sizes whose pool exceeds P are left out, P + the additive memory must fit), which is exact
+because the optimum is found at the cap equal to its own largest pool. Without per-graph overhead only the
+largest cap that fits is needed.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+
+import numpy as np
+import pandas as pd
+
+from gmtool.errors import GmtoolError
+
+
+class PoolSharing(StrEnum):
+    SHARED = "shared"  # one pool for all graphs (vLLM, SGLang, gmtool): the largest pool + overheads
+    INDEPENDENT = "independent"  # a pool per graph: the sum
+
+
+@dataclass(frozen=True)
+class Budgets:
+    memory_bytes: float | None = None
+    capture_s: float | None = None
+    max_graphs: int | None = None
+
+
+@dataclass
+class Choice:
+    sizes: tuple[int, ...]
+    total_ms: float  # over every step of the workload
+    steps: int
+    graph_memory_bytes: float | None  # None: the costs hold no memory figures (the CPU backend)
+    capture_s: float
+    eager_steps: int  # steps above every captured size (or, without padding, not captured exactly)
+
+    @property
+    def ms_per_step(self) -> float:
+        return self.total_ms / self.steps
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(sizes=list(self.sizes), ms_per_step=self.ms_per_step)
+        return d
+
+
+class Problem:
+    """workload: step counts per num_tokens; eager_ms: eager latency per num_tokens (the workload's sizes);
+    costs: per size (index) graph_ms, pool_bytes, overhead_bytes, capture_s, for every size that a set to
+    optimize or evaluate may hold."""
+
+    def __init__(self, workload: pd.Series, eager_ms: pd.Series, costs: pd.DataFrame,
+                 sharing: PoolSharing = PoolSharing.SHARED):
+        self.n = workload.index.to_numpy(dtype=np.int64)
+        self.w = workload.to_numpy(dtype=float)
+        self.e = eager_ms.reindex(workload.index).to_numpy(dtype=float)
+        if np.isnan(self.e).any():
+            raise GmtoolError("no eager latency for some step size of the workload")
+        self.costs, self.sharing = costs.sort_index(), PoolSharing(sharing)
+        self.steps = int(self.w.sum())
+        self._cum_w = np.concatenate([[0.0], np.cumsum(self.w)])
+        self._tail_e = np.concatenate([np.cumsum((self.w * self.e)[::-1])[::-1], [0.0]])  # steps from index i on
+
+    # -- the figures of a given set ------------------------------------------------------------------
+    def memory(self, sizes) -> float | None:
+        c = self.costs.loc[list(sizes)]
+        if c["pool_bytes"].isna().any() or self.costs["pool_bytes"].isna().all():
+            return None
+        if not len(c):
+            return 0.0
+        if self.sharing is PoolSharing.SHARED:
+            return float(c["pool_bytes"].max() + c["overhead_bytes"].sum())
+        return float((c["pool_bytes"] + c["overhead_bytes"]).sum())
+
+    def evaluate(self, sizes, padding: bool = True) -> Choice:
+        """The set's figures on this workload. padding=False: only a step whose size was captured exactly runs
+        on a graph (TensorRT-LLM's default); the others run eager."""
+        sizes = tuple(sorted({int(s) for s in sizes}))
+        g = self.costs.loc[list(sizes), "graph_ms"].to_numpy(dtype=float)
+        arr = np.asarray(sizes, dtype=np.int64)
+        at = np.searchsorted(arr, self.n, side="left")  # index of the smallest size >= n
+        fits = at < len(arr)
+        if not padding:
+            fits &= np.isin(self.n, arr)
+        per = np.where(fits, g[np.minimum(at, max(len(arr) - 1, 0))] if len(arr) else 0.0, self.e)
+        return Choice(sizes, float((per * self.w).sum()), self.steps, self.memory(sizes),
+                      float(self.costs.loc[list(sizes), "capture_s"].sum()), int(self.w[~fits].sum()))
+
+    # -- the optimum -----------------------------------------------------------------------------------
+    def optimize(self, budgets: Budgets = Budgets(), among=None) -> Choice:
+        cand = self.costs.loc[sorted({int(s) for s in (among if among is not None else self.costs.index)})]
+        if budgets.memory_bytes is not None and cand["pool_bytes"].isna().any():
+            raise GmtoolError("a memory budget needs graph memory figures: plan from a CUDA results file or "
+                              "measure on CUDA")
+        best = self.evaluate(())
+        m_left = budgets.memory_bytes
+        if m_left is not None and self.sharing is PoolSharing.SHARED:
+            pools = np.sort(cand["pool_bytes"].unique())
+            caps = [p for p in pools if p <= m_left]
+            if not cand["overhead_bytes"].any():
+                caps = caps[-1:]  # only the pool bounds memory: the largest cap that fits allows the most
+        else:
+            caps = [None]
+        for cap in caps:
+            sub = cand if cap is None else cand[cand["pool_bytes"] <= cap]
+            if self.sharing is PoolSharing.SHARED:
+                add, left = sub["overhead_bytes"], (None if m_left is None else m_left - cap)
+            else:
+                add, left = sub["pool_bytes"] + sub["overhead_bytes"], m_left
+            found = self._dp(sub, add.to_numpy(dtype=float), left, budgets)
+            if found is not None and _better(found, best):
+                best = found
+        return best
+
+    def _dp(self, cand: pd.DataFrame, add_mem: np.ndarray, mem_left, budgets: Budgets) -> Choice | None:
+        sizes = cand.index.to_numpy(dtype=np.int64)
+        if not len(sizes):
+            return None
+        g = cand["graph_ms"].to_numpy(dtype=float)
+        cap = cand["capture_s"].to_numpy(dtype=float)
+        upto = np.searchsorted(self.n, sizes, side="right")  # steps with n <= size: indices < upto
+        W, tail = self._cum_w[upto], self._tail_e[upto]
+        dims = (budgets.max_graphs is not None, budgets.capture_s is not None,
+                mem_left is not None and bool(add_mem.any()))
+        limits = (budgets.max_graphs, budgets.capture_s, mem_left)
+
+        def fits(res) -> bool:
+            return all(not on or r <= lim + 1e-9 for on, r, lim in zip(dims, res, limits))
+
+        labels: list[list[tuple]] = []  # per last chosen index: (time, (graphs, capture s, memory), chosen)
+        done = None
+        for i in range(len(sizes)):
+            new = []
+            first = (g[i] * W[i], (1, cap[i], add_mem[i]), (i,))
+            if fits(first[1]):
+                new.append(first)
+            for j in range(i):
+                step = g[i] * (W[i] - W[j])
+                for t, (k, c, mm), ch in labels[j]:
+                    res = (k + 1, c + cap[i], mm + add_mem[i])
+                    if fits(res):
+                        new.append((t + step, res, ch + (i,)))
+            labels.append(_pareto(new, dims))
+            for t, res, ch in labels[i]:
+                total = t + tail[i]
+                if done is None or (total, len(ch)) < (done[0], len(done[1])):
+                    done = (total, ch)
+        if done is None:
+            return None
+        return self.evaluate(tuple(int(sizes[i]) for i in done[1]))
+
+
+def _better(a: Choice, b: Choice) -> bool:
+    """Faster, then fewer graphs, then less memory."""
+    return (round(a.total_ms, 9), len(a.sizes), a.graph_memory_bytes or 0) < \
+        (round(b.total_ms, 9), len(b.sizes), b.graph_memory_bytes or 0)
+
+
+def _pareto(labels: list[tuple], dims: tuple[bool, ...]) -> list[tuple]:
+    """Labels no other beats on time and on every budgeted resource; without budgets, the fastest (fewest
+    graphs on a tie)."""
+    labels.sort(key=lambda lab: (lab[0], lab[1][0], lab[1][2], lab[1][1]))
+    if not any(dims):
+        return labels[:1]
+    if not any(dims[1:]):  # only the graph count: the fastest label per count, fewer graphs only if faster
+        kept, fewest = [], None
+        for lab in labels:
+            if fewest is None or lab[1][0] < fewest:
+                kept.append(lab)
+                fewest = lab[1][0]
+        return kept
+    on = [i for i, d in enumerate(dims) if d]
+    kept: list[tuple] = []
+    for lab in labels:  # every kept label is at least as fast: it dominates when no resource is higher
+        r = [lab[1][i] for i in on]
+        if not any(all(k[1][i] <= x + 1e-12 for i, x in zip(on, r)) for k in kept):
+            kept.append(lab)
+    return kept

@@ -1,0 +1,126 @@
+"""gmtool plan's work: a workload and per-bucket costs in, the chosen capture set and its comparison with the
+engines' defaults out."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gmtool.errors import GmtoolError
+from gmtool.plan.costs import CostTable
+from gmtool.plan.engines import ENGINE_DEFAULTS
+from gmtool.plan.optimizer import Budgets, Choice, PoolSharing, Problem
+from gmtool.plan.workload import by_size
+
+MAX_CANDIDATES = 128  # the exact program is quadratic in candidates: beyond this, the most frequent sizes
+
+
+@dataclass
+class PlanInputs:
+    steps: pd.DataFrame  # the workload: num_tokens, num_seqs, count
+    workload_path: Path
+    costs: CostTable
+    budgets: Budgets
+    sharing: PoolSharing = PoolSharing.SHARED
+    candidates: list[int] | None = None  # None: the measured buckets and the workload's sizes within them
+    max_tokens: int | None = None  # the largest step the engine allows
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PlanResult:
+    plan: Choice
+    all_eager: Choice
+    defaults: list[tuple[object, Choice]]  # (EngineDefault, its figures on the workload)
+    curve: list[Choice]  # the best set at each memory cap (or graph count): the Pareto curve
+    costs: pd.DataFrame  # per candidate size: graph_ms, pool_bytes, overhead_bytes, capture_s, source
+    candidates: list[int]
+    notes: list[str]
+
+
+def candidate_sizes(inp: PlanInputs, sizes: pd.Series) -> tuple[list[int], list[str]]:
+    measured = inp.costs.buckets
+    if inp.candidates is not None:
+        return sorted(set(inp.candidates)), []
+    top = max(measured)
+    extra = sizes[(sizes.index <= top) & ~sizes.index.isin(measured)]
+    notes = []
+    room = MAX_CANDIDATES - len(measured)
+    if len(extra) > room:
+        notes.append(f"{len(extra)} step sizes within the measured range: the {max(room, 0)} most frequent are "
+                     f"candidates (give --candidates to choose them)")
+        extra = extra.sort_values(ascending=False).iloc[:max(room, 0)]
+    return sorted(set(measured) | {int(s) for s in extra.index}), notes
+
+
+def make_plan(inp: PlanInputs) -> PlanResult:
+    sizes = by_size(inp.steps)
+    notes = list(inp.costs.notes) + list(inp.notes)
+    if inp.max_tokens is not None and sizes.index.max() > inp.max_tokens:
+        raise GmtoolError(f"the workload has a step of {sizes.index.max()} tokens, above --max-tokens "
+                          f"{inp.max_tokens}")
+    cands, more = candidate_sizes(inp, sizes)
+    notes += more
+    every = sorted(set(cands) | {s for d in ENGINE_DEFAULTS for s in d.sizes})
+    costs = inp.costs.graph_at(every)
+    est = costs.loc[cands, "source"]
+    n_est = int((est != "measured").sum())
+    if n_est:
+        notes.append(f"{n_est} of {len(cands)} candidate sizes were not measured: their latency, memory and "
+                     f"capture time are estimated linearly from the measured buckets "
+                     f"({int((est == 'extrapolated').sum())} beyond them)")
+    eager_est = inp.costs.eager_estimated(sizes.index)
+    if eager_est:
+        notes.append(f"eager latency of {eager_est} of {len(sizes)} step sizes estimated linearly from the "
+                     "measured eager rows")
+    if not inp.costs.has_memory:
+        notes.append("no graph memory in these costs (the CPU backend measures none): memory is not planned")
+    elif not costs["overhead_bytes"].any():
+        notes.append("graph memory is the allocator pool only (no per-graph memory outside the pool measured)")
+    problem = Problem(sizes, inp.costs.eager_at(sizes.index), costs, inp.sharing)
+    plan = problem.optimize(inp.budgets, among=cands)
+    defaults = [(d, problem.evaluate(d.sizes, d.padding)) for d in ENGINE_DEFAULTS]
+    for d, _ in defaults:
+        n = int((costs.loc[list(d.sizes), "source"] == "extrapolated").sum())
+        if n:
+            notes.append(f"{d.name}: {n} of its {len(d.sizes)} sizes lie beyond the measured buckets "
+                         f"(largest {max(inp.costs.buckets)}): their figures are extrapolated")
+    return PlanResult(plan, problem.evaluate(()), defaults, _curve(problem, inp.budgets, cands),
+                      costs.loc[cands], cands, notes)
+
+
+def _curve(problem: Problem, budgets: Budgets, cands: list[int], points: int = 40) -> list[Choice]:
+    """The best set under each memory cap (each candidate's pool size), or under each graph count when the
+    costs hold no memory: the Pareto curve of step time against graph memory."""
+    c = problem.costs.loc[cands]
+    if c["pool_bytes"].isna().any():
+        top = min(len(cands), budgets.max_graphs or len(cands), points)
+        return [problem.optimize(Budgets(None, budgets.capture_s, k), among=cands) for k in range(top + 1)]
+    caps = sorted(v for v in c["pool_bytes"].unique() if budgets.memory_bytes is None or v <= budgets.memory_bytes)
+    caps = [caps[i] for i in sorted({round(x) for x in np.linspace(0, len(caps) - 1, min(points, len(caps)))})]
+    found = [problem.optimize(Budgets(cap, budgets.capture_s, budgets.max_graphs), among=cands) for cap in caps]
+    return list({ch.sizes: ch for ch in found}.values())
+
+
+def needed_buckets(available: list[int], largest_step: int) -> list[int]:
+    """The buckets worth measuring for a workload: those up to the first that holds its largest step."""
+    over = [b for b in available if b >= largest_step]
+    return [b for b in available if b <= (over[0] if over else available[-1])]
+
+
+def measure(cfg, progress=None) -> dict:
+    """Run the sweep (eager and the plan's graph mode) on the config's buckets: a results document."""
+    from gmtool.measure.sweep import Sweep
+    from gmtool.report.results import to_document
+
+    with (progress("plan: measure") if progress else _null()) as p:
+        result = Sweep(cfg, p).run()
+    return to_document(result, "compare")
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()

@@ -1,0 +1,97 @@
+"""A workload: the step shapes a server runs, as `num_tokens,num_seqs,count` rows (CSV or JSONL).
+
+`count` is optional (each row is then one step, so a log of steps can be pasted as it is). Rows with the same
+shape are summed. A built-in workload is named by its file's stem under profiles/workloads.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from gmtool.errors import GmtoolError
+from gmtool.profiles import PROFILES_DIR
+
+WORKLOADS_DIR = PROFILES_DIR / "workloads"
+COLUMNS = ("num_tokens", "num_seqs", "count")
+
+
+def builtin_workloads() -> list[str]:
+    return sorted(p.stem for p in WORKLOADS_DIR.glob("*.csv"))
+
+
+def resolve(spec: str) -> Path:
+    path = Path(spec)
+    if path.exists():
+        return path
+    builtin = WORKLOADS_DIR / f"{spec}.csv"
+    if builtin.is_file():
+        return builtin
+    raise GmtoolError(f"no workload file {spec!r} (built-in: {', '.join(builtin_workloads())})")
+
+
+def _read(path: Path) -> pd.DataFrame:
+    try:
+        if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
+            rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+            if not all(isinstance(r, dict) for r in rows):
+                raise ValueError("each line must be a JSON object")
+            return pd.DataFrame(rows)
+        return pd.read_csv(path, comment="#", skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GmtoolError(f"cannot read workload {path}: {getattr(e, 'strerror', None) or e}") from None
+    except (ValueError, pd.errors.ParserError) as e:
+        raise GmtoolError(f"workload {path} is not valid {'JSONL' if path.suffix != '.csv' else 'CSV'}: "
+                          f"{str(e).splitlines()[0]}") from None
+
+
+def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
+    """(steps, the file read): one row per distinct (num_tokens, num_seqs) with its count, sorted by size."""
+    path = resolve(spec)
+    if path.is_dir():
+        raise GmtoolError(f"workload {path} is a directory, not a CSV or JSONL file")
+    df = _read(path)
+    if not len(df.columns):
+        raise GmtoolError(f"workload {path} is empty (need num_tokens,num_seqs[,count] rows)")
+    df.columns = [str(c).strip() for c in df.columns]
+    missing = [c for c in COLUMNS[:2] if c not in df.columns]
+    if missing:
+        raise GmtoolError(f"workload {path}: missing column {', '.join(missing)} (need num_tokens,num_seqs[,count])")
+    if df.empty:
+        raise GmtoolError(f"workload {path} has no steps")
+    df["count"] = df["count"].fillna(1) if "count" in df.columns else 1  # a row without a count is one step
+    df = df[list(COLUMNS)]
+    numeric = df.apply(pd.to_numeric, errors="coerce")
+    bad = numeric.isna() | (numeric != numeric.round())
+    if bad.any().any():
+        row, col = next((r, c) for r in range(len(df)) for c in COLUMNS if bad.iloc[r][c])
+        raise GmtoolError(f"workload {path}, row {row + 1}: {col} must be a whole number, got {str(df.iloc[row][col])!r}")
+    df = numeric.astype("int64")
+    for col, low in (("num_tokens", 1), ("num_seqs", 1), ("count", 0)):
+        below = df.index[df[col] < low]
+        if len(below):
+            r = below[0]
+            raise GmtoolError(f"workload {path}, row {r + 1}: {col} must be {'positive' if low else '0 or more'}, "
+                              f"got {df.at[r, col]}")
+    over = df.index[df["num_seqs"] > df["num_tokens"]]
+    if len(over):
+        r = over[0]
+        raise GmtoolError(f"workload {path}, row {r + 1}: {df.at[r, 'num_seqs']} sequences cannot share "
+                          f"{df.at[r, 'num_tokens']} tokens (each sequence has at least one)")
+    steps = df.groupby(["num_tokens", "num_seqs"], as_index=False)["count"].sum()
+    steps = steps[steps["count"] > 0].sort_values(["num_tokens", "num_seqs"]).reset_index(drop=True)
+    if steps.empty:
+        raise GmtoolError(f"workload {path} has no steps (every count is 0)")
+    return steps, path
+
+
+def by_size(steps: pd.DataFrame) -> pd.Series:
+    """Step counts per num_tokens: what the cost of a capture set depends on."""
+    return steps.groupby("num_tokens")["count"].sum().sort_index()
+
+
+def is_decode(steps: pd.DataFrame) -> bool:
+    return bool((steps["num_tokens"] == steps["num_seqs"]).all())

@@ -1,0 +1,272 @@
+"""gmtool plan on the CPU: the optimizer against brute force and hand-checked optima, budgets, padding, workload
+errors, cost estimates, flags, and the command end to end (from a results file, and measured on the spot)."""
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gmtool.errors import GmtoolError
+from gmtool.plan.costs import Source, estimate, from_results
+from gmtool.plan.engines import ENGINE_DEFAULTS, flags
+from gmtool.plan.optimizer import Budgets, PoolSharing, Problem
+from gmtool.plan.workload import load_workload
+from tests.test_compare import one_error, run_cli
+
+
+def problem(steps: dict, sizes, graph_ms, pool=None, capture=None, overhead=None, eager=100.0,
+            sharing=PoolSharing.SHARED) -> Problem:
+    sizes = list(sizes)
+    costs = pd.DataFrame({"graph_ms": graph_ms, "pool_bytes": pool if pool is not None else np.nan,
+                          "overhead_bytes": overhead if overhead is not None else 0.0,
+                          "capture_s": capture if capture is not None else 0.0}, index=sizes, dtype=float)
+    wl = pd.Series(steps)
+    return Problem(wl, pd.Series(eager, index=wl.index, dtype=float), costs, sharing)
+
+
+# a step of n tokens on a graph of size s costs s ms; eager costs 100 ms
+HAND = dict(steps={1: 10, 3: 10, 8: 1}, sizes=[1, 2, 3, 4, 8], graph_ms=[1, 2, 3, 4, 8])
+
+
+def test_unbounded_optimum_captures_each_step_size_once():
+    c = problem(**HAND).optimize()
+    assert c.sizes == (1, 3, 8)  # 2 and 4 serve no step: the tie goes to fewer graphs
+    assert c.total_ms == 10 * 1 + 10 * 3 + 8
+    assert c.eager_steps == 0
+
+
+def test_max_graphs_binds_and_padding_is_paid():
+    c = problem(**HAND).optimize(Budgets(max_graphs=2))
+    assert c.sizes == (3, 8)  # the 1-token steps pad to 3: 30 + 30 + 8
+    assert c.total_ms == 68
+
+
+def test_one_graph_budget_prefers_eager_for_the_rare_big_step():
+    c = problem(**HAND).optimize(Budgets(max_graphs=1))  # {8}: 21 steps x 8 = 168; {3}: 60 + 100 eager
+    assert (c.sizes, c.total_ms, c.eager_steps) == ((3,), 160, 1)
+
+
+def test_memory_budget_shared_pool_is_the_largest_pool():
+    p = problem(**HAND, pool=[10, 20, 30, 40, 80])
+    c = p.optimize(Budgets(memory_bytes=35))
+    assert c.sizes == (1, 3) and c.graph_memory_bytes == 30 and c.total_ms == 10 + 30 + 100
+
+
+def test_memory_budget_independent_pools_add_up():
+    p = problem(**HAND, pool=[10, 20, 30, 40, 80], sharing=PoolSharing.INDEPENDENT)
+    c = p.optimize(Budgets(memory_bytes=35))
+    assert c.sizes == (3,) and c.graph_memory_bytes == 30
+
+
+def test_overhead_outside_the_pool_counts_per_graph():
+    p = problem(**HAND, pool=[10, 20, 30, 40, 80], overhead=[5, 5, 5, 5, 5])
+    assert p.memory((1, 3)) == 30 + 10
+    assert p.optimize(Budgets(memory_bytes=39)).sizes == (3,)
+
+
+def test_capture_budget_binds():
+    c = problem(**HAND, capture=[1, 1, 1, 1, 1]).optimize(Budgets(capture_s=1.5))
+    assert c.sizes == (3,) and c.capture_s == 1
+
+
+def test_a_graph_slower_than_eager_is_not_captured():
+    c = problem({5: 10}, [8], [200.0]).optimize()
+    assert c.sizes == () and c.total_ms == 1000
+
+
+def test_without_padding_only_exact_sizes_replay():
+    p = problem(**HAND)
+    assert p.evaluate((2, 8), padding=False).total_ms == 10 * 100 + 10 * 100 + 8
+    assert p.evaluate((2, 8), padding=True).total_ms == 10 * 2 + 10 * 8 + 8
+
+
+def _brute(p: Problem, b: Budgets, sizes) -> float:
+    best = p.evaluate(()).total_ms
+    for k in range(1, len(sizes) + 1):
+        for s in itertools.combinations(sizes, k):
+            c = p.evaluate(s)
+            if (b.max_graphs is None or k <= b.max_graphs) and (b.capture_s is None or c.capture_s <= b.capture_s) \
+                    and (b.memory_bytes is None or c.graph_memory_bytes <= b.memory_bytes):
+                best = min(best, c.total_ms)
+    return best
+
+
+def test_optimizer_matches_brute_force_on_random_cases():
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        m = int(rng.integers(1, 7))
+        sizes = np.sort(rng.choice(np.arange(1, 40), m, replace=False))
+        steps = np.sort(rng.choice(np.arange(1, 45), int(rng.integers(1, 9)), replace=False))
+        p = problem(dict(zip(steps.tolist(), rng.integers(1, 20, len(steps)).tolist())), sizes,
+                    1 + sizes * 0.1 + rng.random(m), pool=sizes * 10 + rng.integers(0, 30, m),
+                    capture=rng.random(m), overhead=rng.integers(0, 5, m) * (trial % 2), eager=(2 + steps * 0.2),
+                    sharing=PoolSharing.INDEPENDENT if trial % 3 == 0 else PoolSharing.SHARED)
+        b = Budgets(float(rng.integers(50, 400)) if trial % 2 else None,
+                    float(rng.random() * 2) if trial % 4 < 2 else None, int(rng.integers(1, 4)) if trial % 5 else None)
+        assert p.optimize(b).total_ms == pytest.approx(_brute(p, b, sizes.tolist())), trial
+
+
+def test_memory_budget_without_memory_figures_is_refused():
+    with pytest.raises(GmtoolError, match="memory budget needs graph memory"):
+        problem(**HAND).optimize(Budgets(memory_bytes=1e9))
+
+
+# -- costs ------------------------------------------------------------------------------------------------
+def test_estimate_labels_and_lines():
+    vals, how = estimate(pd.Series([1.0, 2.0, 4.0], index=[3, 4, 6]), [1, 3, 5, 10])
+    assert how == [Source.EXTRAPOLATED, Source.MEASURED, Source.INTERPOLATED, Source.EXTRAPOLATED]
+    assert vals.tolist() == pytest.approx([0.0, 1.0, 3.0, 8.0])  # slope 1 per token; never below zero
+
+
+def test_extrapolation_never_falls_below_the_last_measured_value():
+    vals, _ = estimate(pd.Series([5.0, 4.0], index=[1, 2]), [8])
+    assert vals.tolist() == [4.0]
+
+
+def results_doc(buckets=(1, 2, 4, 8, 16), unsafe=()) -> dict:
+    recs = []
+    for b in buckets:
+        recs.append({"mode": "eager", "bucket": b, "composition": f"1*{b}", "num_tokens": b, "num_seqs": b,
+                     "status": "ok", "latency_ms": {"median": 10.0 + b}})
+        for n, ms in ((b, 1.0 + b / 4), (b, 1.0 + b / 4 + 0.5)):  # two mixes: the median is taken
+            recs.append({"mode": "full", "bucket": b, "composition": f"1*{n}", "num_tokens": n, "num_seqs": n,
+                         "status": "UNSAFE" if b in unsafe else "ok", "latency_ms": {"median": ms},
+                         "graph_mem_bytes": b * 2**20, "capture_s": 0.5})
+            ms = None
+    return {"tool": "gmtool", "command": "compare", "model": {"name": "tiny-qwen3"}, "config": {},
+            "machine": {"backend": "cuda"}, "records": recs, "notes": [], "errors": []}
+
+
+def test_costs_from_results_leave_out_buckets_that_were_not_ok():
+    t = from_results(results_doc(unsafe=(4,)))
+    assert t.buckets == [1, 2, 8, 16] and t.mode == "full"
+    assert t.graph.loc[8, "graph_ms"] == 3.25 and t.graph.loc[8, "pool_bytes"] == 8 * 2**20
+    assert t.graph.loc[8, "capture_s"] == 1.0  # both rows' capture seconds (only the first captures, in a sweep)
+    assert "left out" in t.notes[0]
+
+
+def test_flags_are_ready_to_paste():
+    f = flags([8, 1, 4])
+    assert f["vllm"]["cli"] == "--cudagraph-capture-sizes 1 4 8"
+    assert f["vllm"]["compilation_config"] == """--compilation-config '{"cudagraph_capture_sizes": [1, 4, 8]}'"""
+    assert f["sglang"]["cli"] == "--cuda-graph-bs 1 4 8"
+    assert f["trtllm"]["yaml"] == "cuda_graph_config:\n  batch_sizes: [1, 4, 8]\n  enable_padding: true"
+    assert flags([])["vllm"]["cli"] == "--enforce-eager"
+
+
+def test_engine_default_lists():
+    n = {d.name: len(d.sizes) for d in ENGINE_DEFAULTS}
+    assert (n["vllm"], n["vllm-512"], n["sglang"], n["gmtool"], n["trtllm"]) == (35, 51, 36, 35, 34)
+
+
+# -- workloads --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text,why", [
+    ("", "is empty"),
+    ("# only a comment\n", "is empty"),
+    ("num_tokens,num_seqs,count\n", "no steps"),
+    ("num_tokens,count\n4,1\n", "missing column num_seqs"),
+    ("num_tokens,num_seqs,count\n4,4,-1\n", "row 1: count must be 0 or more, got -1"),
+    ("num_tokens,num_seqs\n0,1\n", "row 1: num_tokens must be positive, got 0"),
+    ("num_tokens,num_seqs\n4,4\n2,3\n", "row 2: 3 sequences cannot share 2 tokens"),
+    ("num_tokens,num_seqs\nfour,4\n", "row 1: num_tokens must be a whole number, got 'four'"),
+    ("num_tokens,num_seqs,count\n4,4,0\n", "every count is 0"),
+])
+def test_bad_workloads_are_one_line(tmp_path, text, why):
+    f = tmp_path / "w.csv"
+    f.write_text(text)
+    with pytest.raises(GmtoolError, match=why):
+        load_workload(str(f))
+
+
+def test_workload_jsonl_and_counts(tmp_path):
+    f = tmp_path / "w.jsonl"
+    f.write_text('{"num_tokens": 4, "num_seqs": 4, "count": 3}\n{"num_tokens": 4, "num_seqs": 4}\n'
+                 '{"num_tokens": 9, "num_seqs": 1, "count": 2}\n')
+    steps, _ = load_workload(str(f))
+    assert steps.values.tolist() == [[4, 4, 4], [9, 1, 2]]
+    f.write_text('{"num_tokens": 4\n')
+    with pytest.raises(GmtoolError, match="not valid JSONL"):
+        load_workload(str(f))
+
+
+def test_unreadable_workloads(tmp_path):
+    with pytest.raises(GmtoolError, match="no workload file"):
+        load_workload(str(tmp_path / "missing.csv"))
+    with pytest.raises(GmtoolError, match="is a directory"):
+        load_workload(str(tmp_path))
+    (tmp_path / "bin.csv").write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(GmtoolError):
+        load_workload(str(tmp_path / "bin.csv"))
+
+
+def test_builtin_workloads_load():
+    for name in ("chat", "long-context", "bursty"):
+        steps, path = load_workload(name)
+        assert path.name == f"{name}.csv" and steps["count"].sum() == 100_000
+
+
+# -- the command ------------------------------------------------------------------------------------------
+@pytest.fixture()
+def results_file(tmp_path) -> Path:
+    f = tmp_path / "results.json"
+    f.write_text(json.dumps(results_doc()))
+    return f
+
+
+def test_plan_from_results_end_to_end(tmp_path, results_file):
+    wl = tmp_path / "w.csv"
+    wl.write_text("num_tokens,num_seqs,count\n1,1,50\n3,3,30\n12,12,20\n40,40,1\n")
+    code, out, err = run_cli("plan", "--workload", wl, "--from", results_file, "--max-graphs", "2",
+                             "--memory-budget", "1", "--out", tmp_path / "p")
+    assert code == 0, err
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    # candidates: 1, 2, 4, 8, 16 measured and 3, 12 interpolated; two graphs: 3 then 12 (the 1s pad to 3)
+    assert doc["capture_sizes"] == [3, 12] and doc["num_graphs"] == 2
+    g3, g12, e40 = 1 + 3 / 4 + 0.25, 1 + 12 / 4 + 0.25, 10 + 16 + (40 - 16)  # eager extrapolated by its slope
+    assert doc["expected_ms_per_step"] == pytest.approx((80 * g3 + 20 * g12 + e40) / 101)
+    assert doc["graph_memory_bytes"] == 12 * 2**20 and doc["capture_s"] == pytest.approx(2.0)
+    assert doc["flags"]["sglang"]["cli"] == "--cuda-graph-bs 3 12"
+    vllm = next(d for d in doc["defaults"] if d["engine"] == "vllm")
+    assert vllm["num_graphs"] == 35 and vllm["plan_gain_pct"] == pytest.approx(
+        100 * (vllm["expected_ms_per_step"] - doc["expected_ms_per_step"]) / vllm["expected_ms_per_step"])
+    md = (tmp_path / "p" / "plan.md").read_text()
+    assert "`3, 12`" in md and "| vllm | 35 |" in md
+    assert (tmp_path / "p" / "plan.png").stat().st_size > 0
+    assert "capture sizes: 3,12" in out
+
+
+def test_plan_bad_inputs_are_one_line(tmp_path, results_file):
+    wl = tmp_path / "w.csv"
+    wl.write_text("num_tokens,num_seqs\n5,5\n")
+    for args, why in ((["--workload", tmp_path / "none.csv"], "no workload file"),
+                      (["--workload", wl, "--max-graphs", "0"], "--max-graphs must be positive"),
+                      (["--workload", wl, "--mode", "eager"], "--mode must be full or piecewise"),
+                      (["--workload", wl, "--max-tokens", "4"], "a step of 5 tokens, above --max-tokens 4"),
+                      (["--workload", wl, "--model", "llama-3.1-8b"], "measured tiny-qwen3")):
+        code, _, err = run_cli("plan", "--from", results_file, "--out", tmp_path / "o", *args)
+        assert code == 2 and why in one_error(err), (args, err)
+
+
+def test_plan_measured_on_the_spot_then_from_its_results(tmp_path):
+    """The one slow test here (about 10 s on a busy 2-core machine): a real two-bucket sweep of tiny-qwen3, one
+    mix per bucket, feeds the plan."""
+    wl = tmp_path / "w.csv"
+    wl.write_text("num_tokens,num_seqs,count\n1,1,10\n2,2,5\n")
+    code, _, err = run_cli("plan", "--workload", wl, "--device", "cpu", "--buckets", "1,2", "--compositions", "1*1,1*2",
+                           "--num-iters", "2",
+                           "--num-iters-warmup", "1", "--out", tmp_path / "m")
+    assert code == 0, err
+    doc = json.loads((tmp_path / "m" / "plan.json").read_text())
+    assert doc["source"] == {"kind": "measured now", "buckets": [1, 2]}
+    assert {c["size"] for c in doc["candidates"]} == {1, 2}
+    assert all(c["source"] == "measured" for c in doc["candidates"])
+    assert doc["graph_memory_bytes"] is None  # the CPU backend measures no memory
+    code, _, err = run_cli("plan", "--workload", wl, "--from", tmp_path / "m", "--out", tmp_path / "f")
+    assert code == 0, err
+    again = json.loads((tmp_path / "f" / "plan.json").read_text())
+    assert again["capture_sizes"] == doc["capture_sizes"]
+    assert again["expected_ms_per_step"] == pytest.approx(doc["expected_ms_per_step"])
