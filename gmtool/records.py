@@ -45,7 +45,7 @@ def worst(statuses) -> Status:
 RECORD_FIELDS = ("mode", "bucket", "key", "composition", "num_tokens", "num_seqs", "status", "impl",
                  "piecewise_impl", "max_rel_err", "tolerance", "max_rel_err_same_shape", "tolerance_same_shape",
                  "kv_rel_err", "kv_rel_err_same_shape", "stale_metadata", "capture_s", "compile_s",
-                 "graph_mem_bytes", "pool_growth_bytes", "pieces", "runners", "latency_ms",
+                 "graph_mem_bytes", "pool_growth_bytes", "outside_pool_bytes", "pieces", "runners", "latency_ms",
                  "eager_latency_ms", "speedup", "host_us", "host_copy_us", "host_steady_us", "captured_with", "error")
 
 

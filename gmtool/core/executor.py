@@ -51,6 +51,7 @@ class CapturedGraph:
     capture_s: float = 0.0
     graph_mem_bytes: int | None = None  # peak memory the capture allocated (the shape's need; CUDA only)
     pool_growth_bytes: int | None = None  # reserved memory the capture added (CUDA only)
+    outside_pool_bytes: int | None = None  # device memory the capture took beyond the pool (CUDA only)
     baked_plans: list = field(default_factory=list)  # host plans frozen into the graph, if any
     captured_with: str = ""  # the composition whose batch was live during capture
     compile_s: float | None = None  # FX piecewise: trace + split (+ one eager pass) for this shape
@@ -86,10 +87,13 @@ def _memory_of(entry: CapturedGraph, device: torch.device):
         return
     torch.cuda.synchronize(device)
     mem0, res0 = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+    free0 = torch.cuda.mem_get_info(device)[0]
     torch.cuda.reset_peak_memory_stats(device)
     yield
     entry.graph_mem_bytes = torch.cuda.max_memory_allocated(device) - mem0
     entry.pool_growth_bytes = torch.cuda.memory_reserved(device) - res0
+    # what the driver gave beyond the pool's growth: graph instantiation and exec objects (gmtool.memory.ledger)
+    entry.outside_pool_bytes = (free0 - torch.cuda.mem_get_info(device)[0]) - entry.pool_growth_bytes
 
 
 class GraphExecutor:

@@ -147,6 +147,7 @@ class Sweep:
                       compile_s=entry.compile_s if fresh else None,
                       graph_mem_bytes=entry.graph_mem_bytes if fresh else None,
                       pool_growth_bytes=entry.pool_growth_bytes if fresh else None,
+                      outside_pool_bytes=entry.outside_pool_bytes if fresh else None,
                       pieces=entry.pieces, runners=entry.runners, stale_metadata=check.stale_metadata,
                       piecewise_impl=entry.piecewise_impl if mode.piecewise else None,
                       captured_with=entry.captured_with)
