@@ -97,7 +97,10 @@ def plan(
             console.print(f"[yellow]note:[/] {note}")
         source = {"kind": "measured now", "buckets": cfg.bucket_sizes}
         doc = measured_doc = measure(cfg, progress_bars(console))
-    inp = PlanInputs(steps, path, from_results(doc, mode), budgets, memory_sharing, chosen, max_tokens)
+    mixed = int(steps.loc[steps["num_tokens"] != steps["num_seqs"], "count"].sum())
+    notes = [f"{mixed} of {int(steps['count'].sum())} steps are not pure decode but the costs are of decode "
+             "graphs: they are costed by their token count"] if mixed and doc["config"].get("scenario") == "decode" else []
+    inp = PlanInputs(steps, path, from_results(doc, mode), budgets, memory_sharing, chosen, max_tokens, notes)
     res = make_plan(inp)
     plan_doc = build_document(res, inp, source, doc["model"], doc["machine"])
     with output_dir(out or default_out_dir("plan"), force) as out_dir:
