@@ -82,3 +82,14 @@ def test_assign_buckets_pins_and_rejects_unknown_bucket():
         assign_buckets(parse_compositions("64=8"), policy)
     with pytest.raises(GmtoolError, match="fits no bucket"):
         assign_buckets(parse_compositions("40"), policy)
+
+
+@pytest.mark.parametrize("scenario", ["prefill", "mixed"])
+def test_default_mixes_of_every_small_bucket_parse_and_belong_to_it(scenario):
+    """Small buckets once made negative prefill chunks ('-3+0@512+1*4') and a prefill bucket 1 got no mix."""
+    below = 0
+    for bucket in range(1, 70):
+        comps = default_compositions(bucket, scenario, below)
+        assert comps, bucket
+        assert all(below < c.num_tokens <= bucket for c in comps), (bucket, [c.label for c in comps])
+        below = bucket

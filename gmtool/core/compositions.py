@@ -97,14 +97,15 @@ def default_compositions(bucket: int, scenario: str, below: int = 0) -> list[Com
         mid = max(below + 1, math.ceil((below + bucket) / 2))
         sizes = [bucket, mid if mid < bucket else bucket, max(below + 1, bucket - 1)]
         return [Composition((Part(1, n),), None, seed + i, f"1*{n}") for i, n in enumerate(sizes)]
-    texts = [f"{bucket // 2}*2", f"{bucket // 4}*4"]
-    if bucket >= 16:
-        texts.append(f"{bucket // 8}*8")
-    if scenario == "mixed" or bucket >= 64:
-        chunk = bucket // 4
-        texts.append(f"{bucket - chunk - 4}+{chunk}@512+1*4")
-    texts = [t for t in texts if not t.startswith("0")]
-    return [parse_composition(t, seed + i) for i, t in enumerate(texts)]
+    texts = [f"{bucket // k}*{k}" for k in ((2, 4, 8) if bucket >= 16 else (2, 4)) if bucket // k]
+    if scenario == "mixed" or bucket >= 64:  # a prefill chunk after a cached prefix, beside decodes
+        chunk = max(1, bucket // 4)
+        decodes = min(4, bucket - chunk - 1)
+        if decodes >= 1:
+            texts.append(f"{bucket - chunk - decodes}+{chunk}@512+1*{decodes}")
+    comps = [parse_composition(t, seed + i) for i, t in enumerate(texts)]
+    # a mix the next smaller bucket serves would never reach this bucket in an engine
+    return [c for c in comps if c.num_tokens > below] or [parse_composition(str(bucket), seed)]
 
 
 def assign_buckets(comps: list[Composition], policy) -> dict[int, list[Composition]]:
