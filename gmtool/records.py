@@ -166,7 +166,7 @@ class Document:
 
     def unexpected_unsafe(self) -> list[Record]:
         """UNSAFE rows of modes that should be safe (full-narrow's are the finding it exists to show)."""
-        return [r for r in self.records if r.status == Status.UNSAFE and not GraphMode(r.mode).expected_unsafe]
+        return [r for r in self.records if r.status == Status.UNSAFE and not r.mode.expected_unsafe]
 
     def exit_code(self) -> int:
         """0 ok; 1 a mode failed or ran out of memory somewhere; 3 a replay that should be safe differed from
