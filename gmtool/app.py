@@ -1,5 +1,9 @@
 """The application layer: each command's work, from a config to a written document. No terminal here: the CLI
-parses, calls one of these, prints the document and exits with its code (gmtool.records.exit_code).
+parses, calls one of these, prints the document and exits with its code (Document.exit_code).
+
+Nothing measured is lost: every record goes to the output directory's journal (records.jsonl) as it is measured,
+and on Ctrl-C or a crash the result files are written from what was measured, marked partial; Ctrl-C then
+becomes gmtool.errors.Interrupted ("interrupted after N of M rows", exit 130).
 
 progress(label) is a context manager giving a progress object (start(total), advance(label)) or None.
 """
@@ -9,66 +13,109 @@ import contextlib
 from pathlib import Path
 
 from gmtool.config import SweepConfig
+from gmtool.errors import Interrupted
+from gmtool.measure.sweep import Sweep, planned_rows
 from gmtool.modes import GraphMode
-from gmtool.report.results import to_document, write_reports, write_results
-from gmtool.measure.sweep import Sweep
+from gmtool.records import Document
+from gmtool.report.results import Journal, write_reports, write_results
 
 
 def _no_progress(label: str):
     return contextlib.nullcontext()
 
 
-def run_capture(cfg: SweepConfig, out_dir: Path, progress=_no_progress) -> dict:
+@contextlib.contextmanager
+def _keeping(out_dir: Path, command: str, planned: int, sweep: Sweep, write):
+    """On Ctrl-C or a crash inside: write(document) of what the sweep measured, marked partial. Ctrl-C comes
+    out as Interrupted saying how far the run got; any other failure goes on as it was."""
+    try:
+        yield
+    except BaseException as e:
+        res = sweep.result
+        measured = len(res.records) if res else 0
+        if measured:
+            doc = res.document(command)
+            first = (str(e).strip().splitlines() or [""])[0]
+            doc.mark_partial("interrupted" if isinstance(e, KeyboardInterrupt)
+                             else f"stopped by {type(e).__name__}: {first}".rstrip(": "), planned)
+            write(doc)
+        if isinstance(e, KeyboardInterrupt):
+            kept = f"; what was measured is in {out_dir}" if measured else ""
+            raise Interrupted(f"interrupted after {measured} of {planned} rows{kept}") from None
+        raise
+
+
+def run_capture(cfg: SweepConfig, out_dir: Path, progress=_no_progress) -> Document:
     """Every bucket of the config captured and replayed with each composition; results.json and .csv."""
-    with progress("capture") as p:
-        result = Sweep(cfg, p).run()
-    doc = to_document(result, "capture")
+    planned = planned_rows(cfg)
+    sweep = Sweep(cfg, on_record=Journal(out_dir, "capture", planned).write)
+    with _keeping(out_dir, "capture", planned, sweep, lambda doc: write_results(out_dir, doc)):
+        with progress("capture") as sweep.progress:
+            result = sweep.run()
+    doc = result.document("capture")
     write_results(out_dir, doc)
     return doc
 
 
 def run_compare(cfg: SweepConfig, modes: list[GraphMode], out_dir: Path, progress=_no_progress,
                 trace: bool = False, peer_buckets: list[int] | None = None, peer_compile: str = "shared",
-                baseline: tuple[dict, Path] | None = None) -> tuple[dict, list[Path]]:
+                baseline: tuple[Document, Path] | None = None) -> tuple[Document, list[Path]]:
     """The sweep's modes, then the hf-compiled peer on the same workbench; results, reports and traces.
     baseline: (an older results document, its path) to attach. Returns the document and the files written."""
     from gmtool.measure.hf_compiled import HfCompiled
-    from gmtool.report.baseline import attach_baseline
     from gmtool.measure.trace import TraceProbe
+    from gmtool.report.baseline import attach_baseline
 
+    with_peer = GraphMode.HF_COMPILED in modes
+    planned = planned_rows(cfg) + (len(peer_buckets or cfg.bucket_sizes) if with_peer else 0)
     tracer = TraceProbe(out_dir) if trace else None
-    with progress("compare") as p:
-        sweep = Sweep(cfg, p, probes=(tracer,) if tracer else ())
-        result = sweep.run()
-    traces = list(tracer.trace_files) if tracer else []
-    if GraphMode.HF_COMPILED in modes:
-        peer = HfCompiled(sweep.bench, out_dir if trace else None, peer_buckets, peer_compile)
-        with progress(GraphMode.HF_COMPILED) if peer.runnable else contextlib.nullcontext() as p:
-            result.records += peer.run(p)
-        traces += peer.trace_files
+    sweep = Sweep(cfg, probes=(tracer,) if tracer else (), on_record=Journal(out_dir, "compare", planned).write)
+    files: list[Path] = []
+
+    def write(doc: Document) -> None:
+        doc.config["modes"] = list(modes)  # the peer is not a SweepConfig mode, but the reports list it in order
+        if baseline is not None:
+            attach_baseline(doc, *baseline)
+        files[:] = write_results(out_dir, doc) + write_reports(out_dir, doc)
+
+    with _keeping(out_dir, "compare", planned, sweep, write):
+        with progress("compare") as sweep.progress:
+            result = sweep.run()
+        traces = list(tracer.trace_files) if tracer else []
+        if with_peer:
+            peer = HfCompiled(sweep.bench, out_dir if trace else None, peer_buckets, peer_compile)
+            with progress(GraphMode.HF_COMPILED) if peer.runnable else contextlib.nullcontext() as p:
+                peer.run(p, result.add)
+            traces += peer.trace_files
     if trace and not traces:
         result.notes.append("--trace: no trace was written")
-    doc = to_document(result, "compare")
-    doc["config"]["modes"] = list(modes)  # the peer is not a SweepConfig mode, but the reports list it in order
-    if baseline is not None:
-        attach_baseline(doc, *baseline)
-    return doc, write_results(out_dir, doc) + write_reports(out_dir, doc) + traces
+    doc = result.document("compare")
+    write(doc)
+    return doc, files + traces
 
 
 def run_memreport(cfg: SweepConfig, strategies: list[str], out_dir: Path, progress=_no_progress,
-                  on_strategy=None) -> tuple[dict, list[Path]]:
+                  on_strategy=None):
     """The sweep of the config's one graph mode under each memory strategy; the files are rewritten after every
-    strategy, so a later failure keeps what was measured. on_strategy(row): told of each finished strategy."""
+    strategy, so a later failure keeps what was measured. on_strategy(row): told of each finished strategy.
+    Returns the MemDocument and the files written."""
     from gmtool.memory.report import build_document, run_strategy, write_report
 
     rows, result, doc, paths = [], None, None, []
-    for name in strategies:
-        with progress(f"memreport {name}") as p:
-            row, res = run_strategy(cfg, name, p)
-        rows.append(row)
-        result = result or res
-        if on_strategy:
-            on_strategy(row)
-        doc = build_document(cfg, rows, result)
-        paths = write_report(out_dir, doc)
+    try:
+        for name in strategies:
+            with progress(f"memreport {name}") as p:
+                row, res = run_strategy(cfg, name, p)
+            rows.append(row)
+            result = result or res
+            if on_strategy:
+                on_strategy(row)
+            doc = build_document(cfg, rows, result)
+            paths = write_report(out_dir, doc)
+    except KeyboardInterrupt:
+        if rows:
+            doc.mark_partial("interrupted", len(strategies))
+            write_report(out_dir, doc)
+        kept = f"; what was measured is in {out_dir}" if rows else ""
+        raise Interrupted(f"interrupted after {len(rows)} of {len(strategies)} strategies{kept}") from None
     return doc, paths

@@ -18,3 +18,8 @@ class CaptureError(RunFailure):
 
 class OutOfMemory(RunFailure):
     """The device ran out of memory; what was done before it is kept."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a run, after what was measured was written (exit 130); its text says how far it got. Not a
+    KeyboardInterrupt: typer turns those into a silent exit 130."""

@@ -1,9 +1,18 @@
-"""What one measured row says: its status, its fields, and the exit code a set of rows earns."""
+"""What a run measured, typed once: a row's status, its timings, its record, the document the rows make (JSON in
+and out, checked on the way in), and the exit code a document earns."""
 from __future__ import annotations
 
+import datetime as _dt
+import json
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from enum import StrEnum
 
+from gmtool.errors import GmtoolError
 from gmtool.modes import GraphMode
+
+SCHEMA_VERSION = 1
 
 
 class Status(StrEnum):
@@ -42,27 +51,213 @@ def worst(statuses) -> Status:
     return max((Status(s) for s in statuses), key=lambda s: s.severity, default=Status.OK)
 
 
-RECORD_FIELDS = ("mode", "bucket", "key", "composition", "num_tokens", "num_seqs", "status", "impl",
-                 "piecewise_impl", "max_rel_err", "tolerance", "max_rel_err_same_shape", "tolerance_same_shape",
-                 "kv_rel_err", "kv_rel_err_same_shape", "stale_metadata", "capture_s", "compile_s",
-                 "graph_mem_bytes", "pool_growth_bytes", "outside_pool_bytes", "pieces", "runners", "latency_ms",
-                 "eager_latency_ms", "speedup", "host_us", "host_copy_us", "host_steady_us", "captured_with", "error")
+@dataclass(kw_only=True)
+class Timing:
+    """One timed quantity over its samples (milliseconds or microseconds, as the record field's name says)."""
+
+    median: float
+    p90: float
+    p99: float
+    min: float
+    iqr: float
+    n: int
+    noisy: bool  # the spread is too wide to trust the median (gmtool.measure.timing.NOISY_IQR_FRACTION)
 
 
-def record(base: dict, mode: str, status: Status, **kw) -> dict:
-    rec = dict.fromkeys(RECORD_FIELDS)
-    rec.update(base)
-    rec.update(mode=mode, status=status, **kw)
-    return rec
+@dataclass(kw_only=True)
+class Record:
+    """One row: a mode on one composition of one bucket. Only mode, bucket, composition and status are always
+    set; the rest is None where the row did not get that far (an UNSAFE replay has no latency)."""
+
+    mode: GraphMode
+    bucket: int
+    key: str | None = None  # the graph the batch ran on (BucketKey as text)
+    composition: str
+    num_tokens: int | None = None
+    num_seqs: int | None = None
+    status: Status
+    impl: str | None = None  # the attention implementation the graph ran
+    piecewise_impl: str | None = None
+    max_rel_err: float | None = None  # against eager on the exact, unpadded batch
+    tolerance: float | None = None
+    max_rel_err_same_shape: float | None = None  # against eager on the same padded batch and kernels
+    tolerance_same_shape: float | None = None
+    kv_rel_err: float | None = None
+    kv_rel_err_same_shape: float | None = None
+    stale_metadata: bool | None = None
+    capture_s: float | None = None  # set on the row whose batch captured the graph
+    compile_s: float | None = None
+    graph_mem_bytes: int | None = None
+    pool_growth_bytes: int | None = None
+    outside_pool_bytes: int | None = None  # device memory the capture took outside the pool (CUDA only)
+    pieces: int | None = None
+    runners: int | None = None
+    latency_ms: Timing | None = None
+    eager_latency_ms: float | None = None
+    speedup: float | None = None
+    host_us: Timing | None = None  # copy-in + launch from an idle device
+    host_copy_us: Timing | None = None  # copy-in alone
+    host_steady_us: Timing | None = None  # copy-in + launch while the device runs the previous step
+    captured_with: str | None = None
+    error: str | None = None
+    notes: str | None = None
+    baseline: dict | None = None  # the matching row of an older run (gmtool.report.baseline)
+
+    def __post_init__(self):
+        self.mode, self.status = GraphMode(self.mode), Status(self.status)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def flat(self) -> dict:
+        """One CSV row: each timing spread over <field>_median, <field>_p90, ... (empty where it has none),
+        the baseline over baseline_<key>."""
+        row = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in TIMING_FIELDS:
+                row.update({f"{f.name}_{t.name}": getattr(v, t.name) if v else None for t in fields(Timing)})
+            elif f.name == "baseline":  # columns only where a baseline was attached
+                row.update({f"baseline_{k}": sv for k, sv in (v or {}).items()})
+            else:
+                row[f.name] = v
+        return row
 
 
-def unexpected_unsafe(records: list[dict]) -> list[dict]:
-    """UNSAFE rows of modes that should be safe (full-narrow's are the finding it exists to show)."""
-    return [r for r in records if r["status"] == Status.UNSAFE and not GraphMode(r["mode"]).expected_unsafe]
+RECORD_FIELDS = tuple(f.name for f in fields(Record))
+TIMING_FIELDS = ("latency_ms", "host_us", "host_copy_us", "host_steady_us")
+REQUIRED = ("mode", "bucket", "composition", "status")  # what every report reads of a record
 
 
-def exit_code(records: list[dict], errors: list[str]) -> int:
-    """0 ok; 1 a mode failed or ran out of memory somewhere; 3 a replay that should be safe differed from eager."""
-    if errors or any(Status(r["status"]).failed for r in records):
-        return 1
-    return 3 if unexpected_unsafe(records) else 0
+@dataclass(kw_only=True)
+class Partial:
+    """A run that stopped before its plan was done: what it measured is kept, and says so."""
+
+    reason: str  # "interrupted", "stopped by <exception>", or "unfinished" (read back from the journal alone)
+    measured: int
+    planned: int
+    unit: str = "rows"
+
+    @property
+    def summary(self) -> str:
+        return f"{self.reason} after {self.measured} of {self.planned} {self.unit}"
+
+
+def now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(kw_only=True)
+class Document:
+    """results.json: the machine, model and config of a run, its records, and whatever went wrong outside them."""
+
+    schema_version: int = SCHEMA_VERSION
+    tool: str = "gmtool"
+    command: str | None = None
+    created: str | None = field(default_factory=now_utc)
+    wall_s: float | None = 0.0
+    machine: dict
+    model: dict
+    config: dict
+    notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+    baseline: dict | None = None  # set by gmtool.report.baseline.attach_baseline
+    partial: Partial | None = None
+
+    def unexpected_unsafe(self) -> list[Record]:
+        """UNSAFE rows of modes that should be safe (full-narrow's are the finding it exists to show)."""
+        return [r for r in self.records if r.status == Status.UNSAFE and not r.mode.expected_unsafe]
+
+    def exit_code(self) -> int:
+        """0 ok; 1 a mode failed or ran out of memory somewhere; 3 a replay that should be safe differed from
+        eager."""
+        if self.errors or any(r.status.failed for r in self.records):
+            return 1
+        return 3 if self.unexpected_unsafe() else 0
+
+    def mark_partial(self, reason: str, planned: int) -> None:
+        self.partial = Partial(reason=reason, measured=len(self.records), planned=planned)
+        self.notes.append(f"partial run: {self.partial.summary}")
+
+    def to_dict(self) -> dict:
+        """The plain JSON form every renderer reads; baseline and partial only when there is one."""
+        d = asdict(self)
+        for k in ("baseline", "partial"):
+            if d[k] is None:
+                del d[k]
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    @classmethod
+    def from_dict(cls, d) -> Document:
+        """A checked document: GmtoolError naming the first missing key or value of the wrong type."""
+        if not isinstance(d, dict) or d.get("tool") != "gmtool" or not isinstance(d.get("records"), list):
+            raise GmtoolError("not a gmtool results file")
+        for key in ("model", "config", "machine"):
+            if not isinstance(d.get(key), dict):
+                raise GmtoolError(f"not a complete gmtool results file: no {key!r} section")
+        for i, r in enumerate(d["records"]):
+            missing = [k for k in REQUIRED if not isinstance(r, dict) or k not in r]
+            if missing:
+                raise GmtoolError(f"record {i} lacks {', '.join(missing)}")
+        return from_plain(cls, d)
+
+    @classmethod
+    def from_json(cls, text: str) -> Document:
+        try:
+            return cls.from_dict(json.loads(text))
+        except ValueError as e:  # bad JSON
+            raise GmtoolError(f"not JSON: {e}") from None
+
+
+# -- checked reading: each value against its field's annotation ------------------------------------------
+def from_plain(cls, value):
+    """A dataclass of this module's kind built from its JSON form, each value checked against its annotation."""
+    return _typed(value, cls, "")
+
+
+_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "an object",
+          list: "a list"}
+
+
+def _typed(value, hint, where: str):
+    """value as the annotation hint asks (X | None, int, float, str, bool, dict, list[X], a StrEnum or one of
+    the dataclasses above); GmtoolError naming where it is otherwise."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        return _typed(value, hint, where)
+    if typing.get_origin(hint) is list:
+        if not isinstance(value, list):
+            raise GmtoolError(f"{where} is not a list")
+        return [_typed(v, args[0], f"{where}[{i}]" if where != "records" else f"record {i}")
+                for i, v in enumerate(value)]
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        try:
+            return hint(value)
+        except ValueError:
+            raise GmtoolError(f"{where} is {value!r}, not one of {', '.join(hint)}") from None
+    if is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise GmtoolError(f"{where} is not an object")
+        hints = typing.get_type_hints(hint)
+        kw = {}
+        for f in fields(hint):
+            if f.name in value:
+                kw[f.name] = _typed(value[f.name], hints[f.name], f"{where}: {f.name}".lstrip(": "))
+        try:
+            return hint(**kw)  # keys of a newer gmtool are left out; a missing required one is named
+        except TypeError as e:
+            missing = str(e).rsplit(":", 1)[-1].strip()
+            raise GmtoolError(f"{where or 'document'} lacks {missing}") from None
+    ok = isinstance(value, hint) and not (hint in (int, float) and isinstance(value, bool))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not ok:
+        raise GmtoolError(f"{where} is {json.dumps(value)[:40]}, not {_NAMES.get(hint, hint.__name__)}")
+    return value

@@ -156,7 +156,7 @@ def test_out_of_memory_during_capture_keeps_done_buckets(monkeypatch):
     monkeypatch.setattr(CpuTapeBackend, "end", end)
     cfg = SweepConfig(device="cpu", buckets="1,2,4", modes=("eager", "full"), num_iters=2, num_iters_warmup=0)
     res = Sweep(cfg).run()
-    full = [r for r in res.records if r["mode"] == "full"]
+    full = [r.to_dict() for r in res.records if r.mode == "full"]
     assert all(r["status"] == "ok" for r in full if r["bucket"] == 4)
     assert any(r["status"] == "oom" and r["bucket"] == 2 for r in full)
     assert all(r["status"] == "skipped" for r in full if r["bucket"] == 1)

@@ -15,7 +15,7 @@ import torch
 
 from gmtool.cli.compare import parse_modes
 from gmtool.errors import GmtoolError
-from gmtool.records import RECORD_FIELDS
+from gmtool.records import RECORD_FIELDS, Document, Record
 from tests.helpers import html_table_rows, md_table_rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,7 +231,7 @@ def test_peer_buckets_limit_the_peer():
 
     cfg = SweepConfig(device="cpu", buckets="1,2", compositions="1*1,1*2", modes=("eager",), num_iters=1,
                       num_iters_warmup=0)
-    rows = HfCompiled(Workbench.build(cfg), buckets=[2]).run()
+    rows = [r.to_dict() for r in HfCompiled(Workbench.build(cfg), buckets=[2]).run()]
     assert [r["bucket"] for r in rows] == [2]
     assert rows[0]["status"] == "error" and "needs CUDA" in rows[0]["error"] and rows[0]["latency_ms"] is None
 
@@ -303,8 +303,8 @@ def test_exit_codes(records, code):
 
     from gmtool.cli.run_sweep import finish
 
-    doc = {"errors": [], "records": [{"mode": m, "bucket": 8, "composition": "8*1", "status": s, "error": e}
-                                     for m, s, e in records]}
+    doc = Document(machine={}, model={}, config={},
+                   records=[Record(mode=m, bucket=8, composition="8*1", status=s, error=e) for m, s, e in records])
     console = Console(file=io.StringIO(), width=200)
     if code == 0:
         finish(doc, console)

@@ -146,7 +146,7 @@ def test_graph_lookup_by_num_tokens_only_is_caught_not_a_crash(tmp_path, monkeyp
 # -- the error arithmetic ----------------------------------------------------------------------------------
 def test_latency_summary_is_the_median_not_the_mean():
     s = summarize([1.0, 1.0, 1.0, 1.0, 100.0])
-    assert s["median"] == 1.0 and s["min"] == 1.0 and s["n"] == 5
+    assert s.median == 1.0 and s.min == 1.0 and s.n == 5
 
 
 def test_one_wrong_sequence_of_eight_is_the_error():
@@ -173,7 +173,7 @@ def test_same_shape_error_is_measured_against_eager_not_a_second_replay(tmp_path
 def test_sweep_records_carry_the_kv_error():
     cfg = SweepConfig(device="cpu", buckets="2", modes=("full", "piecewise"), num_iters=1, num_iters_warmup=0)
     res = Sweep(cfg).run()
-    rows = [r for r in res.records if r["mode"] != "eager"]
+    rows = [r.to_dict() for r in res.records if r.mode != "eager"]
     assert rows and all(r["status"] == "ok" and r["kv_rel_err"] is not None for r in rows)
 
 

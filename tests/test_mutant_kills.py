@@ -10,6 +10,7 @@ from gmtool.model.attention import ForwardContext
 from gmtool.core.buckets import BucketKey
 from gmtool.core.executor import CapturedGraph
 from gmtool.report.markdown import render_markdown
+from gmtool.records import Document
 from gmtool.report.results import write_results
 from gmtool.report.summary import bucket_summary
 from tests.helpers import Rig, rel
@@ -108,7 +109,7 @@ def test_bucket_summary_reports_the_worst_composition():
 def test_results_csv_flattens_every_timing(tmp_path):
     """results.csv: one column per field of each timing (latency_ms_median, ..._p90, ...). csv-flattening-loses-timings."""
     doc = make_doc()
-    write_results(tmp_path, doc)
+    write_results(tmp_path, Document.from_dict(doc))
     df = pd.read_csv(tmp_path / "results.csv")
     timed = [r for r in doc["records"] if r["latency_ms"]]
     assert len(df) == len(doc["records"])

@@ -16,7 +16,7 @@ from gmtool.report.html import render_html
 from gmtool.report.markdown import render_markdown
 from gmtool.report.results import write_reports, write_results
 from gmtool.report.tables import compare_table, noise_warning
-from gmtool.records import RECORD_FIELDS
+from gmtool.records import RECORD_FIELDS, Document
 from tests.helpers import html_table_rows
 from tests.helpers import md_table_rows as table_rows
 from tests.test_compare import one_error, run_cli
@@ -154,7 +154,9 @@ def test_baseline_matches_rows_by_occurrence():
         if r["max_rel_err"] is not None:
             r["max_rel_err"] += 0.25
     old["records"] = old["records"][:-1]  # the peer is new in this run
-    attach_baseline(new, old, "old/results.json")
+    doc = Document.from_dict(new)
+    attach_baseline(doc, Document.from_dict(old), "old/results.json")
+    new = doc.to_dict()
     b = new["baseline"]
     assert (b["matched"], b["unmatched"], b["path"]) == (len(new["records"]) - 1, 1, "old/results.json")
     full = [r for r in new["records"] if r["mode"] == "full" and r["bucket"] == 8]
@@ -173,7 +175,7 @@ def test_baseline_matches_rows_by_occurrence():
 def results_dir(tmp_path):
     d = tmp_path / "run"
     d.mkdir()
-    write_results(d, make_doc())
+    write_results(d, Document.from_dict(make_doc()))
     return d
 
 
@@ -213,7 +215,7 @@ def test_report_with_baseline(results_dir, tmp_path):
 
 
 def test_report_refuses_baseline_of_another_model(results_dir, tmp_path):
-    write_results(tmp_path, make_doc(model="llama-3.1-8b"))
+    write_results(tmp_path, Document.from_dict(make_doc(model="llama-3.1-8b")))
     code, _, err = run_cli("report", results_dir, "--baseline", tmp_path)
     assert code == 2
     assert "--baseline is a run of model 'llama-3.1-8b'" in one_error(err)
@@ -238,7 +240,7 @@ def test_report_out_dir_needs_force(results_dir, tmp_path):
 
 
 def test_write_reports_from_a_copy_is_deterministic(tmp_path):
-    doc = make_doc()
+    doc = Document.from_dict(make_doc())
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
     write_reports(a, doc)

@@ -260,33 +260,39 @@ def _raw(name, physical, needs=(32, 64, 128, 256), shuffled_status="ok", records
     return raw
 
 
+def exit_code(rows) -> int:
+    from gmtool.memory.document import MemDocument
+
+    return MemDocument(machine={}, model={}, config={}, mode="full", scenario="decode", strategies=rows).exit_code()
+
+
 def test_sum_and_max_arithmetic():
     from gmtool.memory.report import derive, shape_totals
 
     assert shape_totals([_key(1, 3), _key(2, 5), _key(4, None)]) == (8, 5)
     assert shape_totals([]) == (None, None)
     row = derive(_raw("vmm", 256 * MiB))
-    assert (row["sum_shape_bytes"], row["max_shape_bytes"]) == (480 * MiB, 256 * MiB)
-    assert row["physical_over_max"] == 1.0 and row["physical_over_sum"] == pytest.approx(256 / 480)
-    assert row["status"] == "ok" and row["captures"] == 4 and row["device_used_bytes"] == 256 * MiB
-    assert row["replay_ms_median"] == 1.0 and row["eager_ms_median"] == 4.0
-    assert (row["shuffled_replays"], row["shuffled_ok"]) == (4, 4)
+    assert (row.sum_shape_bytes, row.max_shape_bytes) == (480 * MiB, 256 * MiB)
+    assert row.physical_over_max == 1.0 and row.physical_over_sum == pytest.approx(256 / 480)
+    assert row.status == "ok" and row.captures == 4 and row.device_used_bytes == 256 * MiB
+    assert row.replay_ms_median == 1.0 and row.eager_ms_median == 4.0
+    assert (row.shuffled_replays, row.shuffled_ok) == (4, 4)
 
 
 def test_status_names_the_failure():
-    from gmtool.memory.report import derive, exit_code
+    from gmtool.memory.report import derive
 
     unsafe = derive(_raw("vmm", MiB, shuffled_status="UNSAFE"))
-    assert unsafe["status"] == "UNSAFE"
+    assert unsafe.status == "UNSAFE"
     failed = _rec("full", 4, "oom", error="out of memory while capturing bucket d4")
     oom = derive(_raw("shared", MiB, records=[_rec("full", 8), failed]))
-    assert oom["status"] == "oom" and "d4" in oom["reason"]
+    assert oom.status == "oom" and "d4" in oom.reason
     na = derive({"strategy": "vmm", "mode": "full", "status": "unavailable", "reason": "no g++"})
     ok = derive(_raw("independent", 480 * MiB))
-    assert exit_code({"strategies": [ok, na]}) == 0
-    assert exit_code({"strategies": [na]}) == 1
-    assert exit_code({"strategies": [ok, oom]}) == 1
-    assert exit_code({"strategies": [ok, unsafe]}) == 3
+    assert exit_code([ok, na]) == 0
+    assert exit_code([na]) == 1
+    assert exit_code([ok, oom]) == 1
+    assert exit_code([ok, unsafe]) == 3
 
 
 def test_report_files_and_table(tmp_path):
@@ -298,7 +304,7 @@ def test_report_files_and_table(tmp_path):
             derive({"strategy": "vmm", "mode": "full", "status": "unavailable", "reason": "no cuda.h"}),
             derive(_raw("shared-ascending", 400 * MiB, order="ascending"))]
     doc = build_document(cfg, rows)
-    assert (doc["sum_shape_bytes"], doc["max_shape_bytes"]) == (480 * MiB, 256 * MiB)
+    assert (doc.sum_shape_bytes, doc.max_shape_bytes) == (480 * MiB, 256 * MiB)
     paths = write_report(tmp_path, doc)
     assert [p.name for p in paths] == ["memreport.json", "memreport.csv", "memreport.png"]
     back = json.loads(paths[0].read_text())
@@ -365,9 +371,9 @@ def test_memsweep_on_the_cpu_backend(mode, order):
     assert 0 < inputs["input_per_shape_bytes"] and inputs["input_arena_bytes"] > 0
     assert bool(rec.held) == (mode == "piecewise")  # piecewise graphs own the tensors between pieces
     row = derive({"strategy": "cpu", "mode": mode, "per_key": list(rec.per_key.values()),
-                  "shuffled": sweep.shuffled, "records": res.records, "errors": res.errors,
+                  "shuffled": sweep.shuffled, "records": [r.to_dict() for r in res.records], "errors": res.errors,
                   "measured": sweep.measured, "inputs": inputs})
-    assert row["status"] == "ok" and row["replays"] == row["replays_ok"] > 0
+    assert row.status == "ok" and row.replays == row.replays_ok > 0
 
 
 def test_memsweep_shuffled_check_flags_a_broken_graph():
@@ -377,7 +383,7 @@ def test_memsweep_shuffled_check_flags_a_broken_graph():
     import math
 
     from gmtool.config import SweepConfig
-    from gmtool.memory.report import ShuffledReplayProbe, derive, exit_code
+    from gmtool.memory.report import ShuffledReplayProbe, derive
     from gmtool.measure.sweep import Sweep
     from gmtool.measure.timing import tolerances_for
 
@@ -394,7 +400,7 @@ def test_memsweep_shuffled_check_flags_a_broken_graph():
     rec = _Recorder()
     sweep = BreaksBucket2(rec, cfg.seed)
     res = Sweep(cfg, None, lambda mode: rec, probes=(sweep,)).run()
-    assert [r["status"] for r in res.records if r["mode"] == "full"] == ["ok"] * 6  # measured before the break
+    assert [r.status for r in res.records if r.mode == "full"] == ["ok"] * 6  # measured before the break
     tol_same, tol = tolerances_for(torch.float32)
     shuffled = {b: [s for s in sweep.shuffled if s["key"] == b] for b in ("d1", sweep.broken)}
     assert sweep.broken == "d2" and [len(v) for v in shuffled.values()] == [3, 3]
@@ -405,10 +411,10 @@ def test_memsweep_shuffled_check_flags_a_broken_graph():
     for s in shuffled["d1"]:
         assert s["status"] == "ok" and s["max_rel_err_same_shape"] <= tol_same and s["max_rel_err"] <= tol, s
     row = derive({"strategy": "cpu", "mode": "full", "per_key": list(rec.per_key.values()),
-                  "shuffled": sweep.shuffled, "records": res.records, "errors": res.errors,
+                  "shuffled": sweep.shuffled, "records": [r.to_dict() for r in res.records], "errors": res.errors,
                   "measured": sweep.measured, "inputs": sweep.inputs["full"]})
-    assert (row["status"], row["shuffled_replays"], row["shuffled_ok"]) == ("UNSAFE", 6, 3)
-    assert "d2" in row["reason"] and exit_code({"strategies": [row]}) == 3
+    assert (row.status, row.shuffled_replays, row.shuffled_ok) == ("UNSAFE", 6, 3)
+    assert "d2" in row.reason and exit_code([row]) == 3
 
 
 def test_memreport_cli_keeps_results_and_fails_on_oom(monkeypatch, tmp_path):

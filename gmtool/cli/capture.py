@@ -57,6 +57,6 @@ def capture(
         console.print(f"[yellow]note:[/] {note}")
     with output_dir(out or default_out_dir("capture"), force) as out_dir:
         doc = run_capture(cfg, out_dir, progress_bars(console))
-    console.print(capture_table(doc))
+    console.print(capture_table(doc.to_dict()))
     console.print(f"results: {out_dir / 'results.json'}, {out_dir / 'results.csv'}")
     finish(doc, console)

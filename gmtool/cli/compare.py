@@ -1,7 +1,6 @@
 """gmtool compare: several modes side by side over the same buckets and batch compositions, in one process."""
 from __future__ import annotations
 
-import json
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -129,11 +128,11 @@ def compare(
                                  (base, baseline) if base is not None else None)
 
     if fmt == "json":
-        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+        sys.stdout.write(doc.to_json() + "\n")
         sys.stdout.flush()
     else:
-        console.print(compare_table(doc))
-        noise = noise_warning(doc)
+        console.print(compare_table(doc.to_dict()))
+        noise = noise_warning(doc.to_dict())
         if noise:
             console.print(f"[yellow]warning:[/] {noise}", highlight=False)
         console.print("wrote " + ", ".join(str(f) for f in files), highlight=False)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from gmtool.errors import GmtoolError, RunFailure
+from gmtool.errors import GmtoolError, Interrupted, RunFailure
 
 app = typer.Typer(
     name="gmtool", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -48,6 +48,9 @@ def main() -> None:
     try:
         rc = app(standalone_mode=False)  # typer.Exit(n) comes back as the return value here
         sys.exit(rc if isinstance(rc, int) else 0)
+    except Interrupted as e:  # says how far the run got; what it measured is written
+        err_console.print(f"[yellow]{e}[/]", highlight=False, soft_wrap=True)
+        sys.exit(130)
     except GmtoolError as e:
         err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(1 if isinstance(e, RunFailure) else 2)

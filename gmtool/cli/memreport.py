@@ -11,7 +11,7 @@ from gmtool.app import run_memreport
 from gmtool.cli.progress import make_console, progress_bars
 from gmtool.cli.run_sweep import build_config
 from gmtool.errors import GmtoolError
-from gmtool.memory.report import exit_code, memreport_table
+from gmtool.memory.report import memreport_table
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
 from gmtool.report.results import default_out_dir, output_dir
 
@@ -63,16 +63,16 @@ def memreport(
     console = make_console()
 
     def said(row):
-        if row["status"] != "ok":
-            console.print(f"[bold yellow]{row['strategy']}:[/] {row['status']}: {row['reason']}", highlight=False)
+        if row.status != "ok":
+            console.print(f"[bold yellow]{row.strategy}:[/] {row.status}: {row.reason}", highlight=False)
 
     with output_dir(out or default_out_dir("memreport"), force) as out_dir:
         doc, paths = run_memreport(cfg, names, out_dir, progress_bars(console), said)
     console.print(memreport_table(doc))
-    for r in doc["strategies"]:
-        for w in r["warning_list"]:
-            console.print(f"[yellow]warning ({r['strategy']}):[/] {w}", highlight=False)
+    for r in doc.strategies:
+        for w in r.warning_list:
+            console.print(f"[yellow]warning ({r.strategy}):[/] {w}", highlight=False)
     console.print(f"results: {', '.join(str(p) for p in paths)}")
-    code = exit_code(doc)
+    code = doc.exit_code()
     if code:
         raise typer.Exit(code)

@@ -9,7 +9,7 @@ import typer
 from gmtool.cli import options as o
 from gmtool.cli.progress import make_console
 from gmtool.report.baseline import attach_baseline, load_baseline
-from gmtool.report.results import RESULTS_JSON, load_results, prepare_out_dir, write_reports
+from gmtool.report.results import load_results, prepare_out_dir, results_file, write_reports
 from gmtool.report.tables import compare_table, noise_warning
 
 
@@ -36,9 +36,9 @@ def report(
     else:
         out_dir = prepare_out_dir(out, force)
     files = write_reports(out_dir, doc)
-    console.print(compare_table(doc))
-    noise = noise_warning(doc)
+    console.print(compare_table(doc.to_dict()))
+    noise = noise_warning(doc.to_dict())
     if noise:
         console.print(f"[yellow]warning:[/] {noise}", highlight=False)
-    console.print(f"from {src_dir / RESULTS_JSON if results.is_dir() else results}: wrote "
+    console.print(f"from {results_file(results)}: wrote "
                   + ", ".join(str(f) for f in files), highlight=False)

@@ -6,7 +6,7 @@ from rich.console import Console
 
 from gmtool.config import SweepConfig
 from gmtool.profiles import load_sweep_profile
-from gmtool.records import Status, exit_code, unexpected_unsafe
+from gmtool.records import Document
 
 
 def build_config(profile: str | dict | None, **opts) -> SweepConfig:
@@ -16,19 +16,19 @@ def build_config(profile: str | dict | None, **opts) -> SweepConfig:
     return SweepConfig(**{**prof, **{k: v for k, v in opts.items() if v is not None}})
 
 
-def finish(doc: dict, console: Console) -> None:
+def finish(doc: Document, console: Console) -> None:
     """Print every problem once; exit 1 when a row failed, 3 when a replay that should be safe was not
     (full-narrow's UNSAFE rows are the finding it exists to show, not a failure)."""
-    errors, seen = list(doc["errors"]), set(doc["errors"])
-    for r in doc["records"]:  # graph-mode error rows are recorded in the row only
-        if Status(r["status"]).failed and r.get("error") and r["error"] not in seen:
-            seen.add(r["error"])
-            errors.append(f"{r['mode']} bucket {r['bucket']} ({r['composition']}): {r['error']}")
+    errors, seen = list(doc.errors), set(doc.errors)
+    for r in doc.records:  # graph-mode error rows are recorded in the row only
+        if r.status.failed and r.error and r.error not in seen:
+            seen.add(r.error)
+            errors.append(f"{r.mode} bucket {r.bucket} ({r.composition}): {r.error}")
     for e in errors:
         console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-    for r in unexpected_unsafe(doc["records"]):
-        console.print(f"[bold red]UNSAFE[/] {r['mode']} bucket {r['bucket']} {r['composition']}: {r['error']}",
+    for r in doc.unexpected_unsafe():
+        console.print(f"[bold red]UNSAFE[/] {r.mode} bucket {r.bucket} {r.composition}: {r.error}",
                       highlight=False, soft_wrap=True)
-    code = exit_code(doc["records"], doc["errors"])
+    code = doc.exit_code()
     if code:
         raise typer.Exit(code)

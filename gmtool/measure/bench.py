@@ -16,6 +16,7 @@ The benchmark reports; it asserts nothing. GPU only.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -45,11 +46,16 @@ def _decode_cfg(compile_: bool, iters: int, fuse: bool = False):
                        kv_cache_gb=24, num_iters=iters, num_iters_warmup=10)
 
 
+def _jsonable(o):
+    """Timings (dataclasses) as their fields; anything else as text."""
+    return dataclasses.asdict(o) if dataclasses.is_dataclass(o) else str(o)
+
+
 def _rows(records, mode):
-    return [{k: r.get(k) for k in ("mode", "bucket", "composition", "status", "max_rel_err", "capture_s",
-                                  "compile_s", "latency_ms", "eager_latency_ms", "host_us", "host_copy_us",
-                                  "host_steady_us", "pieces", "runners", "error")}
-            for r in records if r["mode"] == mode]
+    return [{k: getattr(r, k) for k in ("mode", "bucket", "composition", "status", "max_rel_err", "capture_s",
+                                        "compile_s", "latency_ms", "eager_latency_ms", "host_us", "host_copy_us",
+                                        "host_steady_us", "pieces", "runners", "error")}
+            for r in records if r.mode == mode]
 
 
 def stage_kernel(args) -> dict:
@@ -81,9 +87,7 @@ def stage_peer(args) -> dict:
         bench = Workbench.build(cfg)
         peer = HfCompiled(bench, compile_how="per-bucket")  # the peer at its fastest
         peer.context = kv  # every sequence at context kv, as gmtool's decode rows
-        for r in peer.run():
-            r["kv_len"] = kv
-            rows.append(r)
+        rows += [{**r.to_dict(), "kv_len": kv} for r in peer.run()]
         del bench, peer
         torch.cuda.empty_cache()
     return {"rows": [{k: r.get(k) for k in ("bucket", "kv_len", "status", "max_rel_err", "compile_s",
@@ -312,7 +316,7 @@ def main(argv=None) -> int:
         except Exception as e:  # a failing stage is reported; the others still run
             data = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
         data["wall_s"] = time.perf_counter() - t0
-        (args.out / f"bench-{stage}.json").write_text(json.dumps(data, indent=1, default=str))
+        (args.out / f"bench-{stage}.json").write_text(json.dumps(data, indent=1, default=_jsonable))
         console.print(f"stage {stage}: {data['wall_s']:.1f} s" + (f" [red]{data['error']}[/]" if "error" in data else ""))
         torch.cuda.empty_cache()
     summary(args.out, console)

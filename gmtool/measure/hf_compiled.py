@@ -32,7 +32,7 @@ from gmtool.core.compositions import parse_composition
 from gmtool.errors import GmtoolError
 from gmtool.model.fused import unfused
 from gmtool.modes import GraphMode
-from gmtool.records import Status, record
+from gmtool.records import Record, Status
 from gmtool.measure.timing import rel_err_per_seq, summarize, time_ms, tolerances_for
 from gmtool.measure.trace import profile_steps, trace_path
 
@@ -147,43 +147,57 @@ class HfCompiled:
         # other kernels than gmtool's: the tolerance for eager on another shape, not the same-kernel one
         self.tol = tolerances_for(self.cfg.torch_dtype)[1]
 
-    def row(self, bucket: int, status: str, **kw) -> dict:
-        base = {"bucket": bucket, "composition": f"1*{bucket}@{self.context}", "num_tokens": bucket,
-                "num_seqs": bucket, "impl": f"hf-static-sdpa ({self.compile_how} compile)", "tolerance": self.tol,
-                "notes": _note(self.context, self.cfg.max_kv_len, self.compile_how)}
-        return record(base, GraphMode.HF_COMPILED, status, **kw)
+    def row(self, bucket: int, status: Status, **kw) -> Record:
+        return Record(mode=GraphMode.HF_COMPILED, bucket=bucket, composition=f"1*{bucket}@{self.context}",
+                      num_tokens=bucket, num_seqs=bucket, status=status,
+                      impl=f"hf-static-sdpa ({self.compile_how} compile)", tolerance=self.tol,
+                      notes=_note(self.context, self.cfg.max_kv_len, self.compile_how), **kw)
 
     @property
     def runnable(self) -> bool:
         return self.device.type == "cuda" and self.cfg.scenario == "decode"
 
-    def run(self, progress=None) -> list[dict]:
-        """One row per bucket; without CUDA or outside decode, rows that say why instead of measurements."""
+    def run(self, progress=None, add=None) -> list[Record]:
+        """One row per bucket; without CUDA or outside decode, rows that say why instead of measurements.
+        add(row): told of each row the moment it is measured (the journal)."""
+        rows = []
+        for row in self._rows(progress):
+            rows.append(row)
+            if add:
+                add(row)
+        return rows
+
+    def _rows(self, progress):
         cfg, buckets = self.cfg, self.buckets
         if self.device.type != "cuda":
-            return [self.row(b, Status.ERROR, error=NEEDS_CUDA.format(device=self.device.type)) for b in buckets]
+            yield from (self.row(b, Status.ERROR, error=NEEDS_CUDA.format(device=self.device.type)) for b in buckets)
+            return
         if cfg.scenario != "decode":
             why = f"hf-compiled times decode steps only; this sweep's scenario is {cfg.scenario}"
-            return [self.row(b, Status.SKIPPED, error=why) for b in buckets]
+            yield from (self.row(b, Status.SKIPPED, error=why) for b in buckets)
+            return
         if self.context < 1:
-            return [self.row(b, Status.ERROR, error="hf-compiled needs --max-kv-len of at least 2") for b in buckets]
+            yield from (self.row(b, Status.ERROR, error="hf-compiled needs --max-kv-len of at least 2") for b in buckets)
+            return
         try:
             with unfused(self.lm.fused):  # the peer runs the Hugging Face layers as users have them
                 model = sdpa_copy(self.lm.model)
         except torch.OutOfMemoryError:
-            return [self.row(b, Status.OOM, error="hf-compiled: no memory for its copy of the weights")
-                    for b in buckets]
+            yield from (self.row(b, Status.OOM, error="hf-compiled: no memory for its copy of the weights")
+                        for b in buckets)
+            return
         if progress:
             progress.start(len(buckets))
-        rows, dead = [], None
+        dead = None
         try:
             for b in buckets:
                 if dead:
-                    rows.append(self.row(b, Status.SKIPPED, error=dead))
+                    yield self.row(b, Status.SKIPPED, error=dead)
                 else:
-                    rows.append(self._guarded(model, b, trace=(b == buckets[-1])))
-                    if rows[-1]["status"] == Status.OOM:
+                    row = self._guarded(model, b, trace=(b == buckets[-1]))
+                    if row.status == Status.OOM:
                         dead = f"skipped after out of memory at bucket {b}"
+                    yield row
                 if progress:
                     progress.advance(f"bucket {b}")
         finally:
@@ -192,9 +206,8 @@ class HfCompiled:
             torch._dynamo.reset()
             gc.collect()
             torch.cuda.empty_cache()
-        return rows
 
-    def _guarded(self, model, bucket: int, trace: bool) -> dict:
+    def _guarded(self, model, bucket: int, trace: bool) -> Record:
         try:
             return self._bucket(model, bucket, trace)
         except torch.OutOfMemoryError:
@@ -220,7 +233,7 @@ class HfCompiled:
             self._compiled = torch.compile(hf_step, mode="reduce-overhead")
         return self._compiled
 
-    def _bucket(self, model, bucket: int, trace: bool) -> dict:
+    def _bucket(self, model, bucket: int, trace: bool) -> Record:
         cfg, dev = self.cfg, self.device
         batch = self.bench.batch(parse_composition(f"1*{bucket}@{self.context}"))
         hf = HFDecode(model, self.paged, batch, self.context, cfg.max_kv_len)
@@ -255,5 +268,5 @@ class HfCompiled:
                 self.trace_files.append(profile_steps(step, trace_path(self.trace_dir, GraphMode.HF_COMPILED),
                                                       f"{GraphMode.HF_COMPILED} bucket {bucket}", dev, before=hf.rewind))
         return self.row(bucket, Status.OK, max_rel_err=err, compile_s=compile_s, latency_ms=lat,
-                        eager_latency_ms=eager_ms["median"], host_us=host,
-                        speedup=eager_ms["median"] / lat["median"] if lat["median"] > 0 else None)
+                        eager_latency_ms=eager_ms.median, host_us=host,
+                        speedup=eager_ms.median / lat.median if lat.median > 0 else None)

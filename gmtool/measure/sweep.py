@@ -10,7 +10,7 @@ from __future__ import annotations
 import platform
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -19,7 +19,7 @@ from gmtool.config import SweepConfig
 from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.core.executor import GraphExecutor
 from gmtool.modes import GraphMode
-from gmtool.records import Status, record
+from gmtool.records import Document, Record, Status
 from gmtool.measure.timing import host_us, host_us_steady, summarize, time_ms, tolerances_for
 from gmtool.measure.workbench import Workbench
 
@@ -29,10 +29,25 @@ class SweepResult:
     config: dict
     machine: dict
     model: dict
-    records: list[dict] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    on_record: Callable[[SweepResult, Record], None] | None = None  # told of each row as it is measured
+
+    def add(self, rec: Record) -> None:
+        self.records.append(rec)
+        if self.on_record:
+            self.on_record(self, rec)
+
+    def document(self, command: str) -> Document:
+        return Document(command=command, wall_s=self.wall_s, machine=self.machine, model=self.model,
+                        config=self.config, notes=self.notes, errors=self.errors, records=self.records)
+
+
+def planned_rows(cfg: SweepConfig) -> int:
+    """The rows a sweep of cfg writes when nothing stops it: one per mode and composition."""
+    return len(cfg.modes) * sum(len(cs) for cs in cfg.compositions_by_bucket.values())
 
 
 class Probe(Protocol):
@@ -59,17 +74,22 @@ def machine_info(device: torch.device) -> dict:
 
 
 class Sweep:
-    def __init__(self, cfg: SweepConfig, progress=None, memory_factory=None, probes: tuple[Probe, ...] = ()):
-        """memory_factory(mode) -> a MemoryStrategy for that mode's executor (None: one shared pool)."""
+    def __init__(self, cfg: SweepConfig, progress=None, memory_factory=None, probes: tuple[Probe, ...] = (),
+                 on_record=None):
+        """memory_factory(mode) -> a MemoryStrategy for that mode's executor (None: one shared pool);
+        on_record(result, record): told of each row the moment it is measured (the journal)."""
         self.cfg, self.progress, self.memory_factory, self.probes = cfg, progress, memory_factory, probes
+        self.on_record = on_record
         self.device = cfg.torch_device
         self.bench: Workbench | None = None
+        self.result: SweepResult | None = None  # set once the workbench is built: what a stopped run measured
 
     def run(self, bench: Workbench | None = None) -> SweepResult:
         cfg, t_start = self.cfg, time.perf_counter()
         self.bench = bench = bench or Workbench.build(cfg)
-        res = SweepResult(cfg.to_dict(), machine_info(self.device), bench.model_info(),
-                          notes=list(cfg.notes) + ([bench.lm.fused.summary] if bench.lm.fused else []))
+        self.result = res = SweepResult(cfg.to_dict(), machine_info(self.device), bench.model_info(),
+                                        notes=list(cfg.notes) + ([bench.lm.fused.summary] if bench.lm.fused else []),
+                                        on_record=self.on_record)
         executors = {m: bench.executor(m, self.memory_factory(m) if self.memory_factory else None)
                      for m in cfg.graph_modes}
         try:
@@ -100,32 +120,32 @@ class Sweep:
                     ref, eager_fn = bench.reference(batch)
                 except GmtoolError as e:
                     res.errors.append(str(e))
-                    res.records.append(record(base, GraphMode.EAGER, Status.ERROR, error=str(e)))
+                    res.add(Record(**base, mode=GraphMode.EAGER, status=Status.ERROR, error=str(e)))
                     self._advance(f"{bucket}: {comp.label} (error)")
                     continue
                 eager_med = None
                 if GraphMode.EAGER in cfg.modes:
                     eager_ms = summarize(time_ms(eager_fn, cfg.num_iters, cfg.num_iters_warmup, self.device))
-                    eager_med = eager_ms["median"]
-                    res.records.append(record(base, GraphMode.EAGER, Status.OK, max_rel_err=0.0,
-                                              max_rel_err_same_shape=0.0, latency_ms=eager_ms,
-                                              eager_latency_ms=eager_med, speedup=1.0))
+                    eager_med = eager_ms.median
+                    res.add(Record(**base, mode=GraphMode.EAGER, status=Status.OK, max_rel_err=0.0,
+                                   max_rel_err_same_shape=0.0, latency_ms=eager_ms, eager_latency_ms=eager_med,
+                                   speedup=1.0))
                 for mode, ex in executors.items():
                     if mode in dead:
-                        res.records.append(record(base, mode, Status.SKIPPED, error=dead[mode]))
+                        res.add(Record(**base, mode=mode, status=Status.SKIPPED, error=dead[mode]))
                         continue
                     rec = self._graph_run(ex, mode, batch, ref, eager_med, (tol_same, tol), base)
-                    res.records.append(rec)
-                    if rec["status"] == Status.OOM:
+                    res.add(rec)
+                    if rec.status == Status.OOM:
                         dead[mode] = f"skipped after out of memory at bucket {bucket}"
-                        res.errors.append(rec["error"])
+                        res.errors.append(rec.error)
                 self._advance(f"bucket {bucket}: {comp.label}")
 
     def _advance(self, label: str) -> None:
         if self.progress:
             self.progress.advance(label)
 
-    def _graph_run(self, ex: GraphExecutor, mode, batch, ref: EagerReference, eager_med, tols, base) -> dict:
+    def _graph_run(self, ex: GraphExecutor, mode, batch, ref: EagerReference, eager_med, tols, base) -> Record:
         cfg = self.cfg
         tol_same, tol = tols
         key = ex.key_for(batch)
@@ -137,33 +157,32 @@ class Sweep:
             error = str(e) if isinstance(e, OutOfMemory) else f"out of memory at bucket {key}: {str(e).splitlines()[0]}"
             if ex.memory is not None and (detail := ex.memory.failure_detail()):
                 error += f" ({detail})"
-            return record(base, mode, Status.OOM, key=str(key), error=error)
+            return Record(**base, mode=mode, status=Status.OOM, key=str(key), error=error)
         except GmtoolError as e:
-            return record(base, mode, Status.ERROR, key=str(key), error=str(e))
-        rec = record(base, mode, Status.OK, key=str(entry.key), impl=entry.impl, max_rel_err=check.max_rel_err,
-                      max_rel_err_same_shape=check.max_rel_err_same_shape, kv_rel_err=check.kv_rel_err,
-                      kv_rel_err_same_shape=check.kv_rel_err_same_shape,
-                      capture_s=entry.capture_s if fresh else None,
-                      compile_s=entry.compile_s if fresh else None,
-                      graph_mem_bytes=entry.graph_mem_bytes if fresh else None,
-                      pool_growth_bytes=entry.pool_growth_bytes if fresh else None,
-                      outside_pool_bytes=entry.outside_pool_bytes if fresh else None,
-                      pieces=entry.pieces, runners=entry.runners, stale_metadata=check.stale_metadata,
-                      piecewise_impl=entry.piecewise_impl if mode.piecewise else None,
-                      captured_with=entry.captured_with)
+            return Record(**base, mode=mode, status=Status.ERROR, key=str(key), error=str(e))
+        rec = Record(**base, mode=mode, status=Status.OK, key=str(entry.key), impl=entry.impl,
+                     max_rel_err=check.max_rel_err, max_rel_err_same_shape=check.max_rel_err_same_shape,
+                     kv_rel_err=check.kv_rel_err, kv_rel_err_same_shape=check.kv_rel_err_same_shape,
+                     capture_s=entry.capture_s if fresh else None,
+                     compile_s=entry.compile_s if fresh else None,
+                     graph_mem_bytes=entry.graph_mem_bytes if fresh else None,
+                     pool_growth_bytes=entry.pool_growth_bytes if fresh else None,
+                     outside_pool_bytes=entry.outside_pool_bytes if fresh else None,
+                     pieces=entry.pieces, runners=entry.runners, stale_metadata=check.stale_metadata,
+                     piecewise_impl=entry.piecewise_impl if mode.piecewise else None,
+                     captured_with=entry.captured_with)
         why = check.failure(tol_same, tol)
         if why:
-            rec.update(status=Status.UNSAFE, error=why)
+            rec.status, rec.error = Status.UNSAFE, why
             return rec  # an unsafe replay gets no latency and no speedup
         lat = summarize(time_ms(lambda: entry.replay(batch), cfg.num_iters, cfg.num_iters_warmup, self.device))
-        rec["latency_ms"] = lat
-        rec["eager_latency_ms"] = eager_med
-        rec["speedup"] = (eager_med / lat["median"]) if eager_med and lat["median"] > 0 else None
+        rec.latency_ms, rec.eager_latency_ms = lat, eager_med
+        rec.speedup = (eager_med / lat.median) if eager_med and lat.median > 0 else None
         n = max(5, cfg.num_iters // 2)
-        rec["host_us"] = summarize(host_us(lambda: ex.step(batch), n, self.device))  # copy-in + dispatch
-        rec["host_copy_us"] = summarize(host_us(lambda: ex.prepare(batch), n, self.device))  # copy-in alone
+        rec.host_us = summarize(host_us(lambda: ex.step(batch), n, self.device))  # copy-in + dispatch
+        rec.host_copy_us = summarize(host_us(lambda: ex.prepare(batch), n, self.device))  # copy-in alone
         # the same step issued while the device still runs the previous one: the host's own cost
-        rec["host_steady_us"] = summarize(host_us_steady(lambda: ex.step(batch), ex.inputs.copied_in, n))
+        rec.host_steady_us = summarize(host_us_steady(lambda: ex.step(batch), ex.inputs.copied_in, n))
         ex.backend.synchronize()
         return rec
 

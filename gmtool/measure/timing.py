@@ -6,6 +6,8 @@ import time
 import numpy as np
 import torch
 
+from gmtool.records import Timing
+
 NOISY_IQR_FRACTION = 0.10  # spread above 10% of the median earns a noise warning
 
 
@@ -64,16 +66,16 @@ def host_us_steady(prepare_and_launch, started, iters: int) -> list[float]:
     return out
 
 
-def summarize(samples: list[float]) -> dict:
+def summarize(samples: list[float]) -> Timing | None:
     a = np.asarray(samples, dtype=float)
     if a.size == 0:
-        return {}
+        return None
     q1, med, q3 = np.percentile(a, [25, 50, 75])
-    return {
+    return Timing(**{
         "median": float(med), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)),
         "min": float(a.min()), "iqr": float(q3 - q1), "n": int(a.size),
         "noisy": bool(med > 0 and (q3 - q1) / med > NOISY_IQR_FRACTION),
-    }
+    })
 
 
 def rel_err_per_seq(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import datetime as _dt
 import gc
-import json
 import random
 import statistics
 from pathlib import Path
@@ -23,6 +21,7 @@ from gmtool.measure.check import checked_replay
 from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.core.executor import AttentionRunner
 from gmtool.core.inputs import StepViews
+from gmtool.memory.document import ROW_FIELDS, UNAVAILABLE, MemDocument, StrategyRow
 from gmtool.memory.strategies import make_strategy
 from gmtool.report.tables import _f, fmt_bytes
 from gmtool.records import Status, style_of
@@ -30,13 +29,6 @@ from gmtool.measure.sweep import Sweep, machine_info
 from gmtool.measure.timing import tolerances_for
 
 MEMREPORT_JSON, MEMREPORT_CSV, MEMREPORT_PNG = "memreport.json", "memreport.csv", "memreport.png"
-ROW_FIELDS = ("strategy", "status", "order", "mode", "captures", "graph_pool_bytes", "physical_bytes",
-              "virtual_reserved_bytes", "virtual_mapped_bytes", "device_used_bytes", "nvml_used_bytes",
-              "sum_shape_bytes", "max_shape_bytes", "physical_over_max", "physical_over_sum", "physical_over_max_pool", "input_arena_bytes",
-              "input_per_shape_bytes", "capture_s", "replay_ms_median", "eager_ms_median", "max_rel_err",
-              "replays", "replays_ok", "shuffled_replays", "shuffled_ok", "shuffled_max_rel_err", "warnings",
-              "wall_s", "reason")
-FAILED = (Status.ERROR, Status.OOM, Status.UNSAFE)  # a strategy row with one of these fails the run
 
 
 class ShuffledReplayProbe:
@@ -109,7 +101,7 @@ def held_storages(executors: dict) -> list[tuple[int, int]]:
 
 
 # -- one strategy ------------------------------------------------------------------------------------
-def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[dict, object]:
+def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[StrategyRow, object]:
     """(the strategy's row, the SweepResult or None). Failures become the row's status, never exceptions."""
     if len(cfg.graph_modes) != 1:
         raise GmtoolError("memreport measures one graph mode at a time")
@@ -117,7 +109,7 @@ def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[dict, objec
     try:
         strategy = make_strategy(name, cfg.torch_device, **vmm_opts)
     except GmtoolError as e:
-        return derive({"strategy": name, "mode": mode, "status": "unavailable", "reason": str(e)}), None
+        return derive({"strategy": name, "mode": mode, "status": UNAVAILABLE, "reason": str(e)}), None
     probe = ShuffledReplayProbe(strategy, cfg.seed)
     sweep = Sweep(cfg, progress, lambda mode, s=strategy: s, probes=(probe,))
     raw = {"strategy": name, "mode": mode, "order": strategy.order}
@@ -133,7 +125,7 @@ def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[dict, objec
     raw.update(per_key=list(strategy.per_key.values()), shuffled=probe.shuffled, measured=probe.measured,
                inputs=probe.inputs.get(mode, {}), warnings=list(strategy.warnings))
     if res is not None:
-        raw.update(records=[r for r in res.records if r["mode"] in (mode, GraphMode.EAGER)], errors=res.errors,
+        raw.update(records=[r.to_dict() for r in res.records if r.mode in (mode, GraphMode.EAGER)], errors=res.errors,
                    wall_s=res.wall_s)
     del sweep, probe, strategy
     gc.collect()
@@ -150,8 +142,8 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def derive(raw: dict) -> dict:
-    """Headline figures and status of one strategy from what its run collected."""
+def derive(raw: dict) -> StrategyRow:
+    """Headline figures and status of one strategy from what its run collected (records as JSON dicts)."""
     row = dict.fromkeys(ROW_FIELDS)
     row.update(order="descending", per_key=[], shuffled=[], records=[], errors=[], warning_list=[])
     row.update({k: v for k, v in raw.items() if k not in ("measured", "inputs", "warnings")})
@@ -188,7 +180,7 @@ def derive(raw: dict) -> dict:
     row["warnings"] = len(row["warning_list"])
     if row.get("status") is None:
         row["status"], row["reason"] = _status(graph, sh, row["errors"])
-    return row
+    return StrategyRow(**row)
 
 
 def _status(graph: list[dict], shuffled: list[dict], errors: list[str]) -> tuple[str, str | None]:
@@ -202,35 +194,32 @@ def _status(graph: list[dict], shuffled: list[dict], errors: list[str]) -> tuple
 
 
 # -- the document and its files ----------------------------------------------------------------------
-def build_document(cfg, rows: list[dict], result=None) -> dict:
-    doc = {"schema_version": 1, "tool": "gmtool", "command": "memreport",
-           "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "machine": result.machine if result else machine_info(cfg.torch_device),
-           "model": result.model if result else {"name": cfg.model},
-           "config": cfg.to_dict(), "mode": cfg.graph_modes[0], "scenario": cfg.scenario, "strategies": rows,
-           "notes": list(cfg.notes)}
-    ref = next((r for r in rows if r.get("sum_shape_bytes")), None)
-    doc["sum_shape_bytes"] = ref["sum_shape_bytes"] if ref else None
-    doc["max_shape_bytes"] = ref["max_shape_bytes"] if ref else None
+def build_document(cfg, rows: list[StrategyRow], result=None) -> MemDocument:
+    doc = MemDocument(machine=result.machine if result else machine_info(cfg.torch_device),
+                      model=result.model if result else {"name": cfg.model}, config=cfg.to_dict(),
+                      mode=cfg.graph_modes[0], scenario=cfg.scenario, strategies=rows, notes=list(cfg.notes))
+    ref = next((r for r in rows if r.sum_shape_bytes), None)
+    doc.sum_shape_bytes = ref.sum_shape_bytes if ref else None
+    doc.max_shape_bytes = ref.max_shape_bytes if ref else None
     # the largest shape's own pool as the allocator holds it (segment rounding included): the fair
     # max(shape) for physical bytes, which are counted in whole segments too
-    alone = next((r for r in rows if r.get("strategy") == "independent" and r.get("per_key")), None)
-    pools = [k["pool_bytes"] for k in alone["per_key"] if k.get("pool_bytes")] if alone else []
-    doc["max_shape_pool_bytes"] = max(pools) if pools else None
+    alone = next((r for r in rows if r.strategy == "independent" and r.per_key), None)
+    pools = [k["pool_bytes"] for k in alone.per_key if k.get("pool_bytes")] if alone else []
+    doc.max_shape_pool_bytes = max(pools) if pools else None
     for r in rows:
-        r["physical_over_max_pool"] = _ratio(r.get("physical_bytes"), doc["max_shape_pool_bytes"])
+        r.physical_over_max_pool = _ratio(r.physical_bytes, doc.max_shape_pool_bytes)
     return doc
 
 
-def write_report(out: Path, doc: dict) -> list[Path]:
+def write_report(out: Path, doc: MemDocument) -> list[Path]:
     out = Path(out)
     paths = [out / MEMREPORT_JSON, out / MEMREPORT_CSV, out / MEMREPORT_PNG]
-    paths[0].write_text(json.dumps(doc, indent=2, default=str))
+    paths[0].write_text(doc.to_json())
     with paths[1].open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=ROW_FIELDS, extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
         w.writeheader()
-        w.writerows(doc["strategies"])
-    write_chart(paths[2], doc)
+        w.writerows(r.csv_row() for r in doc.strategies)
+    write_chart(paths[2], doc.to_dict())
     return paths
 
 
@@ -266,7 +255,8 @@ def write_chart(path: Path, doc: dict) -> None:
     fig.savefig(path, dpi=120)
 
 
-def memreport_table(doc: dict) -> Table:
+def memreport_table(document: MemDocument) -> Table:
+    doc = document.to_dict()
     t = Table(title=f"gmtool memreport: {doc['model'].get('name')}, {doc['mode']} graphs, sum(shape) "
                     f"{fmt_bytes(doc.get('sum_shape_bytes'))}, max(shape) {fmt_bytes(doc.get('max_shape_bytes'))}")
     cols = ("strategy", "status", "shapes", "pool (alloc.)", "physical", "VA mapped", "device Δ", "NVML Δ",
@@ -287,13 +277,3 @@ def memreport_table(doc: dict) -> Table:
                   f"{r['shuffled_ok']}/{r['shuffled_replays']}" if r.get("shuffled_replays") else "-",
                   str(r.get("warnings") or 0))
     return t
-
-
-def exit_code(doc: dict) -> int:
-    """0: every available strategy measured cleanly; 3: a replay differed from eager; 1: anything else."""
-    rows = doc["strategies"]
-    if any(r["status"] == "UNSAFE" for r in rows):
-        return 3
-    if any(r["status"] in FAILED for r in rows) or all(r["status"] == "unavailable" for r in rows):
-        return 1
-    return 0

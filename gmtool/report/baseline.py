@@ -4,25 +4,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from gmtool.errors import GmtoolError
+from gmtool.records import Document
 from gmtool.report.results import load_results
 from gmtool.report.summary import bucket_summary, row_keys
 
 
-def load_baseline(path: Path) -> dict:
+def load_baseline(path: Path) -> Document:
     try:
         return load_results(path)
     except GmtoolError as e:
         raise GmtoolError(f"--baseline: {e}") from None
 
 
-def check_same_model(base: dict, name: str, params: int | None = None, scenario: str | None = None) -> None:
+def check_same_model(base: Document, name: str, params: int | None = None, scenario: str | None = None) -> None:
     """Timings of two different models, or of decode against prefill steps, say nothing about each other:
     refuse rather than print noise (or match no row without a word)."""
-    old_scenario = (base.get("config") or {}).get("scenario")
+    old_scenario = base.config.get("scenario")
     if scenario is not None and old_scenario is not None and old_scenario != scenario:
         raise GmtoolError(f"--baseline is a {old_scenario} run, this run is {scenario}: compare runs of the same "
                           "scenario")
-    old = base.get("model") or {}
+    old = base.model
     same = old.get("name") == name and (params is None or old.get("params") in (None, params))
     if not same:
         old_desc = f"{old.get('name')!r}" + (f" ({old['params']:,} parameters)" if old.get("params") else "")
@@ -43,29 +44,30 @@ def _median(r: dict):
     return (r.get("latency_ms") or {}).get("median")
 
 
-def attach_baseline(doc: dict, base: dict, path: Path) -> None:
-    """Adds r["baseline"] to every record (None when the old run has no such row) and doc["baseline"]."""
-    check_same_model(base, doc["model"]["name"], doc["model"].get("params"), (doc.get("config") or {}).get("scenario"))
-    old = dict(zip(row_keys(base["records"]), base["records"]))
+def attach_baseline(doc: Document, base: Document, path: Path) -> None:
+    """Sets every record's baseline (None when the old run has no such row) and the document's."""
+    check_same_model(base, doc.model["name"], doc.model.get("params"), doc.config.get("scenario"))
+    rows, old_rows = [r.to_dict() for r in doc.records], [r.to_dict() for r in base.records]
+    old = dict(zip(row_keys(old_rows), old_rows))
     matched = 0
-    for key, r in zip(row_keys(doc["records"]), doc["records"]):
+    for key, r, rec in zip(row_keys(rows), rows, doc.records):
         o = old.get(key)
         if o is None:
-            r["baseline"] = None
+            rec.baseline = None
             continue
         matched += 1
-        r["baseline"] = {
+        rec.baseline = {
             "status": o["status"], "latency_ms": _median(o), "latency_delta_pct": _pct(_median(r), _median(o)),
             "max_rel_err": o.get("max_rel_err"), "err_delta": _diff(r.get("max_rel_err"), o.get("max_rel_err")),
         }
-    old_buckets = {(s["mode"], s["bucket"]): s for s in bucket_summary(base["records"])}
+    old_buckets = {(s["mode"], s["bucket"]): s for s in bucket_summary(old_rows)}
     buckets = []
-    for s in bucket_summary(doc["records"]):
+    for s in bucket_summary(rows):
         o = old_buckets.get((s["mode"], s["bucket"]))
         if o is not None:
             buckets.append({"mode": s["mode"], "bucket": s["bucket"], "old_status": o["status"],
                             "old_replay_ms": o["replay_ms"], "replay_delta_pct": _pct(s["replay_ms"], o["replay_ms"]),
                             "old_max_rel_err": o["max_rel_err"],
                             "err_delta": _diff(s["max_rel_err"], o["max_rel_err"])})
-    doc["baseline"] = {"path": str(path), "created": base.get("created"), "machine": base.get("machine"),
-                       "matched": matched, "unmatched": len(doc["records"]) - matched, "buckets": buckets}
+    doc.baseline = {"path": str(path), "created": base.created, "machine": base.machine,
+                    "matched": matched, "unmatched": len(rows) - matched, "buckets": buckets}

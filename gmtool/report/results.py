@@ -1,24 +1,26 @@
-"""results.json / results.csv: the stable files every command writes and `gmtool report` reads back."""
+"""results.json / results.csv and the records.jsonl journal: the stable files every command writes and
+`gmtool report` reads back."""
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import os
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 from gmtool.errors import GmtoolError
+from gmtool.modes import GraphMode
+from gmtool.records import Document, Partial, Record, Status
 
-SCHEMA_VERSION = 1
-RECORD_KEYS = ("mode", "bucket", "composition", "status")  # what every report reads of a record
-RESULTS_JSON, RESULTS_CSV = "results.json", "results.csv"
+RESULTS_JSON, RESULTS_CSV, JOURNAL = "results.json", "results.csv", "records.jsonl"
 
 
 # what gmtool writes into an output directory: --force clears these, so no file of an older run stays behind
-OUTPUT_FILES = ("results.json", "results.csv", "report.md", "report.html", "memreport.json", "memreport.csv",
-                "memreport.png", "trace-*.json", "plan.json", "plan.md", "plan.png")
+OUTPUT_FILES = ("results.json", "results.csv", "records.jsonl", "report.md", "report.html", "memreport.json",
+                "memreport.csv", "memreport.png", "trace-*.json", "plan.json", "plan.md", "plan.png")
 
 
 def prepare_out_dir(out: Path, force: bool) -> Path:
@@ -31,13 +33,21 @@ def prepare_out_dir(out: Path, force: bool) -> Path:
         if not force:
             raise GmtoolError(f"output directory {out} exists and is not empty: pass --force to overwrite, or "
                               "another --out")
-        for pattern in OUTPUT_FILES:
-            for f in out.glob(pattern):
-                f.unlink()
+        try:
+            for pattern in OUTPUT_FILES:
+                for f in out.glob(pattern):
+                    f.unlink()
+        except OSError as e:
+            raise GmtoolError(f"cannot clear output directory {out}: {e.strerror or e}") from None
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise GmtoolError(f"cannot create output directory {out}: {e.strerror or e}") from None
+    try:  # now, not after the sweep: a read-only directory or filesystem would lose the whole run
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise GmtoolError(f"cannot write into output directory {out}: {e.strerror or e}") from None
     return out
 
 
@@ -65,68 +75,102 @@ def default_out_dir(command: str) -> Path:
     return path
 
 
-def to_document(result, command: str) -> dict:
-    return {
-        "schema_version": SCHEMA_VERSION, "tool": "gmtool", "command": command,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "wall_s": result.wall_s, "machine": result.machine, "model": result.model, "config": result.config,
-        "notes": result.notes, "errors": result.errors, "records": result.records,
-    }
-
-
-def flat_records(records: list[dict]) -> pd.DataFrame:
-    """One row per record; nested timing dicts become latency_ms_median, host_us_p90, ..."""
-    rows = []
-    for r in records:
-        row = {}
-        for k, v in r.items():
-            if isinstance(v, dict):
-                for sk, sv in v.items():
-                    row[f"{k}_{sk}"] = sv
-            else:
-                row[k] = v
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def write_results(out: Path, doc: dict) -> list[Path]:
+def write_results(out: Path, doc: Document) -> list[Path]:
     out = Path(out)
-    (out / RESULTS_JSON).write_text(json.dumps(doc, indent=2, default=str))
-    flat_records(doc["records"]).to_csv(out / RESULTS_CSV, index=False)
+    (out / RESULTS_JSON).write_text(doc.to_json())
+    table = pd.DataFrame([r.flat() for r in doc.records])
+    columns = _csv_columns()
+    table.reindex(columns=columns + [c for c in table.columns if c not in columns]).to_csv(out / RESULTS_CSV,
+                                                                                          index=False)
     return [out / RESULTS_JSON, out / RESULTS_CSV]
 
 
-def load_results(path: Path) -> dict:
+def _csv_columns() -> list[str]:
+    """Every record field in order, each timing spread over its own columns (latency_ms_median, ...)."""
+    return list(Record(mode=GraphMode.EAGER, bucket=0, composition="", status=Status.OK).flat())
+
+
+class Journal:
+    """records.jsonl: each record appended as one JSON line the moment it is measured, after a first line that
+    holds the run's machine, model, config and planned row count. What a killed run (Ctrl-C, a crash, the
+    kernel's OOM killer) still leaves behind; `gmtool report` reads it when results.json is missing."""
+
+    def __init__(self, out: Path, command: str, planned: int):
+        self.path, self.command, self.planned, self.started = Path(out) / JOURNAL, command, planned, False
+
+    def write(self, result, rec: Record) -> None:
+        """result: the SweepResult the record belongs to (its header, written before the first record)."""
+        lines = []
+        if not self.started:
+            head = result.document(self.command)
+            head.records, head.partial = [], Partial(reason="unfinished", measured=0, planned=self.planned)
+            lines.append(head.to_dict())
+            self.started = True
+        lines.append(rec.to_dict())
+        with self.path.open("a") as f:
+            f.writelines(json.dumps(x, default=str) + "\n" for x in lines)
+
+
+def _read_journal(path: Path) -> dict:
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    if not lines:
+        raise GmtoolError(f"{path} is empty: the run measured nothing")
+    rows = []
+    for i, ln in enumerate(lines):
+        try:
+            rows.append(json.loads(ln))
+        except ValueError:
+            if i == len(lines) - 1:  # the line being written when the process died
+                break
+            raise GmtoolError(f"{path}: line {i + 1} is not JSON") from None
+    doc, records = rows[0], rows[1:]
+    if not isinstance(doc, dict) or not isinstance(doc.get("partial"), dict):
+        raise GmtoolError(f"{path} is not a gmtool journal")
+    doc["records"] = records
+    doc["partial"]["measured"] = len(records)
+    doc.setdefault("notes", []).append(f"partial run: {len(records)} of {doc['partial'].get('planned')} rows "
+                                       "measured (read from the journal: the run wrote no results.json)")
+    return doc
+
+
+def results_file(path: Path) -> Path:
+    """The file load_results reads for path: itself, or a directory's results.json, else its journal."""
     path = Path(path)
-    if path.is_dir():
-        path = path / RESULTS_JSON
+    if path.is_dir() and not (path / RESULTS_JSON).exists() and (path / JOURNAL).exists():
+        return path / JOURNAL
+    return path / RESULTS_JSON if path.is_dir() else path
+
+
+def load_results(path: Path) -> Document:
+    """results.json (or a directory holding it; without one, the directory's records.jsonl), checked: a missing
+    key or a value of the wrong type is one GmtoolError naming it."""
+    path = results_file(path)
     try:
-        doc = json.loads(path.read_text())
+        if path.suffix == ".jsonl":
+            doc = _read_journal(path)
+        else:
+            doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise GmtoolError(f"no results file at {path}") from None
     except (OSError, ValueError) as e:  # ValueError: bad JSON, or bytes that are not UTF-8
         raise GmtoolError(f"cannot read results file {path}: {e}") from None
-    if not isinstance(doc, dict) or doc.get("tool") != "gmtool" or not isinstance(doc.get("records"), list):
-        raise GmtoolError(f"{path} is not a gmtool results file")
-    for key in ("model", "config", "machine"):
-        if not isinstance(doc.get(key), dict):
-            raise GmtoolError(f"{path} is not a complete gmtool results file: no {key!r} section")
-    for i, r in enumerate(doc["records"]):
-        missing = [k for k in RECORD_KEYS if not isinstance(r, dict) or k not in r]
-        if missing:
-            raise GmtoolError(f"{path}: record {i} lacks {', '.join(missing)}")
-    return doc
+    try:
+        return Document.from_dict(doc)
+    except GmtoolError as e:
+        if str(e) == "not a gmtool results file":
+            raise GmtoolError(f"{path} is not a gmtool results file") from None
+        raise GmtoolError(f"{path}: {e}") from None
 
 
 REPORT_MD, REPORT_HTML = "report.md", "report.html"
 
 
-def write_reports(out: Path, doc: dict) -> list[Path]:
+def write_reports(out: Path, doc: Document) -> list[Path]:
     """report.md and the self-contained report.html, both rendered from the results document alone."""
     from gmtool.report.html import render_html  # matplotlib: only commands that write reports pay for it
     from gmtool.report.markdown import render_markdown
 
-    out = Path(out)
-    (out / REPORT_MD).write_text(render_markdown(doc))
-    (out / REPORT_HTML).write_text(render_html(doc))
+    out, data = Path(out), doc.to_dict()
+    (out / REPORT_MD).write_text(render_markdown(data))
+    (out / REPORT_HTML).write_text(render_html(data))
     return [out / REPORT_MD, out / REPORT_HTML]

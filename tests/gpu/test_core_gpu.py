@@ -83,7 +83,7 @@ def test_sweep_end_to_end_small():
     cfg = SweepConfig(model="tiny-qwen3", device="cuda", buckets="1,2,4,8", modes=("eager", "full", "piecewise"),
                       num_iters=5, num_iters_warmup=2)
     res = Sweep(cfg).run()
-    rows = [r for r in res.records if r["mode"] != "eager"]
+    rows = [r.to_dict() for r in res.records if r.mode != "eager"]
     assert rows and all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["status"] != "ok"]
     assert all(r["latency_ms"]["median"] > 0 for r in rows)
     assert all(r["graph_mem_bytes"] is not None for r in rows if r["capture_s"] is not None)
@@ -123,5 +123,5 @@ def test_fused_layers_match_hf_layers_and_replay():
     cfg = SweepConfig(model="qwen3-0.6b", device="cuda", buckets="1,8,32", modes=("eager", "full", "piecewise"),
                       fuse=True, kv_cache_gb=4, num_iters=3, num_iters_warmup=1)
     res = Sweep(cfg).run()
-    rows = [r for r in res.records if r["mode"] != "eager"]
+    rows = [r.to_dict() for r in res.records if r.mode != "eager"]
     assert len(rows) >= 18 and all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["error"]]

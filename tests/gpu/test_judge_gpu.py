@@ -19,7 +19,7 @@ def _sweep(scenario="decode", buckets="1,4,8", attention="auto"):
     cfg = SweepConfig(model="qwen3-0.6b", device="cuda", scenario=scenario, buckets=buckets,
                       modes=("full", "piecewise"), attention=attention, num_iters=2, num_iters_warmup=1)
     res = Sweep(cfg).run()
-    return [r for r in res.records if r["mode"] != "eager"]
+    return [r.to_dict() for r in res.records if r.mode != "eager"]
 
 
 def test_sanity_the_same_sweep_is_ok_with_graphs_intact():

@@ -1,0 +1,123 @@
+"""Nothing measured is lost: each record reaches records.jsonl as it is measured; Ctrl-C and crashes leave the
+result files of what was measured, marked partial; `gmtool report` renders them; an output directory that
+cannot be written is refused before any model is built."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gmtool.config import SweepConfig
+from gmtool.measure.sweep import Sweep
+from tests.test_compare import FAST, one_error, run_cli
+
+# largest bucket first: (2, 1*2) then (1, 1*1); two modes each: 4 rows planned
+SMALL = [*FAST, "--buckets", "1,2", "--compositions", "1*1,1*2"]
+
+
+def _stop_at_second_graph_row(monkeypatch, exc: BaseException, out: Path, seen: list):
+    """The sweep's second graph replay raises exc, after it notes how many lines the journal holds then."""
+    real, calls = Sweep._graph_run, []
+
+    def graph_run(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            seen.append(len((out / "records.jsonl").read_text().splitlines()))
+            raise exc
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Sweep, "_graph_run", graph_run)
+
+
+def test_ctrl_c_keeps_what_was_measured(tmp_path, monkeypatch):
+    out, seen = tmp_path / "run", []
+    _stop_at_second_graph_row(monkeypatch, KeyboardInterrupt(), out, seen)
+    code, _, err = run_cli("compare", "eager,full", *SMALL, "--out", out)
+    assert code == 130 and f"interrupted after 3 of 4 rows; what was measured is in {out}" in " ".join(err.split())
+    assert "Traceback" not in err
+    assert seen == [1 + 3]  # the journal's header and the 3 rows measured, before anything was finished
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["partial"] == {"reason": "interrupted", "measured": 3, "planned": 4, "unit": "rows"}
+    assert [(r["mode"], r["bucket"]) for r in doc["records"]] == [("eager", 2), ("full", 2), ("eager", 1)]
+    assert "partial run: interrupted after 3 of 4 rows" in doc["notes"]
+    assert len((out / "results.csv").read_text().splitlines()) == 1 + 3
+    assert "partial run: interrupted after 3 of 4 rows" in (out / "report.md").read_text()
+    assert (out / "report.html").exists()
+    # gmtool report renders it again; and from the journal alone when results.json never got written
+    (out / "report.md").unlink()
+    code, stdout, err = run_cli("report", out)
+    assert code == 0, err
+    assert "interrupted after 3 of 4 rows" in (out / "report.md").read_text()
+    (out / "results.json").unlink()
+    code, stdout, err = run_cli("report", out)
+    assert code == 0 and "records.jsonl" in stdout, err
+    md = (out / "report.md").read_text()
+    assert "3 of 4 rows measured (read from the journal" in md and "| 2 | full | 1 | ok |" in md
+
+
+def test_a_crash_keeps_the_partial_files(tmp_path, monkeypatch):
+    from gmtool.app import run_capture
+
+    out, seen = tmp_path / "run", []
+    out.mkdir()
+    _stop_at_second_graph_row(monkeypatch, RuntimeError("boom"), out, seen)
+    cfg = SweepConfig(device="cpu", buckets="1,2", compositions="1*1,1*2", modes=("eager", "full"), num_iters=2,
+                      num_iters_warmup=0)
+    with pytest.raises(RuntimeError, match="boom"):
+        run_capture(cfg, out)
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["partial"]["reason"] == "stopped by RuntimeError: boom" and len(doc["records"]) == 3
+    assert len((out / "records.jsonl").read_text().splitlines()) == 1 + 3
+
+
+def test_memreport_interrupted_keeps_finished_strategies(tmp_path, monkeypatch):
+    import gmtool.memory.report as report
+    from gmtool.app import run_memreport
+    from gmtool.errors import Interrupted
+    from tests.test_vmm_bookkeeping import MiB, _raw
+
+    def run_strategy(cfg, name, progress=None):
+        if name == "shared":
+            raise KeyboardInterrupt
+        return report.derive(_raw(name, 480 * MiB)), None
+
+    monkeypatch.setattr(report, "run_strategy", run_strategy)
+    cfg = SweepConfig(device="cpu", buckets="1,2", modes=("eager", "full"))
+    with pytest.raises(Interrupted, match="interrupted after 1 of 3 strategies"):
+        run_memreport(cfg, ["independent", "shared", "vmm"], tmp_path)
+    doc = json.loads((tmp_path / "memreport.json").read_text())
+    assert [s["strategy"] for s in doc["strategies"]] == ["independent"]
+    assert doc["partial"]["reason"] == "interrupted"
+
+
+def _unwritable_dir(tmp_path: Path) -> tuple[Path, list[str]]:
+    """An existing directory this process cannot create files in (and the options it needs): chmod binds only
+    when not root; as root, a directory of /proc (with --force: it is not empty)."""
+    if os.geteuid() != 0:
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o555)
+        return d, []
+    return Path("/proc/self/fd"), ["--force"]
+
+
+def test_an_unwritable_out_is_refused_before_any_model_is_built(tmp_path, monkeypatch):
+    from gmtool.measure.workbench import Workbench
+
+    def no_build(*a, **kw):
+        raise AssertionError("a model was built for a run that cannot write its results")
+
+    monkeypatch.setattr(Workbench, "build", no_build)
+    ro, extra = _unwritable_dir(tmp_path)
+    try:
+        code, _, err = run_cli("capture", *SMALL, "--out", ro, *extra)
+        assert code == 2 and "cannot write into output directory" in one_error(err), err
+        # the default gmtool-out/... under a directory that cannot be written
+        monkeypatch.chdir(ro)
+        code, _, err = run_cli("capture", *SMALL)
+        assert code == 2 and "cannot create output directory gmtool-out" in one_error(err), err
+    finally:
+        if ro.is_relative_to(tmp_path):
+            ro.chmod(0o755)
