@@ -81,6 +81,11 @@ def masked_varlen_attention(q, k_cache, v_cache, views: StepViews, num_seqs: int
     return _masked_per_token(q, k_cache, v_cache, views, num_seqs, scale, kv_pos)
 
 
+def _causal(kv_pos: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[T, L]: token t sees the cache positions up to its own (itself included)."""
+    return kv_pos[None, :] <= positions[:, None]
+
+
 def _masked_per_sequence(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale, kv_pos) -> torch.Tensor:
     t, h, d = q.shape
     out = torch.zeros(t, h, d, dtype=torch.float32, device=q.device)
@@ -90,7 +95,7 @@ def _masked_per_sequence(q, k_cache, v_cache, views: StepViews, num_seqs: int, s
         qg = q.unflatten(1, (k.shape[1], h // k.shape[1])).float()
         scores = torch.einsum("thgd,lhd->thgl", qg, k.float()) * scale  # [T, Hkv, G, L]
         mine = views.token_seq == s
-        valid = mine[:, None] & (kv_pos[None, :] <= views.positions[:, None]) & (kv_pos < views.kv_lens[s])
+        valid = mine[:, None] & _causal(kv_pos, views.positions) & (kv_pos < views.kv_lens[s])
         scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
         p = torch.nan_to_num(scores.softmax(-1), nan=0.0)
         out += torch.einsum("thgl,lhd->thgd", p, v.float()).reshape(t, h, d)
@@ -102,7 +107,7 @@ def _masked_per_token(q, k_cache, v_cache, views: StepViews, num_seqs: int, scal
     hkv = k_cache.shape[2]
     mine = (views.token_seq >= 0) & (views.token_seq < num_seqs)  # padding tokens belong to no sequence
     seq = views.token_seq.clamp(0, num_seqs - 1)
-    valid = mine[:, None] & (kv_pos[None, :] < views.kv_lens[seq][:, None]) & (kv_pos[None, :] <= views.positions[:, None])
+    valid = mine[:, None] & (kv_pos[None, :] < views.kv_lens[seq][:, None]) & _causal(kv_pos, views.positions)
     tables = views.block_tables[seq]  # [T, W]: each token's own sequence's row
     out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
     chunk = max(1, MASKED_CHUNK_BYTES // (kv_pos.numel() * hkv * d * 4))
