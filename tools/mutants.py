@@ -165,7 +165,7 @@ MUTANTS: list[Mutant] = [
       EXEC + "test_piecewise_matches_eager_for_prefill_mixes[tiny-qwen3]",
       "runners hold a snapshot of the capture's context, not the live one"),
     M("masked-attention-no-diagonal", "gmtool/model/attention.py",
-      "(kv_pos[None, :] <= views.positions[:, None])", "(kv_pos[None, :] < views.positions[:, None])",
+      "return kv_pos[None, :] <= positions[:, None]", "return kv_pos[None, :] < positions[:, None]",
       EXEC + "test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe",
       "masked varlen attention: a token does not attend to itself"),
     M("decode-attention-one-past", "gmtool/model/attention.py",

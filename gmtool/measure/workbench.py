@@ -6,6 +6,7 @@ the tests all build through it.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,21 @@ from gmtool.model.loading import LoadedModel, load_model
 from gmtool.modes import GraphMode
 
 
+CPU_THREADS_ENV = "GMTOOL_CPU_THREADS"
+CPU_THREADS_MAX = 4  # more threads than this only fight each other (and other processes) on a shared CPU
+
+
+def cpu_threads() -> int:
+    """Torch threads on the CPU backend: GMTOOL_CPU_THREADS, else min(usable cores, 4)."""
+    env = os.environ.get(CPU_THREADS_ENV, "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise GmtoolError(f"{CPU_THREADS_ENV}={env!r}: give a positive number of threads")
+        return int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, CPU_THREADS_MAX))
+
+
 @dataclass
 class Workbench:
     cfg: SweepConfig
@@ -35,7 +51,12 @@ class Workbench:
     @classmethod
     def build(cls, cfg: SweepConfig, num_blocks: int | None = None) -> "Workbench":
         """num_blocks: a fixed KV cache size; default: what the config's compositions need, within budget."""
+        from gmtool.memory.estimate import check_fits
+
+        check_fits(cfg)  # before any weights are built: a run that cannot fit is refused in one line
         device = cfg.torch_device
+        if device.type == "cpu":
+            torch.set_num_threads(cpu_threads())
         lm = load_model(cfg.model, device, cfg.torch_dtype, cfg.seed)
         why = families.run_refusal(lm.name, lm.config, cfg.max_kv_len)
         if why:

@@ -38,34 +38,89 @@ def decode_attention(q, k_cache, v_cache, block_tables, kv_lens, scale) -> torch
     Reference: it gathers every block-table entry (the launch shape must not depend on kv_lens), so it reads
     max_kv_len tokens per sequence; the Triton kernel reads only kv_lens[b]."""
     b, h, d = q.shape
-    k = k_cache[block_tables].flatten(1, 2)  # [B, L, Hkv, D]
-    v = v_cache[block_tables].flatten(1, 2)
+    k = _gather(k_cache, block_tables)  # [B, L, Hkv, D]
+    v = _gather(v_cache, block_tables)
     qg = q.unflatten(1, (k.shape[2], h // k.shape[2]))  # [B, Hkv, G, D]
-    scores = torch.einsum("bhgd,blhd->bhgl", qg, k).float() * scale
+    scores = _row_scores(qg, k).float() * scale
     pos = torch.arange(k.shape[1], device=q.device)
     valid = pos[None, :] < kv_lens.clamp_min(1)[:, None]  # padded sequences read the null block
     p = scores.masked_fill(~valid[:, None, None, :], float("-inf")).softmax(-1)
-    return torch.einsum("bhgl,blhd->bhgd", p.to(v.dtype), v).reshape(b, h, d)
+    return _row_weighted(p.to(v.dtype), v).reshape(b, h, d)
+
+
+def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """cache [blocks, bs, Hkv, D] read through tables [N, W]: [N, W * bs, Hkv, D] (index_select copies whole
+    blocks; advanced indexing is an order of magnitude slower on the CPU)."""
+    return cache.index_select(0, tables.flatten()).view(tables.shape[0], -1, *cache.shape[2:])
+
+
+def _row_scores(qg: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """qg [N, Hkv, G, D] against each row's own k [N, L, Hkv, D]: [N, Hkv, G, L]. One batched matmul per KV head
+    reads k in place (an einsum would first copy it transposed)."""
+    return torch.stack([torch.bmm(qg[:, i], k[:, :, i].transpose(1, 2)) for i in range(k.shape[2])], 1)
+
+
+def _row_weighted(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """p [N, Hkv, G, L] over each row's own v [N, L, Hkv, D]: [N, Hkv, G, D]."""
+    return torch.stack([torch.bmm(p[:, i], v[:, :, i]) for i in range(v.shape[2])], 1)
+
+
+MASKED_CHUNK_BYTES = 32 << 20  # per-token masked attention: fp32 K gathered this many bytes at a time
 
 
 def masked_varlen_attention(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale) -> torch.Tensor:
-    """Varlen causal attention with a launch shape fixed by (num_tokens, num_seqs); metadata from device."""
+    """Varlen causal attention with a launch shape fixed by (num_tokens, num_seqs); metadata from device.
+    Two exact ways, picked from those two numbers alone: a pass per sequence over every token (num_seqs x
+    num_tokens x heads x kv length), or each token reading its own sequence's blocks (num_tokens x kv length x
+    kv heads x head_dim): the cheaper one, so many short sequences do not cost num_seqs passes."""
     t, h, d = q.shape
-    bs = k_cache.shape[1]
-    length = views.block_tables.shape[1] * bs
+    length = views.block_tables.shape[1] * k_cache.shape[1]
     kv_pos = torch.arange(length, device=q.device)
+    if num_seqs * h <= k_cache.shape[2] * d:
+        return _masked_per_sequence(q, k_cache, v_cache, views, num_seqs, scale, kv_pos)
+    return _masked_per_token(q, k_cache, v_cache, views, num_seqs, scale, kv_pos)
+
+
+def _causal(kv_pos: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[T, L]: token t sees the cache positions up to its own (itself included)."""
+    return kv_pos[None, :] <= positions[:, None]
+
+
+def _masked_per_sequence(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale, kv_pos) -> torch.Tensor:
+    t, h, d = q.shape
     out = torch.zeros(t, h, d, dtype=torch.float32, device=q.device)
     for s in range(num_seqs):
-        k = k_cache[views.block_tables[s]].flatten(0, 1)  # [L, Hkv, D]
-        v = v_cache[views.block_tables[s]].flatten(0, 1)
+        k = _gather(k_cache, views.block_tables[s:s + 1])[0]  # [L, Hkv, D]
+        v = _gather(v_cache, views.block_tables[s:s + 1])[0]
         qg = q.unflatten(1, (k.shape[1], h // k.shape[1])).float()
         scores = torch.einsum("thgd,lhd->thgl", qg, k.float()) * scale  # [T, Hkv, G, L]
         mine = views.token_seq == s
-        valid = mine[:, None] & (kv_pos[None, :] <= views.positions[:, None]) & (kv_pos < views.kv_lens[s])
+        valid = mine[:, None] & _causal(kv_pos, views.positions) & (kv_pos < views.kv_lens[s])
         scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
         p = torch.nan_to_num(scores.softmax(-1), nan=0.0)
         out += torch.einsum("thgl,lhd->thgd", p, v.float()).reshape(t, h, d)
     return out.to(q.dtype)
+
+
+def _masked_per_token(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale, kv_pos) -> torch.Tensor:
+    t, h, d = q.shape
+    hkv = k_cache.shape[2]
+    mine = (views.token_seq >= 0) & (views.token_seq < num_seqs)  # padding tokens belong to no sequence
+    seq = views.token_seq.clamp(0, num_seqs - 1)
+    valid = mine[:, None] & (kv_pos[None, :] < views.kv_lens[seq][:, None]) & _causal(kv_pos, views.positions)
+    tables = views.block_tables[seq]  # [T, W]: each token's own sequence's row
+    out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
+    chunk = max(1, MASKED_CHUNK_BYTES // (kv_pos.numel() * hkv * d * 4))
+    for a in range(0, t, chunk):
+        b = min(t, a + chunk)
+        k = _gather(k_cache, tables[a:b]).float()  # [C, L, Hkv, D]
+        v = _gather(v_cache, tables[a:b]).float()
+        qg = q[a:b].unflatten(1, (hkv, h // hkv)).float()
+        scores = _row_scores(qg, k) * scale  # [C, Hkv, G, L]
+        scores = scores.masked_fill(~valid[a:b, None, None, :], float("-inf"))
+        p = torch.nan_to_num(scores.softmax(-1), nan=0.0)  # a token with nothing valid (padding) gets 0
+        out[a:b] = _row_weighted(p, v).reshape(b - a, h, d)
+    return out
 
 
 def planned_varlen_attention(q, k_cache, v_cache, views: StepViews, plan, scale) -> torch.Tensor:

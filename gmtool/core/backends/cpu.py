@@ -1,52 +1,131 @@
 """CPU emulation of CUDA graphs: a tape of ATen ops recorded at capture, re-run over the same tensors.
 
 What it emulates: capture freezes the op sequence, every argument (host scalars, shapes, Python control flow
-taken) and every tensor's identity; replay re-runs the ops and writes each result into the tensor recorded
-at capture, so later ops read the same storage, as a CUDA graph reads the same addresses. What it does not
-emulate: timing, memory pools and kernel launch shapes; CUDA-specific capture errors are approximated by
-refusing host syncs (.item(), nonzero) during capture.
+taken) and every tensor that existed before the capture (weights, the KV cache, the persistent buffers);
+replay re-runs the ops over those same tensors. A tensor made during the capture is a slot of the tape: at
+replay each op reads the slots its recorded inputs came from, and a slot is dropped after its last use, so a
+replay holds no more memory than an eager forward does. A tensor made during the capture that is still alive
+when it ends (what a graph hands to the next piece or to an attention runner) keeps its recorded storage and
+every replay writes its new value there, as a CUDA graph writes the same address.
+What it does not emulate: timing, memory pools and kernel launch shapes; CUDA-specific capture errors are
+approximated by refusing host syncs (.item(), nonzero) during capture.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from gmtool.errors import CaptureError
 
 _HOST_SYNC_OPS = {"_local_scalar_dense", "nonzero", "item", "is_nonzero", "equal"}
 
 
+class _Slot(int):
+    """An argument of a recorded op that was made during the capture: the index of the value it reads."""
+
+
 class _Tape(TorchDispatchMode):
+    """ops: one (func, leaves, spec, outs) per ATen op, in order. leaves are the op's flattened (args, kwargs)
+    with a _Slot for every tensor made during the capture; outs the slot of each tensor output (-1: an output
+    that is one of the inputs, as in-place ops return)."""
+
     def __init__(self):
         super().__init__()
         self.ops: list[tuple] = []
+        self.num_slots = 0
+        self._live: dict[int, tuple[weakref.ref, int]] = {}  # id(tensor) -> (weak ref, slot)
+
+    def _slot_of(self, t: torch.Tensor) -> int | None:
+        e = self._live.get(id(t))
+        return e[1] if e is not None and e[0]() is t else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.__name__.split(".")[0] in _HOST_SYNC_OPS:
             raise CaptureError(f"host sync inside graph capture: aten.{func.__name__}")
         out = func(*args, **kwargs)
-        self.ops.append((func, args, kwargs, out))
+        leaves, spec = tree_flatten((args, kwargs))
+        inputs = {id(x) for x in leaves if isinstance(x, torch.Tensor)}
+        for i, x in enumerate(leaves):
+            if isinstance(x, torch.Tensor) and (s := self._slot_of(x)) is not None:
+                leaves[i] = _Slot(s)
+        outs = []
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and id(t) not in inputs:
+                self._live[id(t)] = (weakref.ref(t), self.num_slots)
+                outs.append(self.num_slots)
+                self.num_slots += 1
+            else:
+                outs.append(-1)
+        self.ops.append((func, leaves, spec, outs))
         return out
+
+    def escaped(self) -> list[tuple[int, torch.Tensor]]:
+        """(slot, tensor) of what the capture made and something outside the tape still holds."""
+        alive = ((e[1], e[0]()) for e in self._live.values())
+        return [(s, t) for s, t in alive if t is not None]
 
 
 class TapeGraph:
-    def __init__(self, ops):
+    def __init__(self, ops, num_slots: int = 0, escaped: list | None = None):
+        """ops: _Tape.ops; escaped: (slot, recorded tensor) pairs written back after every replay."""
         self.ops = ops
+        self.num_slots = num_slots
+        self.escaped = escaped or []
+        keep = {s for s, _ in self.escaped}
+        last: dict[int, int] = {}  # slot -> index of the last op that reads it (or makes it)
+        for i, (_, leaves, _, outs) in enumerate(ops):
+            for s in outs:
+                if s >= 0:
+                    last[s] = i
+            for x in leaves:
+                if type(x) is _Slot:
+                    last[int(x)] = i
+        frees: list[list[int]] = [[] for _ in ops]
+        for s, i in last.items():
+            if s not in keep:
+                frees[i].append(s)
+        # per op: func, args (slots where the args hold them at the top level, else all leaves and their
+        # spec: pytree only for ops such as index or cat that take a list of made tensors), outputs, frees
+        self._steps = []
+        for (func, leaves, spec, outs), free in zip(ops, frees):
+            args, kwargs = tree_unflatten(leaves, spec)
+            nested = sum(type(x) is _Slot for x in leaves) != sum(type(a) is _Slot for a in args)
+            if nested:
+                args, kwargs = tuple(leaves), spec
+            subs = tuple((i, int(x)) for i, x in enumerate(args) if type(x) is _Slot)
+            out = outs[0] if len(outs) == 1 else tuple(outs)
+            self._steps.append((func, tuple(args), kwargs, subs, nested, out, tuple(free)))
 
     def replay(self) -> None:
         with torch.no_grad():
-            for func, args, kwargs, recorded in self.ops:
-                fresh = func(*args, **kwargs)
-                for new, old in zip(tree_flatten(fresh)[0], tree_flatten(recorded)[0]):
-                    if isinstance(old, torch.Tensor) and new is not old and not _aliases(new, old):
-                        old.copy_(new)
-
-
-def _aliases(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """A view op's fresh result shares the recorded one's storage: nothing to copy."""
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.storage_offset() == b.storage_offset()
+            vals: list = [None] * self.num_slots
+            for func, args, kwargs, subs, nested, out, free in self._steps:
+                if subs:
+                    args = list(args)
+                    for i, s in subs:
+                        args[i] = vals[s]
+                if nested:
+                    a, kw = tree_unflatten(list(args), kwargs)
+                    fresh = func(*a, **kw)
+                else:
+                    fresh = func(*args, **kwargs)
+                if type(out) is int:
+                    if out >= 0:
+                        vals[out] = fresh
+                else:
+                    for s, t in zip(out, tree_leaves(fresh)):
+                        if s >= 0:
+                            vals[s] = t
+                for s in free:
+                    vals[s] = None
+            for s, recorded in self.escaped:
+                new = vals[s]
+                if new.data_ptr() != recorded.data_ptr() or new.stride() != recorded.stride():
+                    recorded.copy_(new)
 
 
 class CpuTapeBackend:
@@ -67,7 +146,7 @@ class CpuTapeBackend:
     def end(self) -> TapeGraph:
         tape, self._tape = self._tape, None
         tape.__exit__(None, None, None)
-        g = TapeGraph(tape.ops)
+        g = TapeGraph(tape.ops, tape.num_slots, tape.escaped())
         self.graphs.append(g)
         return g
 

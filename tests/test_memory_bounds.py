@@ -1,0 +1,123 @@
+"""Memory bounded: a run that cannot fit is refused before any weights are built; the CPU tape holds no more
+than an eager forward does; torch threads on the CPU backend are bounded."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from gmtool.cli.main import main
+from gmtool.config import SweepConfig
+from gmtool.core.backends.cpu import CpuTapeBackend
+from gmtool.measure import workbench
+from gmtool.memory import estimate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def sixteen_gib(monkeypatch):
+    """A 16 GiB machine, whatever this one has; building a model would fail the test."""
+    monkeypatch.setattr(estimate, "available_bytes", lambda device: 16 * estimate.GiB)
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was built before the run was refused")
+
+    monkeypatch.setattr(workbench, "load_model", no_model)
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--compositions", "1@10000000"], "--max-kv-len"),
+    (["--max-kv-len", "100000000"], "--max-kv-len"),
+    (["--buckets", "1:100000:1"], "--buckets"),
+])
+def test_a_run_that_cannot_fit_is_refused_before_the_model_is_built(sixteen_gib, tmp_path, monkeypatch, capsys,
+                                                                   args, option):
+    monkeypatch.setattr(sys, "argv", ["gmtool", "capture", "--device", "cpu", "--out", str(tmp_path / "o"), *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err
+    line = [ln for ln in err.splitlines() if "needs about" in ln]
+    assert e.value.code == 2 and len(line) == 1, err
+    assert option in line[0] and "16.0 GiB available" in line[0], err
+    assert not (tmp_path / "o" / "results.json").exists()
+
+
+def test_a_normal_run_fits_and_its_estimate_is_small():
+    cfg = SweepConfig(device="cpu", scenario="prefill", buckets="128,512",
+                      compositions="512=64*8,512=1*100+400@7", max_kv_len=2048)
+    est = estimate.check_fits(cfg)
+    assert est is not None and est.total < 2 * estimate.GiB
+    assert estimate.check_fits(SweepConfig(device="cpu")).total < estimate.GiB
+
+
+def test_the_estimate_grows_with_what_the_options_ask():
+    cfg = lambda **kw: SweepConfig(device="cpu", **kw)  # noqa: E731
+    cfgs = cfg(), cfg(max_kv_len=8192), cfg(buckets="1:64:1")
+    small, long_kv, many = (estimate.estimate(c, estimate._model_config(c.model)) for c in cfgs)
+    assert long_kv.parts["KV cache"] > 10 * small.parts["KV cache"]
+    assert many.parts["graph tapes"] > 5 * small.parts["graph tapes"]
+
+
+def test_the_tape_drops_intermediates_after_their_last_use():
+    """A chain of 50 big intermediates: the tape keeps none of them (the old tape kept every op's output)."""
+    be = CpuTapeBackend()
+    x, out = torch.ones(1 << 20), torch.zeros(1 << 20)
+    be.begin()
+    y = x
+    for _ in range(50):
+        y = y * 1.01
+    out.copy_(y)
+    del y
+    g = be.end()
+    assert not g.escaped
+    kept = [v for op in g.ops for v in op[1] if isinstance(v, torch.Tensor)]
+    assert all(v is x or v is out for v in kept)
+    x.fill_(2.0)
+    g.replay()
+    assert torch.allclose(out, torch.full_like(out, 2.0 * 1.01 ** 50))
+
+
+def test_what_outlives_the_capture_is_written_at_replay():
+    """A tensor made during capture that the caller still holds (a piece's output) gets each replay's value."""
+    be = CpuTapeBackend()
+    x = torch.arange(4.0)
+    be.begin()
+    kept = (x + 1).relu()
+    g = be.end()
+    x.fill_(-3.0)
+    g.replay()
+    assert kept.tolist() == [0.0] * 4
+
+
+def test_many_short_prefill_sequences_stay_bounded(tmp_path):
+    """101 sequences in a 128-token bucket over a 2048-token cache: the old tape and per-sequence masked
+    attention held 5.8 GB here. Peak RSS of the child, under an address-space limit so a regression fails
+    instead of taking the machine."""
+    out = tmp_path / "o"
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30)); "
+            "from gmtool.cli.main import main; sys.argv[1:] = sys.argv[2:]; main()")
+    cmd = [sys.executable, "-c", code, "-", "capture", "--device", "cpu", "--scenario", "prefill", "--buckets", "128",
+           "--compositions", "128=1*100+28@7", "--max-kv-len", "2048", "--num-iters", "1",
+           "--num-iters-warmup", "0", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GMTOOL_CPU_THREADS="1")
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far: this one or less
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((out / "results.json").read_text())["records"]
+    assert peak_kb < 2 * 2**20, f"peak RSS {peak_kb / 2**20:.1f} GB"
+
+
+def test_cpu_threads_are_bounded_and_overridable(monkeypatch):
+    monkeypatch.delenv(workbench.CPU_THREADS_ENV, raising=False)
+    assert 1 <= workbench.cpu_threads() <= workbench.CPU_THREADS_MAX
+    monkeypatch.setenv(workbench.CPU_THREADS_ENV, "3")
+    assert workbench.cpu_threads() == 3
+    monkeypatch.setenv(workbench.CPU_THREADS_ENV, "lots")
+    with pytest.raises(Exception, match="GMTOOL_CPU_THREADS"):
+        workbench.cpu_threads()
