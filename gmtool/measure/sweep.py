@@ -69,7 +69,7 @@ class Sweep:
         cfg, t_start = self.cfg, time.perf_counter()
         self.bench = bench = bench or Workbench.build(cfg)
         res = SweepResult(cfg.to_dict(), machine_info(self.device), bench.model_info(),
-                          notes=list(cfg.notes) + ([bench.lm.fused.summary] if bench.lm.fused else []))
+                          notes=list(cfg.notes) + bench.lm.notes + ([bench.lm.fused.summary] if bench.lm.fused else []))
         executors = {m: bench.executor(m, self.memory_factory(m) if self.memory_factory else None)
                      for m in cfg.graph_modes}
         try:
