@@ -51,10 +51,10 @@ BucketsOpt = Annotated[Optional[str], typer.Option(
     f"Default: the engines' decode list {_short(DEFAULT_DECODE_BUCKETS)} (prefill: {_short(DEFAULT_PREFILL_BUCKETS)}); "
     f"on the CPU backend {_short(CPU_DEFAULT_BUCKETS['decode'])} (prefill: {_short(CPU_DEFAULT_BUCKETS['prefill'])}).")]
 CompositionsOpt = Annotated[Optional[str], typer.Option(
-    "--compositions", "-c", help="Batch mixes, e.g. '128=64+64,32*4,16*8,100+28@512': N*K is K requests of N "
-    "new tokens, @P a cached prefix of P tokens, B= pins a bucket. Default: 3+ mixes per bucket.")]
+    "--compositions", "-c", help="Batch compositions, e.g. '128=64+64,32*4,16*8,100+28@512': N*K is K requests of "
+    "N new tokens, @P a cached prefix of P tokens, B= pins a bucket. Default: 3 or more per bucket.")]
 ScenarioOpt = Annotated[Optional[Scenario], typer.Option("--scenario", "-s", help="What each step holds: decode tokens, prefill chunks, or both.", show_default=shown("scenario"))]
-DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto | cuda | cuda:N | cpu (the CPU tape backend)", show_default=shown("device"))]
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto | cuda | cuda:N | cpu (the CPU backend, which records and replays the forward's operations in place of CUDA graphs)", show_default=shown("device"))]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="bf16 | fp16 | fp32 (default bf16 on CUDA, fp32 on CPU)")]
 MaxKvLenOpt = Annotated[Optional[int], typer.Option("--max-kv-len", help="Longest context a sequence may have (block tables are sized for it).")]
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Configured maximum bucket (persistent buffers' size). Default: the largest bucket.")]
