@@ -91,6 +91,9 @@ class SweepConfig:
             raise GmtoolError("empty composition list: give mixes like '1*8,4+4', or leave --compositions out")
         self.torch_device = resolve_device(self.device)
         cuda = self.torch_device.type == "cuda"
+        if self.compile and not cuda:
+            # Inductor's CPU code runs its own C++ loops, not the ATen ops the tape records: nothing to capture
+            raise GmtoolError("--compile needs CUDA: the CPU tape backend cannot capture Inductor's CPU kernels")
         if self.model is None:
             self.model = GPU_DEFAULT_MODEL if cuda else CPU_DEFAULT_MODEL
             if not cuda:

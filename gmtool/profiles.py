@@ -1,16 +1,22 @@
-"""Built-in model profiles (published configs, random weights) and sweep profiles, both under profiles/."""
+"""Built-in model profiles (published configs, random weights) and sweep profiles, both under profiles/.
+
+They are package data: gmtool/builtin_profiles is a link to the repository's profiles/ (where people edit them),
+and the wheel holds a copy of the files, so the same importlib.resources path works from the tree, from an
+editable install and from an installed wheel, whatever the working directory."""
 from __future__ import annotations
 
 import json
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from gmtool.errors import GmtoolError
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+PROFILES_DIR: Traversable = files("gmtool") / "builtin_profiles"
 
 
 def _names(kind: str) -> list[str]:
-    return sorted(p.stem for p in (PROFILES_DIR / kind).glob("*.json"))
+    return sorted(p.name.removesuffix(".json") for p in (PROFILES_DIR / kind).iterdir() if p.name.endswith(".json"))
 
 
 def model_profiles() -> list[str]:
@@ -36,7 +42,7 @@ def load_sweep_profile(name_or_path: str) -> dict:
     or a value of the wrong type is refused."""
     from gmtool.config import check_profile  # config imports model, which imports this module
 
-    path = Path(name_or_path)
+    path: Path | Traversable = Path(name_or_path)
     if not path.is_file():
         path = PROFILES_DIR / "sweeps" / f"{name_or_path}.json"
     if not path.is_file():

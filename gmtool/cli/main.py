@@ -10,7 +10,7 @@ from rich.console import Console
 from gmtool.errors import GmtoolError, Interrupted, RunFailure
 
 app = typer.Typer(
-    name="gmtool", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    name="gmtool", no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
     help="Capture CUDA graphs of a Hugging Face causal LM per token bucket, check every replay against eager, "
          "and measure memory and latency. Without CUDA, the CPU tape backend emulates capture/replay.")
 err_console = Console(stderr=True)
@@ -46,7 +46,7 @@ _register()
 
 def main() -> None:
     try:
-        rc = app(standalone_mode=False)  # typer.Exit(n) comes back as the return value here
+        rc = app(standalone_mode=False, prog_name="gmtool")  # typer.Exit(n) comes back as the return value here
         sys.exit(rc if isinstance(rc, int) else 0)
     except Interrupted as e:  # says how far the run got; what it measured is written
         err_console.print(f"[yellow]{e}[/]", highlight=False, soft_wrap=True)

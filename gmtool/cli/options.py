@@ -51,10 +51,10 @@ BucketsOpt = Annotated[Optional[str], typer.Option(
     f"Default: the engines' decode list {_short(DEFAULT_DECODE_BUCKETS)} (prefill: {_short(DEFAULT_PREFILL_BUCKETS)}); "
     f"on the CPU backend {_short(CPU_DEFAULT_BUCKETS['decode'])} (prefill: {_short(CPU_DEFAULT_BUCKETS['prefill'])}).")]
 CompositionsOpt = Annotated[Optional[str], typer.Option(
-    "--compositions", "-c", help="Batch mixes, e.g. '128=64+64,32*4,16*8,100+28@512': N*K is K requests of N "
-    "new tokens, @P a cached prefix of P tokens, B= pins a bucket. Default: 3+ mixes per bucket.")]
+    "--compositions", "-c", help="Batch compositions, e.g. '128=64+64,32*4,16*8,100+28@512': N*K is K requests of "
+    "N new tokens, @P a cached prefix of P tokens, B= pins a bucket. Default: 3 or more per bucket.")]
 ScenarioOpt = Annotated[Optional[Scenario], typer.Option("--scenario", "-s", help="What each step holds: decode tokens, prefill chunks, or both.", show_default=shown("scenario"))]
-DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto | cuda | cuda:N | cpu (the CPU tape backend)", show_default=shown("device"))]
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto | cuda | cuda:N | cpu (the CPU backend, which records and replays the forward's operations in place of CUDA graphs)", show_default=shown("device"))]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="bf16 | fp16 | fp32 (default bf16 on CUDA, fp32 on CPU)")]
 MaxKvLenOpt = Annotated[Optional[int], typer.Option("--max-kv-len", help="Longest context a sequence may have (block tables are sized for it).")]
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Configured maximum bucket (persistent buffers' size). Default: the largest bucket.")]
@@ -70,4 +70,4 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed for weights
 ProfileOpt = Annotated[Optional[str], typer.Option("--profile", "-p", help="A sweep profile from profiles/sweeps (or a path to a JSON file of option: value, names as in results.json's config): it sets what the command line leaves out; the defaults fill the rest.")]
 AttentionOpt = Annotated[Optional[AttentionChoice], typer.Option("--attention", help="Attention kernels: auto (Triton on CUDA when available) | torch (reference) | triton", show_default=shown("attention"))]
 FuseOpt = Annotated[Optional[bool], flag("fuse", help="Fuse the model's layers as engines do (one QKV and one gate/up GEMM; Triton RMSNorm, QK-norm+RoPE and SiLU-and-mul): fewer kernels per step. Eager and every graph mode run the fused model.")]
-CompileOpt = Annotated[Optional[bool], flag("compile", help="Compile the non-attention parts with Inductor before capture (piecewise: through the FX split); compile time is reported apart from capture time.")]
+CompileOpt = Annotated[Optional[bool], flag("compile", help="CUDA only. Compile the non-attention parts with Inductor before capture (piecewise: through the FX split); compile time is reported apart from capture time.")]

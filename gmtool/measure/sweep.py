@@ -88,7 +88,8 @@ class Sweep:
         cfg, t_start = self.cfg, time.perf_counter()
         self.bench = bench = bench or Workbench.build(cfg)
         self.result = res = SweepResult(cfg.to_dict(), machine_info(self.device), bench.model_info(),
-                                        notes=list(cfg.notes) + ([bench.lm.fused.summary] if bench.lm.fused else []),
+                                        notes=list(cfg.notes) + bench.lm.notes
+                                        + ([bench.lm.fused.summary] if bench.lm.fused else []),
                                         on_record=self.on_record)
         executors = {m: bench.executor(m, self.memory_factory(m) if self.memory_factory else None)
                      for m in cfg.graph_modes}

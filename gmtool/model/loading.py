@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from gmtool.model import attention
-
-from gmtool.model import families
+from gmtool.model import attention, checkpoint, families
 from gmtool.errors import GmtoolError
 from gmtool.profiles import load_model_profile
 
@@ -48,6 +46,7 @@ class LoadedModel:
     config: object
     source: str  # profile | checkpoint | config
     fused: object = None  # gmtool.model.fused.FusedLayers when --fuse
+    notes: list[str] = field(default_factory=list)  # what the run's notes say about how the model was loaded
 
     @property
     def num_layers(self) -> int:
@@ -101,44 +100,53 @@ def _check_supported(cfg) -> None:
         raise GmtoolError(why)
 
 
+def _read_config_json(path: Path) -> dict:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise GmtoolError(f"cannot read config file {path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise GmtoolError(f"config file {path} is not a JSON object")
+    return raw
+
+
 def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
+    """Every source builds the model from its config on the device (random weights); a checkpoint's stored
+    weights are then copied in (gmtool.model.checkpoint)."""
     from transformers import AutoModelForCausalLM
 
     attention.register()
     path = Path(spec)
     torch.manual_seed(seed)
+    weights, notes = [], []
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise GmtoolError(f"{spec} is a directory without config.json: not a Hugging Face checkpoint")
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=dtype, attn_implementation=attention.ATTN_NAME, local_files_only=True,
-                device_map={"": device})
-        except (OSError, ValueError) as e:
-            raise GmtoolError(f"cannot load checkpoint {spec}: {e}") from None
-        cfg, source = model.config, "checkpoint"
+        raw = _read_config_json(path / "config.json")
+        weights = checkpoint.weight_files(path)
+        source = "checkpoint" if weights else "config"
+        if not weights:
+            notes.append(f"{path.name} holds a config and no weights ({', '.join(checkpoint.SINGLE_FILES)}): "
+                         "random weights, as for a built-in profile")
+        if raw.get("quantization_config"):
+            raise GmtoolError(f"{spec} is a quantized checkpoint: gmtool builds models in --dtype, not quantized")
+    elif path.suffix == ".json":
+        if not path.is_file():
+            raise GmtoolError(f"config file {spec} does not exist")
+        raw, source = _read_config_json(path), "config"
     else:
-        if path.suffix == ".json":
-            if not path.is_file():
-                raise GmtoolError(f"config file {spec} does not exist")
-            try:
-                raw, source = json.loads(path.read_text()), "config"
-            except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
-                raise GmtoolError(f"cannot read config file {spec}: {str(e).splitlines()[0]}") from None
-            if not isinstance(raw, dict):
-                raise GmtoolError(f"config file {spec} is not a JSON object")
-        else:
-            raw, source = load_model_profile(spec)["config"], "profile"
-        cfg = _config_from_dict(raw)
-        _check_supported(cfg)
-        with torch.device(device):
-            try:
-                model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attention.ATTN_NAME)
-            except ValueError as e:
-                if "Unrecognized configuration class" not in str(e):
-                    raise
-                raise GmtoolError(f"{type(cfg).__name__} ({cfg.model_type}) is not a causal language model that "
-                                  "transformers can build (AutoModelForCausalLM does not take it)") from None
+        raw, source = load_model_profile(spec)["config"], "profile"
+    cfg = _config_from_dict(raw)
     _check_supported(cfg)
+    with torch.device(device):
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attention.ATTN_NAME)
+        except ValueError as e:
+            if "Unrecognized configuration class" not in str(e):
+                raise
+            raise GmtoolError(f"{type(cfg).__name__} ({cfg.model_type}) is not a causal language model that "
+                              "transformers can build (AutoModelForCausalLM does not take it)") from None
+    if weights:
+        notes += checkpoint.load_weights(model, weights, device)
     model.eval().requires_grad_(False)
-    return LoadedModel(path.name if path.exists() else spec, model, cfg, source)
+    return LoadedModel(path.name if path.exists() else spec, model, cfg, source, notes=notes)
