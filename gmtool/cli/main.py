@@ -31,13 +31,14 @@ def _root(version: Annotated[Optional[bool], typer.Option(
 
 
 def _register() -> None:
-    from gmtool.cli import bench, capture, compare, memreport, report
+    from gmtool.cli import bench, capture, compare, memreport, report, verify
 
     app.command("capture")(capture.capture)
     app.command("memreport")(memreport.memreport)
     app.command("compare")(compare.compare)
     app.command("report")(report.report)
     app.command("bench")(bench.bench)
+    app.command("verify")(verify.verify)
 
 
 _register()

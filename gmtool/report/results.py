@@ -18,7 +18,7 @@ RESULTS_JSON, RESULTS_CSV = "results.json", "results.csv"
 
 # what gmtool writes into an output directory: --force clears these, so no file of an older run stays behind
 OUTPUT_FILES = ("results.json", "results.csv", "report.md", "report.html", "memreport.json", "memreport.csv",
-                "memreport.png", "trace-*.json")
+                "memreport.png", "trace-*.json", "verify.json")
 
 
 def prepare_out_dir(out: Path, force: bool) -> Path:
