@@ -108,6 +108,25 @@ def test_padding_left_from_an_earlier_batch_is_named(rig):
     assert m is not None and any("padding lanes" in f for f in m.input_faults)
 
 
+def test_a_graph_reading_its_own_memory_before_writing_it_is_named(rig, monkeypatch):
+    """Replays skip RMSNorm's rsqrt: the graph reads an intermediate it did not write on this replay (what a
+    graph reading freed pool memory does). Poisoned, the tape's intermediates make that NaN and name it."""
+    from gmtool.core.backends import cpu as tape
+
+    real = tape.TapeGraph.replay
+
+    def replay_without_rsqrt(self):
+        ops, self.ops = self.ops, [op for op in self.ops if not op[0].__name__.startswith("rsqrt")]
+        try:
+            real(self)
+        finally:
+            self.ops = ops
+
+    monkeypatch.setattr(tape.TapeGraph, "replay", replay_without_rsqrt)
+    m = soak(rig, steps=2, check_every=1).mismatch
+    assert m is not None and m.step == 0 and m.buffers_read == [Buffer.GRAPH_MEMORY]
+
+
 def test_full_narrow_freezes_the_plan_and_verify_says_so(rig):
     res = soak(rig, "full-narrow", steps=20, check_every=1)
     assert res.expected_unsafe and res.mismatch is not None

@@ -11,16 +11,24 @@ from gmtool.cli import options as o
 from gmtool.cli.progress import make_console
 from gmtool.report.results import default_out_dir, output_dir
 from gmtool.verify.faults import FAULTS
+from gmtool.verify.run import VerifyConfig
+
+
+def _default(name: str) -> str:
+    return str(VerifyConfig.__dataclass_fields__[name].default)
 
 
 def verify(
     model: o.ModelOpt = None,
-    modes: Annotated[str, typer.Option("--modes", help="Graph modes to soak: full, piecewise, full-narrow "
-                                       "(full-narrow's wrong replays are the bug it exists to show).")] = "full,piecewise",
-    steps: Annotated[int, typer.Option("--steps", help="Engine steps per soak.")] = 200,
-    check_every: Annotated[int, typer.Option("--check-every", help="Check every K-th step against eager.")] = 10,
-    strategy: Annotated[str, typer.Option("--strategy", help="Memory strategies, comma-separated: default (one "
-                                          "graph pool), independent, shared, shared-ascending, vmm (CUDA).")] = "default",
+    modes: Annotated[Optional[str], typer.Option("--modes", help="Graph modes to soak: full, piecewise, full-narrow "
+                     "(full-narrow's wrong replays are the bug it exists to show).", show_default=_default("modes"))] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Engine steps per soak.",
+                                                 show_default=_default("steps"))] = None,
+    check_every: Annotated[Optional[int], typer.Option("--check-every", help="Check every K-th step against eager.",
+                                                       show_default=_default("check_every"))] = None,
+    strategy: Annotated[Optional[str], typer.Option("--strategy", help="Memory strategies, comma-separated: default "
+                        "(one graph pool), independent, shared, shared-ascending, vmm (CUDA).",
+                        show_default=_default("strategy"))] = None,
     inject: Annotated[Optional[str], typer.Option("--inject", help=f"Inject a bug to see it caught: {', '.join(FAULTS)} "
                                                   "(pad-read:LAYER).")] = None,
     buckets: o.BucketsOpt = None,
@@ -36,13 +44,13 @@ def verify(
 ) -> None:
     """Soak the graphs under an engine-like workload with poisoned memory; localize any wrong replay."""
     from gmtool.verify.report import runs_table, write_document
-    from gmtool.verify.run import VerifyConfig, run_verify
+    from gmtool.verify.run import run_verify
 
     console = make_console()
-    given = dict(model=model, buckets=buckets, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
-                 max_kv_len=max_kv_len, block_size=block_size, attention=attention, seed=seed)
-    cfg = VerifyConfig(modes=modes, steps=steps, check_every=check_every, strategy=strategy, inject=inject,
-                       **{k: v for k, v in given.items() if v is not None})
+    given = dict(model=model, modes=modes, steps=steps, check_every=check_every, strategy=strategy, inject=inject,
+                 buckets=buckets, device=device, dtype=dtype, max_num_seqs=max_num_seqs, max_kv_len=max_kv_len,
+                 block_size=block_size, attention=attention, seed=seed)
+    cfg = VerifyConfig(**{k: v for k, v in given.items() if v is not None})
     with output_dir(out or default_out_dir("verify"), force) as out_dir:
         doc = run_verify(cfg, lambda text: console.print(f"[dim]{text}[/]"))
         path = write_document(out_dir, doc)

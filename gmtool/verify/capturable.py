@@ -166,11 +166,11 @@ def refusal(model_name: str, findings: list[Finding]) -> str | None:
 
 def model_hazards(bench, compositions: tuple[str, ...] | None = None) -> list[Finding]:
     """The hazards of the workbench model's forward as gmtool runs it, on small batches of the run's scenario
-    (default: a decode step, or a two-request prefill step)."""
+    (default: one decode request, or one three-token prefill: any KV cache the run built holds them)."""
     from gmtool.core.compositions import parse_composition
 
     if compositions is None:
-        compositions = ("1*2",) if bench.cfg.scenario == "decode" else ("3+2",)
+        compositions = ("1",) if bench.cfg.scenario == "decode" else ("3",)
     found: dict[Finding, None] = {}
     for text in compositions:
         fn, _ = bench.eager_fn(bench.batch(parse_composition(text, bench.cfg.seed)))

@@ -84,7 +84,7 @@ class Poisoner:
             if want(Buffer.KV_NULL_BLOCK):
                 kv[NULL_BLOCK] = SENTINEL
         if want(Buffer.GRAPH_MEMORY):
-            self._poison_graph_memory(entry)
+            self._fill_graph_memory(entry, poison=True)
 
     def clean(self, entry, live) -> None:
         """Back to harmless values: memory nobody owns holds zeros, the next load rewrites the padding."""
@@ -98,6 +98,8 @@ class Poisoner:
             if len(tails):
                 kv.view(-1, *kv.shape[2:]).index_fill_(0, tails, 0.0)
             kv[NULL_BLOCK] = 0.0
+        if Buffer.GRAPH_MEMORY not in self.skipped:
+            self._fill_graph_memory(entry, poison=False)
 
     def _arena_end(self, key) -> int:
         return sum(v.size for v in self.ex.inputs.staged(key))
@@ -117,12 +119,13 @@ class Poisoner:
         return unused, tails
 
     # -- the graph's own memory ----------------------------------------------------------------------
-    def _poison_graph_memory(self, entry) -> None:
+    def _fill_graph_memory(self, entry, poison: bool) -> None:
+        """NaN (poison) or zeros: a replay that reads what it did not write sees one or the other."""
         if self.ex.device.type == "cuda":
-            self._poison_free_pool_blocks()
+            self._fill_free_pool_blocks(0xFF if poison else 0)
             return
         for t in self._tape_intermediates(entry):
-            t.fill_(float("nan"))
+            t.fill_(float("nan") if poison else 0.0)
 
     def _tape_intermediates(self, entry) -> list[torch.Tensor]:
         """CPU tape: floating results the graph computes itself (a correct replay writes each before reading it)."""
@@ -139,8 +142,8 @@ class Poisoner:
             self._intermediates[id(entry)] = got
         return got
 
-    def _poison_free_pool_blocks(self) -> None:
-        """CUDA: every free block of the executor's graph pools set to 0xFF bytes (NaN in fp32/bf16/fp16)."""
+    def _fill_free_pool_blocks(self, byte: int) -> None:
+        """CUDA: every free block of the executor's graph pools set to one byte (0xFF: NaN in fp32/bf16/fp16)."""
         ex = self.ex
         pools = set(map(tuple, ex.memory.pool_ids.values())) if ex.memory is not None else {tuple(ex.backend.pool or ())}
         try:
@@ -155,7 +158,7 @@ class Poisoner:
                     start = blk.get("address", at)
                     at = start + blk["size"]
                     if blk.get("state") == "inactive":
-                        rc = memset(ctypes.c_uint64(start), ctypes.c_ubyte(0xFF), ctypes.c_size_t(blk["size"]), stream)
+                        rc = memset(ctypes.c_uint64(start), ctypes.c_ubyte(byte), ctypes.c_size_t(blk["size"]), stream)
                         if rc != 0:
                             raise RuntimeError(f"cuMemsetD8Async returned {rc}")
         except Exception as e:  # the driver library or the snapshot format: say so, check the rest

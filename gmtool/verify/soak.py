@@ -204,7 +204,8 @@ class Soak:
         if seen["changed"]:
             suspects.append(f"K/V slots live requests hold: {seen['changed']} overwritten by this replay")
         if not suspects:
-            suspects.append("no buffer identified: the replay differs with every unread buffer clean")
+            suspects.append("no buffer identified: the device inputs hold this batch and no poisoned buffer changes "
+                            "the result, so the graph computes from something else (a value frozen at capture?)")
         return Mismatch(step, str(entry.key), batch.composition.label, entry.captured_with, reason, seen["inputs"],
                         seen["changed"], read, first, suspects)
 
