@@ -269,7 +269,7 @@ MUTANTS: list[Mutant] = [
       JUDGE + "test_a_graph_that_never_writes_its_logits_is_unsafe",
       "outputs are not poisoned before a checked replay"),
     M("no-kv-poison", "gmtool/measure/check.py",
-      "    poison_kv(ex.cache, slots)\n    try:\n", "    try:\n",
+      "    poison_kv(ex.cache, slots)\n    if before_replay", "    if before_replay",
       JUDGE + "test_a_graph_that_never_writes_kv_is_unsafe_in_decode",
       "the batch's KV slots are not poisoned before a checked replay"),
     M("unsafe-gets-latency", "gmtool/measure/sweep.py",

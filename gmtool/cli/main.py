@@ -31,7 +31,7 @@ def _root(version: Annotated[Optional[bool], typer.Option(
 
 
 def _register() -> None:
-    from gmtool.cli import bench, capture, compare, memreport, plan, report
+    from gmtool.cli import bench, capture, compare, memreport, plan, report, verify
 
     app.command("capture")(capture.capture)
     app.command("memreport")(memreport.memreport)
@@ -39,6 +39,7 @@ def _register() -> None:
     app.command("report")(report.report)
     app.command("bench")(bench.bench)
     app.command("plan")(plan.plan)
+    app.command("verify")(verify.verify)
 
 
 _register()

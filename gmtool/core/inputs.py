@@ -146,6 +146,15 @@ class PersistentInputs:
         if w0 > w:
             bt[:min(b, b0), w:w0] = 0
 
+    def staged(self, key: BucketKey) -> tuple:
+        """The staging arena's host views of key's fields: (token block [4, T], sequence block [2, S],
+        cu_q [S + 1], block tables [S, W]); what the next copy-in of key sends to the device."""
+        return (self._host.get(key) or self._host_slots(key))[:4]
+
+    def invalidate(self) -> None:
+        """Forget what the staging arena holds: the next load rewrites all of its key's padding."""
+        self._written_key = self._written = None
+
     def copied_in(self) -> bool:
         """True once the device has run the last copy-in (a graph that copies its inputs has begun)."""
         return self._copied is None or self._copied.query()

@@ -78,14 +78,18 @@ class ReplayCheck:
                 f"{self.kv_rel_err_same_shape:.3g} and {self.kv_rel_err:.3g}")
 
 
-def checked_replay(ex, batch: Batch, ref: EagerReference):
+def checked_replay(ex, batch: Batch, ref: EagerReference, before_replay=None, after_replay=None):
     """One replay of batch through executor ex (capturing its graph on a miss), judged against eager.
+    before_replay(entry) / after_replay(entry): run just before and just after the replay (gmtool verify
+    poisons more memory, and reads the device inputs the replay used before the eager pass reloads them).
     Returns (the graph entry, the check, the logits the replay wrote)."""
     entry = ex.prepare(batch)
     out = ex.inputs.logits[: batch.num_seqs]  # where this batch's logits must land, whichever graph ran
     ex.inputs.logits.fill_(float("nan"))  # every row: a replay must write its own
     slots = _slots(ex.cache, batch)
     poison_kv(ex.cache, slots)
+    if before_replay is not None:
+        before_replay(entry)
     try:
         entry.replay(batch, ex.refresh_runner_metadata)
         replay_error = None
@@ -93,6 +97,8 @@ def checked_replay(ex, batch: Batch, ref: EagerReference):
         raise
     except (RuntimeError, IndexError) as e:  # on the CPU tape, a graph replayed out of its shape's bounds
         replay_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if after_replay is not None:
+        after_replay(entry)
     out, kv = out.clone(), written_kv(ex.cache, batch, slots)
     same = ex.eager_same_shape(batch).clone()
     kv_same = written_kv(ex.cache, batch, slots)

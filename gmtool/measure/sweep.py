@@ -16,7 +16,7 @@ import torch
 
 from gmtool.measure.check import EagerReference, checked_replay
 from gmtool.config import SweepConfig
-from gmtool.errors import GmtoolError, OutOfMemory
+from gmtool.errors import CaptureError, GmtoolError, OutOfMemory
 from gmtool.core.executor import GraphExecutor
 from gmtool.modes import GraphMode
 from gmtool.records import Document, Record, Status
@@ -87,6 +87,8 @@ class Sweep:
     def run(self, bench: Workbench | None = None) -> SweepResult:
         cfg, t_start = self.cfg, time.perf_counter()
         self.bench = bench = bench or Workbench.build(cfg)
+        if cfg.graph_modes and (why := bench.capture_refusal()):
+            raise CaptureError(why)  # instead of the capture error each bucket would meet
         self.result = res = SweepResult(cfg.to_dict(), machine_info(self.device), bench.model_info(),
                                         notes=list(cfg.notes) + bench.lm.notes
                                         + ([bench.lm.fused.summary] if bench.lm.fused else []),

@@ -100,6 +100,12 @@ class Workbench:
                 "heads": lm.num_heads, "kv_heads": lm.num_kv_heads, "head_dim": lm.head_dim, "vocab": lm.vocab_size,
                 "kv_cache_blocks": self.cache.num_blocks, "kv_cache_bytes": self.cache.nbytes}
 
+    def capture_refusal(self) -> str | None:
+        """Why the model's forward cannot be captured faithfully (gmtool.verify.capturable), or None."""
+        from gmtool.verify.capturable import model_hazards, refusal
+
+        return refusal(self.lm.name, model_hazards(self))
+
     def batch(self, comp: Composition) -> Batch:
         return make_batch(comp, self.cache, self.lm.vocab_size, self.cfg.max_num_seqs)
 

@@ -20,7 +20,7 @@ RESULTS_JSON, RESULTS_CSV, JOURNAL = "results.json", "results.csv", "records.jso
 
 # what gmtool writes into an output directory: --force clears these, so no file of an older run stays behind
 OUTPUT_FILES = ("results.json", "results.csv", "records.jsonl", "report.md", "report.html", "memreport.json",
-                "memreport.csv", "memreport.png", "trace-*.json", "plan.json", "plan.md", "plan.png")
+                "memreport.csv", "memreport.png", "trace-*.json", "plan.json", "plan.md", "plan.png", "verify.json")
 
 
 def prepare_out_dir(out: Path, force: bool) -> Path:

@@ -1,0 +1,74 @@
+"""gmtool verify: hunt for wrong replays (poisoned memory, a soak under a moving workload, the first diverging
+layer, capturability and dynamic-dimension analysis). Exit 0 clean, 3 when something is found, 2 bad input."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gmtool.cli import options as o
+from gmtool.cli.progress import make_console
+from gmtool.report.results import default_out_dir, output_dir
+from gmtool.verify.faults import FAULTS
+from gmtool.verify.run import VerifyConfig
+
+
+def _default(name: str) -> str:
+    return str(VerifyConfig.__dataclass_fields__[name].default)
+
+
+def verify(
+    model: o.ModelOpt = None,
+    modes: Annotated[Optional[str], typer.Option("--modes", help="Graph modes to soak: full, piecewise, full-narrow "
+                     "(full-narrow's wrong replays are the bug it exists to show).", show_default=_default("modes"))] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Engine steps per soak.",
+                                                 show_default=_default("steps"))] = None,
+    check_every: Annotated[Optional[int], typer.Option("--check-every", help="Check every K-th step against eager.",
+                                                       show_default=_default("check_every"))] = None,
+    strategy: Annotated[Optional[str], typer.Option("--strategy", help="Memory strategies, comma-separated: default "
+                        "(one graph pool), independent, shared, shared-ascending, vmm (CUDA).",
+                        show_default=_default("strategy"))] = None,
+    inject: Annotated[Optional[str], typer.Option("--inject", help=f"Inject a bug to see it caught: {', '.join(FAULTS)} "
+                                                  "(pad-read:LAYER).")] = None,
+    buckets: o.BucketsOpt = None,
+    device: o.DeviceOpt = None,
+    dtype: o.DtypeOpt = None,
+    max_num_seqs: o.MaxSeqsOpt = None,
+    max_kv_len: o.MaxKvLenOpt = None,
+    block_size: o.BlockSizeOpt = None,
+    attention: o.AttentionOpt = None,
+    seed: o.SeedOpt = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/verify-<time>).")] = None,
+    force: o.ForceOpt = False,
+) -> None:
+    """Soak the graphs under an engine-like workload with poisoned memory; localize any wrong replay."""
+    from gmtool.verify.report import runs_table, write_document
+    from gmtool.verify.run import run_verify
+
+    console = make_console()
+    given = dict(model=model, modes=modes, steps=steps, check_every=check_every, strategy=strategy, inject=inject,
+                 buckets=buckets, device=device, dtype=dtype, max_num_seqs=max_num_seqs, max_kv_len=max_kv_len,
+                 block_size=block_size, attention=attention, seed=seed)
+    cfg = VerifyConfig(**{k: v for k, v in given.items() if v is not None})
+    with output_dir(out or default_out_dir("verify"), force) as out_dir:
+        doc = run_verify(cfg, lambda text: console.print(f"[dim]{text}[/]"))
+        path = write_document(out_dir, doc)
+    for f in doc["capturability"]:
+        console.print(f"[yellow]capturability:[/] {f['text']}", highlight=False, soft_wrap=True)
+    for d in doc["dynamic_dims"]:
+        if not d["clean"]:
+            first = d["baked"][0] if d["baked"] else None
+            what = (f"{first['op']} in {first['module']}: {first['value_a']} vs {first['value_b']}" if first
+                    else d["diverged_at"])
+            console.print(f"[yellow]baked into {d['mode']} {d['key']}:[/] {what} ({len(d['baked'])} values)",
+                          highlight=False, soft_wrap=True)
+    if doc["runs"]:
+        console.print(runs_table(doc))
+    for f in doc["findings"]:
+        console.print(f"[bold red]found:[/] {f}", highlight=False, soft_wrap=True)
+    console.print(f"verify.json: {path}")
+    console.print(doc["verdict"], style="green" if doc["exit_code"] == 0 else "bold red", highlight=False,
+                  soft_wrap=True)
+    if doc["exit_code"]:
+        raise typer.Exit(doc["exit_code"])

@@ -1,0 +1,124 @@
+"""Dynamic-dimension analysis: capture one bucket twice, with two compositions, and diff what was recorded.
+
+A graph replays whatever host values its capture saw. If two compositions that share a bucket key record
+different scalar arguments or shapes for the same op, that value is baked into the graph and depends on the
+batch: it should come from a device buffer, or be part of the key. Each capture runs in a fresh executor under
+a dispatch mode that records every ATen op issued between capture begin and end (the CPU tape records exactly
+these), with the module that issued it. On CUDA, Triton kernels are launched outside ATen: their grids and
+scalar arguments are not seen here (stated in the result).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from gmtool.core.batch import Batch
+from gmtool.verify.capturable import ModuleTracker
+
+
+@dataclass
+class Op:
+    name: str
+    module: str
+    args: tuple  # every non-tensor leaf, tensors as their shape
+
+
+@dataclass
+class BakedScalar:
+    op_index: int
+    op: str
+    module: str
+    arg: int  # position among the op's flattened arguments
+    value_a: object
+    value_b: object
+
+    def __str__(self) -> str:
+        return f"op {self.op_index} {self.op} in {self.module or '<root>'}: argument {self.arg} is {self.value_a!r} vs {self.value_b!r}"
+
+
+@dataclass
+class DynDimResult:
+    mode: str
+    key: str
+    compositions: tuple[str, str]
+    ops: tuple[int, int]
+    baked: list[BakedScalar] = field(default_factory=list)
+    diverged_at: str | None = None  # the op sequences themselves differ (host control flow taken)
+    note: str | None = None
+
+    @property
+    def clean(self) -> bool:
+        return not self.baked and self.diverged_at is None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["baked"] = [{**asdict(b), "value_a": repr(b.value_a), "value_b": repr(b.value_b)} for b in self.baked]
+        d["clean"] = self.clean
+        return d
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, tracker: ModuleTracker):
+        super().__init__()
+        self.tracker, self.on, self.ops = tracker, False, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.on:
+            leaves = tree_flatten((args, kwargs))[0]
+            sig = tuple(("shape", tuple(x.shape)) if isinstance(x, torch.Tensor) else x for x in leaves)
+            self.ops.append(Op(f"aten.{func.__name__}", self.tracker.current, sig))
+        return func(*args, **kwargs)
+
+
+def recorded_ops(bench, mode, batch: Batch, make_executor=None) -> tuple[list[Op], str]:
+    """The ops a capture of batch's bucket records, in a fresh executor (released after). Returns (ops, key)."""
+    ex = (make_executor or bench.executor)(mode)
+    tracker = ModuleTracker(bench.lm.model)
+    rec = _Recorder(tracker)
+    record = ex.forward_impl.record
+
+    def record_on(ex_, entry, fn):
+        rec.on = True
+        try:
+            record(ex_, entry, fn)
+        finally:
+            rec.on = False
+
+    ex.forward_impl.record = record_on
+    try:
+        with tracker.active(), rec:
+            entry = ex.capture(ex.key_for(batch), batch)
+        return rec.ops, str(entry.key)
+    finally:
+        ex.release()
+
+
+def diff_ops(a: list[Op], b: list[Op], limit: int = 20) -> tuple[list[BakedScalar], str | None]:
+    baked, diverged = [], None
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.name != y.name or len(x.args) != len(y.args):
+            diverged = f"op {i}: {x.name} in {x.module or '<root>'} vs {y.name} in {y.module or '<root>'}"
+            break
+        for j, (u, v) in enumerate(zip(x.args, y.args)):
+            if u != v and len(baked) < limit:
+                baked.append(BakedScalar(i, x.name, x.module, j, u, v))
+    if diverged is None and len(a) != len(b):
+        diverged = f"op {min(len(a), len(b))}: one capture records {len(a)} ops, the other {len(b)}"
+    return baked, diverged
+
+
+def dynamic_dims(bench, mode, a: Batch, b: Batch, make_executor=None) -> DynDimResult:
+    ops_a, key_a = recorded_ops(bench, mode, a, make_executor)
+    ops_b, key_b = recorded_ops(bench, mode, b, make_executor)
+    res = DynDimResult(str(mode), key_a, (a.composition.label, b.composition.label), (len(ops_a), len(ops_b)))
+    if key_a != key_b:
+        res.note = f"the compositions landed on different keys ({key_a}, {key_b}): nothing to compare"
+        return res
+    res.baked, res.diverged_at = diff_ops(ops_a, ops_b)
+    if bench.device.type == "cuda":
+        res.note = "ATen ops only: Triton kernel launches (grids, scalar arguments) are not seen"
+    return res

@@ -1,0 +1,153 @@
+"""Bugs injected on purpose (`gmtool verify --inject NAME`), each the kind engines have shipped, each applied to
+one executor only: verify must catch every one and name where it is.
+
+- stale-positions / stale-slot-mapping: copy-in skips that field when the token count repeats (a steady
+  decode); the graph reads the previous step's values, and with stale slots writes K/V over live tokens.
+- skip-pad-zero: padding is not rewritten; padded lanes keep an earlier batch's slots, sequences, lengths.
+- stale-block-table: the entries past each sequence's blocks keep an earlier batch's block ids, and attention
+  gathers whole rows (as gmtool's torch decode reference does, masking past the length): once such a block is
+  freed, the replay reads a block no live request owns.
+- freeze-block-tables / freeze-seq-lens: attention reads the block tables / kv lengths of the capture's batch
+  (host data frozen into the graph); once those requests finish, their blocks are unused memory.
+- pad-read[:L]: under capture only, decoder layer L's MLP output adds the bucket's last row to every row: a
+  graph that reads a padding lane (L defaults to 0).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, replace
+
+from gmtool.errors import GmtoolError
+
+FAULTS = ("stale-positions", "stale-slot-mapping", "skip-pad-zero", "stale-block-table", "freeze-block-tables",
+          "freeze-seq-lens", "pad-read")
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    layer: int = 0
+
+    def __str__(self) -> str:
+        return self.name + (f":{self.layer}" if self.name == "pad-read" and self.layer else "")
+
+
+def parse_fault(text: str | None, num_layers: int | None = None) -> Fault | None:
+    if not text:
+        return None
+    name, _, arg = text.partition(":")
+    if name not in FAULTS or (arg and name != "pad-read") or (arg and not arg.isdigit()):
+        raise GmtoolError(f"unknown --inject {text!r}: choose from {', '.join(FAULTS)} (pad-read takes :LAYER)")
+    layer = int(arg) if arg else 0
+    if num_layers is not None and layer >= num_layers:
+        raise GmtoolError(f"--inject {text!r}: the model has layers 0..{(num_layers or 1) - 1}")
+    return Fault(name, layer)
+
+
+def inject(fault: Fault, ex) -> contextlib.AbstractContextManager:
+    """Apply fault to executor ex; leaving the context removes what it added to shared objects (the model)."""
+    if fault.name in ("stale-positions", "stale-slot-mapping"):
+        _stale_field(ex, 1 if fault.name == "stale-positions" else 2)
+    elif fault.name == "skip-pad-zero":
+        ex.inputs._pad = lambda *a: None
+    elif fault.name == "stale-block-table":
+        _stale_table_tails(ex)
+    elif fault.name in ("freeze-block-tables", "freeze-seq-lens"):
+        _freeze(ex, "block_tables" if fault.name == "freeze-block-tables" else "kv_lens")
+    elif fault.name == "pad-read":
+        return _pad_read(ex, fault.layer)
+    return contextlib.nullcontext()
+
+
+def _stale_field(ex, row: int) -> None:
+    """Copy-in skips the field when a batch has the same token count as the key's previous one (a steady
+    decode): it keeps the previous step's values, which are valid positions and slots, only not this step's."""
+    inputs, load = ex.inputs, ex.inputs.load
+    last = {}
+
+    def stale_load(batch, key, copy=True):
+        tok = inputs.staged(key)[0]
+        kept = tok[row].copy()
+        load(batch, key, copy=False)
+        if last.get(key) == batch.num_tokens:
+            tok[row] = kept
+        last[key] = batch.num_tokens
+        if copy:
+            inputs.copy_in(key)
+        return inputs.views(key)
+
+    inputs.load = stale_load
+
+
+def _stale_table_tails(ex) -> None:
+    pad = ex.inputs._pad
+
+    def pad_keeping_tables(tok, seq, cu, bt, now, before):
+        _, b, w = now
+        kept = bt.copy()
+        pad(tok, seq, cu, bt, now, before)
+        bt[:b, w:] = kept[:b, w:]
+        bt[b:] = kept[b:]
+
+    ex.inputs._pad = pad_keeping_tables
+
+
+class _FrozenAttention:
+    """The executor's attention backend, reading one metadata field from a copy made at capture."""
+
+    def __init__(self, inner, field: str):
+        self.inner, self.field, self.frozen = inner, field, {}
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _views(self, ctx):
+        frozen = self.frozen.get(id(getattr(ctx.views, self.field)))
+        return ctx if frozen is None else replace(ctx, views=replace(ctx.views, **{self.field: frozen}))
+
+    def decode(self, ctx, *a):
+        return self.inner.decode(self._views(ctx), *a)
+
+    def masked(self, ctx, *a):
+        return self.inner.masked(self._views(ctx), *a)
+
+    def planned(self, ctx, *a):
+        return self.inner.planned(self._views(ctx), *a)
+
+
+def _freeze(ex, field: str) -> None:
+    frozen = _FrozenAttention(ex.attention, field)
+    ex.attention = frozen
+    capture = ex.capture
+
+    def capture_frozen(key, batch):
+        live = getattr(ex.inputs.load(batch, key), field)
+        frozen.frozen[id(live)] = live.clone()  # made before capture: a constant the graph reads
+        return capture(key, batch)
+
+    ex.capture = capture_frozen
+
+
+@contextlib.contextmanager
+def _pad_read(ex, layer: int):
+    base = getattr(ex.lm.model, ex.lm.model.base_model_prefix)
+    recording = [False]
+    record = ex.forward_impl.record
+
+    def record_flagged(ex_, entry, fn):
+        recording[0] = True
+        try:
+            record(ex_, entry, fn)
+        finally:
+            recording[0] = False
+
+    def hook(module, args, out):
+        if recording[0]:
+            return out + out[..., -1:, :]
+
+    ex.forward_impl.record = record_flagged
+    handle = base.layers[layer].mlp.register_forward_hook(hook, prepend=True)  # before any tap sees it
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -1,0 +1,229 @@
+"""Memory a correct graph never reads, poisoned around a checked replay, and the checks on what it wrote.
+
+Each Buffer below is poisoned (NaN, or a sentinel where a correct graph does read the memory but must ignore
+it) just before a checked replay and cleaned afterwards. A correct graph is unaffected. A graph whose result
+changes when one buffer alone is poisoned reads it: `attribute` names it by replaying the failing step with
+each buffer poisoned in turn against a clean replay.
+
+Finite sentinels where NaN would be wrong for a correct graph: gmtool's torch reference attention gathers
+whole blocks and masks past each sequence's length, so the null block and the slots past a sequence's length
+are read and multiplied by zero (NaN times zero is NaN). Index fields hold valid but wrong indices (a
+sentinel out of range would crash a CUDA context instead of naming the buffer).
+"""
+from __future__ import annotations
+
+import ctypes
+from enum import StrEnum
+
+import numpy as np
+import torch
+from torch.utils._pytree import tree_flatten
+
+from gmtool.core.batch import Batch
+from gmtool.core.kv_cache import NULL_BLOCK
+
+SENTINEL = 1e3  # for memory read under a mask: large enough to be plain in any result that uses it
+
+
+class Buffer(StrEnum):
+    PAD_INPUT_IDS = "input_ids padding lanes"
+    PAD_POSITIONS = "positions padding lanes"
+    PAD_LOGITS_INDICES = "logits_indices padding lanes"
+    ARENA_TAIL = "input arena past this bucket's fields"
+    ATTN_OUT_TAIL = "attention output buffer past this bucket"
+    KV_UNUSED_BLOCKS = "KV blocks no live request owns"
+    KV_SLOT_TAILS = "KV slots past each request's length"
+    KV_NULL_BLOCK = "KV null block"
+    GRAPH_MEMORY = "graph-private memory (freed graph-pool blocks / tape intermediates)"
+
+
+class Poisoner:
+    def __init__(self, ex, persistent: list[torch.Tensor], seed: int):
+        """persistent: tensors outside the graphs' own memory (weights, the KV cache, taps) besides ex's."""
+        self.ex, self.cache, self.seed = ex, ex.cache, seed
+        self.persistent = {t.untyped_storage().data_ptr() for t in persistent}
+        self.persistent |= {t.untyped_storage().data_ptr() for t in
+                            (ex.inputs.arena, ex.inputs.logits, ex.attn_out, *ex.cache.k, *ex.cache.v)}
+        self.skipped: dict[str, str] = {}  # buffer -> why it is not poisoned here
+        self._intermediates: dict[int, list[torch.Tensor]] = {}
+        self._memset = None
+        if not ex.mode.piecewise:
+            self.skipped[Buffer.ATTN_OUT_TAIL] = "full graphs have no attention output buffer between pieces"
+
+    # -- poison and clean ----------------------------------------------------------------------------
+    def apply(self, entry, batch: Batch, live, step: int, only: set[Buffer] | None = None) -> None:
+        """Poison every buffer (or `only` those) before entry replays batch; live: scheduler.live()."""
+        want = (lambda b: b not in self.skipped) if only is None else (lambda b: b in only)
+        rng = np.random.default_rng((self.seed, step))
+        tok, seq, _, _ = self.ex.inputs.staged(entry.key)
+        n, b, t = batch.num_tokens, batch.num_seqs, entry.key.num_tokens
+        staged = False
+        if want(Buffer.PAD_INPUT_IDS) and n < t:
+            tok[0, n:] = rng.integers(self.ex.lm.vocab_size, size=t - n)
+            staged = True
+        if want(Buffer.PAD_POSITIONS) and n < t:
+            tok[1, n:] = rng.integers(self.cache.spec.max_kv_len, size=t - n)
+            staged = True
+        if want(Buffer.PAD_LOGITS_INDICES) and b < seq.shape[1]:
+            seq[0, b:] = rng.integers(t, size=seq.shape[1] - b)
+            staged = True
+        if staged:
+            self.ex.inputs.invalidate()  # the next load rewrites the padding
+            if not entry.copies_inputs:
+                self.ex.inputs.copy_in(entry.key)
+        if want(Buffer.ARENA_TAIL):
+            self.ex.inputs.arena[self._arena_end(entry.key):] = 1  # a valid index of every kind, and wrong
+        if want(Buffer.ATTN_OUT_TAIL) and self.ex.mode.piecewise:
+            self.ex.attn_out[t:] = float("nan")
+        unused, tails = self._kv_spans(live)
+        for kv in self.cache.k + self.cache.v:
+            if want(Buffer.KV_UNUSED_BLOCKS) and len(unused):
+                kv.index_fill_(0, unused, float("nan"))
+            if want(Buffer.KV_SLOT_TAILS) and len(tails):
+                kv.view(-1, *kv.shape[2:]).index_fill_(0, tails, SENTINEL)
+            if want(Buffer.KV_NULL_BLOCK):
+                kv[NULL_BLOCK] = SENTINEL
+        if want(Buffer.GRAPH_MEMORY):
+            self._fill_graph_memory(entry, poison=True)
+
+    def clean(self, entry, live) -> None:
+        """Back to harmless values: memory nobody owns holds zeros, the next load rewrites the padding."""
+        self.ex.inputs.invalidate()
+        self.ex.inputs.arena[self._arena_end(entry.key):] = 0
+        self.ex.attn_out[entry.key.num_tokens:] = 0
+        unused, tails = self._kv_spans(live)
+        for kv in self.cache.k + self.cache.v:
+            if len(unused):
+                kv.index_fill_(0, unused, 0.0)
+            if len(tails):
+                kv.view(-1, *kv.shape[2:]).index_fill_(0, tails, 0.0)
+            kv[NULL_BLOCK] = 0.0
+        if Buffer.GRAPH_MEMORY not in self.skipped:
+            self._fill_graph_memory(entry, poison=False)
+
+    def _arena_end(self, key) -> int:
+        return sum(v.size for v in self.ex.inputs.staged(key))
+
+    def _kv_spans(self, live) -> tuple[torch.Tensor, torch.Tensor]:
+        """(blocks no live request owns, slots past each live request's length in its own blocks)."""
+        bs, dev = self.cache.spec.block_size, self.cache.device
+        owned = np.zeros(self.cache.num_blocks, dtype=bool)
+        owned[NULL_BLOCK] = True
+        tails = []
+        for blocks, length in live:
+            owned[blocks] = True
+            slots = np.asarray(blocks, dtype=np.int64)[:, None] * bs + np.arange(bs)
+            tails.append(slots.reshape(-1)[length:])
+        unused = torch.from_numpy(np.flatnonzero(~owned)).to(dev)
+        tails = torch.from_numpy(np.concatenate(tails) if tails else np.zeros(0, np.int64)).to(dev)
+        return unused, tails
+
+    # -- the graph's own memory ----------------------------------------------------------------------
+    def _fill_graph_memory(self, entry, poison: bool) -> None:
+        """NaN (poison) or zeros: a replay that reads what it did not write sees one or the other."""
+        if self.ex.device.type == "cuda":
+            self._fill_free_pool_blocks(0xFF if poison else 0)
+            return
+        for t in self._tape_intermediates(entry):
+            t.fill_(float("nan") if poison else 0.0)
+
+    def _tape_intermediates(self, entry) -> list[torch.Tensor]:
+        """CPU tape: floating results the graph computes itself (a correct replay writes each before reading it)."""
+        got = self._intermediates.get(id(entry))
+        if got is None:
+            seen, got = set(), []
+            for step in entry.steps:
+                for op in getattr(step, "ops", ()):
+                    for t in tree_flatten(op[3])[0]:
+                        if (isinstance(t, torch.Tensor) and t.is_floating_point() and id(t) not in seen
+                                and t.untyped_storage().data_ptr() not in self.persistent):
+                            seen.add(id(t))
+                            got.append(t)
+            self._intermediates[id(entry)] = got
+        return got
+
+    def _fill_free_pool_blocks(self, byte: int) -> None:
+        """CUDA: every free block of the executor's graph pools set to one byte (0xFF: NaN in fp32/bf16/fp16)."""
+        ex = self.ex
+        pools = set(map(tuple, ex.memory.pool_ids.values())) if ex.memory is not None else {tuple(ex.backend.pool or ())}
+        try:
+            memset = self._memset or _driver_memset()
+            self._memset = memset
+            stream = ctypes.c_void_p(torch.cuda.current_stream(ex.device).cuda_stream)
+            for seg in torch.cuda.memory_snapshot():
+                if tuple(seg.get("segment_pool_id") or ()) not in pools:
+                    continue
+                at = seg["address"]
+                for blk in seg.get("blocks", []):
+                    start = blk.get("address", at)
+                    at = start + blk["size"]
+                    if blk.get("state") == "inactive":
+                        rc = memset(ctypes.c_uint64(start), ctypes.c_ubyte(byte), ctypes.c_size_t(blk["size"]), stream)
+                        if rc != 0:
+                            raise RuntimeError(f"cuMemsetD8Async returned {rc}")
+        except Exception as e:  # the driver library or the snapshot format: say so, check the rest
+            self.skipped[Buffer.GRAPH_MEMORY] = f"freed graph-pool memory not poisoned: {e}"
+
+
+def _driver_memset():
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuMemsetD8Async
+    fn.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+# -- what the replay left behind ---------------------------------------------------------------------------
+def input_faults(ex, key, batch: Batch) -> list[str]:
+    """Fields of key's device buffers that do not hold this batch (or the padding attention relies on):
+    what a graph read, whatever the host meant to send."""
+    v = ex.inputs.views(key)
+    n, b, w = batch.num_tokens, batch.num_seqs, batch.block_table_array.shape[1]
+    bs = ex.cache.spec.block_size
+    got = {name: getattr(v, name).cpu().numpy() for name in
+           ("input_ids", "positions", "slot_mapping", "token_seq", "logits_indices", "kv_lens", "cu_q", "block_tables")}
+    checks = [("input_ids", got["input_ids"][:n], batch.input_ids),
+              ("positions", got["positions"][:n], batch.positions),
+              ("slot_mapping", got["slot_mapping"][:n], batch.slot_mapping),
+              ("token_seq", got["token_seq"][:n], batch.token_seq),
+              ("logits_indices", got["logits_indices"][:b], batch.logits_indices),
+              ("kv_lens", got["kv_lens"][:b], batch.kv_len_array),
+              ("cu_q", got["cu_q"][:b + 1], batch.cu_q),
+              ("block_tables", got["block_tables"][:b, :w], batch.block_table_array)]
+    out = [f"{name} holds other values than this batch's" for name, have, want in checks
+           if not np.array_equal(have, want)]
+    pad = got["slot_mapping"][n:]
+    if ((pad < 0) | (pad >= bs)).any():
+        out.append("slot_mapping padding lanes point outside the null block (padding writes K/V into live blocks)")
+    if (got["token_seq"][n:] != -1).any():
+        out.append("token_seq padding lanes name a sequence")
+    if got["kv_lens"][b:].any():
+        out.append("kv_lens padding lanes are not 0")
+    if (got["cu_q"][b + 1:] != n).any():
+        out.append("cu_q padding lanes do not hold the token count")
+    if got["block_tables"][:b, w:].any() or got["block_tables"][b:].any():
+        out.append("block_tables padding lanes point to blocks other than the null block")
+    return out
+
+
+class LiveSlots:
+    """A digest per slot of every K/V token live requests held before this step: a replay must not touch them."""
+
+    def __init__(self, cache, live, batch: Batch):
+        bs = cache.spec.block_size
+        held = [(np.asarray(blocks, dtype=np.int64)[:, None] * bs + np.arange(bs)).reshape(-1)[:length]
+                for blocks, length in live]
+        slots = np.setdiff1d(np.concatenate(held) if held else np.zeros(0, np.int64), batch.slot_mapping)
+        self.cache = cache
+        self.slots = torch.from_numpy(slots).to(cache.device)
+        self.before = self._digest()
+
+    def _digest(self) -> torch.Tensor:
+        return torch.stack([kv.view(-1, kv[0, 0].numel()).index_select(0, self.slots).double().sum(-1)
+                            for kv in self.cache.k + self.cache.v])
+
+    def changed(self) -> int:
+        """How many of those slots the replay changed (in any layer)."""
+        if not len(self.slots):
+            return 0
+        return int((self._digest() != self.before).any(0).sum())

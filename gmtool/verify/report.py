@@ -1,0 +1,73 @@
+"""verify.json, the run table and the verdict: what was found, and the exit code it earns.
+
+Exit codes: 0 nothing found; 3 a wrong replay, a baked-in composition-dependent value, or an op that breaks
+capture, in a mode that should be safe (full-narrow's findings are the bug it exists to show); 2 bad input
+(raised before anything runs).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+from rich.table import Table
+
+EXIT_CLEAN, EXIT_FOUND = 0, 3
+
+
+def _findings(doc: dict) -> list[str]:
+    out = [f"capture: {f['text']}" for f in doc["capturability"] if f["breaks_capture"]]
+    out += [f"{d['mode']} {d['kind']} bucket {d['key']}: composition-dependent value baked into the graph: "
+            + (str(d["baked"][0]["op"]) + f" in {d['baked'][0]['module']}" if d["baked"] else str(d["diverged_at"]))
+            for d in doc["dynamic_dims"] if not d["clean"] and not d["expected_unsafe"]]
+    for r in doc["runs"]:
+        m = r["mismatch"]
+        if m is None or r["expected_unsafe"]:
+            continue
+        where = m["first_divergence"]["tensor"] if m["first_divergence"] else "no layer output differs"
+        out.append(f"{r['mode']} under {r['strategy']}: wrong replay at step {m['step']} (bucket {m['key']}, "
+                   f"{m['composition']}): {where}; suspected: {m['suspects'][0]}; reproduce: {m['repro']}")
+    return out
+
+
+def finish_document(doc: dict, cfg, wall_s: float) -> dict:
+    doc["wall_s"] = wall_s
+    doc["findings"] = _findings(doc)
+    doc["exit_code"] = EXIT_FOUND if doc["findings"] else EXIT_CLEAN
+    steps = sum(r["steps"] for r in doc["runs"])
+    checks = sum(r["checks"] for r in doc["runs"])
+    if doc["findings"]:
+        doc["verdict"] = f"verify: WRONG REPLAY FOUND ({len(doc['findings'])}): {doc['findings'][0]}"
+    else:
+        doc["verdict"] = (f"verify: clean: {steps} steps, {checks} checked replays against eager, "
+                          f"{len(doc['runs'])} soak(s), no op that breaks capture, no baked-in value")
+    return doc
+
+
+def runs_frame(doc: dict) -> pd.DataFrame:
+    rows = []
+    for r in doc["runs"]:
+        m = r["mismatch"]
+        result = "clean" if m is None else (
+            f"step {m['step']}: " + (m["first_divergence"]["tensor"] if m["first_divergence"] else m["reason"][:60]))
+        rows.append({"mode": r["mode"], "strategy": r["strategy"], "steps": r["steps"], "checks": r["checks"],
+                     "graphs": r["graphs"], "requests done": r["finished_requests"],
+                     "blocks reused": r["blocks_reused"], "steps/min": round(r["steps_per_min"], 1),
+                     "result": result + (" (expected)" if m is not None and r["expected_unsafe"] else "")})
+    return pd.DataFrame(rows)
+
+
+def runs_table(doc: dict) -> Table:
+    df = runs_frame(doc)
+    t = Table(title="gmtool verify")
+    for c in df.columns:
+        t.add_column(c, justify="right" if df[c].dtype.kind in "if" else "left")
+    for row in df.itertuples(index=False):
+        t.add_row(*(str(v) for v in row), style="green" if row[-1] == "clean" else "bold red")
+    return t
+
+
+def write_document(out_dir: Path, doc: dict) -> Path:
+    path = out_dir / "verify.json"
+    path.write_text(json.dumps(doc, indent=1, default=str, allow_nan=True) + "\n")
+    return path

@@ -1,0 +1,158 @@
+"""gmtool verify, from its options to its document: capturability, dynamic dimensions, then a soak per mode and
+memory strategy. No terminal here (gmtool.cli.verify prints)."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from gmtool.config import SweepConfig
+from gmtool.core.compositions import parse_composition
+from gmtool.errors import GmtoolError
+from gmtool.modes import CAPTURE_MODES, GraphMode
+from gmtool.verify.faults import Fault, parse_fault
+
+# the CPU tape emulates: a small engine; on CUDA, the engines' scale
+CPU_DEFAULTS = dict(buckets="1,2,4,8,16", max_num_seqs=4, max_kv_len=48, block_size=8)
+GPU_DEFAULTS = dict(buckets="1,2,4,8,16,32,64,128,256", max_num_seqs=32, max_kv_len=512, block_size=16)
+DEFAULT_STRATEGY = "default"  # the executor's own single graph pool
+
+
+@dataclass
+class VerifyConfig:
+    model: str | None = None
+    modes: str = "full,piecewise"
+    steps: int = 200
+    check_every: int = 10
+    strategy: str = DEFAULT_STRATEGY
+    seed: int = 0
+    inject: str | None = None
+    device: str = "auto"
+    dtype: str | None = None
+    buckets: str | None = None
+    max_num_seqs: int | None = None
+    max_kv_len: int | None = None
+    block_size: int | None = None
+    attention: str = "auto"
+    # derived
+    graph_modes: tuple[GraphMode, ...] = field(init=False)
+    strategies: tuple[str, ...] = field(init=False)
+    sweep: SweepConfig = field(init=False, repr=False)
+    fault: Fault | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        names = [m.strip() for m in str(self.modes).split(",") if m.strip()]
+        bad = [m for m in names if m not in CAPTURE_MODES]
+        if bad or not names:
+            raise GmtoolError(f"--modes: {bad[0] if bad else '(none)'!r} is not a graph mode: choose from "
+                              f"{', '.join(CAPTURE_MODES)}")
+        self.graph_modes = tuple(dict.fromkeys(GraphMode(m) for m in names))
+        if self.steps <= 0 or self.check_every <= 0:
+            raise GmtoolError("--steps and --check-every must be positive")
+        from gmtool.memory.strategies import STRATEGIES
+
+        self.strategies = tuple(dict.fromkeys(s.strip() for s in str(self.strategy).split(",") if s.strip()))
+        unknown = [s for s in self.strategies if s not in (DEFAULT_STRATEGY, *STRATEGIES)]
+        if unknown or not self.strategies:
+            raise GmtoolError(f"--strategy: unknown {unknown[0] if unknown else '(none)'!r}: choose from "
+                              f"{', '.join((DEFAULT_STRATEGY, *STRATEGIES))}")
+        opts = dict(model=self.model, device=self.device, dtype=self.dtype, scenario="decode",
+                    modes=("eager", *self.graph_modes), seed=self.seed, attention=self.attention)
+        probe = SweepConfig(**opts, buckets="1")  # resolves the device before the defaults that depend on it
+        cuda = probe.torch_device.type == "cuda"
+        if not cuda and any(s != DEFAULT_STRATEGY for s in self.strategies):
+            raise GmtoolError("--strategy: memory strategies choose CUDA graph pools; on the CPU backend only "
+                              f"{DEFAULT_STRATEGY!r} runs")
+        dflt = GPU_DEFAULTS if cuda else CPU_DEFAULTS
+        for name in ("max_num_seqs", "max_kv_len", "block_size"):
+            value = getattr(self, name)
+            if value is None:
+                setattr(self, name, dflt[name])
+            elif value <= 0:
+                raise GmtoolError(f"--{name.replace('_', '-')} must be positive")
+        self.buckets = self.buckets or dflt["buckets"]
+        self.sweep = SweepConfig(**opts, buckets=self.buckets, max_num_seqs=self.max_num_seqs,
+                                 max_kv_len=self.max_kv_len, block_size=self.block_size)
+        self.model = self.sweep.model
+        self.fault = parse_fault(self.inject)  # the layer is checked once the model is loaded
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k not in ("sweep", "fault")}
+        d.update(modes=list(map(str, self.graph_modes)), strategies=list(self.strategies),
+                 device=str(self.sweep.torch_device), dtype=str(self.sweep.torch_dtype).replace("torch.", ""),
+                 inject=str(self.fault) if self.fault else None)
+        return d
+
+    def repro(self, mode: str, strategy: str, steps: int) -> str:
+        """The command that re-runs one soak up to a step (the workload depends on the seed alone)."""
+        parts = ["gmtool verify", f"--model {self.model}", f"--modes {mode}", f"--strategy {strategy}",
+                 f"--seed {self.seed}", f"--steps {steps}", f"--check-every {self.check_every}",
+                 f"--device {self.sweep.torch_device.type}", f"--dtype {self.to_dict()['dtype']}",
+                 f"--buckets {self.buckets}", f"--max-num-seqs {self.max_num_seqs}",
+                 f"--max-kv-len {self.max_kv_len}", f"--block-size {self.block_size}"]
+        if self.fault:
+            parts.append(f"--inject {self.fault}")
+        return " ".join(parts)
+
+
+def build_bench(cfg: VerifyConfig):
+    from gmtool.measure.workbench import Workbench
+
+    per_seq = -(-cfg.max_kv_len // cfg.block_size)
+    # fewer blocks than every sequence at full length: requests wait for blocks and get freed ones
+    blocks = max(per_seq + 1, cfg.max_num_seqs * per_seq * 3 // 4) + 1
+    bench = Workbench.build(cfg.sweep, num_blocks=blocks)
+    cfg.fault = parse_fault(cfg.inject, bench.lm.num_layers)
+    return bench
+
+
+def dyn_dim_batches(bench, cfg: VerifyConfig):
+    """Two compositions per kind that share a bucket key: (kind, batch a, batch b)."""
+    bs, sizes = cfg.block_size, cfg.sweep.bucket_sizes
+    k = max([s for s in sizes if s <= cfg.max_num_seqs] or [1])
+    p1, p2 = min(bs + 1, cfg.max_kv_len - 1), min(3 * bs - 1, cfg.max_kv_len - 1)
+    out = [("decode", f"1*{k}@{p1}", f"1*{k}@{p2}")]
+    t = max(s for s in sizes if s <= cfg.max_kv_len)
+    if t >= 4:
+        out.append(("prefill", f"{t // 2}+{t - t // 2}", f"{t // 4}+{t - t // 4}"))
+    return [(kind, bench.batch(parse_composition(a, 1)), bench.batch(parse_composition(b, 2))) for kind, a, b in out]
+
+
+def run_verify(cfg: VerifyConfig, say=lambda text: None) -> dict:
+    """Everything verify does; say(text) is told what starts. Returns the document (gmtool.verify.report)."""
+    from gmtool.measure.sweep import machine_info
+    from gmtool.memory.strategies import make_strategy
+    from gmtool.verify.capturable import model_hazards
+    from gmtool.verify.dyndims import dynamic_dims
+    from gmtool.verify.report import finish_document
+    from gmtool.verify.soak import Soak, SoakOptions
+    from gmtool.verify.taps import LayerTaps
+
+    t0 = time.perf_counter()
+    bench = build_bench(cfg)
+    doc = {"command": "verify", "config": cfg.to_dict(), "machine": machine_info(bench.device),
+           "model": bench.model_info(), "capturability": [], "dynamic_dims": [], "runs": [], "notes": []}
+    say("capturability check")
+    hazards = model_hazards(bench, ("1*2", "3+2"))
+    doc["capturability"] = [f.to_dict() | {"breaks_capture": f.hazard.breaks_capture, "text": str(f)} for f in hazards]
+    if any(f.hazard.breaks_capture for f in hazards):
+        doc["notes"].append("the soak did not run: the model's forward cannot be captured")
+        return finish_document(doc, cfg, time.perf_counter() - t0)
+    taps = LayerTaps(bench.lm, bench.cfg.policy().largest, bench.device)
+    try:
+        for mode in cfg.graph_modes:
+            for kind, a, b in dyn_dim_batches(bench, cfg):
+                say(f"dynamic dimensions: {mode} {kind}")
+                res = dynamic_dims(bench, mode, a, b)
+                doc["dynamic_dims"].append(res.to_dict() | {"kind": kind, "expected_unsafe": mode.expected_unsafe})
+        opts = SoakOptions(cfg.steps, cfg.check_every, cfg.seed, cfg.fault)
+        for mode in cfg.graph_modes:
+            for strategy in cfg.strategies:
+                say(f"soak: {mode} under {strategy}")
+                memory = None if strategy == "default" else make_strategy(strategy, bench.device)
+                res = Soak(bench, taps, mode, memory, strategy, opts).run()
+                if res.mismatch is not None:
+                    res.mismatch.repro = cfg.repro(str(mode), strategy, res.mismatch.step + 1)
+                doc["runs"].append(res.to_dict())
+    finally:
+        taps.remove()
+    return finish_document(doc, cfg, time.perf_counter() - t0)

@@ -1,0 +1,220 @@
+"""The soak: one graph mode under one memory strategy, driven by the scheduler for N steps.
+
+Every step replays whatever graph its batch's bucket key selects (captured on first use). Every K-th step is
+checked: eager runs the exact batch first, then the replay runs with every unread buffer poisoned (poison.py),
+and the check compares logits and the K/V written with eager (gmtool.measure.check), the device inputs with
+the batch, and the K/V live requests held with what they held before. The first failing check stops the run
+and is localized: which poisoned buffer changes the result on its own, and the first layer output where the
+replay leaves eager.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from gmtool.measure.check import checked_replay, written_kv
+from gmtool.measure.timing import rel_err_per_seq, tolerances_for
+from gmtool.modes import GraphMode
+from gmtool.verify.faults import Fault, inject
+from gmtool.verify.poison import Buffer, LiveSlots, Poisoner, input_faults
+from gmtool.verify.scheduler import Scheduler, Workload
+from gmtool.verify.taps import LayerTaps
+
+
+@dataclass
+class Mismatch:
+    step: int
+    key: str
+    composition: str
+    captured_with: str
+    reason: str
+    input_faults: list[str]
+    live_slots_changed: int  # K/V slots of live requests the replay overwrote
+    buffers_read: list[str]  # poisoned alone, each of these changed the replay's result
+    first_divergence: dict | None
+    suspects: list[str]
+    repro: str = ""
+
+
+@dataclass
+class SoakResult:
+    mode: str
+    strategy: str
+    steps: int  # run (the run stops at the first mismatch)
+    checks: int
+    graphs: int
+    keys: list[str]
+    finished_requests: int
+    blocks_reused: int
+    wall_s: float
+    steps_per_min: float
+    poison_skipped: dict[str, str]
+    expected_unsafe: bool  # full-narrow: its mismatches are the finding it exists to show
+    mismatch: Mismatch | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SoakOptions:
+    steps: int
+    check_every: int
+    seed: int
+    fault: Fault | None = None
+
+
+class Soak:
+    def __init__(self, bench, taps: LayerTaps, mode: GraphMode, memory, strategy: str, opts: SoakOptions):
+        self.bench, self.taps, self.mode, self.strategy, self.opts = bench, taps, GraphMode(mode), strategy, opts
+        self.ex = bench.executor(self.mode, memory)
+        lm = bench.lm
+        persistent = [*lm.model.parameters(), *lm.model.buffers(), *taps.buffers, bench.eager_inputs.arena]
+        self.poisoner = Poisoner(self.ex, persistent, opts.seed)
+        cfg = bench.cfg
+        self.sched = Scheduler(Workload(self.ex.policy.largest, cfg.max_num_seqs, cfg.max_kv_len),
+                               bench.cache.num_blocks, cfg.block_size, lm.vocab_size, opts.seed)
+        self.tols = tolerances_for(cfg.torch_dtype)
+
+    def run(self) -> SoakResult:
+        opts, sched, ex = self.opts, self.sched, self.ex
+        checks, keys, mismatch, step = 0, {}, None, -1
+        fault = inject(opts.fault, ex) if opts.fault else contextlib.nullcontext()
+        t0 = time.perf_counter()
+        try:
+            with fault:
+                for step in range(opts.steps):
+                    batch = sched.next_batch()
+                    keys.setdefault(str(ex.key_for(batch)), None)
+                    if (step + 1) % opts.check_every == 0:
+                        checks += 1
+                        mismatch = self._check(batch, step)
+                        if mismatch is not None:
+                            break
+                    else:
+                        try:
+                            ex.step(batch)
+                        except torch.OutOfMemoryError:
+                            raise
+                        except (RuntimeError, IndexError):  # CPU tape: an index out of range; check the step
+                            checks += 1
+                            mismatch = self._check(batch, step)
+                            break
+                    sched.commit()
+            ex.backend.synchronize()
+            wall = time.perf_counter() - t0
+            graphs = len(ex.graphs)
+        finally:
+            ex.release()
+        return SoakResult(str(self.mode), self.strategy, step + 1, checks, graphs, list(keys), sched.finished,
+                          sched.reused_blocks, wall, 60 * (step + 1) / wall if wall > 0 else 0.0,
+                          {str(k): v for k, v in self.poisoner.skipped.items()}, self.mode.expected_unsafe, mismatch)
+
+    # -- one checked step ------------------------------------------------------------------------------
+    def _check(self, batch, step: int) -> Mismatch | None:
+        ex, live = self.ex, self.sched.live()
+        ref, _ = self.bench.reference(batch)
+        seen = {}
+
+        def before(entry):
+            self.poisoner.apply(entry, batch, live, step)
+            seen["slots"] = LiveSlots(ex.cache, live, batch)
+
+        def after(entry):
+            seen["inputs"] = input_faults(ex, entry.key, batch)
+            seen["changed"] = seen["slots"].changed()
+
+        try:
+            entry, check, _ = checked_replay(ex, batch, ref, before_replay=before, after_replay=after)
+            reason, stale = check.failure(*self.tols), check.stale_metadata
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, IndexError) as e:  # the eager pass on the graph's own (wrong) inputs raised
+            entry, stale = ex.prepare(batch), False
+            reason = f"the step raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            seen.setdefault("inputs", input_faults(ex, entry.key, batch))
+            seen.setdefault("changed", 0)
+        self.poisoner.clean(entry, live)
+        if reason is None and seen["inputs"]:
+            reason = "the device inputs the replay read are not this batch's: " + "; ".join(seen["inputs"])
+        if reason is None and seen["changed"]:
+            reason = f"the replay overwrote the K/V of {seen['changed']} slots that live requests hold"
+        if reason is None:
+            return None
+        return self._localize(entry, batch, live, step, reason, seen, stale)
+
+    # -- localization ------------------------------------------------------------------------------------
+    def _replay(self, batch, live, step: int, only):
+        """Re-run the step with only these buffers poisoned (None: all of them). Returns (logits, K/V, taps) or
+        the error the replay raised."""
+        ex = self.ex
+        ex.inputs.invalidate()
+        entry = ex.prepare(batch)
+        self.poisoner.clean(entry, live)
+        if only is None or only:
+            self.poisoner.apply(entry, batch, live, step, only=only)
+        try:
+            entry.replay(batch, ex.refresh_runner_metadata)
+        except (RuntimeError, IndexError) as e:
+            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        n = batch.num_tokens
+        return (ex.inputs.logits[: batch.num_seqs].clone(), written_kv(ex.cache, batch),
+                self.taps.graph_buf[:, :n].clone())
+
+    def _buffers_read(self, batch, live, step: int) -> list[str]:
+        """Each buffer poisoned alone against a clean replay: those that change the result are read."""
+        clean = self._replay(batch, live, step, set())
+        read = []
+        for buf in Buffer:
+            if buf in self.poisoner.skipped:
+                continue
+            got = self._replay(batch, live, step, {buf})
+            if isinstance(got, str) or isinstance(clean, str) or _differs(got[:2], clean[:2], self.tols[0]):
+                read.append(str(buf))
+        self.poisoner.clean(self.ex.prepare(batch), live)
+        return read
+
+    def _localize(self, entry, batch, live, step, reason, seen, stale) -> Mismatch:
+        ex, taps = self.ex, self.taps
+        read = self._buffers_read(batch, live, step)
+        got = self._replay(batch, live, step, None)  # the check's conditions
+        first = None
+        if not isinstance(got, str):
+            try:
+                with taps.into_eager():
+                    fn, _ = self.bench.eager_fn(batch)
+                    with torch.no_grad():
+                        fn()
+                    unpadded = taps.eager_buf[:, : batch.num_tokens].clone()
+                    ex.eager_same_shape(batch)
+                    same = taps.eager_buf[:, : batch.num_tokens].clone()
+            except (RuntimeError, IndexError):  # the same-shape pass reads the same wrong inputs: compare unpadded
+                same = unpadded.clone()
+            div = taps.first_divergence(got[2], same, unpadded, batch.token_seq, self.tols, self.mode.piecewise)
+            first = div.to_dict() if div else None
+        self.poisoner.clean(ex.prepare(batch), live)
+        suspects = list(seen["inputs"])
+        suspects += [f"{b}: the result changes when it alone is poisoned" for b in read]
+        if stale:
+            suspects.append(f"the attention plan frozen at capture (captured with {entry.captured_with})")
+        if seen["changed"]:
+            suspects.append(f"K/V slots live requests hold: {seen['changed']} overwritten by this replay")
+        if not suspects:
+            suspects.append("no buffer identified: the device inputs hold this batch and no poisoned buffer changes "
+                            "the result, so the graph computes from something else (a value frozen at capture?)")
+        return Mismatch(step, str(entry.key), batch.composition.label, entry.captured_with, reason, seen["inputs"],
+                        seen["changed"], read, first, suspects)
+
+
+def _differs(a: tuple, b: tuple, tol: float) -> bool:
+    for x, y in zip(a, b):
+        nan_x, nan_y = torch.isnan(x), torch.isnan(y)
+        if not torch.equal(nan_x, nan_y):
+            return True
+        if not rel_err_per_seq(torch.where(nan_x, 0, x), torch.where(nan_y, 0, y)) <= tol:
+            return True
+    return False

@@ -1,0 +1,227 @@
+"""gmtool verify on the CPU tape: a clean soak stays clean under poison, and each injected bug is caught, with the
+buffer it reads or the input it got wrong and the first layer output where the replay leaves eager."""
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gmtool.cli.main import app
+from gmtool.core.compositions import parse_composition
+from gmtool.verify.capturable import Hazard, find_hazards
+from gmtool.verify.dyndims import dynamic_dims
+from gmtool.verify.faults import parse_fault
+from gmtool.verify.poison import Buffer
+from gmtool.verify.run import VerifyConfig, build_bench
+from gmtool.verify.soak import Soak, SoakOptions
+from gmtool.verify.taps import LayerTaps
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def rig():
+    cfg = VerifyConfig(device="cpu", dtype="fp32", modes="full,piecewise,full-narrow")
+    bench = build_bench(cfg)
+    taps = LayerTaps(bench.lm, bench.cfg.policy().largest, bench.device)
+    yield cfg, bench, taps
+    taps.remove()
+
+
+def soak(rig, mode="full", fault=None, steps=9, check_every=3, seed=0):
+    cfg, bench, taps = rig
+    opts = SoakOptions(steps, check_every, seed, parse_fault(fault, bench.lm.num_layers))
+    return Soak(bench, taps, mode, None, "default", opts).run()
+
+
+@pytest.mark.parametrize("mode", ["full", "piecewise"])
+def test_a_correct_soak_is_clean_under_every_poison(rig, mode):
+    res = soak(rig, mode)
+    assert res.mismatch is None
+    assert res.steps == 9 and res.checks == 3 and res.graphs >= 3 and res.blocks_reused > 0
+    # every buffer was poisoned (full graphs have no attention buffer between pieces)
+    assert set(res.poison_skipped) == (set() if mode == "piecewise" else {Buffer.ATTN_OUT_TAIL})
+
+
+def test_the_poison_does_not_change_a_correct_replay(rig):
+    """The same step replayed clean and with every buffer poisoned gives the same bits; one buffer alone
+    changes nothing either (what attribution relies on)."""
+    s = Soak(rig[1], rig[2], "piecewise", None, "default", SoakOptions(4, 100, 0))
+    batch = s.sched.next_batch()
+    while batch.num_tokens == s.ex.key_for(batch).num_tokens:  # a step with padding lanes
+        s.ex.step(batch)
+        s.sched.commit()
+        batch = s.sched.next_batch()
+    s.ex.step(batch)  # captured
+    live = s.sched.live()
+    clean = s._replay(batch, live, 3, set())
+    poisoned = s._replay(batch, live, 3, None)
+    for a, b in zip(clean, poisoned):
+        assert torch.equal(a, b)
+    assert s._buffers_read(batch, live, 3) == []
+    s.ex.release()
+
+
+def test_a_graph_reading_a_padding_lane_is_caught_and_named(rig):
+    res = soak(rig, fault="pad-read", check_every=1, seed=3)
+    m = res.mismatch
+    assert m is not None and m.step == 0 and m.composition == "11" and m.key == "t16xs1"  # five padding lanes
+    assert m.buffers_read == [Buffer.PAD_INPUT_IDS]
+    assert m.first_divergence["module"] == "model.layers.0.mlp"
+    assert not m.input_faults
+
+
+def test_localization_names_the_layer_the_bug_is_in(rig):
+    m = soak(rig, fault="pad-read:1", check_every=1).mismatch
+    assert m.first_divergence["module"] == "model.layers.1.mlp" and m.first_divergence["layer"] == 1
+    assert m.first_divergence["rel_err_same_shape"] > 0.1  # graph-only: same-shape eager does not have it
+    pw = soak(rig, "piecewise", fault="pad-read:1", check_every=1).mismatch
+    assert pw.first_divergence["module"] == "model.layers.1.mlp" and pw.first_divergence["piece"] == 2
+
+
+@pytest.mark.parametrize("fault,field", [("stale-positions", "positions"), ("stale-slot-mapping", "slot_mapping")])
+def test_a_stale_input_field_is_named(rig, fault, field):
+    m = soak(rig, fault=fault, steps=20, check_every=1).mismatch
+    assert m is not None
+    assert m.input_faults == [f"{field} holds other values than this batch's"]
+    assert m.first_divergence["module"] == "model.layers.0.self_attn"  # where positions / slots are first used
+
+
+def test_stale_slots_after_block_reuse_are_caught_on_a_later_check(rig):
+    """Checked every 5th step: the stale slot mapping is caught once a steady decode repeats a token count, after
+    freed blocks were handed out again."""
+    res = soak(rig, fault="stale-slot-mapping", steps=60, check_every=5)
+    m = res.mismatch
+    assert m is not None and m.step > 5 and res.blocks_reused > 0
+    assert "slot_mapping holds other values than this batch's" in m.input_faults
+
+
+def test_a_graph_reading_an_unused_kv_block_is_caught_and_named(rig):
+    m = soak(rig, fault="stale-block-table", steps=30, check_every=1).mismatch
+    assert m is not None
+    assert Buffer.KV_UNUSED_BLOCKS in m.buffers_read
+    assert "block_tables padding lanes point to blocks other than the null block" in m.input_faults
+
+
+def test_padding_left_from_an_earlier_batch_is_named(rig):
+    m = soak(rig, fault="skip-pad-zero", steps=20, check_every=1).mismatch
+    assert m is not None and any("padding lanes" in f for f in m.input_faults)
+
+
+def test_a_graph_reading_its_own_memory_before_writing_it_is_named(rig, monkeypatch):
+    """Replays skip RMSNorm's rsqrt: the graph reads an intermediate it did not write on this replay (what a
+    graph reading freed pool memory does). Poisoned, the tape's intermediates make that NaN and name it."""
+    from gmtool.core.backends import cpu as tape
+
+    real = tape.TapeGraph.replay
+
+    def replay_without_rsqrt(self):
+        ops, self.ops = self.ops, [op for op in self.ops if not op[0].__name__.startswith("rsqrt")]
+        try:
+            real(self)
+        finally:
+            self.ops = ops
+
+    monkeypatch.setattr(tape.TapeGraph, "replay", replay_without_rsqrt)
+    m = soak(rig, steps=2, check_every=1).mismatch
+    assert m is not None and m.step == 0 and m.buffers_read == [Buffer.GRAPH_MEMORY]
+
+
+def test_full_narrow_freezes_the_plan_and_verify_says_so(rig):
+    res = soak(rig, "full-narrow", steps=20, check_every=1)
+    assert res.expected_unsafe and res.mismatch is not None
+    assert any("attention plan frozen at capture" in s for s in res.mismatch.suspects)
+
+
+# -- capturability ---------------------------------------------------------------------------------------------
+class _Sync(torch.nn.Module):
+    def forward(self, x):
+        scale = x.abs().max().item()
+        return x / scale + torch.tensor([1.0])
+
+
+class _Toy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = torch.nn.Sequential(torch.nn.Linear(4, 4), _Sync())
+
+    def forward(self, x):
+        return self.block(x)
+
+
+def test_capturability_names_item_and_a_host_tensor_with_their_module_path():
+    toy, x = _Toy(), torch.ones(2, 4)
+    found = {(f.hazard, f.op, f.module) for f in find_hazards(toy, lambda: toy(x), torch.device("cpu"))}
+    assert (Hazard.HOST_SYNC, "Tensor.item()", "block.1") in found
+    assert (Hazard.HOST_TENSOR, "aten.lift_fresh.default (torch.tensor(...) of host data)", "block.1") in found
+    assert len(found) == 2  # the Linear and the division are fine; item() is not counted twice
+
+
+def test_capture_refuses_a_model_with_a_host_sync_naming_the_op(tmp_path, monkeypatch):
+    from transformers.models.qwen3 import modeling_qwen3
+
+    real = modeling_qwen3.Qwen3MLP.forward
+    monkeypatch.setattr(modeling_qwen3.Qwen3MLP, "forward", lambda self, x: real(self, x) * (x.sum() > 0).item())
+    r = runner.invoke(app, ["capture", "--device", "cpu", "--buckets", "2", "--num-iters", "1",
+                            "--out", str(tmp_path / "o")])
+    assert r.exit_code == 1
+    assert "cannot be captured as a CUDA graph: Tensor.item() (host sync) in model.layers.0.mlp" in str(r.exception)
+
+
+# -- dynamic dimensions ----------------------------------------------------------------------------------------
+def test_the_tape_diff_names_the_host_plan_baked_into_full_narrow(rig):
+    _, bench, _ = rig
+    a, b = (bench.batch(parse_composition(t, i)) for i, t in enumerate(("8+8", "4+12")))
+    narrow = dynamic_dims(bench, "full-narrow", a, b)
+    assert narrow.key == "t16" and not narrow.clean
+    first = narrow.baked[0]
+    assert first.op == "aten.slice.Tensor" and first.module == "model.layers.0.self_attn"
+    assert (first.value_a, first.value_b) == (8, 4)  # the first sequence's length, frozen
+    assert dynamic_dims(bench, "full", a, b).clean  # the wide key's attention reads lengths from the device
+
+
+def test_gmtools_decode_graphs_bake_in_nothing(rig):
+    _, bench, _ = rig
+    a, b = (bench.batch(parse_composition(t, i)) for i, t in enumerate(("1*4@9", "1*4@23")))
+    res = dynamic_dims(bench, "full", a, b)
+    assert res.key == "d4" and res.clean and res.ops[0] == res.ops[1] > 100
+
+
+# -- the command -----------------------------------------------------------------------------------------------
+def test_verify_finds_an_injected_bug_and_says_how_to_reproduce_it(tmp_path):
+    out = tmp_path / "v"
+    r = runner.invoke(app, ["verify", "--device", "cpu", "--modes", "full", "--steps", "6", "--check-every", "2",
+                            "--inject", "skip-pad-zero", "--out", str(out)])
+    assert r.exit_code == 3, r.output
+    doc = json.loads((out / "verify.json").read_text())
+    m = doc["runs"][0]["mismatch"]
+    assert m["step"] == 1 and m["first_divergence"]["module"] == "model.layers.0.self_attn"
+    assert m["suspects"][0] == ("slot_mapping padding lanes point outside the null block (padding writes K/V into "
+                                "live blocks)")
+    assert "--seed 0 --steps 2 --check-every 2" in m["repro"] and "--inject skip-pad-zero" in m["repro"]
+    assert doc["exit_code"] == 3 and doc["verdict"].startswith("verify: WRONG REPLAY FOUND")
+    assert doc["capturability"] == [] and all(d["clean"] for d in doc["dynamic_dims"])
+    assert "WRONG REPLAY FOUND" in r.output
+
+
+@pytest.mark.parametrize("args,msg", [(["--modes", "eager"], "is not a graph mode"),
+                                      (["--strategy", "vmm"], "only 'default' runs"),
+                                      (["--inject", "nope"], "unknown --inject"),
+                                      (["--inject", "pad-read:7"], "the model has layers 0..1"),
+                                      (["--steps", "0"], "must be positive")])
+def test_bad_input_is_refused_before_anything_is_written(tmp_path, args, msg):
+    from gmtool.errors import GmtoolError
+
+    r = runner.invoke(app, ["verify", "--device", "cpu", "--out", str(tmp_path / "o"), *args])
+    assert isinstance(r.exception, GmtoolError) and msg in str(r.exception)
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_input_exits_2_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "gmtool", "verify", "--device", "cpu", "--modes", "eager"],
+                       capture_output=True, text=True, cwd=tmp_path, env={**__import__("os").environ,
+                                                                          "PYTHONPATH": str(__import__("pathlib").Path.cwd())})
+    assert r.returncode == 2 and "is not a graph mode" in r.stderr and len(r.stderr.strip().splitlines()) == 1
