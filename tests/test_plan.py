@@ -127,14 +127,18 @@ def test_extrapolation_never_falls_below_the_last_measured_value():
     assert vals.tolist() == [4.0]
 
 
+def _timing(median: float) -> dict:
+    return {"median": median, "p90": median, "p99": median, "min": median, "iqr": 0.0, "n": 3, "noisy": False}
+
+
 def results_doc(buckets=(1, 2, 4, 8, 16), unsafe=()) -> dict:
     recs = []
     for b in buckets:
         recs.append({"mode": "eager", "bucket": b, "composition": f"1*{b}", "num_tokens": b, "num_seqs": b,
-                     "status": "ok", "latency_ms": {"median": 10.0 + b}})
+                     "status": "ok", "latency_ms": _timing(10.0 + b)})
         for n, ms in ((b, 1.0 + b / 4), (b, 1.0 + b / 4 + 0.5)):  # two mixes: the median is taken
             recs.append({"mode": "full", "bucket": b, "composition": f"1*{n}", "num_tokens": n, "num_seqs": n,
-                         "status": "UNSAFE" if b in unsafe else "ok", "latency_ms": {"median": ms},
+                         "status": "UNSAFE" if b in unsafe else "ok", "latency_ms": _timing(ms) if ms is not None else None,
                          "graph_mem_bytes": b * 2**20, "capture_s": 0.5})
             ms = None
     return {"tool": "gmtool", "command": "compare", "model": {"name": "tiny-qwen3"}, "config": {},

@@ -78,7 +78,7 @@ def plan(
     console = make_console()
     measured_doc = None
     if from_ is not None:
-        doc = load_results(from_)
+        doc = load_results(from_).to_dict()
         name = doc["model"].get("name")
         if model is not None and Path(model).name != name:
             raise GmtoolError(f"--model {model} but {from_} measured {name}")
@@ -96,7 +96,8 @@ def plan(
         for note in cfg.notes:
             console.print(f"[yellow]note:[/] {note}")
         source = {"kind": "measured now", "buckets": cfg.bucket_sizes}
-        doc = measured_doc = measure(cfg, progress_bars(console))
+        measured_doc = measure(cfg, progress_bars(console))
+        doc = measured_doc.to_dict()
     mixed = int(steps.loc[steps["num_tokens"] != steps["num_seqs"], "count"].sum())
     notes = [f"{mixed} of {int(steps['count'].sum())} steps are not pure decode but the costs are of decode "
              "graphs: they are costed by their token count"] if mixed and doc["config"].get("scenario") == "decode" else []

@@ -19,7 +19,6 @@ import pandas as pd
 from gmtool.errors import GmtoolError
 from gmtool.modes import GraphMode
 from gmtool.records import Status
-from gmtool.report.results import flat_records
 
 
 class Source(StrEnum):
@@ -94,10 +93,17 @@ def _graph_mode(df: pd.DataFrame, mode: str | None) -> str:
     return GraphMode.FULL if GraphMode.FULL in present else present[0]
 
 
+def _flat(records: list[dict]) -> pd.DataFrame:
+    """One row per record of a results document's plain form; timings become latency_ms_median, ..."""
+    return pd.DataFrame([{**{k: v for k, v in r.items() if not isinstance(v, dict)},
+                          **{f"{k}_{sk}": sv for k, v in r.items() if isinstance(v, dict) for sk, sv in v.items()}}
+                         for r in records])
+
+
 def from_results(doc: dict, mode: str | None = None) -> CostTable:
     """The cost table of one graph mode of a results document. A bucket with any row that is not ok (UNSAFE,
     error, out of memory) is no candidate: a plan only captures sizes that replayed correctly."""
-    df = flat_records(doc["records"])
+    df = _flat(doc["records"])
     if df.empty:
         raise GmtoolError("the results hold no records")
     mode = _graph_mode(df, mode)

@@ -110,14 +110,13 @@ def needed_buckets(available: list[int], largest_step: int) -> list[int]:
     return [b for b in available if b <= (over[0] if over else available[-1])]
 
 
-def measure(cfg, progress=None) -> dict:
+def measure(cfg, progress=None):
     """Run the sweep (eager and the plan's graph mode) on the config's buckets: a results document."""
     from gmtool.measure.sweep import Sweep
-    from gmtool.report.results import to_document
 
     with (progress("plan: measure") if progress else _null()) as p:
         result = Sweep(cfg, p).run()
-    return to_document(result, "compare")
+    return result.document("compare")
 
 
 def _null():
