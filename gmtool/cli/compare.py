@@ -19,6 +19,7 @@ from gmtool.core.buckets import parse_buckets
 from gmtool.measure.hf_compiled import NEEDS_CUDA, PeerCompile
 from gmtool.profiles import load_sweep_profile
 from gmtool.report.baseline import check_same_model, load_baseline
+from gmtool.report.ledger import ledger_table
 from gmtool.report.results import default_out_dir, output_dir
 from gmtool.report.tables import compare_table, noise_warning
 
@@ -132,6 +133,8 @@ def compare(
         sys.stdout.flush()
     else:
         console.print(compare_table(doc.to_dict()))
+        if (memory := ledger_table(doc.to_dict())) is not None:
+            console.print(memory)
         noise = noise_warning(doc.to_dict())
         if noise:
             console.print(f"[yellow]warning:[/] {noise}", highlight=False)

@@ -11,8 +11,10 @@ from gmtool.app import run_memreport
 from gmtool.cli.progress import make_console, progress_bars
 from gmtool.cli.run_sweep import build_config
 from gmtool.errors import GmtoolError
+from gmtool.memory.ledger import sample_buckets
 from gmtool.memory.report import memreport_table
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
+from gmtool.report.ledger import memreport_ledger_table, prediction_table
 from gmtool.report.results import default_out_dir, output_dir
 
 MEMREPORT_MODES = ("full", "piecewise")
@@ -44,6 +46,12 @@ def memreport(
     out: Annotated[Optional[Path], typer.Option(
         "--out", "-o", help="Output directory (default gmtool-out/memreport-<time>).")] = None,
     force: o.ForceOpt = False,
+    sample: Annotated[Optional[int], typer.Option(
+        "--sample", help="Capture only this many of the buckets (smallest, largest, evenly between) and predict "
+        "the whole list's memory per strategy.")] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Predict from the sampled buckets (--sample, default 4), then capture every bucket "
+        "and report the prediction's error per strategy.")] = False,
 ) -> None:
     """Capture every bucket under each memory strategy (independent pools, one shared pool largest or smallest
     first, VMM ranges over shared physical memory); replay all against eager, also in shuffled order; compare
@@ -58,6 +66,8 @@ def memreport(
                        num_iters_warmup=num_iters_warmup, seed=seed)
     if cfg.graph_modes not in [[m] for m in MEMREPORT_MODES]:  # modes from a sweep profile
         raise GmtoolError(f"memreport runs one graph mode, full or piecewise, not {','.join(cfg.graph_modes) or 'none'}")
+    if sample is not None:
+        sample_buckets(cfg.bucket_sizes, sample)  # refused before anything runs
     if cfg.torch_device.type != "cuda":
         raise GmtoolError(f"memory strategies need CUDA: memreport cannot run on {cfg.torch_device}")
     console = make_console()
@@ -67,8 +77,11 @@ def memreport(
             console.print(f"[bold yellow]{row.strategy}:[/] {row.status}: {row.reason}", highlight=False)
 
     with output_dir(out or default_out_dir("memreport"), force) as out_dir:
-        doc, paths = run_memreport(cfg, names, out_dir, progress_bars(console), said)
+        doc, paths = run_memreport(cfg, names, out_dir, progress_bars(console), said, sample, check)
     console.print(memreport_table(doc))
+    for table in (memreport_ledger_table(doc.to_dict()), prediction_table(doc.to_dict())):
+        if table is not None:
+            console.print(table)
     for r in doc.strategies:
         for w in r.warning_list:
             console.print(f"[yellow]warning ({r.strategy}):[/] {w}", highlight=False)

@@ -3,28 +3,36 @@
 Per bucket x mode x strategy:
 - pool_bytes: the allocator pool the capture needed (graph_mem_bytes: its peak allocation);
 - outside_pool_bytes: device memory the capture took beyond the pool's growth (graph instantiation, exec
-  objects), from the driver's free-memory delta (torch.cuda.mem_get_info) around the capture;
+  objects), from the driver's free-memory delta (torch.cuda.mem_get_info) around the capture and instantiation,
+  plus the delta around the graph's first launch (its upload); None on the CPU tape, which has no pool;
 - inputs_bytes: the bucket's slice of the persistent input buffers;
 - workspace_bytes: the cuBLAS workspace of the capture stream (one per run: charged to the first bucket);
 - total_bytes, and kv_tokens_given_up = total / the model's KV bytes per token.
+
+In a sweep (compare, capture) the pool is the one the mode's graphs share, so a bucket's pool_bytes is the
+reserved memory its capture added (pool_growth_bytes): the buckets' totals add up to what the graphs hold.
 
 The predictor captures a few buckets and fits graph memory per strategy as a line in bucket size (least
 squares), then predicts every bucket of the set; `check_prediction` compares it with a full capture.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 import pandas as pd
+import torch
 
+from gmtool.core.inputs import StepViews
 from gmtool.errors import GmtoolError
 
 PARTS = ("pool_bytes", "outside_pool_bytes", "inputs_bytes", "workspace_bytes")
 
 
 def kv_bytes_per_token(model: dict, dtype_bytes: int) -> int:
-    """K and V of every layer for one token (model: results.json's model section)."""
+    """K and V of every layer for one token (model: results.json's model section, which also records it as
+    kv_bytes_per_token from the run's KV cache)."""
     return 2 * model["layers"] * model["kv_heads"] * model["head_dim"] * dtype_bytes
 
 
@@ -44,31 +52,70 @@ def cublas_workspace_bytes(capability: tuple[int, int] | None) -> int:
 
 def ledger(rows: pd.DataFrame, kv_per_token: int | None) -> pd.DataFrame:
     """rows: bucket, mode, strategy and any of PARTS (missing parts count as unknown, not zero). Adds
-    total_bytes (the known parts) and kv_tokens_given_up."""
+    total_bytes (the known parts; unknown without the pool, which is most of it) and kv_tokens_given_up."""
     df = rows.copy()
     for p in PARTS:
         if p not in df:
             df[p] = np.nan
-    df["total_bytes"] = df[list(PARTS)].sum(axis=1, min_count=1)
+    df[list(PARTS)] = df[list(PARTS)].astype(float)
+    df["total_bytes"] = df[list(PARTS)].sum(axis=1, min_count=1).where(df["pool_bytes"].notna())
     df["kv_tokens_given_up"] = df["total_bytes"] / kv_per_token if kv_per_token else np.nan
     return df
 
 
-def ledger_from_records(records: list[dict], model: dict, dtype_bytes: int, strategy: str = "shared",
-                        workspace_bytes: int | None = None) -> pd.DataFrame:
-    """The ledger of a sweep's captured rows (those carrying graph_mem_bytes: the capture of their bucket)."""
-    df = pd.DataFrame([r for r in records if r.get("graph_mem_bytes") is not None])
-    if df.empty:
-        return ledger(pd.DataFrame(columns=["bucket", "mode", "strategy"]), None)
-    out = pd.DataFrame({"bucket": df["bucket"], "mode": df["mode"], "strategy": strategy,
-                        "pool_bytes": df["graph_mem_bytes"],
-                        "outside_pool_bytes": df.get("outside_pool_bytes", np.nan),
-                        "inputs_bytes": df.get("inputs_bytes", np.nan)})
-    out = out.sort_values(["mode", "bucket"]).reset_index(drop=True)
-    out["workspace_bytes"] = 0.0
-    if workspace_bytes:
-        out.loc[out.groupby("mode").head(1).index, "workspace_bytes"] = workspace_bytes
-    return ledger(out, kv_bytes_per_token(model, dtype_bytes))
+def inputs_bytes(ex, key) -> int:
+    """The bucket's slice of the executor's persistent input buffers (and, piecewise, of the attention output
+    the pieces hand to each other): what separate buffers per shape would cost."""
+    n = sum(getattr(ex.inputs.views(key), f.name).nbytes for f in dataclasses.fields(StepViews))
+    return n + (ex.attn_out[: key.num_tokens].nbytes if ex.mode.piecewise else 0)
+
+
+def capture_ledger(ex, entry) -> dict:
+    """The ledger fields of the record whose batch captured `entry` (gmtool.records.Record). The cuBLAS
+    workspace belongs to the executor's capture stream, made by its first warm-up: charged to its first graph."""
+    cuda = ex.device.type == "cuda"
+    first = len(ex.graphs) == 1
+    parts = {"pool_bytes": entry.pool_growth_bytes, "outside_pool_bytes": entry.outside_pool_bytes,
+             "inputs_bytes": inputs_bytes(ex, entry.key),
+             "workspace_bytes": (cublas_workspace_bytes(torch.cuda.get_device_capability(ex.device)) if first else 0)
+             if cuda else None}
+    row = ledger(pd.DataFrame([parts]), ex.cache.spec.bytes_per_token).iloc[0]
+    return {"inputs_bytes": parts["inputs_bytes"], "workspace_bytes": parts["workspace_bytes"],
+            "ledger_total_bytes": _int(row["total_bytes"]), "kv_tokens_given_up": _int(row["kv_tokens_given_up"])}
+
+
+def _int(x) -> int | None:
+    return None if x is None or x != x else int(round(x))
+
+
+LEDGER_COLUMNS = ("bucket", "mode", "strategy") + PARTS + ("total_bytes", "kv_tokens_given_up")
+
+
+def ledger_from_records(records: list[dict], strategy: str = "shared") -> pd.DataFrame:
+    """The ledger of a sweep's captured rows (those carrying capture_s: the capture of their bucket), read
+    from the fields the sweep set on them (gmtool.records.Record)."""
+    rows = [r for r in records if r.get("capture_s") is not None and r["mode"] != "hf-compiled"]
+    df = pd.DataFrame({"bucket": [r["bucket"] for r in rows], "mode": [str(r["mode"]) for r in rows],
+                       "strategy": strategy,
+                       "pool_bytes": [r.get("pool_growth_bytes") for r in rows],
+                       "outside_pool_bytes": [r.get("outside_pool_bytes") for r in rows],
+                       "inputs_bytes": [r.get("inputs_bytes") for r in rows],
+                       "workspace_bytes": [r.get("workspace_bytes") for r in rows],
+                       "total_bytes": [r.get("ledger_total_bytes") for r in rows],
+                       "kv_tokens_given_up": [r.get("kv_tokens_given_up") for r in rows]}, columns=LEDGER_COLUMNS)
+    return df.astype({c: float for c in LEDGER_COLUMNS[3:]}).sort_values(["mode", "bucket"]).reset_index(drop=True)
+
+
+def strategy_ledger(strategy: str, records: list[dict], per_key: list[dict], kv_per_token: int | None) -> pd.DataFrame:
+    """memreport: one strategy's ledger. A VMM strategy's pools are virtual ranges over one physical set: the
+    pool a bucket cost is the physical memory its capture added (captures in the order they ran)."""
+    df = ledger_from_records(records, strategy)
+    phys = [(k["bucket"], k["physical_after_bytes"]) for k in per_key if k.get("physical_after_bytes") is not None]
+    if not phys or df.empty:
+        return df
+    growth = dict(zip([b for b, _ in phys], np.diff([0] + [p for _, p in phys])))
+    df["pool_bytes"] = df["bucket"].map(growth).astype(float)
+    return ledger(df.drop(columns=["total_bytes", "kv_tokens_given_up"]), kv_per_token)
 
 
 # -- the predictor -------------------------------------------------------------------------------------------
@@ -85,16 +132,42 @@ def fit(sampled: pd.DataFrame, value: str = "pool_bytes") -> pd.DataFrame:
     return pd.DataFrame(out).set_index("strategy")
 
 
-def predict(fitted: pd.DataFrame, buckets, sharing: dict[str, str] | None = None) -> pd.DataFrame:
+def sample_buckets(buckets, k: int) -> list[int]:
+    """k buckets of the list for the predictor: the smallest, the largest (a shared pool's total is the
+    largest's) and the rest evenly spaced between them by position."""
+    buckets = sorted(set(buckets))
+    if k < 2:
+        raise GmtoolError(f"--sample needs at least 2 buckets (the smallest and the largest), got {k}")
+    if k >= len(buckets):
+        return buckets
+    return sorted({buckets[round(i)] for i in np.linspace(0, len(buckets) - 1, k)})
+
+
+def _combine(how: str, per: np.ndarray) -> float:
+    return float(per.max() if how == "max" else per.sum())
+
+
+def predict(fitted: pd.DataFrame, buckets, sharing: dict[str, str] | None = None,
+            sampled: dict[str, tuple[list[int], float]] | None = None) -> pd.DataFrame:
     """Per strategy: each bucket's predicted memory, and the set's total (max over buckets for a shared pool,
-    the sum otherwise; sharing maps strategy -> "max" | "sum", default "sum" except "shared" and "vmm")."""
+    the sum otherwise; sharing maps strategy -> "max" | "sum", default "sum" except "shared" and "vmm").
+    sampled: strategy -> (the sampled buckets, the memory the strategy held for them): the line predicts each
+    bucket's need, the allocator holds whole segments; the sample's held/need ratio carries that rounding over
+    to the whole set (scale)."""
     buckets = np.asarray(sorted(buckets), float)
     rows = []
     for strategy, f in fitted.iterrows():
-        per = np.maximum(0.0, f["slope"] * buckets + f["intercept"])
+        line = lambda x: np.maximum(0.0, f["slope"] * np.asarray(x, float) + f["intercept"])  # noqa: E731
+        per = line(buckets)
         how = (sharing or {}).get(strategy, "max" if strategy in ("shared", "vmm") else "sum")
-        rows.append({"strategy": strategy, "combine": how, "predicted_bytes": float(per.max() if how == "max" else per.sum()),
-                     "per_bucket": dict(zip(buckets.astype(int).tolist(), per.tolist()))})
+        scale = 1.0
+        if sampled and sampled.get(strategy) and sampled[strategy][1]:
+            at, held = sampled[strategy]
+            need = _combine(how, line(at))
+            scale = held / need if need > 0 else 1.0
+        rows.append({"strategy": strategy, "combine": how, "scale": scale,
+                     "predicted_bytes": scale * _combine(how, per),
+                     "per_bucket": dict(zip(buckets.astype(int).tolist(), (scale * per).tolist()))})
     return pd.DataFrame(rows).set_index("strategy")
 
 
