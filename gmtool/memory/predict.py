@@ -35,8 +35,9 @@ def predict_document(sampled: MemDocument, buckets: list[int]) -> list[Predictio
     fitted = fit(needs)
     held = {r.strategy: (sorted({k["bucket"] for k in r.per_key}), r.physical_bytes) for r in sampled.strategies}
     pred = predict(fitted, buckets, sampled=held)
-    return [Prediction(strategy=s, combine=p["combine"], sample_bytes=held[s][1], scale=p["scale"],
-                       predicted_bytes=p["predicted_bytes"]) for s, p in pred.iterrows()]
+    return [Prediction(strategy=s, combine=pred.at[s, "combine"], sample_bytes=held[s][1],
+                       scale=float(pred.at[s, "scale"]), predicted_bytes=float(pred.at[s, "predicted_bytes"]))
+            for s in held if s in pred.index]
 
 
 def check_document(predicted: list[Prediction], full: MemDocument) -> list[Prediction]:
