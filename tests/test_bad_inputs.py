@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.test_compare import run_cli
 
@@ -58,6 +59,8 @@ CASES = [
      "no-such-workload"),
     ("plan --memory-budget 0", ["plan", "--workload", "chat", "--memory-budget", "0"], "--memory-budget must be positive"),
     ("verify --modes eager", ["verify", *CPU, "--modes", "eager"], "is not a graph mode"),
+    pytest.param("bench without CUDA", ["bench"], "needs CUDA",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="bench runs where there is CUDA")),
     ("verify --steps 0", ["verify", *CPU, "--steps", "0"], "must be positive"),
 ]
 
@@ -93,7 +96,7 @@ def argv_of(case_argv: list[str], tmp: Path) -> list[str]:
     return argv
 
 
-@pytest.mark.parametrize("case, args, message", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case, args, message", CASES, ids=[(c.values if hasattr(c, "values") else c)[0] for c in CASES])
 def test_every_bad_input_is_one_line_and_exit_2(tmp_path, case, args, message):
     make_inputs(tmp_path)
     code, stdout, stderr = run_cli(*argv_of(args, tmp_path))
