@@ -212,3 +212,15 @@ def test_verify_json(tmp_path):
 def test_every_command_takes_format(command):
     code, stdout, _ = run_cli(command, "--help")
     assert code == 0 and "--format" in stdout and "human" in stdout and "quiet" in stdout
+
+
+def test_verdicts_and_notes_print_brackets_as_written(capsys):
+    from gmtool.cli.output import Output
+
+    out = Output("human")
+    out.note("layer [0] was left alone")
+    out.verdict("verify: WRONG REPLAY FOUND (1): bucket [d8] differs", False, label="")
+    said = capsys.readouterr().out
+    assert "note: layer [0] was left alone" in said and "bucket [d8] differs" in said
+    Output("quiet").verdict("1 ok, 0 UNSAFE, 0 errors", True)
+    assert capsys.readouterr().out == "verdict: 1 ok, 0 UNSAFE, 0 errors\n"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from rich.markup import escape
+
 from gmtool.cli.options import OutputFormat
 from gmtool.cli.progress import make_console
 
@@ -23,7 +25,7 @@ class Output:
         return self.fmt == OutputFormat.HUMAN
 
     def note(self, text: str) -> None:
-        self.console.print(f"[yellow]note:[/] {text}", highlight=False, soft_wrap=True)
+        self.console.print(f"[yellow]note:[/] {escape(text)}", highlight=False, soft_wrap=True)
 
     def show(self, *renderables, **kw) -> None:
         """Tables, warnings and the files written: for people only."""
@@ -42,7 +44,9 @@ class Output:
         precedes it ('' for a line that names itself)."""
         head = f"{label}: " if label else ""
         if self.human:
-            self.console.print(f"[{'green' if good else 'bold red'}]{head}[/]{line}", highlight=False,
-                               soft_wrap=True)
+            style = "green" if good else "bold red"
+            said = escape(line)  # a verdict quotes inputs and errors: brackets in them are not markup
+            shown = f"[{style}]{head}[/]{said}" if head else f"[{style}]{said}[/]"  # unlabelled: all in colour
+            self.console.print(shown, highlight=False, soft_wrap=True)
         elif self.fmt == OutputFormat.QUIET:
             print(f"{head}{line}", flush=True)
