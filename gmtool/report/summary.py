@@ -4,8 +4,7 @@ from __future__ import annotations
 import statistics
 
 from gmtool.modes import GraphMode
-from gmtool.records import Status
-from gmtool.records import worst as _worst
+from gmtool.records import Status, worst as _worst
 
 
 def bucket_summary(records: list[dict]) -> list[dict]:
@@ -25,15 +24,15 @@ def bucket_summary(records: list[dict]) -> list[dict]:
         comps = [r["compile_s"] for r in rs if r.get("compile_s") is not None]
         status = _worst([r["status"] for r in rs])
         # a bucket that is unsafe for one mix shows no latency, even from the mixes it served correctly
-        replay = statistics.median(lat) if lat and status != "UNSAFE" else None
+        replay = statistics.median(lat) if lat and status != Status.UNSAFE else None
         eager_ms = statistics.median(eager) if eager else None
         out.append({
             "mode": mode, "bucket": bucket, "compositions": len(rs), "status": status,
             "capture_s": sum(caps) if caps else None, "graph_mem_bytes": max(mems) if mems else None,
             "replay_ms": replay, "eager_ms": eager_ms,
-            "speedup": (eager_ms / replay) if (replay and eager_ms and status == "ok") else None,
-            "host_us": statistics.median(host) if host and status != "UNSAFE" else None,
-            "host_steady_us": statistics.median(steady) if steady and status != "UNSAFE" else None,
+            "speedup": (eager_ms / replay) if (replay and eager_ms and status == Status.OK) else None,
+            "host_us": statistics.median(host) if host and status != Status.UNSAFE else None,
+            "host_steady_us": statistics.median(steady) if steady and status != Status.UNSAFE else None,
             "max_rel_err": max(errs) if errs else None,
             "pieces": max((r["pieces"] or 0) for r in rs) or None,
             "runners": max((r["runners"] or 0) for r in rs) if any(r.get("runners") is not None for r in rs) else None,
