@@ -43,7 +43,7 @@ def verify(
     force: o.ForceOpt = False,
 ) -> None:
     """Soak the graphs under an engine-like workload with poisoned memory; localize any wrong replay."""
-    from gmtool.verify.report import runs_table, write_document
+    from gmtool.verify.report import dyndims_table, runs_table, write_document
     from gmtool.verify.run import run_verify
 
     console = make_console()
@@ -56,13 +56,11 @@ def verify(
         path = write_document(out_dir, doc)
     for f in doc["capturability"]:
         console.print(f"[yellow]capturability:[/] {f['text']}", highlight=False, soft_wrap=True)
+    if doc["dynamic_dims"]:
+        console.print(dyndims_table(doc))
     for d in doc["dynamic_dims"]:
-        if not d["clean"]:
-            first = d["baked"][0] if d["baked"] else None
-            what = (f"{first['op']} in {first['module']}: {first['value_a']} vs {first['value_b']}" if first
-                    else d["diverged_at"])
-            console.print(f"[yellow]baked into {d['mode']} {d['key']}:[/] {what} ({len(d['baked'])} values)",
-                          highlight=False, soft_wrap=True)
+        for note in (d["graph_nodes"] or {}).get("notes", []) + ([d["note"]] if d["note"] else []):
+            console.print(f"[dim]{d['mode']} {d['kind']}: {note}[/]", highlight=False, soft_wrap=True)
     if doc["runs"]:
         console.print(runs_table(doc))
     for f in doc["findings"]:
