@@ -58,9 +58,9 @@ def verify(
         console.print(f"[yellow]capturability:[/] {f['text']}", highlight=False, soft_wrap=True)
     if doc["dynamic_dims"]:
         console.print(dyndims_table(doc))
-    for d in doc["dynamic_dims"]:
-        for note in (d["graph_nodes"] or {}).get("notes", []) + ([d["note"]] if d["note"] else []):
-            console.print(f"[dim]{d['mode']} {d['kind']}: {note}[/]", highlight=False, soft_wrap=True)
+    dd_notes = [n for d in doc["dynamic_dims"] for n in (d["graph_nodes"] or {}).get("notes", []) + [d["note"]]]
+    for note in dict.fromkeys(n for n in dd_notes if n):  # the same note for every mode once
+        console.print(f"[dim]dynamic dimensions: {note}[/]", highlight=False, soft_wrap=True)
     if doc["runs"]:
         console.print(runs_table(doc))
     for f in doc["findings"]:
