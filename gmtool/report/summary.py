@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import statistics
 
+from gmtool.modes import GraphMode
+from gmtool.records import Status
 from gmtool.records import worst as _worst
 
 
@@ -67,3 +69,20 @@ def safety_matrix(doc: dict) -> tuple[list[str], list[dict]]:
         row = rows.setdefault((bucket, comp, n), {"bucket": bucket, "composition": comp, "n": n, "statuses": {}})
         row["statuses"][mode] = r["status"]
     return modes, sorted(rows.values(), key=lambda row: row["bucket"])  # stable: the run's order within a bucket
+
+
+def verdict(doc: dict) -> str:
+    """The run in one line, "N ok, M UNSAFE, K errors": its replays checked against eager (every record but
+    eager's own, which are the reference, unless eager itself failed)."""
+    checked = [r for r in doc["records"] if r["mode"] != GraphMode.EAGER or Status(r["status"]).failed]
+    count = {s: sum(1 for r in checked if r["status"] == s) for s in Status}
+    extra = [f"{count[Status.SKIPPED]} skipped"] if count[Status.SKIPPED] else []
+    expected = sum(1 for r in checked if r["status"] == Status.UNSAFE and GraphMode(r["mode"]).expected_unsafe)
+    if expected:
+        extra.append(f"{expected} UNSAFE of full-narrow, as expected")
+    partial = doc.get("partial")
+    if partial:
+        extra.append(f"partial run: {partial['reason']} after {partial['measured']} of {partial['planned']} "
+                     f"{partial['unit']}")
+    return (f"{count[Status.OK]} ok, {count[Status.UNSAFE]} UNSAFE, {count[Status.ERROR] + count[Status.OOM]} "
+            f"errors ({'; '.join([f'{len(checked)} replays checked against eager'] + extra)})")
