@@ -45,7 +45,7 @@ def verify(
     fmt: o.FormatOpt = o.OutputFormat.HUMAN,
 ) -> None:
     """Soak the graphs under an engine-like workload with poisoned memory; localize any wrong replay."""
-    from gmtool.verify.report import runs_table, write_document
+    from gmtool.verify.report import dyndims_table, runs_table, write_document
     from gmtool.verify.run import run_verify
 
     out_ = Output(fmt)
@@ -59,13 +59,11 @@ def verify(
     out_.document(json.dumps(doc, indent=2, default=str))
     for f in doc["capturability"]:
         out_.show(f"[yellow]capturability:[/] {f['text']}", highlight=False, soft_wrap=True)
-    for d in doc["dynamic_dims"]:
-        if not d["clean"]:
-            first = d["baked"][0] if d["baked"] else None
-            what = (f"{first['op']} in {first['module']}: {first['value_a']} vs {first['value_b']}" if first
-                    else d["diverged_at"])
-            out_.show(f"[yellow]baked into {d['mode']} {d['key']}:[/] {what} ({len(d['baked'])} values)",
-                      highlight=False, soft_wrap=True)
+    if doc["dynamic_dims"]:
+        out_.show(dyndims_table(doc))
+    dd_notes = [n for d in doc["dynamic_dims"] for n in (d["graph_nodes"] or {}).get("notes", []) + [d["note"]]]
+    for note in dict.fromkeys(n for n in dd_notes if n):  # the same note for every mode once
+        out_.show(f"[dim]dynamic dimensions: {note}[/]", highlight=False, soft_wrap=True)
     if doc["runs"]:
         out_.show(runs_table(doc))
     for f in doc["findings"]:
