@@ -8,11 +8,12 @@ import typer
 
 from gmtool.cli import options as o
 from gmtool.app import run_memreport
-from gmtool.cli.progress import make_console, progress_bars
+from gmtool.cli.output import Output
+from gmtool.cli.progress import progress_bars
 from gmtool.cli.run_sweep import build_config
 from gmtool.errors import GmtoolError
 from gmtool.memory.ledger import sample_buckets
-from gmtool.memory.report import memreport_table
+from gmtool.memory.report import memreport_table, memreport_verdict
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
 from gmtool.report.ledger import memreport_ledger_table, prediction_table
 from gmtool.report.results import default_out_dir, output_dir
@@ -46,6 +47,7 @@ def memreport(
     out: Annotated[Optional[Path], typer.Option(
         "--out", "-o", help="Output directory (default gmtool-out/memreport-<time>).")] = None,
     force: o.ForceOpt = False,
+    fmt: o.FormatOpt = o.OutputFormat.HUMAN,
     sample: Annotated[Optional[int], typer.Option(
         "--sample", help="Capture only this many of the buckets (smallest, largest, evenly between) and predict "
         "the whole list's memory per strategy.")] = None,
@@ -70,22 +72,24 @@ def memreport(
         sample_buckets(cfg.bucket_sizes, sample)  # refused before anything runs
     if cfg.torch_device.type != "cuda":
         raise GmtoolError(f"memory strategies need CUDA: memreport cannot run on {cfg.torch_device}")
-    console = make_console()
+    out_ = Output(fmt)
 
     def said(row):
         if row.status != "ok":
-            console.print(f"[bold yellow]{row.strategy}:[/] {row.status}: {row.reason}", highlight=False)
+            out_.problems.print(f"[bold yellow]{row.strategy}:[/] {row.status}: {row.reason}", highlight=False)
 
     with output_dir(out or default_out_dir("memreport"), force) as out_dir:
-        doc, paths = run_memreport(cfg, names, out_dir, progress_bars(console), said, sample, check)
-    console.print(memreport_table(doc))
+        doc, paths = run_memreport(cfg, names, out_dir, progress_bars(out_.console), said, sample, check)
+    out_.document(doc.to_json())
+    out_.show(memreport_table(doc))
     for table in (memreport_ledger_table(doc.to_dict()), prediction_table(doc.to_dict())):
         if table is not None:
-            console.print(table)
+            out_.show(table)
     for r in doc.strategies:
         for w in r.warning_list:
-            console.print(f"[yellow]warning ({r.strategy}):[/] {w}", highlight=False)
-    console.print(f"results: {', '.join(str(p) for p in paths)}")
+            out_.show(f"[yellow]warning ({r.strategy}):[/] {w}", highlight=False)
+    out_.show(f"results: {', '.join(str(p) for p in paths)}", highlight=False)
     code = doc.exit_code()
+    out_.verdict(memreport_verdict(doc), code == 0)
     if code:
         raise typer.Exit(code)

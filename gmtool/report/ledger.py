@@ -2,9 +2,8 @@
 report.html ('-' where the backend measures no such memory: the CPU tape has no pool, no driver figures)."""
 from __future__ import annotations
 
-from rich.table import Table
-
 from gmtool.memory.ledger import ledger_from_records
+from gmtool.report.fitted import Column, FittedTable
 from gmtool.report.tables import _f, fmt_bytes
 
 HEADERS = ["mode", "bucket", "pool", "outside pool", "inputs", "cuBLAS ws", "total", "KV tokens"]
@@ -31,28 +30,31 @@ def records_ledger(doc: dict) -> list[dict]:
     return ledger_from_records(doc["records"]).to_dict("records")
 
 
-def _table(title: str, headers: list[str], rows: list[list[str]]) -> Table:
-    t = Table(title=title)
-    for h in headers:
-        t.add_column(h, justify="left" if h in ("mode", "strategy") else "right")
-    for r in rows:
-        t.add_row(*r)
-    return t
+# at 80 columns the parts go first (the results files keep them); total and KV tokens stay
+_RANK = {"outside pool": 3, "inputs": 4, "cuBLAS ws": 5, "pool": 2, "sample held": 3, "scale": 4, "combine": 2}
+_LEGEND = {"outside pool": "driver memory beyond the pool (instantiation, upload)",
+           "KV tokens": "KV-cache tokens the total could have held"}
 
 
-def ledger_table(doc: dict) -> Table | None:
+def _table(title: str, headers: list[str], rows: list[list[str]]) -> FittedTable:
+    cols = [Column(h, rank=_RANK.get(h, 0), justify="left" if h in ("mode", "strategy") else "right",
+                   legend=_LEGEND.get(h)) for h in headers]
+    return FittedTable(title, cols, rows)
+
+
+def ledger_table(doc: dict) -> FittedTable | None:
     """compare/capture: the ledger of every captured bucket, None when nothing was captured."""
     rows = records_ledger(doc)
     return _table("graph memory ledger", HEADERS, ledger_cells(rows)) if rows else None
 
 
-def memreport_ledger_table(doc: dict) -> Table | None:
+def memreport_ledger_table(doc: dict) -> FittedTable | None:
     """memreport: the ledger per strategy x bucket."""
     cells = [[r["strategy"]] + c for r in doc["strategies"] for c in ledger_cells(r.get("ledger") or [])]
     return _table("graph memory ledger per strategy", ["strategy"] + HEADERS, cells) if cells else None
 
 
-def prediction_table(doc: dict) -> Table | None:
+def prediction_table(doc: dict) -> FittedTable | None:
     """memreport --sample/--check: each strategy's predicted memory for the whole list, and its error."""
     pred = doc.get("prediction") or []
     if not pred:
