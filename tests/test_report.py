@@ -266,6 +266,11 @@ def test_ledger_in_markdown_html_and_the_terminal():
     con.print(ledger_table(doc))
     text = con.export_text()
     assert "graph memory ledger" in text and "37.0 MiB" in text and "KV tokens" in text
+    narrow = Console(width=60, record=True, file=io.StringIO())
+    narrow.print(ledger_table(doc))
+    text = narrow.export_text()
+    assert max(map(len, text.splitlines())) <= 60 and "37.0 MiB" in text and "338" in text
+    assert "not shown at 60 columns: " in " ".join(text.split())  # the parts go first, the total stays
     doc["records"] = [r for r in doc["records"] if not r.get("capture_s")]
     assert ledger_table(doc) is None
     assert "no graph was captured" in render_markdown(doc)
