@@ -193,3 +193,13 @@ def _render(table) -> str:
     c = Console(width=200, record=True)
     c.print(table)
     return c.export_text()
+
+
+def test_memreport_sample_is_checked_before_anything_runs(tmp_path):
+    from tests.test_compare import one_error, run_cli
+
+    code, _, err = run_cli("memreport", "--device", "cpu", "--sample", "1", "--out", tmp_path / "m")
+    assert code == 2 and "--sample needs at least 2 buckets" in one_error(err)
+    code, _, err = run_cli("memreport", "--device", "cpu", "--check", "--out", tmp_path / "m")
+    assert code == 2 and "memory strategies need CUDA" in one_error(err)  # no pools on the CPU tape
+    assert not (tmp_path / "m").exists()
