@@ -76,18 +76,25 @@ def test_cublas_workspace(monkeypatch):
 
 
 def test_fit_predict_and_error_per_strategy():
-    # recorded shape: pool = 1 MiB + 0.5 MiB per token (shared pool: the total is the largest)
-    sampled = pd.DataFrame({"strategy": ["shared"] * 3 + ["independent"] * 2, "bucket": [1, 64, 256, 1, 256],
-                            "pool_bytes": [1.5 * MiB, 33 * MiB, 129 * MiB, 1.5 * MiB, 129 * MiB]})
-    f = fit(sampled)
-    assert f.loc["shared", "slope"] == pytest.approx(0.5 * MiB) and f.loc["shared", "intercept"] == pytest.approx(MiB)
+    # recorded additions per capture, largest bucket first: separate pools add 1 MiB + 0.5 MiB per token each;
+    # the shared pool holds the first capture's 129 MiB and each later graph keeps 16 KiB per token in it
+    sampled = pd.DataFrame({"strategy": ["shared"] * 4 + ["independent"] * 4, "bucket": [256, 1, 72, 168] * 2,
+                            "pool_bytes": [129 * MiB] + [16 * 1024 * b for b in (1, 72, 168)]
+                            + [MiB + 0.5 * MiB * b for b in (256, 1, 72, 168)]})
+    f = fit(sampled[sampled["strategy"] == "independent"])
+    assert f.loc["independent", "slope"] == pytest.approx(0.5 * MiB) and f.loc["independent", "intercept"] == pytest.approx(MiB)
     buckets = [1, 2, 4] + list(range(8, 257, 8))
-    pred = predict(f, buckets)
-    assert pred.loc["shared", "predicted_bytes"] == pytest.approx(129 * MiB)  # max over buckets
+    pred = predict(sampled, buckets, {"shared": 256, "independent": 256})
+    assert list(pred.index) == ["shared", "independent"]  # as given
+    assert pred.loc["shared", "predicted_bytes"] == pytest.approx(129 * MiB + 16 * 1024 * (sum(buckets) - 256))
     assert pred.loc["independent", "predicted_bytes"] == pytest.approx(sum(MiB + 0.5 * MiB * b for b in buckets))
+    assert pred.loc["shared", "first_bytes"] == 129 * MiB and pred.loc["shared", "sample_bytes"] == pytest.approx(
+        129 * MiB + 16 * 1024 * 241)
     err = check_prediction(pred, {"shared": 120 * MiB, "independent": pred.loc["independent", "predicted_bytes"]})
-    assert err.loc["shared", "error_pct"] == pytest.approx(100 * 9 / 120)
+    assert err.loc["shared", "error_pct"] == pytest.approx(100 * (pred.loc["shared", "predicted_bytes"] / (120 * MiB) - 1))
     assert err.loc["independent", "error_pct"] == pytest.approx(0.0)
+    with pytest.raises(GmtoolError, match="captured first"):
+        predict(sampled, buckets, {"shared": 8, "independent": 256})
 
 
 def test_fit_needs_a_measured_bucket():
@@ -104,33 +111,21 @@ def test_sample_buckets_keep_both_ends():
         sample_buckets(default, 1)
 
 
-def test_the_sample_carries_the_allocators_rounding_to_the_whole_list():
-    # need = 1 MiB + 0.5 MiB per token; independent pools round each need up by 10%, the shared pool by 5%
-    need = lambda b: MiB + 0.5 * MiB * b  # noqa: E731
-    sample = [1, 72, 168, 256]
-    rows = pd.DataFrame([{"strategy": s, "bucket": b, "pool_bytes": need(b)} for s in ("shared", "independent")
-                         for b in sample])
-    held = {"shared": (sample, 1.05 * need(256)), "independent": (sample, 1.1 * sum(need(b) for b in sample))}
-    buckets = [1, 2, 4] + list(range(8, 257, 8))
-    pred = predict(fit(rows), buckets, sampled=held)
-    assert pred.loc["shared", "scale"] == pytest.approx(1.05)
-    assert pred.loc["shared", "predicted_bytes"] == pytest.approx(1.05 * need(256))
-    assert pred.loc["independent", "predicted_bytes"] == pytest.approx(1.1 * sum(need(b) for b in buckets))
-
-
 # -- memreport --sample / --check through the library, on recorded measurements ------------------------------
 def _recorded_strategy(cfg, name, progress=None):
     """What a strategy's run measured, as a CUDA run records it: each bucket's need grows linearly; independent
-    pools hold each need in whole 2 MiB segments, the shared pool the largest need plus 3%."""
+    pools hold each need in whole 2 MiB segments; the shared pool holds the largest need plus 3%, and each later
+    graph keeps 8 KiB per token in it."""
     import math
 
     from gmtool.memory.report import derive
 
     need = {b: int(3 * MiB + 0.37 * MiB * b) for b in cfg.bucket_sizes}
     seg = {b: math.ceil(n / (2 * MiB)) * 2 * MiB for b, n in need.items()}
-    held = sum(seg.values()) if name == "independent" else int(1.03 * max(need.values()))
     order = sorted(need, reverse=True)
-    grow = {b: (seg[b] if name == "independent" else (held if i == 0 else 0)) for i, b in enumerate(order)}
+    grow = {b: (seg[b] if name == "independent" else int(1.03 * need[b]) if i == 0 else 8192 * b)
+            for i, b in enumerate(order)}
+    held = sum(grow.values())
     recs = [_captured(b, grow[b], MiB // 2, 4096, 32 * MiB if i == 0 else 0) for i, b in enumerate(order)]
     per_key = [{"key": f"d{b}", "bucket": b, "graph_mem_bytes": need[b], "capture_s": 0.01} for b in order]
     raw = {"strategy": name, "mode": "full", "per_key": per_key, "records": recs, "shuffled": [], "errors": [],
@@ -155,11 +150,11 @@ def test_memreport_check_predicts_each_strategy_from_four_buckets(tmp_path, monk
     assert seen == [4, 4, 35, 35]  # the sampled run of each strategy, then every bucket
     assert doc.sampled_buckets == [1, 72, 168, 256]
     pred = {p.strategy: p for p in doc.prediction}
-    assert pred["shared"].combine == "max" and pred["independent"].combine == "sum"
+    assert pred["shared"].first_bucket == pred["independent"].first_bucket == 256
     assert pred["shared"].measured_bytes == doc.strategies[0].physical_bytes
     for p in pred.values():
         assert abs(p.error_pct) < 5, p  # the issue's goal, on these recorded figures
-    assert pred["shared"].error_pct == pytest.approx(0.0, abs=1e-6)  # the largest bucket is always sampled
+    assert pred["shared"].error_pct == pytest.approx(0.0, abs=1e-6)  # a straight line, and the first as measured
     saved = json.loads((tmp_path / "memreport.json").read_text())
     assert [p["strategy"] for p in saved["prediction"]] == ["shared", "independent"]
     assert saved["strategies"][0]["ledger"][0]["workspace_bytes"] is not None
@@ -181,7 +176,7 @@ def test_memreport_sample_alone_predicts_without_an_error(tmp_path, monkeypatch)
     cfg = SweepConfig(device="cpu", buckets="1,2,4,8:256:8", modes=("eager", "full"))
     doc, _ = run_memreport(cfg, ["independent"], tmp_path, sample=3)
     (p,) = doc.prediction
-    assert p.measured_bytes is None and p.error_pct is None and p.predicted_bytes > p.sample_bytes
+    assert p.measured_bytes is None and p.error_pct is None and p.predicted_bytes > 5 * p.sample_bytes
     assert len(doc.strategies[0].ledger) == 3 and "sampled buckets of 35" in doc.notes[-1]
     row = _render(prediction_table(doc.to_dict())).splitlines()[-2]  # no full capture: no measured, no error
     assert [c.strip() for c in row.split("│")[-3:-1]] == ["-", "-"]

@@ -74,10 +74,12 @@ class Prediction:
     and with --check the memory a capture of every bucket held, and the error."""
 
     strategy: str
-    combine: str  # "max": a shared pool holds the largest bucket's need; "sum": every bucket's
-    sample_bytes: float | None  # what the strategy held for the sampled buckets
-    scale: float  # held / predicted need on the sample (segment rounding)
-    predicted_bytes: float | None
+    first_bucket: int  # captured first: its pool as measured
+    first_bytes: float
+    slope: float  # what each later capture added: slope * bucket + intercept bytes
+    intercept: float
+    sample_bytes: float  # what the sampled captures added up to
+    predicted_bytes: float
     measured_bytes: float | None = None
     error_pct: float | None = None
 

@@ -12,8 +12,9 @@ Per bucket x mode x strategy:
 In a sweep (compare, capture) the pool is the one the mode's graphs share, so a bucket's pool_bytes is the
 reserved memory its capture added (pool_growth_bytes): the buckets' totals add up to what the graphs hold.
 
-The predictor captures a few buckets and fits graph memory per strategy as a line in bucket size (least
-squares), then predicts every bucket of the set; `check_prediction` compares it with a full capture.
+The predictor captures a few buckets under each strategy: the first capture's pool is taken as measured, what
+each later capture added is fitted as a line in bucket size (least squares) and summed over the rest of the
+list; `check_prediction` compares the prediction with a capture of every bucket.
 """
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ def fit(sampled: pd.DataFrame, value: str = "pool_bytes") -> pd.DataFrame:
     """Per strategy: slope and intercept of value against bucket size (least squares over the sampled buckets;
     one sample gives a flat line)."""
     out = []
-    for strategy, g in sampled.dropna(subset=[value]).groupby("strategy"):
+    for strategy, g in sampled.dropna(subset=[value]).groupby("strategy", sort=False):
         x, y = g["bucket"].to_numpy(float), g[value].to_numpy(float)
         slope, icpt = np.polyfit(x, y, 1) if len(set(x)) > 1 else (0.0, float(y.mean()))
         out.append({"strategy": strategy, "slope": float(slope), "intercept": float(icpt), "samples": len(g)})
@@ -133,8 +134,8 @@ def fit(sampled: pd.DataFrame, value: str = "pool_bytes") -> pd.DataFrame:
 
 
 def sample_buckets(buckets, k: int) -> list[int]:
-    """k buckets of the list for the predictor: the smallest, the largest (a shared pool's total is the
-    largest's) and the rest evenly spaced between them by position."""
+    """k buckets of the list for the predictor: the smallest and the largest (one of them is captured first,
+    whatever the order) and the rest evenly spaced between them by position."""
     buckets = sorted(set(buckets))
     if k < 2:
         raise GmtoolError(f"--sample needs at least 2 buckets (the smallest and the largest), got {k}")
@@ -143,32 +144,28 @@ def sample_buckets(buckets, k: int) -> list[int]:
     return sorted({buckets[round(i)] for i in np.linspace(0, len(buckets) - 1, k)})
 
 
-def _combine(how: str, per: np.ndarray) -> float:
-    return float(per.max() if how == "max" else per.sum())
-
-
-def predict(fitted: pd.DataFrame, buckets, sharing: dict[str, str] | None = None,
-            sampled: dict[str, tuple[list[int], float]] | None = None) -> pd.DataFrame:
-    """Per strategy: each bucket's predicted memory, and the set's total (max over buckets for a shared pool,
-    the sum otherwise; sharing maps strategy -> "max" | "sum", default "sum" except "shared" and "vmm").
-    sampled: strategy -> (the sampled buckets, the memory the strategy held for them): the line predicts each
-    bucket's need, the allocator holds whole segments; the sample's held/need ratio carries that rounding over
-    to the whole set (scale)."""
-    buckets = np.asarray(sorted(buckets), float)
+def predict(sampled: pd.DataFrame, buckets, first: dict[str, int]) -> pd.DataFrame:
+    """Each strategy's memory for the whole bucket list, from its sampled ledger (strategy, bucket, pool_bytes:
+    what each capture added to the strategy's memory). first: the bucket each strategy captured first, the same
+    in the sample and the whole list (the largest, or the smallest in ascending order): its pool is taken as
+    measured, and every other bucket adds what the line through the other sampled buckets' additions says.
+    A shared pool's line is near zero (later graphs reuse the first one's blocks); separate pools' is each
+    bucket's own pool."""
     rows = []
-    for strategy, f in fitted.iterrows():
-        line = lambda x: np.maximum(0.0, f["slope"] * np.asarray(x, float) + f["intercept"])  # noqa: E731
-        per = line(buckets)
-        how = (sharing or {}).get(strategy, "max" if strategy in ("shared", "vmm") else "sum")
-        scale = 1.0
-        if sampled and sampled.get(strategy) and sampled[strategy][1]:
-            at, held = sampled[strategy]
-            need = _combine(how, line(at))
-            scale = held / need if need > 0 else 1.0
-        rows.append({"strategy": strategy, "combine": how, "scale": scale,
-                     "predicted_bytes": scale * _combine(how, per),
-                     "per_bucket": dict(zip(buckets.astype(int).tolist(), (scale * per).tolist()))})
-    return pd.DataFrame(rows).set_index("strategy")
+    for strategy, g in sampled.dropna(subset=["pool_bytes"]).groupby("strategy", sort=False):
+        at = g["bucket"] == first[strategy]
+        if not at.any():
+            raise GmtoolError(f"{strategy}: the bucket captured first ({first[strategy]}) was not sampled")
+        head = float(g.loc[at, "pool_bytes"].iloc[0])
+        rest = g[~at]
+        f = fit(rest).iloc[0] if len(rest) else pd.Series({"slope": 0.0, "intercept": 0.0})
+        others = np.asarray([b for b in buckets if b != first[strategy]], float)
+        per = np.maximum(0.0, f["slope"] * others + f["intercept"])
+        rows.append({"strategy": strategy, "first_bucket": first[strategy], "first_bytes": head,
+                     "slope": float(f["slope"]), "intercept": float(f["intercept"]),
+                     "sample_bytes": float(g["pool_bytes"].sum()), "predicted_bytes": head + float(per.sum())})
+    return pd.DataFrame(rows, columns=["strategy", "first_bucket", "first_bytes", "slope", "intercept",
+                                       "sample_bytes", "predicted_bytes"]).set_index("strategy")
 
 
 def check_prediction(predicted: pd.DataFrame, measured: dict[str, float]) -> pd.DataFrame:

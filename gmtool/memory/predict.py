@@ -1,10 +1,10 @@
 """memreport's predictor: a run over a few sampled buckets in, each strategy's memory for the whole bucket list
-out, and with --check its error against a run over every bucket (the arithmetic: gmtool.memory.ledger).
+out, and with --check its error against a run over every bucket (the arithmetic: gmtool.memory.ledger.predict).
 
 What is predicted is the memory a strategy holds for its graphs (StrategyRow.physical_bytes: the pools'
-segments, or VMM's physical chunks). Each bucket's need (the capture's peak allocation, which is the same
-under every strategy) is fitted as a line in bucket size; a shared pool or VMM holds the largest need, separate
-pools the sum; the sample's held/need ratio carries the allocator's rounding over to the whole list.
+segments, or VMM's physical chunks). It is the sum of the ledger's pool column, what each capture added in
+the order they ran: the first capture's as measured on the sample, each other bucket's from the line through
+the other sampled buckets' additions.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pandas as pd
 
 from gmtool.errors import GmtoolError
 from gmtool.memory.document import MemDocument, Prediction
-from gmtool.memory.ledger import check_prediction, fit, predict, sample_buckets
+from gmtool.memory.ledger import check_prediction, predict, sample_buckets
 
-DEFAULT_SAMPLE = 4  # smallest, largest and two between: a line needs two, the rest check it
+DEFAULT_SAMPLE = 4  # the first captured, and three for a line through the later ones' additions
 
 
 def sampled_config(cfg, k: int | None):
@@ -27,17 +27,14 @@ def sampled_config(cfg, k: int | None):
 
 def predict_document(sampled: MemDocument, buckets: list[int]) -> list[Prediction]:
     """Per strategy measured on the sample: its predicted memory over `buckets`."""
-    needs = pd.DataFrame([{"strategy": r.strategy, "bucket": k["bucket"], "pool_bytes": k.get("graph_mem_bytes")}
-                          for r in sampled.strategies if r.status == "ok" for k in r.per_key],
-                         columns=["strategy", "bucket", "pool_bytes"])
-    if needs["pool_bytes"].isna().all():
-        raise GmtoolError("no strategy captured a sampled bucket cleanly: nothing to predict from")
-    fitted = fit(needs)
-    held = {r.strategy: (sorted({k["bucket"] for k in r.per_key}), r.physical_bytes) for r in sampled.strategies}
-    pred = predict(fitted, buckets, sampled=held)
-    return [Prediction(strategy=s, combine=pred.at[s, "combine"], sample_bytes=held[s][1],
-                       scale=float(pred.at[s, "scale"]), predicted_bytes=float(pred.at[s, "predicted_bytes"]))
-            for s in held if s in pred.index]
+    ok = [r for r in sampled.strategies if r.status == "ok" and r.ledger and r.per_key]
+    rows = pd.DataFrame([{"strategy": r.strategy, "bucket": x["bucket"], "pool_bytes": x["pool_bytes"]}
+                         for r in ok for x in r.ledger], columns=["strategy", "bucket", "pool_bytes"])
+    if rows["pool_bytes"].isna().all():
+        raise GmtoolError("no strategy captured the sampled buckets cleanly: nothing to predict from")
+    pred = predict(rows, buckets, {r.strategy: r.per_key[0]["bucket"] for r in ok})  # per_key: capture order
+    return [Prediction(strategy=s, **{k: float(v) if k != "first_bucket" else int(v) for k, v in p.items()})
+            for s, p in pred.iterrows()]
 
 
 def check_document(predicted: list[Prediction], full: MemDocument) -> list[Prediction]:

@@ -31,7 +31,8 @@ def records_ledger(doc: dict) -> list[dict]:
 
 
 # at 80 columns the parts go first (the results files keep them); total and KV tokens stay
-_RANK = {"outside pool": 3, "inputs": 4, "cuBLAS ws": 5, "pool": 2, "sample held": 3, "scale": 4, "combine": 2}
+_RANK = {"outside pool": 3, "inputs": 4, "cuBLAS ws": 5, "pool": 2, "sample": 3, "each later bucket adds": 2,
+         "first capture": 1}
 _LEGEND = {"outside pool": "driver memory beyond the pool (instantiation, upload)",
            "KV tokens": "KV-cache tokens the total could have held"}
 
@@ -60,8 +61,9 @@ def prediction_table(doc: dict) -> FittedTable | None:
     if not pred:
         return None
     sampled = ", ".join(map(str, doc.get("sampled_buckets") or []))
-    rows = [[p["strategy"], p["combine"], fmt_bytes(p["sample_bytes"]), _f(p["scale"], ".3f"),
+    rows = [[p["strategy"], f"{p['first_bucket']}: {fmt_bytes(p['first_bytes'])}",
+             f"{fmt_bytes(p['intercept'])} + {fmt_bytes(p['slope'])}/token", fmt_bytes(p["sample_bytes"]),
              fmt_bytes(p["predicted_bytes"]), fmt_bytes(p["measured_bytes"]),
              "-" if p["error_pct"] is None else f"{p['error_pct']:+.1f}%"] for p in pred]
-    return _table(f"predicted from buckets {sampled}", ["strategy", "combine", "sample held", "scale", "predicted",
-                                                         "measured", "error"], rows)
+    return _table(f"predicted from buckets {sampled}", ["strategy", "first capture", "each later bucket adds",
+                                                         "sample", "predicted", "measured", "error"], rows)

@@ -70,8 +70,8 @@ def test_prediction_from_four_buckets_within_5_percent(checked):
     for name in ("independent", "shared", "vmm"):
         if name in errors:
             assert abs(errors[name]) <= 5.0, (name, errors)
-    # shared-ascending's pool lies between max(need) and sum(need), whatever the order leaves reusable: its
-    # prediction (the sum, scaled on the sample) is shown, not held to 5%
+    # shared-ascending: what a capture can reuse of the smaller graphs' blocks depends on the gaps between
+    # buckets, wide in the sample, 8 tokens in the list: its prediction is shown, not held to 5%
     print("prediction error per strategy:", {k: f"{v:+.1f}%" for k, v in errors.items()})
 
 
