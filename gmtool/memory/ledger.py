@@ -1,7 +1,8 @@
 """The graph memory ledger: what each captured bucket costs the device, and what that means for the KV cache.
 
 Per bucket x mode x strategy:
-- pool_bytes: the allocator pool the capture needed (graph_mem_bytes: its peak allocation);
+- pool_bytes: the allocator pool memory the capture added (pool_growth_bytes; under VMM the physical memory it
+  added), so that a strategy's buckets add up to what it holds;
 - outside_pool_bytes: device memory the capture took beyond the pool's growth (graph instantiation, exec
   objects), from the driver's free-memory delta (torch.cuda.mem_get_info) around the capture and instantiation,
   plus the delta around the graph's first launch (its upload); None on the CPU tape, which has no pool;
@@ -9,8 +10,8 @@ Per bucket x mode x strategy:
 - workspace_bytes: the cuBLAS workspace of the capture stream (one per run: charged to the first bucket);
 - total_bytes, and kv_tokens_given_up = total / the model's KV bytes per token.
 
-In a sweep (compare, capture) the pool is the one the mode's graphs share, so a bucket's pool_bytes is the
-reserved memory its capture added (pool_growth_bytes): the buckets' totals add up to what the graphs hold.
+In a sweep (compare, capture) the mode's graphs share one pool, captured largest first: the first bucket's
+pool_bytes is most of it, the later ones add what they could not reuse.
 
 The predictor captures a few buckets under each strategy: the first capture's pool is taken as measured, what
 each later capture added is fitted as a line in bucket size (least squares) and summed over the rest of the
