@@ -35,7 +35,8 @@ def test_ledger_needs_the_pool_for_a_total():
 
 def _captured(bucket, pool, outside, inputs, workspace, kv=114_688):
     total = pool + outside + inputs + workspace
-    return {"bucket": bucket, "mode": "full", "composition": f"1*{bucket}", "status": "ok", "capture_s": 0.1,
+    return {"bucket": bucket, "key": f"d{bucket}", "mode": "full", "composition": f"1*{bucket}", "status": "ok",
+            "capture_s": 0.1,
             "graph_mem_bytes": pool, "pool_growth_bytes": pool, "outside_pool_bytes": outside, "inputs_bytes": inputs,
             "workspace_bytes": workspace, "ledger_total_bytes": total, "kv_tokens_given_up": total // kv}
 
@@ -54,8 +55,9 @@ def test_ledger_from_records_reads_the_capture_rows():
 
 def test_vmm_ledger_charges_each_bucket_the_physical_memory_it_added():
     recs = [_captured(b, 0, 0, 100, 0) for b in (8, 4, 2)]
-    per_key = [{"bucket": 8, "physical_after_bytes": 8 * MiB}, {"bucket": 4, "physical_after_bytes": 8 * MiB},
-               {"bucket": 2, "physical_after_bytes": 10 * MiB}]  # captured largest first; 2 needed a new chunk
+    per_key = [{"key": "d8", "bucket": 8, "physical_after_bytes": 8 * MiB},  # captured largest first
+               {"key": "d4", "bucket": 4, "physical_after_bytes": 8 * MiB},
+               {"key": "d2", "bucket": 2, "physical_after_bytes": 10 * MiB}]  # 2 needed a new chunk
     df = strategy_ledger("vmm", recs, per_key, MiB)
     assert df["pool_bytes"].tolist() == [2 * MiB, 0, 8 * MiB]
     assert df["total_bytes"].tolist() == [2 * MiB + 100, 100, 8 * MiB + 100]

@@ -90,14 +90,15 @@ def _int(x) -> int | None:
     return None if x is None or x != x else int(round(x))
 
 
-LEDGER_COLUMNS = ("bucket", "mode", "strategy") + PARTS + ("total_bytes", "kv_tokens_given_up")
+LEDGER_COLUMNS = ("bucket", "key", "mode", "strategy") + PARTS + ("total_bytes", "kv_tokens_given_up")
 
 
 def ledger_from_records(records: list[dict], strategy: str = "shared") -> pd.DataFrame:
     """The ledger of a sweep's captured rows (those carrying capture_s: the capture of their bucket), read
     from the fields the sweep set on them (gmtool.records.Record)."""
     rows = [r for r in records if r.get("capture_s") is not None and r["mode"] != "hf-compiled"]
-    df = pd.DataFrame({"bucket": [r["bucket"] for r in rows], "mode": [str(r["mode"]) for r in rows],
+    df = pd.DataFrame({"bucket": [r["bucket"] for r in rows], "key": [r.get("key") for r in rows],
+                       "mode": [str(r["mode"]) for r in rows],
                        "strategy": strategy,
                        "pool_bytes": [r.get("pool_growth_bytes") for r in rows],
                        "outside_pool_bytes": [r.get("outside_pool_bytes") for r in rows],
@@ -105,18 +106,18 @@ def ledger_from_records(records: list[dict], strategy: str = "shared") -> pd.Dat
                        "workspace_bytes": [r.get("workspace_bytes") for r in rows],
                        "total_bytes": [r.get("ledger_total_bytes") for r in rows],
                        "kv_tokens_given_up": [r.get("kv_tokens_given_up") for r in rows]}, columns=LEDGER_COLUMNS)
-    return df.astype({c: float for c in LEDGER_COLUMNS[3:]}).sort_values(["mode", "bucket"]).reset_index(drop=True)
+    return df.astype({c: float for c in LEDGER_COLUMNS[4:]}).sort_values(["mode", "bucket"]).reset_index(drop=True)
 
 
 def strategy_ledger(strategy: str, records: list[dict], per_key: list[dict], kv_per_token: int | None) -> pd.DataFrame:
     """memreport: one strategy's ledger. A VMM strategy's pools are virtual ranges over one physical set: the
     pool a bucket cost is the physical memory its capture added (captures in the order they ran)."""
     df = ledger_from_records(records, strategy)
-    phys = [(k["bucket"], k["physical_after_bytes"]) for k in per_key if k.get("physical_after_bytes") is not None]
+    phys = [(k["key"], k["physical_after_bytes"]) for k in per_key if k.get("physical_after_bytes") is not None]
     if not phys or df.empty:
         return df
-    growth = dict(zip([b for b, _ in phys], np.diff([0] + [p for _, p in phys])))
-    df["pool_bytes"] = df["bucket"].map(growth).astype(float)
+    growth = dict(zip([k for k, _ in phys], np.diff([0] + [p for _, p in phys])))
+    df["pool_bytes"] = df["key"].map(growth).astype(float)
     return ledger(df.drop(columns=["total_bytes", "kv_tokens_given_up"]), kv_per_token)
 
 
