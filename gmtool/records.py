@@ -99,6 +99,7 @@ class Record:
     host_copy_us: Timing | None = None  # copy-in alone
     host_steady_us: Timing | None = None  # copy-in + launch while the device runs the previous step
     captured_with: str | None = None
+    served_by: str | None = None  # what ran the batch: full, piecewise or eager (auto picks per batch)
     error: str | None = None
     notes: str | None = None
     baseline: dict | None = None  # the matching row of an older run (gmtool.report.baseline)

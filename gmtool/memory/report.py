@@ -94,7 +94,7 @@ def held_storages(executors: dict) -> list[tuple[int, int]]:
         for entry in ex.graphs.values():
             for step in entry.steps:
                 if isinstance(step, AttentionRunner):
-                    for t in (step.q, step.k, step.v, step.out):
+                    for t in (step.q, step.out):
                         s = t.untyped_storage()
                         out.append((s.data_ptr(), s.nbytes()))
     return out
