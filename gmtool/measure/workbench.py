@@ -79,7 +79,8 @@ class Workbench:
                 budget = 1 << 40
             cache = PagedKVCache.from_budget(spec, budget, worst, device)
         cache.fill_random(cfg.seed)
-        eager_inputs = PersistentInputs(max(cfg.bucket_sizes), cfg.max_num_seqs, spec.blocks_per_seq,
+        # up to --max-tokens: auto runs a batch above the largest bucket eagerly, and checks it against this
+        eager_inputs = PersistentInputs(cfg.policy().max_tokens, cfg.max_num_seqs, spec.blocks_per_seq,
                                         lm.vocab_size, lm.model.dtype, device)
         return cls(cfg, lm, cache, eager_inputs)
 
