@@ -120,3 +120,8 @@ def test_capture_accepts_auto_and_memreport_refuses_only_for_want_of_cuda(tmp_pa
     assert code == 2 and "memory strategies need CUDA" in one_error(err)
     code, _, err = run_cli("memreport", "--mode", "full-narrow", "--device", "cpu", "--out", tmp_path / "mem2")
     assert code == 2 and "--mode must be one of full, piecewise, auto" in one_error(err)
+
+
+def test_verify_sends_auto_to_its_parts(tmp_path):
+    code, _, err = run_cli("verify", "--modes", "auto", "--device", "cpu", "--out", tmp_path / "v")
+    assert code == 2 and "verify auto through its parts: --modes full,piecewise" in one_error(err)
