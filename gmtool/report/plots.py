@@ -70,7 +70,19 @@ def memory_plot(doc: dict) -> str | None:
     return _plot(mib, "graph memory per capture (peak allocated while capturing)", "MiB")
 
 
+def floor_plot(doc: dict) -> str | None:
+    floors = _series(doc, "floor_ms")
+
+    def label(mode: str) -> str:  # the floor itself, in ms, in the legend: the ratio's denominator
+        ys = floors.get(mode, ([], []))[1]
+        return f"{mode} (floor {min(ys):.3g}-{max(ys):.3g} ms)" if ys else mode
+
+    series = {label(m): v for m, v in _series(doc, "replay_over_floor").items()}
+    return _plot(series, "median latency / hardware floor (bandwidth or launch, the larger)", "x floor",
+                 hline=1.0)
+
+
 def all_plots(doc: dict) -> list[tuple[str, str | None]]:
     """(caption, data URI or None when nothing was measured)."""
     return [("Latency vs bucket", latency_plot(doc)), ("Speedup vs bucket", speedup_plot(doc)),
-            ("Graph memory per mode", memory_plot(doc))]
+            ("Graph memory per mode", memory_plot(doc)), ("Distance to the floor", floor_plot(doc))]
