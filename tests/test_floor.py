@@ -107,11 +107,7 @@ def test_compare_rows_carry_their_floor_and_the_report_plots_it(tmp_path):
         assert set(r["time_by_class_ms"]) == {"GEMM", "attention", "norm", "elementwise", "other"}
         assert sum(r["time_by_class_ms"].values()) > 0
     rows = {(r["mode"], r["composition"]): r for r in doc["records"]}
-    assert all(r["kernels"] > 10 * bench_layers(doc) for r in doc["records"])  # every layer's ops, at least
+    assert all(r["kernels"] > 10 * doc["model"]["layers"] for r in doc["records"])  # every layer's ops, at least
     assert rows[("eager", "1*4")]["floor_bytes"] == rows[("full", "1*4")]["floor_bytes"]
     html = (out / "report.html").read_text()
     assert "Distance to the floor</figcaption>" in html
-
-
-def bench_layers(doc) -> int:
-    return doc["model"]["layers"]
