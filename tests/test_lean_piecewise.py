@@ -125,3 +125,15 @@ def test_a_handed_on_tensor_is_written_while_held_and_freed_after():
     gc.collect()
     assert ref() is None  # the tape does not keep it alive
     g.replay()  # and replays without it
+
+
+def test_bench_lean_stage_on_the_cpu_tape():
+    """gmtool bench's lean stage, on tiny-qwen3: memory from the tape's accounting, host time per runner."""
+    from gmtool.measure.bench import piecewise_vs_full
+
+    x = piecewise_vs_full("tiny-qwen3", 32, iters=5, device="cpu")
+    full, pw = x["full"], x["piecewise"]
+    assert (full["runners"], pw["runners"]) == (0, 2) and pw["pieces"] == 3
+    assert 0 < x["mem_ratio"] <= 1.1
+    assert pw["runner_us"] > 0 and full["runner_us"] is None
+    assert x["host_extra_us_per_runner"] == pytest.approx((pw["host_steady_us"] - full["host_steady_us"]) / 2)

@@ -136,17 +136,19 @@ def stage_capture(args) -> dict:
     return {"buckets": len(DEFAULT_DECODE_BUCKETS), "total_s": time.perf_counter() - t0, "capture_only_s": sum(caps)}
 
 
-def piecewise_vs_full(model: str, tokens: int, iters: int) -> dict:
+def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda") -> dict:
     """One prefill step of `tokens` tokens (three sequences) captured full (wide key) and piecewise, one after
-    the other on the same workbench: the capture's peak allocation and pool growth, the host time of a step
-    issued while the device runs the previous one, and the runners alone (all of a step's, back to back)."""
+    the other on the same workbench: the capture's peak allocation and pool growth (on the CPU tape, the pool
+    its live-tensor accounting needs), the host time of a step issued while the device runs the previous one,
+    and the runners alone (all of a step's, back to back)."""
+    from gmtool.core.backends.cpu import pool_bytes
     from gmtool.config import SweepConfig
     from gmtool.core.compositions import parse_composition
     from gmtool.measure.timing import host_us_steady, summarize
     from gmtool.measure.workbench import Workbench
     from gmtool.modes import GraphMode
 
-    cfg = SweepConfig(model=model, device="cuda", scenario="prefill", buckets=str(tokens),
+    cfg = SweepConfig(model=model, device=device, scenario="prefill", buckets=str(tokens),
                       modes=("eager", "full", "piecewise"), kv_cache_gb=4, num_iters=iters)
     bench = Workbench.build(cfg)
     batch = bench.batch(parse_composition(f"{tokens // 2}+{tokens // 4}*2", seed=0))
@@ -163,8 +165,9 @@ def piecewise_vs_full(model: str, tokens: int, iters: int) -> dict:
             for r in runners:
                 r.replay()
             per_runner.append((time.perf_counter() - t0) * 1e6 / max(1, len(runners)))
-        torch.cuda.synchronize()
-        out[mode.value] = {"graph_mem_bytes": entry.graph_mem_bytes, "pool_growth_bytes": entry.pool_growth_bytes,
+        ex.backend.synchronize()
+        mem = entry.graph_mem_bytes if bench.device.type == "cuda" else pool_bytes(entry.steps)
+        out[mode.value] = {"graph_mem_bytes": mem, "pool_growth_bytes": entry.pool_growth_bytes,
                            "host_steady_us": summarize(steady).median, "pieces": entry.pieces,
                            "runners": len(runners), "runner_us": statistics.median(per_runner) if runners else None}
         ex.release()
