@@ -125,3 +125,33 @@ def test_capture_accepts_auto_and_memreport_refuses_only_for_want_of_cuda(tmp_pa
 def test_verify_sends_auto_to_its_parts(tmp_path):
     code, _, err = run_cli("verify", "--modes", "auto", "--device", "cpu", "--out", tmp_path / "v")
     assert code == 2 and "verify auto through its parts: --modes full,piecewise" in one_error(err)
+
+
+def test_one_memory_strategy_holds_both_sets_and_outlives_them(auto):
+    """memreport's strategy sees every capture of both parts (auto's memory is the sum of the two sets), and
+    is released only once no graph of either part is left."""
+    bench, _ = auto
+
+    class Recorder:
+        order = "descending"
+
+        def __init__(self):
+            self.keys, self.graphs_left, self.releases = [], None, 0
+
+        def pool_for(self, key):
+            return None
+
+        def captured(self, key, entry):
+            self.keys.append(key)
+
+        def release(self):
+            self.releases += 1
+            self.graphs_left = len(ex.graphs)
+
+    rec = Recorder()
+    ex = bench.executor(GraphMode.AUTO, rec)
+    for text in ("1*4", "3+2"):
+        ex.step(bench.batch(parse_composition(text, seed=0)))
+    assert rec.keys == [BucketKey(4, None, True), BucketKey(8, None, False)]
+    ex.release()
+    assert (rec.releases, rec.graphs_left) == (1, 0)

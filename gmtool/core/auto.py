@@ -108,6 +108,11 @@ class AutoExecutor:
         return self.inputs.output(entry.key, batch.num_seqs)
 
     def release(self) -> None:
+        """Every part's graphs first, then the shared backend and memory strategy: a pool must outlive every
+        graph captured into it, the other part's included."""
         self.eager.clear()
         for ex in self.parts.values():
-            ex.release()
+            ex.graphs.clear()
+        self.backend.release()
+        if self.memory is not None:
+            self.memory.release()
