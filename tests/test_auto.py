@@ -13,7 +13,7 @@ from gmtool.core.compositions import parse_composition
 from gmtool.measure.workbench import Workbench
 from gmtool.modes import CAPTURE_MODES, MEMORY_MODES, GraphMode
 from gmtool.records import Record
-from tests.helpers import rel
+from tests.helpers import md_table_rows, rel
 from tests.test_compare import FAST, one_error, run_cli
 
 
@@ -108,6 +108,9 @@ def test_compare_auto_rows_are_exact_and_say_what_served_them(tmp_path):
         assert r["status"] == "ok" and r["max_rel_err_same_shape"] <= 1e-5 and r["max_rel_err"] <= 1e-3, r
         assert (r["runners"] > 0) == (expect[c] == "piecewise")
     assert "served_by" in (out / "results.csv").read_text().splitlines()[0].split(",")
+    summary = {(r[0], r[1]): r for r in md_table_rows((out / "report.md").read_text(), "Summary (mode x bucket)")}
+    assert summary[("4", "auto")][11] == "full/piecewise" and summary[("4", "eager")][11] == "eager"
+    assert summary[("4", "auto")][12].endswith("x")  # its distance to the floor
 
 
 def test_capture_accepts_auto_and_memreport_refuses_only_for_want_of_cuda(tmp_path):

@@ -40,6 +40,7 @@ def bucket_summary(records: list[dict]) -> list[dict]:
             "compile_s": sum(comps) if comps else None,
             "replay_over_floor": statistics.median(over) if over and status != "UNSAFE" else None,
             "floor_ms": statistics.median(floors) if floors else None,
+            "served_by": "/".join(dict.fromkeys(r["served_by"] for r in rs if r.get("served_by"))) or None,
             "noisy": any((r.get("latency_ms") or {}).get("noisy") for r in rs),
         })
     return out
