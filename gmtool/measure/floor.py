@@ -173,15 +173,17 @@ class FloorProbe:
 
     @staticmethod
     def _kernels(bench, ex, rec, batch: Batch, counted: dict) -> int | None:
-        """Per graph (and, where runners or eager attention loop over the batch's sequences, per plan)."""
+        """Counted once per graph, and once per kind of eager step (the profiler is slow): the count depends
+        on the batch only where torch's reference attention loops over the sequences of the host plan."""
+        plan = batch.plan if bench.cfg.attention_backend == "torch" else None
         if ex is None or rec.key not in {str(k) for k in ex.graphs}:  # eager, or auto above its buckets
-            key = ("eager", batch.num_tokens, batch.num_seqs, batch.plan)
+            key = ("eager", batch.is_decode, batch.num_seqs if plan else None, plan)
             if key not in counted:
                 fn, _ = bench.eager_fn(batch)
                 counted[key] = kernels_per_replay(fn, bench.device)
             return counted[key]
         entry = ex.prepare(batch)
-        key = (rec.mode, rec.key, batch.plan if entry.runners else None)
+        key = (rec.mode, rec.key, plan if entry.runners else None)
         if key not in counted:
             counted[key] = kernels_per_replay(lambda: entry.replay(batch), bench.device)
         return counted[key]
