@@ -37,7 +37,7 @@ class RuntimeSplit(WholeGraph):
     def record(self, ex, entry, fn) -> None:
         def attention_break(layer, q, k, v, scale):
             # the K/V write and a copy of q end the piece: the runner then holds no tensor of the piece
-            # (holding them would keep every layer's q/k/v alive in the pool), and launches one kernel
+            # (holding them would keep every layer's q/k/v alive in the pool), and launches only the attention
             entry.ctx.write_kv(layer, k, v)
             q_in = ex.attn_q[: q.shape[0]]
             q_in.copy_(q)
