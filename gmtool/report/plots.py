@@ -14,8 +14,10 @@ from gmtool.report.summary import bucket_summary, mode_order
 
 
 # one colour per mode in every plot of a report, whichever modes a plot leaves out (the speedup plot has no eager)
-MODE_COLOURS = {GraphMode.EAGER: "#7f7f7f", GraphMode.FULL: "#1f77b4", GraphMode.FULL_NARROW: "#d62728",
-                GraphMode.PIECEWISE: "#2ca02c", GraphMode.HF_COMPILED: "#ff7f0e", GraphMode.AUTO: "#9467bd"}
+# (in GraphMode's order, so a new mode gets the next colour without an edit here)
+_PALETTE = ("#7f7f7f", "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+            "#bcbd22")
+MODE_COLOURS = dict(zip(GraphMode, _PALETTE))
 
 
 def _data_uri(fig: Figure) -> str:
