@@ -85,9 +85,11 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-def recorded_ops(bench, mode, batch: Batch, make_executor=None, reader=None) -> tuple[list[Op], str, list | None]:
-    """The ops a capture of batch's bucket records, in a fresh executor (released after). Returns (ops, key,
-    nodes): with a graphnodes.NodeReader (CUDA), the captured graphs' nodes, attributed to modules; else None."""
+def recorded_ops(bench, mode, batch: Batch, make_executor=None, reader=None,
+                 held: list | None = None) -> tuple[list[Op], str, list | None]:
+    """The ops a capture of batch's bucket records, in a fresh executor (released after, or appended to held for
+    the caller to release). Returns (ops, key, nodes): with a graphnodes.NodeReader (CUDA), the captured graphs'
+    nodes, attributed to modules; else None."""
     ex = (make_executor or bench.executor)(mode)
     tracker = ModuleTracker(bench.lm.model)
     rec = _Recorder(tracker)
@@ -111,7 +113,10 @@ def recorded_ops(bench, mode, batch: Batch, make_executor=None, reader=None) -> 
             entry = ex.capture(ex.key_for(batch), batch)
         return rec.ops, str(entry.key), reader.entry_nodes(entry, sampler) if reader is not None else None
     finally:
-        ex.release()
+        if held is None:
+            ex.release()
+        else:
+            held.append(ex)
 
 
 def diff_ops(a: list[Op], b: list[Op], limit: int = 20) -> tuple[list[BakedScalar], str | None]:
@@ -133,16 +138,26 @@ def dynamic_dims(bench, mode, a: Batch, b: Batch, make_executor=None) -> DynDimR
 
     why_not = unavailable(bench.device) if bench.device.type == "cuda" else None
     reader = NodeReader() if bench.device.type == "cuda" and why_not is None else None
-    ops_a, key_a, nodes_a = recorded_ops(bench, mode, a, make_executor, reader)
-    ops_b, key_b, nodes_b = recorded_ops(bench, mode, b, make_executor, reader)
-    res = DynDimResult(str(mode), key_a, (a.composition.label, b.composition.label), (len(ops_a), len(ops_b)))
-    if key_a != key_b:
-        res.note = f"the compositions landed on different keys ({key_a}, {key_b}): nothing to compare"
+    # On CUDA all three captures stay alive until the end: each then owns memory at addresses the others do not,
+    # so every argument word that holds an address (whole, halved or offset inside a struct) differs in the
+    # control too and is ignored. Released one by one, a later capture can reuse the first one's addresses
+    # exactly and make the control blind to them.
+    held: list | None = [] if reader is not None else None
+    try:
+        ops_a, key_a, nodes_a = recorded_ops(bench, mode, a, make_executor, reader, held)
+        ops_b, key_b, nodes_b = recorded_ops(bench, mode, b, make_executor, reader, held)
+        res = DynDimResult(str(mode), key_a, (a.composition.label, b.composition.label), (len(ops_a), len(ops_b)))
+        if key_a != key_b:
+            res.note = f"the compositions landed on different keys ({key_a}, {key_b}): nothing to compare"
+            return res
+        res.baked, res.diverged_at = diff_ops(ops_a, ops_b)
+        if reader is not None:  # the control: a captured again, for what differs between two captures of one batch
+            control = recorded_ops(bench, mode, a, make_executor, reader, held)[2]
+            res.graph_nodes = diff_nodes(nodes_a, nodes_b, control)
+            res.graph_nodes.notes += sorted(reader.notes)
+        elif why_not:
+            res.note = f"ATen ops only ({why_not}): Triton kernel launches (grids, scalar arguments) are not seen"
         return res
-    res.baked, res.diverged_at = diff_ops(ops_a, ops_b)
-    if reader is not None:  # the control: a captured again, for what differs between two captures of one batch
-        res.graph_nodes = diff_nodes(nodes_a, nodes_b, recorded_ops(bench, mode, a, make_executor, reader)[2])
-        res.graph_nodes.notes += sorted(reader.notes)
-    elif why_not:
-        res.note = f"ATen ops only ({why_not}): Triton kernel launches (grids, scalar arguments) are not seen"
-    return res
+    finally:
+        for ex in held or ():
+            ex.release()

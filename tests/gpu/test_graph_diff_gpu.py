@@ -53,14 +53,18 @@ def test_gmtools_decode_graphs_have_no_composition_dependent_node(rig, mode):
     g = res.graph_nodes
     assert g is not None and g.kernels[0] > 100 and g.nodes[0] == g.nodes[1]
     assert g.clean, [str(c) for c in g.changes[:10]]
-    assert not any("not compared" in n or "not attributed" in n for n in g.notes), g.notes
+    # cuBLAS launches its GEMMs with packed arguments, which cannot be read: the only arguments left uncompared
+    assert not any(("not compared" in n and "packed" not in n) or "not attributed" in n for n in g.notes), g.notes
 
 
 def test_nodes_carry_arguments_and_the_module_that_issued_them(rig):
     attention, bench, pairs = rig
     nodes, reader = _attributed(bench, "full", pairs["decode"][0])
     kernels = [n for n in nodes if n.kind == "kernel"]
-    assert sum(bool(n.args) for n in kernels) > 0.9 * len(kernels), [n.name for n in kernels if not n.args][:5]
+    # every kernel's arguments are read, except cuBLAS's GEMMs (nvjet_*, launched with packed arguments)
+    unread = {n.name for n in kernels if not n.args}
+    assert all(name.startswith("nvjet") or "gemm" in name.lower() for name in unread), sorted(unread)[:5]
+    assert sum(bool(n.args) for n in kernels) > 0.8 * len(kernels), sorted(unread)[:5]
     in_attn = {n.name for n in kernels if n.module.endswith("self_attn")}
     print(f"\n{len(kernels)} kernels; in self_attn: {sorted(in_attn)[:8]}")
     assert sum(n.module.startswith("model.layers.") for n in kernels) > 0.9 * len(kernels)
