@@ -39,7 +39,7 @@ def bucket_summary(records: list[dict]) -> list[dict]:
             "pieces": max((r["pieces"] or 0) for r in rs) or None,
             "runners": max((r["runners"] or 0) for r in rs) if any(r.get("runners") is not None for r in rs) else None,
             "compile_s": sum(comps) if comps else None,
-            "replay_over_floor": statistics.median(over) if over and status != "UNSAFE" else None,
+            "replay_over_floor": statistics.median(over) if over and status != Status.UNSAFE else None,
             "floor_ms": statistics.median(floors) if floors else None,
             "served_by": "/".join(dict.fromkeys(r["served_by"] for r in rs if r.get("served_by"))) or None,
             "noisy": any((r.get("latency_ms") or {}).get("noisy") for r in rs),
