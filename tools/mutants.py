@@ -341,7 +341,7 @@ MUTANTS: list[Mutant] = [
 
     # -- report rows (gmtool/report/*) --------------------------------------------------------------------
     M("summary-unsafe-shows-latency", "gmtool/report/summary.py",
-      "replay = statistics.median(lat) if lat and status != Status.UNSAFE else None",
+      'replay = statistics.median(lat) if lat and status != Status.UNSAFE else None',
       "replay = statistics.median(lat) if lat else None",
       REPORT + "test_unsafe_buckets_show_no_latency_or_speedup_anywhere",
       "a bucket UNSAFE for one mix shows the latency of the others"),
