@@ -230,11 +230,13 @@ def test_bad_input_exits_2_in_one_line(tmp_path):
 
 
 def test_a_bucket_whose_capture_raises_on_wrong_inputs_is_a_finding_not_a_crash(rig):
-    """skip-pad-zero, checked every 10 steps: a new bucket's capture warm-up reads the stale padding and raises
-    between checks; the soak reports it with the inputs that were wrong instead of raising itself."""
+    """skip-pad-zero, checked every 10 steps: the stale padding would make a replay (or a new bucket's capture
+    warm-up) read out of range between checks. The staged inputs are checked on every step, so the soak checks
+    and localizes that step at once instead of raising (on CUDA: instead of an illegal address)."""
     m = soak(rig, fault="skip-pad-zero", steps=60, check_every=10).mismatch
-    assert m is not None and m.step < 10 and m.reason.endswith("(capturing the bucket)")
-    assert any("padding lanes" in s for s in m.suspects) and m.input_faults == m.suspects
+    assert m is not None and m.step < 10
+    assert any("padding lanes" in s for s in m.input_faults), m.input_faults
+    assert any("padding lanes" in s for s in m.suspects), m.suspects
 
 
 def test_a_soak_stops_at_its_time_limit_and_says_so(rig):

@@ -66,10 +66,10 @@ def ledger(rows: pd.DataFrame, kv_per_token: int | None) -> pd.DataFrame:
 
 
 def inputs_bytes(ex, key) -> int:
-    """The bucket's slice of the executor's persistent input buffers (and, piecewise, of the attention output
-    the pieces hand to each other): what separate buffers per shape would cost."""
+    """The bucket's slice of the executor's persistent input buffers (and, piecewise, of the runners' shared q
+    and output buffers the pieces hand to each other): what separate buffers per shape would cost."""
     n = sum(getattr(ex.inputs.views(key), f.name).nbytes for f in dataclasses.fields(StepViews))
-    return n + (ex.attn_out[: key.num_tokens].nbytes if ex.mode.piecewise else 0)
+    return n + (2 * ex.attn_out[: key.num_tokens].nbytes if ex.mode.piecewise else 0)
 
 
 def capture_ledger(ex, entry) -> dict:

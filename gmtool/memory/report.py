@@ -79,8 +79,8 @@ def input_costs(ex) -> dict:
     """The one max-shape input arena against separate input tensors per captured shape."""
     per_shape = sum(inputs_bytes(ex, k) for k in ex.graphs)
     arena = ex.inputs.nbytes
-    if ex.mode.piecewise:  # the attention-output buffer is one more max-shape arena
-        arena += ex.attn_out.nbytes
+    if ex.mode.piecewise:  # the runners' shared q and output buffers are two more max-shape arenas
+        arena += 2 * ex.attn_out.nbytes
     return {"input_arena_bytes": arena, "input_per_shape_bytes": per_shape}
 
 
@@ -91,7 +91,7 @@ def held_storages(executors: dict) -> list[tuple[int, int]]:
         for entry in ex.graphs.values():
             for step in entry.steps:
                 if isinstance(step, AttentionRunner):
-                    for t in (step.q, step.k, step.v, step.out):
+                    for t in (step.q, step.out):
                         s = t.untyped_storage()
                         out.append((s.data_ptr(), s.nbytes()))
     return out

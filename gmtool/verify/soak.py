@@ -101,7 +101,15 @@ class Soak:
                             break
                     else:
                         try:
-                            ex.step(batch)
+                            entry = ex.prepare(batch)
+                            # wrong inputs reach the device only through the staging arena: caught there, a
+                            # fault is checked and localized before a replay can read out of bounds (on CUDA an
+                            # illegal address would end the process, not name the buffer)
+                            if input_faults(ex, entry.key, batch, staged=True):
+                                checks += 1
+                                mismatch = self._check(batch, step)
+                                break
+                            entry.replay(batch, ex.refresh_runner_metadata)
                         except torch.OutOfMemoryError:
                             raise
                         except (RuntimeError, IndexError):  # CPU tape: an index out of range; check the step
