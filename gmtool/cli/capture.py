@@ -10,10 +10,12 @@ from gmtool.app import run_capture
 from gmtool.cli.progress import make_console, progress_bars
 
 from gmtool.cli import options as o
+from gmtool.parallel import launch
+from gmtool.parallel.launch import DEFAULT_TIMEOUT_S, resolve_tp
 from gmtool.cli.run_sweep import build_config, finish
 from gmtool.errors import GmtoolError
 from gmtool.modes import CAPTURE_MODES, GraphMode
-from gmtool.report.results import default_out_dir, output_dir
+from gmtool.report.results import default_out_dir
 from gmtool.report.tables import capture_table
 
 
@@ -39,6 +41,8 @@ def capture(
     num_iters: o.ItersOpt = None,
     num_iters_warmup: o.WarmupOpt = None,
     seed: o.SeedOpt = None,
+    tp: o.TpOpt = None,
+    tp_timeout: o.TpTimeoutOpt = DEFAULT_TIMEOUT_S,
     profile: o.ProfileOpt = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/capture-<time>).")] = None,
     force: o.ForceOpt = False,
@@ -52,11 +56,11 @@ def capture(
                        modes=("eager", mode) if mode else None, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
-                       num_iters_warmup=num_iters_warmup, seed=seed)
+                       num_iters_warmup=num_iters_warmup, seed=seed, tp=resolve_tp(tp))
     for note in cfg.notes:
         console.print(f"[yellow]note:[/] {note}")
-    with output_dir(out or default_out_dir("capture"), force) as out_dir:
-        doc = run_capture(cfg, out_dir, progress_bars(console))
+    with launch.out_dir_for(out or default_out_dir("capture"), force) as out_dir:
+        doc = launch.run(run_capture, cfg, out_dir, progress=progress_bars(console), timeout=tp_timeout)
     console.print(capture_table(doc.to_dict()))
     console.print(f"results: {out_dir / 'results.json'}, {out_dir / 'results.csv'}")
     finish(doc, console)

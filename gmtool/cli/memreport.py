@@ -7,13 +7,15 @@ from typing import Annotated, Optional
 import typer
 
 from gmtool.cli import options as o
+from gmtool.parallel import launch
+from gmtool.parallel.launch import DEFAULT_TIMEOUT_S, resolve_tp
 from gmtool.app import run_memreport
 from gmtool.cli.progress import make_console, progress_bars
 from gmtool.cli.run_sweep import build_config
 from gmtool.errors import GmtoolError
 from gmtool.memory.report import memreport_table
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
-from gmtool.report.results import default_out_dir, output_dir
+from gmtool.report.results import default_out_dir
 
 MEMREPORT_MODES = ("full", "piecewise")
 
@@ -40,6 +42,8 @@ def memreport(
     num_iters: o.ItersOpt = None,
     num_iters_warmup: o.WarmupOpt = None,
     seed: o.SeedOpt = None,
+    tp: o.TpOpt = None,
+    tp_timeout: o.TpTimeoutOpt = DEFAULT_TIMEOUT_S,
     profile: o.ProfileOpt = None,
     out: Annotated[Optional[Path], typer.Option(
         "--out", "-o", help="Output directory (default gmtool-out/memreport-<time>).")] = None,
@@ -55,7 +59,7 @@ def memreport(
                        modes=("eager", mode) if mode else None, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
-                       num_iters_warmup=num_iters_warmup, seed=seed)
+                       num_iters_warmup=num_iters_warmup, seed=seed, tp=resolve_tp(tp))
     if cfg.graph_modes not in [[m] for m in MEMREPORT_MODES]:  # modes from a sweep profile
         raise GmtoolError(f"memreport runs one graph mode, full or piecewise, not {','.join(cfg.graph_modes) or 'none'}")
     if cfg.torch_device.type != "cuda":
@@ -66,8 +70,9 @@ def memreport(
         if row.status != "ok":
             console.print(f"[bold yellow]{row.strategy}:[/] {row.status}: {row.reason}", highlight=False)
 
-    with output_dir(out or default_out_dir("memreport"), force) as out_dir:
-        doc, paths = run_memreport(cfg, names, out_dir, progress_bars(console), said)
+    with launch.out_dir_for(out or default_out_dir("memreport"), force) as out_dir:
+        doc, paths = launch.run(run_memreport, cfg, names, out_dir, progress=progress_bars(console),
+                                on_strategy=said, timeout=tp_timeout)
     console.print(memreport_table(doc))
     for r in doc.strategies:
         for w in r.warning_list:
