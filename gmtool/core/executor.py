@@ -110,7 +110,7 @@ class GraphExecutor:
                                        lm.vocab_size, lm.model.dtype, device)
         # piecewise: one attention-output buffer for every layer and bucket (each piece consumes it before
         # the next runner overwrites it)
-        self.attn_out = torch.zeros(policy.max_tokens, lm.num_heads, lm.head_dim, dtype=lm.model.dtype,
+        self.attn_out = torch.zeros(policy.max_tokens, lm.rank_heads, lm.head_dim, dtype=lm.model.dtype,
                                     device=device)
         self.backend = make_backend(device)
         self.memory = memory

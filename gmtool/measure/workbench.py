@@ -76,11 +76,12 @@ class Workbench:
             from gmtool.parallel.shard import shard_model
 
             lm.notes.append(shard_model(lm.model, rank, cfg.tp))
+            lm.tp = cfg.tp
         if cfg.fuse:
             from gmtool.model.fused import fuse_layers
 
             lm.fused = fuse_layers(lm.model, cfg.attention_backend)
-        spec = KVCacheSpec(lm.num_layers, lm.num_kv_heads // cfg.tp, lm.head_dim, cfg.block_size, cfg.max_kv_len,
+        spec = KVCacheSpec(lm.num_layers, lm.rank_kv_heads, lm.head_dim, cfg.block_size, cfg.max_kv_len,
                            cfg.torch_dtype)
         if num_blocks is not None:
             cache = PagedKVCache(spec, num_blocks, device)
