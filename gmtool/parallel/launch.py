@@ -16,6 +16,7 @@ import dataclasses
 import datetime
 import gc
 import os
+import pickle
 import queue as queue_mod
 import socket
 import time
@@ -38,7 +39,7 @@ def torchrun_world() -> int | None:
     missing = [k for k in RENDEZVOUS_ENV if not os.environ.get(k)]
     if missing:
         raise GmtoolError(f"incomplete rendezvous: {', '.join(missing)} not set while "
-                          f"{', '.join(k for k in RENDEZVOUS_ENV + ('LOCAL_RANK',) if k in os.environ)} is; "
+                          f"{', '.join(k for k in RENDEZVOUS_ENV + ('LOCAL_RANK',) if k in os.environ)} set; "
                           "start gmtool under torchrun, or unset them and give --tp")
     for k in ("RANK", "WORLD_SIZE"):
         if not os.environ[k].isdigit():
@@ -167,7 +168,8 @@ def _worker(rank: int, world: int, port: int, fn, cfg_kwargs, args, kwargs, time
     try:
         result = _as_rank(Place(rank, world, rank), f"tcp://127.0.0.1:{port}", fn, cfg_kwargs, args, kwargs,
                           timeout)
-        messages.put((rank, 0, result if rank == 0 else None))
+        # plain pickle: torch's queue would share tensors by memory this process takes with it when it exits
+        messages.put((rank, 0, pickle.dumps(result) if rank == 0 else None))
     except BaseException as e:  # everything becomes the parent's one line; no traceback from a rank
         messages.put((rank, _exit_code(e), _one_line(e)))
         messages.close()
@@ -214,7 +216,7 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
         stopped = [r for r in range(world) if r != rank and r not in done]
         extra = f" (rank {', '.join(map(str, stopped))} stopped after --tp-timeout)" if stopped else ""
         raise (GmtoolError if code == 2 else RunFailure)(f"rank {rank} of {world} failed: {msg}{extra}")
-    return done[0][1]
+    return pickle.loads(done[0][1])
 
 
 def _stop(procs) -> None:
