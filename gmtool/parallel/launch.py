@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from gmtool.errors import GmtoolError, RunFailure
+from gmtool.errors import GmtoolError, Interrupted, RunFailure
 from gmtool.parallel.comm import Place, set_place
 
 RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -141,7 +141,7 @@ def _as_rank(place: Place, init_method: str, fn, cfg_kwargs: dict, args, kwargs,
 def _exit_code(e: BaseException) -> int:
     if isinstance(e, GmtoolError):
         return 1 if isinstance(e, RunFailure) else 2
-    return 130 if isinstance(e, KeyboardInterrupt) else 1
+    return 130 if isinstance(e, (KeyboardInterrupt, Interrupted)) else 1
 
 
 def _one_line(e: BaseException) -> str:
@@ -207,10 +207,17 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
                     if p.exitcode not in (None, 0) and r not in done and failed is None:
                         failed = (r, 1, f"exited with code {p.exitcode} without a word")
                         deadline = time.monotonic() + timeout
+            except KeyboardInterrupt:  # the ranks got Ctrl-C too: rank 0 writes what was measured and says so
+                if deadline is not None:
+                    break  # a second Ctrl-C: stop waiting
+                failed, deadline = (0, 130, "interrupted"), time.monotonic() + timeout
             if failed and (time.monotonic() > deadline or all(p.exitcode is not None for p in procs)):
                 break
     finally:
         _stop(procs)
+    if failed and failed[1] == 130:
+        code, msg = done.get(0, (130, "interrupted"))
+        raise Interrupted(msg if code == 130 else "interrupted")
     if failed:
         rank, code, msg = failed
         stopped = [r for r in range(world) if r != rank and r not in done]
