@@ -20,6 +20,7 @@ from gmtool.measure.timing import rel_err_per_seq, tolerances_for
 from gmtool.measure.workbench import Workbench
 from gmtool.modes import GraphMode
 from gmtool.parallel import launch
+from gmtool.parallel.comm import agree, place
 from tests.test_compare import run_cli
 
 TINY = ["--device", "cpu", "--num-iters", "2", "--num-iters-warmup", "1"]
@@ -56,6 +57,7 @@ def tp_logits(cfg: SweepConfig, modes: tuple[str, ...]) -> dict:
             out[(m, text)], out[("same shape", m, text)] = logits, check.max_rel_err_same_shape
     for ex in executors.values():
         ex.release()  # graphs before the group goes
+    out["agreed"] = agree("K/V differ" if place().rank == 1 else None)  # a verdict only rank 1 reached
     return out
 
 
@@ -71,6 +73,11 @@ def test_tp2_replay_is_exact_against_tp2_eager(tp2):
         for mode in ("full", "piecewise"):
             assert tp2[("same shape", mode, text)] == 0.0, (mode, text)
             assert torch.isfinite(tp2[(mode, text)]).all()
+
+
+def test_ranks_agree_on_a_verdict_one_rank_reached(tp2):
+    """So every rank skips the timing of a replay one of them judged unsafe (else the others wait for it)."""
+    assert tp2["agreed"] == "rank 1: K/V differ"
 
 
 def test_tp2_matches_tp1_eager_within_tolerance(tp2):

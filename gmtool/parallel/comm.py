@@ -49,6 +49,17 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+def agree(why: str | None) -> str | None:
+    """One verdict for every rank (the first rank's failure, named), so that all of them skip or time the same
+    replays: a rank timing a replay alone would wait in its all-reduces for ranks that moved on."""
+    if _place.world == 1:
+        return why
+    everyone = [None] * _place.world
+    dist.all_gather_object(everyone, why)
+    rank, first = next(((r, w) for r, w in enumerate(everyone) if w), (None, None))
+    return first if rank in (None, _place.rank) else f"rank {rank}: {first}"
+
+
 def gather_records(records: list) -> list | None:
     """Every rank's rows, each marked with its rank: on rank 0 all of them in rank order, on the others None."""
     if _place.world == 1:
