@@ -30,6 +30,13 @@ def _on_writer(write):
     return write if is_writer() else (lambda *a: None)
 
 
+def _tp_probes(cfg: SweepConfig) -> tuple:
+    """Under --tp: the collectives' share of a step, profiled once the rows are measured."""
+    from gmtool.parallel.profile import CollectiveShare
+
+    return (CollectiveShare(),) if cfg.tp > 1 else ()
+
+
 def _gathered(result) -> bool:
     """Under --tp: every rank's rows onto rank 0's result (each with its rank); False on the other ranks."""
     records = gather_records(result.records)
@@ -63,7 +70,7 @@ def _keeping(out_dir: Path, command: str, planned: int, sweep: Sweep, write):
 def run_capture(cfg: SweepConfig, out_dir: Path, progress=_no_progress) -> Document:
     """Every bucket of the config captured and replayed with each composition; results.json and .csv."""
     planned = planned_rows(cfg)
-    sweep = Sweep(cfg, on_record=_on_writer(Journal(out_dir, "capture", planned).write))
+    sweep = Sweep(cfg, probes=_tp_probes(cfg), on_record=_on_writer(Journal(out_dir, "capture", planned).write))
     with _keeping(out_dir, "capture", planned, sweep, _on_writer(lambda doc: write_results(out_dir, doc))):
         with progress("capture") as sweep.progress:
             result = sweep.run()
@@ -86,7 +93,7 @@ def run_compare(cfg: SweepConfig, modes: list[GraphMode], out_dir: Path, progres
     with_peer = GraphMode.HF_COMPILED in modes
     planned = planned_rows(cfg) + (len(peer_buckets or cfg.bucket_sizes) if with_peer else 0)
     tracer = TraceProbe(out_dir) if trace else None
-    sweep = Sweep(cfg, probes=(tracer,) if tracer else (),
+    sweep = Sweep(cfg, probes=((tracer,) if tracer else ()) + _tp_probes(cfg),
                   on_record=_on_writer(Journal(out_dir, "compare", planned).write))
     files: list[Path] = []
 

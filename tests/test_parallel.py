@@ -109,6 +109,8 @@ def test_tp2_compare_under_torchrun_writes_every_ranks_rows(tp2_compare):
     doc = json.loads((out / "results.json").read_text())
     assert doc["config"]["tp"] == 2
     assert any("--tp 2: rank 0 of 2" in n for n in doc["notes"])
+    share = next(n for n in doc["notes"] if "all-reduces of a step, timed alone" in n)  # the collective's share
+    assert "the 4 all-reduces" in share and "4: " in share and "of full's replay" in share
     rows = doc["records"]
     assert sorted({r["rank"] for r in rows}) == [0, 1]
     per_rank = {rank: [(r["mode"], r["bucket"], r["composition"]) for r in rows if r["rank"] == rank] for rank in (0, 1)}

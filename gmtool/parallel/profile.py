@@ -32,3 +32,24 @@ def all_reduce_ms(cfg, hidden: int, calls: int, iters: int = 20) -> dict[int, fl
         out[bucket] = statistics.median(time_ms(graph.replay if graph else step, iters, 3, device))
         del graph  # before the group is destroyed (a live graph holding NCCL work hangs the teardown)
     return out
+
+
+class CollectiveShare:
+    """A sweep probe under --tp: the all-reduces of one step timed alone per bucket, set against the first graph
+    mode's median replay on this rank; one note in the results."""
+
+    def after_sweep(self, bench, executors, res) -> None:
+        from gmtool.parallel.shard import RowParallelLinear
+
+        calls = sum(isinstance(m, RowParallelLinear) for m in bench.lm.model.modules())
+        ms = all_reduce_ms(bench.cfg, bench.lm.config.hidden_size, calls, bench.cfg.num_iters)
+        mode = next(iter(executors), None)
+        parts = []
+        for bucket, t in ms.items():
+            lat = [r.latency_ms.median for r in res.records
+                   if r.mode == mode and r.bucket == bucket and r.latency_ms is not None]
+            share = f" ({100 * t / statistics.median(lat):.0f}% of {mode}'s replay)" if lat else ""
+            parts.append(f"{bucket}: {t:.3f} ms{share}")
+        res.notes.append(f"--tp {bench.cfg.tp}: the {calls} all-reduces of a step, timed alone "
+                         f"({'in one CUDA graph' if bench.device.type == 'cuda' else 'eagerly'}), per bucket: "
+                         + ", ".join(parts))

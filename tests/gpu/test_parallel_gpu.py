@@ -56,6 +56,9 @@ def test_tp2_compare_rows_and_graph_memory_per_rank(tmp_path):
     assert code == 0, stderr
     doc = json.loads((out / "results.json").read_text())
     assert doc["config"]["tp"] == 2 and doc["machine"]["backend"] == "cuda"
+    share = next(n for n in doc["notes"] if "all-reduces of a step, timed alone (in one CUDA graph)" in n)
+    print(share)
+    assert "the 56 all-reduces" in share and "% of full's replay" in share
     for r in doc["records"]:
         assert r["status"] == "ok", r
         assert r["max_rel_err_same_shape"] <= r["tolerance_same_shape"] and r["max_rel_err"] <= r["tolerance"]
