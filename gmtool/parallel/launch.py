@@ -77,13 +77,14 @@ def resolve_tp(tp: int | None) -> int | None:
     return world
 
 
-def check_request(cfg, visible_gpus: int | None = None) -> None:
-    """Refuse, before any process starts, a --tp the device cannot hold or the model cannot be split by."""
+def check_request(cfg, visible_gpus: int | None = None, count_gpus: bool = True) -> None:
+    """Refuse, before any process starts, a --tp the device cannot hold or the model cannot be split by.
+    count_gpus=False under torchrun: its ranks may span hosts, each rank checks its own device."""
     from gmtool.memory.estimate import _model_config
     from gmtool.parallel.shard import tp_refusal
 
     tp = cfg.tp
-    if cfg.torch_device.type == "cuda":
+    if cfg.torch_device.type == "cuda" and count_gpus:
         visible = torch.cuda.device_count() if visible_gpus is None else visible_gpus
         if tp > visible:
             raise GmtoolError(f"--tp {tp} needs {tp} GPUs, {visible} visible (CUDA_VISIBLE_DEVICES)")
@@ -154,7 +155,7 @@ def _torchrun_rank(fn, cfg, args, kwargs, timeout: float):
     if cfg.tp != world:  # the commands take --tp through resolve_tp, which makes them equal
         raise GmtoolError(f"--tp {cfg.tp} but torchrun started {world} ranks (WORLD_SIZE)")
     if world > 1:
-        check_request(cfg)
+        check_request(cfg, count_gpus=False)
     if rank:  # one progress bar on the terminal, rank 0's
         kwargs = {k: v for k, v in kwargs.items() if not callable(v)}
     place = Place(rank, world, int(os.environ.get("LOCAL_RANK", rank)))
