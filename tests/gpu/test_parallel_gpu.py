@@ -84,3 +84,17 @@ def test_a_failed_rank_stops_the_nccl_group(tmp_path):
     lines = stderr.strip().splitlines()
     assert code == 1 and len(lines) == 1 and lines[0].startswith("error: rank 1 of 2 failed"), stderr
     assert took < 150, took
+
+
+def test_memreport_under_tp2(tmp_path):
+    """Each rank captures under each strategy with its own pools; rank 0's figures are written."""
+    out = tmp_path / "mem"
+    code, stdout, stderr, _ = gm("memreport", "--model", "qwen3-0.6b", "--tp", 2, "--strategies",
+                                 "independent,shared,vmm", "--buckets", "8,32", "--num-iters", 3, "--out", out,
+                                 timeout=400)
+    assert code == 0, stderr
+    doc = json.loads((out / "memreport.json").read_text())
+    print(stdout)
+    for row in doc["strategies"]:
+        assert row["status"] == "ok", f"{row['strategy']}: {row['reason']}"
+        assert row["shuffled_replays"] == row["shuffled_ok"] > 0
