@@ -4,6 +4,7 @@ Every sweep option defaults to None, meaning "not given": build_config then take
 SweepConfig's default. --help shows that default, read from SweepConfig (show_default), so it is written once."""
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -73,3 +74,14 @@ FuseOpt = Annotated[Optional[bool], flag("fuse", help="Fuse the model's layers a
 CompileOpt = Annotated[Optional[bool], flag("compile", help="CUDA only. Compile the non-attention parts with Inductor before capture (piecewise: through the FX split); compile time is reported apart from capture time.")]
 TpOpt = Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel ranks: gmtool starts N processes (one per GPU; gloo on the CPU), each holding 1/N of the heads and MLP width, with an all-reduce captured in the graphs; rank 0 writes every rank's rows. Under torchrun: its WORLD_SIZE.", show_default=shown("tp"))]
 TpTimeoutOpt = Annotated[float, typer.Option("--tp-timeout", help="Seconds a rank waits for the others in a collective, and the others get to stop once one rank fails.")]
+
+
+class OutputFormat(StrEnum):
+    HUMAN = "human"  # tables, notes, progress, the verdict
+    JSON = "json"  # the command's document on stdout, nothing else there (notes and progress go to stderr)
+    QUIET = "quiet"  # errors (stderr) and the verdict line only
+
+
+FormatOpt = Annotated[OutputFormat, typer.Option(
+    "--format", "-f", help="human (tables) | json (the command's document on stdout, nothing else) | quiet "
+    "(errors and the verdict line only)")]
