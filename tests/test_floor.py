@@ -53,7 +53,7 @@ def test_untied_embedding_counts_only_the_rows_read():
     model = types.SimpleNamespace(get_input_embeddings=lambda: emb, get_output_embeddings=lambda: head,
                                   parameters=lambda: iter([emb.weight, head.weight]),
                                   config=types.SimpleNamespace(hidden_size=8))
-    lm = types.SimpleNamespace(model=model, num_layers=1, num_kv_heads=1, head_dim=8, vocab_size=1000)
+    lm = types.SimpleNamespace(model=model, num_layers=1, num_kv_heads=1, rank_kv_heads=1, head_dim=8, vocab_size=1000)
     batch = types.SimpleNamespace(num_tokens=2, num_seqs=2, kv_lens=[0, 0])
     assert floor.step_bytes(lm, batch) == head.weight.nbytes + 2 * 8 * 4 + 2 * 8 * 4 + 2 * 1000 * 4
 
