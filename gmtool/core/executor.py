@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gmtool.model.attention import TORCH_ATTENTION, ForwardContext, forward_context
+from gmtool.model.attention import PLAIN, TORCH_ATTENTION, ForwardContext, LayerOpts, forward_context
 from gmtool.core.backends import make_backend
 from gmtool.core.batch import Batch
 from gmtool.core.buckets import BucketKey, BucketPolicy
@@ -36,9 +36,10 @@ class AttentionRunner:
     out: torch.Tensor
     scale: float
     ctx: ForwardContext
+    opts: LayerOpts = PLAIN
 
     def replay(self) -> None:
-        self.ctx.attend(self.layer, self.q, self.k, self.v, self.scale, out=self.out)
+        self.ctx.attend(self.layer, self.q, self.k, self.v, self.scale, out=self.out, opts=self.opts)
 
 
 @dataclass
@@ -110,7 +111,7 @@ class GraphExecutor:
                                        lm.vocab_size, lm.model.dtype, device)
         # piecewise: one attention-output buffer for every layer and bucket (each piece consumes it before
         # the next runner overwrites it)
-        self.attn_out = torch.zeros(policy.max_tokens, lm.num_heads, lm.head_dim, dtype=lm.model.dtype,
+        self.attn_out = torch.zeros(policy.max_tokens, lm.num_heads, cache.spec.v_dim, dtype=lm.model.dtype,
                                     device=device)
         self.backend = make_backend(device)
         self.memory = memory

@@ -35,10 +35,10 @@ class RuntimeSplit(WholeGraph):
     label = "breakable"
 
     def record(self, ex, entry, fn) -> None:
-        def attention_break(layer, q, k, v, scale):
+        def attention_break(layer, q, k, v, scale, opts):
             entry.steps.append(ex.backend.end())
-            out = ex.attn_out[: q.shape[0]]
-            entry.steps.append(AttentionRunner(layer, q, k, v, out, scale, entry.ctx))
+            out = ex.attn_out[: q.shape[0], :, : v.shape[-1]]
+            entry.steps.append(AttentionRunner(layer, q, k, v, out, scale, entry.ctx, opts))
             ex.backend.begin()
             return out
 

@@ -79,7 +79,7 @@ def _rmsnorm_forward(m, ops: LayerOps):
     return forward
 
 
-def _attention_forward(m, ops: LayerOps):
+def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
     cfg = m.config
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, m.head_dim
     w, b = _concat_as_views([m.q_proj, m.k_proj, m.v_proj])
@@ -95,7 +95,7 @@ def _attention_forward(m, ops: LayerOps):
         cos, sin = (e.reshape(t, dim) for e in position_embeddings)
         q, k = ops(x).qk_norm_rope(qkv, heads, kv_heads, dim, cos, sin, qw, kw, eps)
         v = qkv[:, v_at:].view(t, kv_heads, dim)
-        out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling)
+        out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling, opts)  # the layer's window, cap, sinks
         return m.o_proj(out.reshape(*hidden_states.shape[:-1], heads * dim)), None
     return forward
 
@@ -199,7 +199,9 @@ class FusedLayers:
         return s + (f"; left as they are: {'; '.join(sorted(set(self.skipped)))}" if self.skipped else "")
 
 
-def fuse_layers(model: torch.nn.Module, attention_backend: str) -> FusedLayers:
+def fuse_layers(model: torch.nn.Module, attention_backend: str, layout=None) -> FusedLayers:
+    """layout: the model's probed KVLayout (gmtool.model.probe), whose per-layer options the fused attention
+    passes on as the model's own forward does."""
     cfg, ops = model.config, LayerOps(attention_backend)
     fused = FusedLayers()
     fused_attention: set[int] = set()
@@ -210,7 +212,8 @@ def fuse_layers(model: torch.nn.Module, attention_backend: str) -> FusedLayers:
             if why:
                 fused.skipped.append(why)
             else:
-                fused.patched.append((m, _attention_forward(m, ops)))
+                opts = layout.layers[m.layer_idx] if layout is not None else attention.PLAIN
+                fused.patched.append((m, _attention_forward(m, ops, opts)))
                 fused.counts["attention"] += 1
                 fused_attention.add(id(m))
         elif name.endswith("mlp") and all(isinstance(getattr(m, n, None), torch.nn.Linear)
