@@ -197,8 +197,9 @@ def planned_varlen_attention(q, k_cache, v_cache, views: StepViews, plan, scale,
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
         else:  # SDPA has neither: the scores written out, [H, n, L]
             scores = _logits(torch.matmul(qs.float(), ks.float().transpose(1, 2)) * scale, opts)
-            scores = scores.masked_fill(~mask, float("-inf")).unflatten(0, (k.shape[1], rep))
-            o = torch.matmul(_softmax(scores, opts).flatten(0, 1), vs.float()).to(q.dtype)
+            scores = scores.masked_fill(~mask, float("-inf")).transpose(0, 1).unflatten(1, (k.shape[1], rep))
+            p = _softmax(scores, opts).flatten(1, 2).transpose(0, 1)  # [n, Hkv, G, L] there, [H, n, L] back
+            o = torch.matmul(p, vs.float()).to(q.dtype)
         out[start:start + q_len] = o.transpose(0, 1)
         start += q_len
     return out

@@ -51,7 +51,7 @@ class LoadedModel:
 
     @property
     def num_layers(self) -> int:
-        return self.config.num_hidden_layers
+        return self.config.get_text_config().num_hidden_layers
 
     @property
     def num_heads(self) -> int:
@@ -68,7 +68,7 @@ class LoadedModel:
 
     @property
     def vocab_size(self) -> int:
-        return self.config.vocab_size
+        return self.config.get_text_config().vocab_size
 
     @property
     def num_params(self) -> int:
@@ -102,6 +102,12 @@ def _build(cfg, dtype: torch.dtype):
 
     try:
         return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attention.ATTN_NAME)
+    except KeyError as e:
+        if e.args != (attention.ATTN_NAME,):
+            raise GmtoolError(f"{families.architecture(cfg)} cannot be built from this config: KeyError: {e}") from None
+        raise GmtoolError(f"{families.architecture(cfg)}: its attention classes are picked by name (eager, sdpa, "
+                          "flash), not through transformers' AttentionInterface, so gmtool cannot route them to "
+                          "its paged KV cache") from None
     except ValueError as e:
         if "Unrecognized configuration class" in str(e):
             raise GmtoolError(f"{type(cfg).__name__} ({cfg.model_type}) is not a causal language model that "

@@ -59,8 +59,19 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith("Attention") and hasattr(m, "layer_idx")]
 
 
+# Module class names of layers that carry a recurrent state (or a convolution's window) across steps: gmtool's
+# paged KV cache holds none of it, so eager and graphs would agree on something the model does not compute.
+STATEFUL_LAYERS = ("Mamba", "DeltaNet", "LinearAttention", "ShortConv", "Rwkv", "RWKV", "xLSTM", "Mlstm", "Slstm",
+                   "RecurrentBlock", "Lightning", "MiniMaxLightning", "SSM")
+
+
 def attention_refusal(arch: str, model: torch.nn.Module) -> str | None:
     """Why gmtool's attention would not be the model's (read from the attention classes' source)."""
+    stateful = sorted({type(m).__name__ for m in model.modules()
+                       if any(w in type(m).__name__ for w in STATEFUL_LAYERS)})
+    if stateful:
+        return (f"{arch} has recurrent or convolutional layers ({', '.join(stateful[:3])}) whose state gmtool's "
+                "paged KV cache does not hold")
     mods = _attention_modules(model)
     if not mods:
         classes = sorted({type(m).__name__ for m in model.modules() if "Attention" in type(m).__name__})
@@ -74,8 +85,10 @@ def attention_refusal(arch: str, model: torch.nn.Module) -> str | None:
         if "ALL_ATTENTION_FUNCTIONS" not in src and "attention_interface" not in src:
             return (f"{arch}: its attention ({cls.__name__}) does not go through transformers' AttentionInterface, "
                     "so gmtool cannot route it to its paged KV cache")
-    if any(getattr(m, "is_causal", True) is False for m in mods):
-        return f"{arch}: its attention is bidirectional, and gmtool's paged attention is causal"
+    noncausal = sorted({type(m).__name__ for m in mods if getattr(m, "is_causal", True) is False})
+    if noncausal:
+        return (f"{arch} has non-causal attention ({', '.join(noncausal)}: an encoder's or cross-attention), and "
+                "gmtool's paged attention is causal")
     return None
 
 
@@ -93,9 +106,11 @@ def probe_layout(lm, arch: str) -> KVLayout:
                               f"{(str(e).splitlines() or [''])[0]}") from None
     layers = [m.layer_idx for m, *_ in calls]
     if sorted(layers) != list(range(lm.num_layers)):
-        raise GmtoolError(f"{arch}: gmtool's attention saw the layers {layers} on a forward over "
-                          f"{lm.num_layers} layers: its attention does not go through transformers' "
-                          "AttentionInterface once per layer")
+        missing = sorted(set(range(lm.num_layers)) - set(layers))
+        raise GmtoolError(f"{arch}: " + (f"layers {missing} have no attention that goes through transformers' "
+                                         "AttentionInterface" if missing else
+                                         f"each layer calls its attention {len(layers) // lm.num_layers} times (on "
+                                         "one token stream), which gmtool's one KV cache per layer cannot hold"))
     shapes = {(q[1], k[1], q[2], k[2], v[2]) for _, q, k, v, _, _ in calls}
     if len(shapes) != 1:
         raise GmtoolError(f"{arch}: its layers differ in attention shape ({sorted(shapes)}): gmtool's KV cache "
