@@ -19,7 +19,6 @@ on; SOFTCAP caps the logits; learned sinks join each row's denominator; V may ha
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

@@ -63,8 +63,23 @@ def _model_config(spec: str):
         return None
 
 
+def _field(config, name: str, default):
+    """A size from the (text) config; per-layer lists give their largest; a field the config holds per layer
+    only (transformers raises on reading it) or not at all gives the default."""
+    try:
+        v = getattr(config, name, None)
+    except Exception:  # noqa: BLE001 (transformers' per-layer attributes raise their own error type)
+        return default
+    if isinstance(v, (list, tuple)):
+        v = max((x for x in v if isinstance(x, (int, float))), default=None)
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and v else default
+
+
 def estimate(cfg: SweepConfig, config) -> Estimate:
-    g = lambda name, default=None: getattr(config, name, None) or default  # noqa: E731
+    from gmtool.model.families import text_config
+
+    config = text_config(config)
+    g = lambda name, default=None: _field(config, name, default)  # noqa: E731
     layers, hidden, vocab = g("num_hidden_layers", 1), g("hidden_size", 1), g("vocab_size", 1)
     heads = g("num_attention_heads", 1)
     kv_heads, head_dim = g("num_key_value_heads", heads), g("head_dim", hidden // heads)

@@ -66,6 +66,14 @@ def family(config) -> Family:
     return FAMILIES.get(getattr(config, "model_type", ""), NO_FAMILY)
 
 
+def text_config(config):
+    """The config of the language model (multimodal configs hold it inside; some hold several, or none)."""
+    try:
+        return config.get_text_config()
+    except (AttributeError, ValueError):
+        return config
+
+
 def architecture(config) -> str:
     """The name users know the model by: its architecture class, else its model_type."""
     archs = getattr(config, "architectures", None) or []

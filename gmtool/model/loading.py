@@ -51,7 +51,7 @@ class LoadedModel:
 
     @property
     def num_layers(self) -> int:
-        return self.config.get_text_config().num_hidden_layers
+        return families.text_config(self.config).num_hidden_layers
 
     @property
     def num_heads(self) -> int:
@@ -68,7 +68,7 @@ class LoadedModel:
 
     @property
     def vocab_size(self) -> int:
-        return self.config.get_text_config().vocab_size
+        return families.text_config(self.config).vocab_size
 
     @property
     def num_params(self) -> int:

@@ -61,14 +61,14 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 # Module class names of layers that carry a recurrent state (or a convolution's window) across steps: gmtool's
 # paged KV cache holds none of it, so eager and graphs would agree on something the model does not compute.
-STATEFUL_LAYERS = ("Mamba", "DeltaNet", "LinearAttention", "ShortConv", "Rwkv", "RWKV", "xLSTM", "Mlstm", "Slstm",
-                   "RecurrentBlock", "Lightning", "MiniMaxLightning", "SSM")
+STATEFUL_LAYERS = ("Mamba", "Mixer", "DeltaNet", "LinearAttention", "ShortConv", "Rwkv", "RWKV", "xLSTM",
+                   "RecurrentBlock", "Rglru", "Lightning")
 
 
 def attention_refusal(arch: str, model: torch.nn.Module) -> str | None:
     """Why gmtool's attention would not be the model's (read from the attention classes' source)."""
-    stateful = sorted({type(m).__name__ for m in model.modules()
-                       if any(w in type(m).__name__ for w in STATEFUL_LAYERS)})
+    stateful = sorted({type(m).__name__ for m in model.modules()  # a causal conv keeps its last inputs as state
+                       if any(w in type(m).__name__ for w in STATEFUL_LAYERS) or isinstance(m, torch.nn.Conv1d)})
     if stateful:
         return (f"{arch} has recurrent or convolutional layers ({', '.join(stateful[:3])}) whose state gmtool's "
                 "paged KV cache does not hold")
