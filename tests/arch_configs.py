@@ -18,7 +18,11 @@ TINY = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "nu
         "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 24,
         "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 WINDOW = 6  # a window shorter than the test sequences, so every boundary is crossed
-EXTRA = {"zaya": {"num_experts_per_tok": 1}, "xlnet": {"d_head": 16}}  # what those classes' checks demand
+EXTRA = {  # what those classes' own checks demand of a tiny config
+    "zaya": {"num_experts_per_tok": 1}, "xlnet": {"d_head": 16}, "dots3_note_text": {"num_key_value_heads": 4},
+    "gemma4_assistant": {"hidden_size_per_layer_input": 0}, "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    "mamba2": {"num_heads": 4, "head_dim": 32},
+}
 
 
 def causal_lm_types() -> list[str]:
