@@ -167,11 +167,26 @@ def _fusable_attention(m, cfg) -> str | None:
         return "attention without q/k/v/o projections"
     if (getattr(cfg, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
         return "partial rotary embedding"
+    if not _rotate_half_rope(m):
+        return f"a rotary embedding other than rotate-half over the whole head ({type(m).__name__})"
     if (getattr(m, "q_norm", None) is None) != (getattr(m, "k_norm", None) is None):
         return "a norm on q or k only"
     if getattr(m, "q_norm", None) is not None and not (_is_rmsnorm(m.q_norm) and m.q_norm.weight.numel() == m.head_dim):
         return "q/k norms other than a per-head RMSNorm"
     return None
+
+
+def _rotate_half_rope(m) -> bool:
+    """The module's family applies RoPE as Llama does (x * cos + rotate_half(x) * sin, cos over the whole head),
+    which the fused QK-norm+RoPE kernel computes; gpt-oss, for one, rotates with half-width cos/sin."""
+    import inspect
+    import sys
+
+    fn = getattr(sys.modules.get(type(m).__module__), "apply_rotary_pos_emb", None)
+    try:
+        return fn is not None and "rotate_half(" in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
 
 
 @dataclass
@@ -205,7 +220,8 @@ def fuse_layers(model: torch.nn.Module, attention_backend: str, layout=None) -> 
     cfg, ops = model.config, LayerOps(attention_backend)
     fused = FusedLayers()
     fused_attention: set[int] = set()
-    silu = str(getattr(cfg, "hidden_act", "")).lower() in SILU
+    act = str(getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None) or "").lower()
+    silu = act in SILU
     for name, m in model.named_modules():
         if name.endswith("self_attn"):
             why = _fusable_attention(m, cfg)
@@ -222,7 +238,7 @@ def fuse_layers(model: torch.nn.Module, attention_backend: str, layout=None) -> 
                 fused.patched.append((m, _mlp_forward(m, ops)))
                 fused.counts["mlp"] += 1
             else:
-                fused.skipped.append(f"MLP activation {cfg.hidden_act}")
+                fused.skipped.append(f"MLP activation {act}")
         elif _is_rmsnorm(m) and not name.endswith(("q_norm", "k_norm")):
             fused.patched.append((m, _rmsnorm_forward(m, ops)))
             fused.counts["rmsnorm"] += 1
