@@ -19,7 +19,7 @@ from tests.arch_configs import WINDOW, causal_lm_types, write_config
 COMPOSITIONS = "4@8+1@9"
 MUST_RUN = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3_text",
             "gpt_oss", "deepseek_v2", "deepseek_v3", "phi", "phi3", "olmo2", "granite", "cohere", "starcoder2",
-            "gpt_neox", "stablelm", "smollm3", "glm"}
+            "gpt_neox", "stablelm", "smollm3", "glm", "gpt2"}
 MUST_REFUSE = {"falcon": "AttentionInterface", "bloom": "AttentionInterface", "mpt": "AttentionInterface",
                "mamba": "state", "qwen3_next": "state", "bert": "non-causal", "llama4_text": "chunked"}
 

@@ -97,6 +97,10 @@ def _config_from_dict(d: dict):
         raise GmtoolError(f"transformers {transformers.__version__} does not know model_type {model_type!r}") from None
 
 
+def _no_padding_warning(input_ids, attention_mask) -> None:
+    return None
+
+
 def _build(cfg, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
@@ -173,6 +177,11 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 
     if weights:
         notes += checkpoint.load_weights(model, weights, device)
     model.eval().requires_grad_(False)
+    for m in model.modules():
+        if hasattr(m, "warn_if_padding_and_no_attention_mask"):
+            # a warning's check (pad token id among the input ids: a host sync) that would stop capture; gmtool's
+            # packed batches have no padding for it to warn of
+            m.warn_if_padding_and_no_attention_mask = _no_padding_warning
     lm = LoadedModel(path.name if path.exists() else spec, model, cfg, source, notes=notes)
     lm.layout = probe.probe_layout(lm, families.architecture(cfg))
     if feats := lm.layout.features():
