@@ -42,9 +42,15 @@ def _expected(case, opts: LayerOpts) -> torch.Tensor:
     return torch.cat(out)
 
 
+def _opts(name: str) -> tuple[LayerOpts, int, int]:
+    opts, dk, dv = _opts(name)
+    sinks = None if opts.sinks is None else opts.sinks.to(DEV)
+    return LayerOpts(opts.window, opts.softcap, sinks), dk, dv
+
+
 FEATURES = {
     "gemma2-sliding-softcap": (LayerOpts(window=4096, softcap=50.0), 256, 256),
-    "gpt-oss-sliding-sinks": (LayerOpts(window=128, sinks=torch.linspace(-2, 3, 8, device=DEV)), 64, 64),
+    "gpt-oss-sliding-sinks": (LayerOpts(window=128, sinks=torch.linspace(-2, 3, 8)), 64, 64),  # moved to DEV in _opts
     "mla-unequal-dims": (LayerOpts(), 192, 128),
 }
 LENS = [1, 127, 128, 129, 4095, 4096, 4097, 9000]  # both windows' edges, and far past them
@@ -54,7 +60,7 @@ LENS = [1, 127, 128, 129, 4095, 4096, 4097, 9000]  # both windows' edges, and fa
 def test_decode_kernel_features(name):
     from gmtool.kernels.decode_attention import decode_attention
 
-    opts, dk, dv = FEATURES[name]
+    opts, dk, dv = _opts(name)
     case = _case([1] * len(LENS), LENS, dk=dk, dv=dv)
     got = decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, SCALE,
                            window=opts.window, softcap=opts.softcap, sinks=opts.sinks)
@@ -65,7 +71,7 @@ def test_decode_kernel_features(name):
 def test_varlen_kernel_features(name):
     from gmtool.kernels.prefill_attention import varlen_attention, varlen_attention_wide
 
-    opts, dk, dv = FEATURES[name]
+    opts, dk, dv = _opts(name)
     q_lens, kv_lens = [200, 1, 64, 300], [4200, 130, 64, 5000]  # chunks across the windows, a decode, a prompt
     case = _case(q_lens, kv_lens, dk=dk, dv=dv)
     want = _expected(case, opts)
