@@ -111,7 +111,7 @@ def test_sliding_decode_reads_only_the_window():
 @pytest.mark.parametrize("model", ["tiny-gemma2", "tiny-gpt-oss", "tiny-deepseek-v2"])
 def test_compare_feature_profiles(model, tmp_path):
     """Decode and prefill mixes across the tiny profiles' windows (16 and 24 tokens): every replay equals eager."""
-    for scenario, buckets, comps in (("decode", "1,8", "1@40,8@100"), ("prefill", "64", "1*48,2*16+8@40,1@30+20@70")):
+    for scenario, buckets, comps in (("decode", "1,8", "1@40,1*8@100"), ("prefill", "64", "1*48,2*16+8@40,1@30+20@70")):
         code, stdout, stderr = run_cli("compare", "eager,full,piecewise", "--model", model, "--device", "cuda",
                                        "--scenario", scenario, "--buckets", buckets, "--compositions", comps,
                                        "--max-kv-len", "256", "--num-iters", "3", "--num-iters-warmup", "1",
