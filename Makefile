@@ -23,7 +23,8 @@ run: setup
 
 test: setup
 	$(VENV)/bin/ruff check gmtool tests tools
-	$(VPY) -m pytest -q -m "not gpu"
+	# one worker per core (at most 4), one torch thread each: the workers would fight over cores otherwise
+	GMTOOL_CPU_THREADS=1 $(VPY) -m pytest -q -m "not gpu" -n auto --maxprocesses 4
 
 # The package as users get it: the wheel built, installed into a fresh virtual environment in a temporary
 # directory (torch==2.13.0 from this machine's disk, as in set-up; --no-compile: no bytecode for all of torch),

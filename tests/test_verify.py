@@ -227,3 +227,20 @@ def test_bad_input_exits_2_in_one_line(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, env={**__import__("os").environ,
                                                                           "PYTHONPATH": str(__import__("pathlib").Path.cwd())})
     assert r.returncode == 2 and "is not a graph mode" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_bucket_whose_capture_raises_on_wrong_inputs_is_a_finding_not_a_crash(rig):
+    """skip-pad-zero, checked every 10 steps: the stale padding would make a replay (or a new bucket's capture
+    warm-up) read out of range between checks. The staged inputs are checked on every step, so the soak checks
+    and localizes that step at once instead of raising (on CUDA: instead of an illegal address)."""
+    m = soak(rig, fault="skip-pad-zero", steps=60, check_every=10).mismatch
+    assert m is not None and m.step < 10
+    assert any("padding lanes" in s for s in m.input_faults), m.input_faults
+    assert any("padding lanes" in s for s in m.suspects), m.suspects
+
+
+def test_a_soak_stops_at_its_time_limit_and_says_so(rig):
+    cfg, bench, taps = rig
+    res = Soak(bench, taps, "piecewise", None, "default", SoakOptions(10**6, 10, 0, time_limit_s=1.0)).run()
+    assert 0 < res.steps < 10**6 and res.mismatch is None and res.wall_s < 30
+    assert res.notes == [f"stopped at the time limit (1 s) after {res.steps} of 1000000 steps"]

@@ -365,7 +365,7 @@ MUTANTS: list[Mutant] = [
 
     # -- report rows (gmtool/report/*) --------------------------------------------------------------------
     M("summary-unsafe-shows-latency", "gmtool/report/summary.py",
-      'replay = statistics.median(lat) if lat and status != "UNSAFE" else None',
+      'replay = statistics.median(lat) if lat and status != Status.UNSAFE else None',
       "replay = statistics.median(lat) if lat else None",
       REPORT + "test_unsafe_buckets_show_no_latency_or_speedup_anywhere",
       "a bucket UNSAFE for one mix shows the latency of the others"),
@@ -379,7 +379,7 @@ MUTANTS: list[Mutant] = [
       KILLS + "test_bucket_summary_reports_the_worst_composition",
       "a bucket's max rel err is its best composition's"),
     M("markdown-unsafe-lists-errors", "gmtool/report/markdown.py",
-      'for r in records if r["status"] == "UNSAFE"]', 'for r in records if r["status"] != "ok"]',
+      'for r in records if r["status"] == Status.UNSAFE]', 'for r in records if r["status"] != Status.OK]',
       REPORT + "test_markdown_sections",
       "report.md's UNSAFE section lists error and skipped rows too"),
     M("csv-flattening-loses-timings", "gmtool/records.py",

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from gmtool.errors import GmtoolError
 from gmtool.measure.bench import STAGES, main
 
 
@@ -17,6 +18,10 @@ def bench(
 ) -> None:
     """Benchmark stages on qwen3-0.6b: attention bandwidth, decode against hf-compiled, prefill, capture time and
     host time per replay. Reports figures; asserts nothing."""
+    import torch
+
+    if not torch.cuda.is_available():  # refused here, so it is one line on stderr as every other bad input
+        raise GmtoolError("gmtool bench needs CUDA (run it on the GPU machine)")
     code = main(["--stages", stages, "--iters", str(iters), "--out", str(out)])
     if code:
         raise typer.Exit(code)

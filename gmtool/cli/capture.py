@@ -7,14 +7,16 @@ from typing import Annotated, Optional
 import typer
 
 from gmtool.app import run_capture
-from gmtool.cli.progress import make_console, progress_bars
+from gmtool.cli.output import Output
+from gmtool.cli.progress import progress_bars
 
 from gmtool.cli import options as o
 from gmtool.cli.run_sweep import build_config, finish
 from gmtool.errors import GmtoolError
 from gmtool.modes import CAPTURE_MODES, GraphMode
 from gmtool.report.results import default_out_dir, output_dir
-from gmtool.report.tables import capture_table
+from gmtool.report.summary import verdict
+from gmtool.report.tables import capture_table, noise_warning
 
 
 def capture(
@@ -42,9 +44,10 @@ def capture(
     profile: o.ProfileOpt = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/capture-<time>).")] = None,
     force: o.ForceOpt = False,
+    fmt: o.FormatOpt = o.OutputFormat.HUMAN,
 ) -> None:
     """Capture one graph per bucket, replay it with several batch compositions, compare each with eager."""
-    console = make_console()
+    out_ = Output(fmt)
     if mode is not None and mode not in CAPTURE_MODES:
         why = "captures nothing" if mode in tuple(GraphMode) else "is an unknown mode"
         raise GmtoolError(f"--mode {mode!r} {why}: choose from {', '.join(CAPTURE_MODES)} (compare runs eager)")
@@ -54,9 +57,14 @@ def capture(
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
                        num_iters_warmup=num_iters_warmup, seed=seed)
     for note in cfg.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        out_.note(note)
     with output_dir(out or default_out_dir("capture"), force) as out_dir:
-        doc = run_capture(cfg, out_dir, progress_bars(console))
-    console.print(capture_table(doc.to_dict()))
-    console.print(f"results: {out_dir / 'results.json'}, {out_dir / 'results.csv'}")
-    finish(doc, console)
+        doc = run_capture(cfg, out_dir, progress_bars(out_.console))
+    data = doc.to_dict()
+    out_.document(doc.to_json())
+    out_.show(capture_table(data))
+    noise = noise_warning(data)
+    if noise:
+        out_.show(f"[yellow]warning:[/] {noise}", highlight=False)
+    out_.show(f"results: {out_dir / 'results.json'}, {out_dir / 'results.csv'}", highlight=False)
+    finish(doc, out_.problems, lambda: out_.verdict(verdict(data), doc.exit_code() == 0))

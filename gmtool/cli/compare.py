@@ -1,8 +1,6 @@
 """gmtool compare: several modes side by side over the same buckets and batch compositions, in one process."""
 from __future__ import annotations
 
-import sys
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,7 +8,8 @@ import typer
 
 from gmtool.cli import options as o
 from gmtool.app import run_compare
-from gmtool.cli.progress import make_console, progress_bars
+from gmtool.cli.output import Output
+from gmtool.cli.progress import progress_bars
 from gmtool.cli.report import BaselineOpt
 from gmtool.cli.run_sweep import build_config, finish
 from gmtool.modes import GraphMode
@@ -20,15 +19,10 @@ from gmtool.measure.hf_compiled import NEEDS_CUDA, PeerCompile
 from gmtool.profiles import load_sweep_profile
 from gmtool.report.baseline import check_same_model, load_baseline
 from gmtool.report.results import default_out_dir, output_dir
+from gmtool.report.summary import verdict
 from gmtool.report.tables import compare_table, noise_warning
 
 VALID_MODES = tuple(GraphMode)
-
-
-class OutputFormat(StrEnum):
-    HUMAN = "human"  # tables
-    JSON = "json"  # the results document on stdout, nothing else
-    QUIET = "quiet"  # problems only
 
 
 def parse_modes(text: str) -> list[str]:
@@ -49,9 +43,6 @@ ModesArg = Annotated[Optional[str], typer.Argument(help=f"Comma-separated modes:
                                                    show_default=DEFAULT_MODES)]
 OutOpt = Annotated[Optional[Path], typer.Option(
     "--out", "-o", help="Output directory (default gmtool-out/compare-<time>).")]
-FormatOpt = Annotated[OutputFormat, typer.Option(
-    "--format", "-f", help="human (tables) | json (the results document on stdout, nothing else) | quiet "
-    "(problems only)")]
 TraceOpt = Annotated[bool, typer.Option(
     "--trace", help="Write trace-<mode>.json (torch.profiler, Chrome format) of a few replays of each mode's "
     "largest bucket, each replay in an NVTX range on CUDA.")]
@@ -90,7 +81,7 @@ def compare(
     profile: o.ProfileOpt = None,
     out: OutOpt = None,
     force: o.ForceOpt = False,
-    fmt: FormatOpt = OutputFormat.HUMAN,
+    fmt: o.FormatOpt = o.OutputFormat.HUMAN,
     trace: TraceOpt = False,
     baseline: BaselineOpt = None,
     peer_buckets: Annotated[Optional[str], typer.Option(
@@ -104,10 +95,7 @@ def compare(
     """Run every mode over every bucket and composition in one process; write results and reports."""
     prof = load_sweep_profile(profile) if profile else {}
     wanted = parse_modes(modes or ",".join(prof.get("modes", ())) or DEFAULT_MODES)
-    # stdout carries only the JSON document in json mode; in quiet mode nothing but problems is shown
-    console = make_console(stderr=(fmt != "human"))
-    console.quiet = fmt == "quiet"
-    problems = console if fmt == "human" else make_console(stderr=True)
+    out_ = Output(fmt)
     base = load_baseline(baseline) if baseline else None
     sweep_modes = tuple(m for m in wanted if m.in_sweep) or (GraphMode.EAGER,)  # the peer's reference is gmtool eager
     cfg = build_config(prof, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
@@ -122,18 +110,16 @@ def compare(
         raise GmtoolError(NEEDS_CUDA.format(device=cfg.torch_device.type))
     no_eager = [] if GraphMode.EAGER in sweep_modes else ["eager is not among the modes: the graph modes get no speedup"]
     for note in cfg.notes + no_eager:
-        console.print(f"[yellow]note:[/] {note}")
+        out_.note(note)
     with output_dir(out or default_out_dir("compare"), force) as out_dir:
-        doc, files = run_compare(cfg, wanted, out_dir, progress_bars(console), trace, peer_list, peer_compile,
+        doc, files = run_compare(cfg, wanted, out_dir, progress_bars(out_.console), trace, peer_list, peer_compile,
                                  (base, baseline) if base is not None else None)
 
-    if fmt == "json":
-        sys.stdout.write(doc.to_json() + "\n")
-        sys.stdout.flush()
-    else:
-        console.print(compare_table(doc.to_dict()))
-        noise = noise_warning(doc.to_dict())
-        if noise:
-            console.print(f"[yellow]warning:[/] {noise}", highlight=False)
-        console.print("wrote " + ", ".join(str(f) for f in files), highlight=False)
-    finish(doc, problems)
+    data = doc.to_dict()
+    out_.document(doc.to_json())
+    out_.show(compare_table(data))
+    noise = noise_warning(data)
+    if noise:
+        out_.show(f"[yellow]warning:[/] {noise}", highlight=False)
+    out_.show("wrote " + ", ".join(str(f) for f in files), highlight=False)
+    finish(doc, out_.problems, lambda: out_.verdict(verdict(data), doc.exit_code() == 0))

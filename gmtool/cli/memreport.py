@@ -8,10 +8,11 @@ import typer
 
 from gmtool.cli import options as o
 from gmtool.app import run_memreport
-from gmtool.cli.progress import make_console, progress_bars
+from gmtool.cli.output import Output
+from gmtool.cli.progress import progress_bars
 from gmtool.cli.run_sweep import build_config
 from gmtool.errors import GmtoolError
-from gmtool.memory.report import memreport_table
+from gmtool.memory.report import memreport_table, memreport_verdict
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
 from gmtool.report.results import default_out_dir, output_dir
 
@@ -44,6 +45,7 @@ def memreport(
     out: Annotated[Optional[Path], typer.Option(
         "--out", "-o", help="Output directory (default gmtool-out/memreport-<time>).")] = None,
     force: o.ForceOpt = False,
+    fmt: o.FormatOpt = o.OutputFormat.HUMAN,
 ) -> None:
     """Capture every bucket under each memory strategy (independent pools, one shared pool largest or smallest
     first, VMM ranges over shared physical memory); replay all against eager, also in shuffled order; compare
@@ -60,19 +62,21 @@ def memreport(
         raise GmtoolError(f"memreport runs one graph mode, full or piecewise, not {','.join(cfg.graph_modes) or 'none'}")
     if cfg.torch_device.type != "cuda":
         raise GmtoolError(f"memory strategies need CUDA: memreport cannot run on {cfg.torch_device}")
-    console = make_console()
+    out_ = Output(fmt)
 
     def said(row):
         if row.status != "ok":
-            console.print(f"[bold yellow]{row.strategy}:[/] {row.status}: {row.reason}", highlight=False)
+            out_.problems.print(f"[bold yellow]{row.strategy}:[/] {row.status}: {row.reason}", highlight=False)
 
     with output_dir(out or default_out_dir("memreport"), force) as out_dir:
-        doc, paths = run_memreport(cfg, names, out_dir, progress_bars(console), said)
-    console.print(memreport_table(doc))
+        doc, paths = run_memreport(cfg, names, out_dir, progress_bars(out_.console), said)
+    out_.document(doc.to_json())
+    out_.show(memreport_table(doc))
     for r in doc.strategies:
         for w in r.warning_list:
-            console.print(f"[yellow]warning ({r.strategy}):[/] {w}", highlight=False)
-    console.print(f"results: {', '.join(str(p) for p in paths)}")
+            out_.show(f"[yellow]warning ({r.strategy}):[/] {w}", highlight=False)
+    out_.show(f"results: {', '.join(str(p) for p in paths)}", highlight=False)
     code = doc.exit_code()
+    out_.verdict(memreport_verdict(doc), code == 0)
     if code:
         raise typer.Exit(code)

@@ -4,6 +4,7 @@ Every sweep option defaults to None, meaning "not given": build_config then take
 SweepConfig's default. --help shows that default, read from SweepConfig (show_default), so it is written once."""
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -71,3 +72,14 @@ ProfileOpt = Annotated[Optional[str], typer.Option("--profile", "-p", help="A sw
 AttentionOpt = Annotated[Optional[AttentionChoice], typer.Option("--attention", help="Attention kernels: auto (Triton on CUDA when available) | torch (reference) | triton", show_default=shown("attention"))]
 FuseOpt = Annotated[Optional[bool], flag("fuse", help="Fuse the model's layers as engines do (one QKV and one gate/up GEMM; Triton RMSNorm, QK-norm+RoPE and SiLU-and-mul): fewer kernels per step. Eager and every graph mode run the fused model.")]
 CompileOpt = Annotated[Optional[bool], flag("compile", help="CUDA only. Compile the non-attention parts with Inductor before capture (piecewise: through the FX split); compile time is reported apart from capture time.")]
+
+
+class OutputFormat(StrEnum):
+    HUMAN = "human"  # tables, notes, progress, the verdict
+    JSON = "json"  # the command's document on stdout, nothing else there (notes and progress go to stderr)
+    QUIET = "quiet"  # errors (stderr) and the verdict line only
+
+
+FormatOpt = Annotated[OutputFormat, typer.Option(
+    "--format", "-f", help="human (tables) | json (the command's document on stdout, nothing else) | quiet "
+    "(errors and the verdict line only)")]

@@ -2,13 +2,15 @@
 graph-count budgets, from a results file or measured on the spot."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from gmtool.cli import options as o
-from gmtool.cli.progress import make_console, progress_bars
+from gmtool.cli.output import Output
+from gmtool.cli.progress import progress_bars
 from gmtool.cli.run_sweep import build_config
 from gmtool.core.buckets import parse_buckets
 from gmtool.errors import GmtoolError
@@ -66,6 +68,7 @@ def plan(
     profile: o.ProfileOpt = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/plan-<time>).")] = None,
     force: o.ForceOpt = False,
+    fmt: o.FormatOpt = o.OutputFormat.HUMAN,
 ) -> None:
     """Choose the capture sizes that minimize the workload's expected step time within the budgets (padding
     included; steps above the largest graph run eager), and compare with the engines' default lists."""
@@ -75,7 +78,7 @@ def plan(
                       _positive(capture_budget, "--capture-budget"), _positive(max_graphs, "--max-graphs"))
     chosen = parse_buckets(candidates) if candidates is not None else None
     steps, path = load_workload(workload)
-    console = make_console()
+    out_ = Output(fmt)
     measured_doc = None
     if from_ is not None:
         doc = load_results(from_).to_dict()
@@ -94,9 +97,9 @@ def plan(
             cfg = build_config(profile, **{**cfg_opts(cfg), "buckets": ",".join(
                 map(str, needed_buckets(cfg.bucket_sizes, int(steps["num_tokens"].max()))))})
         for note in cfg.notes:
-            console.print(f"[yellow]note:[/] {note}")
+            out_.note(note)
         source = {"kind": "measured now", "buckets": cfg.bucket_sizes}
-        measured_doc = measure(cfg, progress_bars(console))
+        measured_doc = measure(cfg, progress_bars(out_.console))
         doc = measured_doc.to_dict()
     mixed = int(steps.loc[steps["num_tokens"] != steps["num_seqs"], "count"].sum())
     notes = [f"{mixed} of {int(steps['count'].sum())} steps are not pure decode but the costs are of decode "
@@ -106,12 +109,13 @@ def plan(
     plan_doc = build_document(res, inp, source, doc["model"], doc["machine"])
     with output_dir(out or default_out_dir("plan"), force) as out_dir:
         files = (write_results(out_dir, measured_doc) if measured_doc else []) + write_plan(out_dir, plan_doc)
-    console.print(plan_table(plan_doc))
-    console.print(f"capture sizes: {','.join(map(str, plan_doc['capture_sizes'])) or '(none: eager is faster)'}",
-                  highlight=False)
+    out_.document(json.dumps(plan_doc, indent=2, default=str))
+    out_.show(plan_table(plan_doc))
     for n in plan_doc["notes"]:
-        console.print(f"[yellow]note:[/] {n}", highlight=False)
-    console.print("wrote " + ", ".join(str(f) for f in files), highlight=False)
+        out_.show(f"[yellow]note:[/] {n}", highlight=False)
+    out_.show("wrote " + ", ".join(str(f) for f in files), highlight=False)
+    out_.verdict(f"{','.join(map(str, plan_doc['capture_sizes'])) or '(none: eager is faster)'}", True,
+                 label="capture sizes")
 
 
 def cfg_opts(cfg) -> dict:

@@ -7,9 +7,10 @@ from typing import Annotated, Optional
 import typer
 
 from gmtool.cli import options as o
-from gmtool.cli.progress import make_console
+from gmtool.cli.output import Output
 from gmtool.report.baseline import attach_baseline, load_baseline
 from gmtool.report.results import load_results, prepare_out_dir, results_file, write_reports
+from gmtool.report.summary import verdict
 from gmtool.report.tables import compare_table, noise_warning
 
 
@@ -24,9 +25,10 @@ def report(
     out: Annotated[Optional[Path], typer.Option(
         "--out", "-o", help="Where to write report.md / report.html (default: next to the results).")] = None,
     force: o.ForceOpt = False,
+    fmt: o.FormatOpt = o.OutputFormat.HUMAN,
 ) -> None:
     """Re-render the reports of a finished run; --baseline adds the change against an older run."""
-    console = make_console()
+    out_ = Output(fmt)
     doc = load_results(results)
     if baseline is not None:
         attach_baseline(doc, load_baseline(baseline), baseline)
@@ -36,9 +38,11 @@ def report(
     else:
         out_dir = prepare_out_dir(out, force)
     files = write_reports(out_dir, doc)
-    console.print(compare_table(doc.to_dict()))
-    noise = noise_warning(doc.to_dict())
+    data = doc.to_dict()
+    out_.document(doc.to_json())
+    out_.show(compare_table(data))
+    noise = noise_warning(data)
     if noise:
-        console.print(f"[yellow]warning:[/] {noise}", highlight=False)
-    console.print(f"from {results_file(results)}: wrote "
-                  + ", ".join(str(f) for f in files), highlight=False)
+        out_.show(f"[yellow]warning:[/] {noise}", highlight=False)
+    out_.show(f"from {results_file(results)}: wrote " + ", ".join(str(f) for f in files), highlight=False)
+    out_.verdict(verdict(data), doc.exit_code() == 0)

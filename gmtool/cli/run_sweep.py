@@ -16,9 +16,10 @@ def build_config(profile: str | dict | None, **opts) -> SweepConfig:
     return SweepConfig(**{**prof, **{k: v for k, v in opts.items() if v is not None}})
 
 
-def finish(doc: Document, console: Console) -> None:
-    """Print every problem once; exit 1 when a row failed, 3 when a replay that should be safe was not
-    (full-narrow's UNSAFE rows are the finding it exists to show, not a failure)."""
+def finish(doc: Document, console: Console, then=None) -> None:
+    """Print every problem once, then call then() (the verdict line comes last); exit 1 when a row failed, 3 when
+    a replay that should be safe was not (full-narrow's UNSAFE rows are the finding it exists to show, not a
+    failure)."""
     errors, seen = list(doc.errors), set(doc.errors)
     for r in doc.records:  # graph-mode error rows are recorded in the row only
         if r.status.failed and r.error and r.error not in seen:
@@ -29,6 +30,8 @@ def finish(doc: Document, console: Console) -> None:
     for r in doc.unexpected_unsafe():
         console.print(f"[bold red]UNSAFE[/] {r.mode} bucket {r.bucket} {r.composition}: {r.error}",
                       highlight=False, soft_wrap=True)
+    if then:
+        then()
     code = doc.exit_code()
     if code:
         raise typer.Exit(code)

@@ -2,13 +2,14 @@
 layer, capturability and dynamic-dimension analysis). Exit 0 clean, 3 when something is found, 2 bad input."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from gmtool.cli import options as o
-from gmtool.cli.progress import make_console
+from gmtool.cli.output import Output
 from gmtool.report.results import default_out_dir, output_dir
 from gmtool.verify.faults import FAULTS
 from gmtool.verify.run import VerifyConfig
@@ -41,34 +42,33 @@ def verify(
     seed: o.SeedOpt = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/verify-<time>).")] = None,
     force: o.ForceOpt = False,
+    fmt: o.FormatOpt = o.OutputFormat.HUMAN,
 ) -> None:
     """Soak the graphs under an engine-like workload with poisoned memory; localize any wrong replay."""
-    from gmtool.verify.report import runs_table, write_document
+    from gmtool.verify.report import dyndims_table, runs_table, write_document
     from gmtool.verify.run import run_verify
 
-    console = make_console()
+    out_ = Output(fmt)
     given = dict(model=model, modes=modes, steps=steps, check_every=check_every, strategy=strategy, inject=inject,
                  buckets=buckets, device=device, dtype=dtype, max_num_seqs=max_num_seqs, max_kv_len=max_kv_len,
                  block_size=block_size, attention=attention, seed=seed)
     cfg = VerifyConfig(**{k: v for k, v in given.items() if v is not None})
     with output_dir(out or default_out_dir("verify"), force) as out_dir:
-        doc = run_verify(cfg, lambda text: console.print(f"[dim]{text}[/]"))
+        doc = run_verify(cfg, lambda text: out_.console.print(f"[dim]{text}[/]", highlight=False))
         path = write_document(out_dir, doc)
+    out_.document(json.dumps(doc, indent=2, default=str))
     for f in doc["capturability"]:
-        console.print(f"[yellow]capturability:[/] {f['text']}", highlight=False, soft_wrap=True)
-    for d in doc["dynamic_dims"]:
-        if not d["clean"]:
-            first = d["baked"][0] if d["baked"] else None
-            what = (f"{first['op']} in {first['module']}: {first['value_a']} vs {first['value_b']}" if first
-                    else d["diverged_at"])
-            console.print(f"[yellow]baked into {d['mode']} {d['key']}:[/] {what} ({len(d['baked'])} values)",
-                          highlight=False, soft_wrap=True)
+        out_.show(f"[yellow]capturability:[/] {f['text']}", highlight=False, soft_wrap=True)
+    if doc["dynamic_dims"]:
+        out_.show(dyndims_table(doc))
+    dd_notes = [n for d in doc["dynamic_dims"] for n in (d["graph_nodes"] or {}).get("notes", []) + [d["note"]]]
+    for note in dict.fromkeys(n for n in dd_notes if n):  # the same note for every mode once
+        out_.show(f"[dim]dynamic dimensions: {note}[/]", highlight=False, soft_wrap=True)
     if doc["runs"]:
-        console.print(runs_table(doc))
+        out_.show(runs_table(doc))
     for f in doc["findings"]:
-        console.print(f"[bold red]found:[/] {f}", highlight=False, soft_wrap=True)
-    console.print(f"verify.json: {path}")
-    console.print(doc["verdict"], style="green" if doc["exit_code"] == 0 else "bold red", highlight=False,
-                  soft_wrap=True)
+        out_.problems.print(f"[bold red]found:[/] {f}", highlight=False, soft_wrap=True)
+    out_.show(f"verify.json: {path}", highlight=False)
+    out_.verdict(doc["verdict"], doc["exit_code"] == 0, label="")
     if doc["exit_code"]:
         raise typer.Exit(doc["exit_code"])

@@ -124,7 +124,7 @@ class Sweep:
                 except GmtoolError as e:
                     res.errors.append(str(e))
                     res.add(Record(**base, mode=GraphMode.EAGER, status=Status.ERROR, error=str(e)))
-                    self._advance(f"{bucket}: {comp.label} (error)")
+                    self._advance(f"bucket {bucket}: {comp.label} (error)")
                     continue
                 eager_med = None
                 if GraphMode.EAGER in cfg.modes:

@@ -14,7 +14,6 @@ import statistics
 from pathlib import Path
 
 import torch
-from rich.table import Table
 
 from gmtool.modes import GraphMode
 from gmtool.measure.check import checked_replay
@@ -23,6 +22,7 @@ from gmtool.core.executor import AttentionRunner
 from gmtool.core.inputs import StepViews
 from gmtool.memory.document import ROW_FIELDS, UNAVAILABLE, MemDocument, StrategyRow
 from gmtool.memory.strategies import make_strategy
+from gmtool.report.fitted import Column, FittedTable
 from gmtool.report.tables import _f, fmt_bytes
 from gmtool.records import Status, style_of
 from gmtool.measure.sweep import Sweep, machine_info
@@ -255,25 +255,43 @@ def write_chart(path: Path, doc: dict) -> None:
     fig.savefig(path, dpi=120)
 
 
-def memreport_table(document: MemDocument) -> Table:
+MEM_COLUMNS = [
+    Column("strategy", justify="left"), Column("status", justify="left"), Column("shapes", rank=6),
+    Column("pool (alloc.)", rank=5), Column("physical", rank=1), Column("VA mapped", rank=7),
+    Column("device Δ", rank=7), Column("NVML Δ", rank=8),
+    Column("phys/max", rank=2, legend="physical memory over the largest shape's own need (1.00: perfect sharing)"),
+    Column("phys/max pool", rank=8), Column("phys/sum", rank=5), Column("inputs arena/per-shape", rank=9),
+    Column("capture s", rank=4), Column("replay ms", rank=3),
+    Column("shuffled ok", rank=2, legend="replays in shuffled bucket order that matched eager"),
+    Column("warn", rank=6)]
+
+
+def memreport_table(document: MemDocument) -> FittedTable:
     doc = document.to_dict()
-    t = Table(title=f"gmtool memreport: {doc['model'].get('name')}, {doc['mode']} graphs, sum(shape) "
-                    f"{fmt_bytes(doc.get('sum_shape_bytes'))}, max(shape) {fmt_bytes(doc.get('max_shape_bytes'))}")
-    cols = ("strategy", "status", "shapes", "pool (alloc.)", "physical", "VA mapped", "device Δ", "NVML Δ",
-            "phys/max", "phys/max pool", "phys/sum", "inputs arena/per-shape", "capture s", "replay ms", "shuffled ok", "warn")
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("strategy", "status") else "right")
+    title = (f"gmtool memreport: {doc['model'].get('name')}, {doc['mode']} graphs, sum(shape) "
+             f"{fmt_bytes(doc.get('sum_shape_bytes'))}, max(shape) {fmt_bytes(doc.get('max_shape_bytes'))}")
+    rows = []
     for r in doc["strategies"]:
         style = style_of(r["status"])
         inputs = "-" if r.get("input_arena_bytes") is None else \
             f"{fmt_bytes(r['input_arena_bytes'])} / {fmt_bytes(r['input_per_shape_bytes'])}"
-        t.add_row(r["strategy"], f"[{style}]{r['status']}[/]", str(r.get("captures") or "-"),
-                  fmt_bytes(r.get("graph_pool_bytes")), fmt_bytes(r.get("physical_bytes")),
-                  fmt_bytes(r.get("virtual_mapped_bytes")), fmt_bytes(r.get("device_used_bytes")),
-                  fmt_bytes(r.get("nvml_used_bytes")), _f(r.get("physical_over_max"), ".2f"),
-                  _f(r.get("physical_over_max_pool"), ".3f"),
-                  _f(r.get("physical_over_sum"), ".2f"), inputs, _f(r.get("capture_s"), ".2f"),
-                  _f(r.get("replay_ms_median"), ".3f"),
-                  f"{r['shuffled_ok']}/{r['shuffled_replays']}" if r.get("shuffled_replays") else "-",
-                  str(r.get("warnings") or 0))
-    return t
+        rows.append([r["strategy"], f"[{style}]{r['status']}[/]", str(r.get("captures") or "-"),
+                     fmt_bytes(r.get("graph_pool_bytes")), fmt_bytes(r.get("physical_bytes")),
+                     fmt_bytes(r.get("virtual_mapped_bytes")), fmt_bytes(r.get("device_used_bytes")),
+                     fmt_bytes(r.get("nvml_used_bytes")), _f(r.get("physical_over_max"), ".2f"),
+                     _f(r.get("physical_over_max_pool"), ".3f"),
+                     _f(r.get("physical_over_sum"), ".2f"), inputs, _f(r.get("capture_s"), ".2f"),
+                     _f(r.get("replay_ms_median"), ".3f"),
+                     f"{r['shuffled_ok']}/{r['shuffled_replays']}" if r.get("shuffled_replays") else "-",
+                     str(r.get("warnings") or 0)])
+    return FittedTable(title, MEM_COLUMNS, rows)
+
+
+def memreport_verdict(document: MemDocument) -> str:
+    """memreport in one line, per strategy: "N ok, M UNSAFE, K errors", and those this machine cannot run."""
+    statuses = [r.status for r in document.strategies]
+    line = (f"{statuses.count(Status.OK)} ok, {statuses.count(Status.UNSAFE)} UNSAFE, "
+            f"{statuses.count(Status.ERROR) + statuses.count(Status.OOM)} errors ({len(statuses)} strategies")
+    line += f"; {statuses.count(UNAVAILABLE)} unavailable here" if UNAVAILABLE in statuses else ""
+    partial = document.partial
+    return line + (f"; partial run: {partial.summary})" if partial else ")")

@@ -72,7 +72,7 @@ def sections(doc: dict) -> list[Section]:
                            "the expected finding: a num_tokens-only key is wrong for prefill.")
     unsafe.rows = [[r["mode"], str(r["bucket"]), r["composition"], str(r.get("key") or "-"),
                     _num(r.get("max_rel_err"), ".2e"), r.get("error") or ""]
-                   for r in records if r["status"] == "UNSAFE"]
+                   for r in records if r["status"] == Status.UNSAFE]
     problems = Section("Errors and skipped rows", ["mode", "bucket", "composition", "status", "error"])
     problems.rows = [[r["mode"], str(r["bucket"]), r["composition"], r["status"], r.get("error") or ""]
                      for r in records if Status(r["status"]) in (Status.ERROR, Status.OOM, Status.SKIPPED)]
@@ -133,7 +133,7 @@ def render_markdown(doc: dict) -> str:
         lines.append("|" + "|".join("---" for _ in sec.headers) + "|")
         for row in sec.rows:
             cells = [_md_code(c) if i == comp else c for i, c in enumerate(row)]
-            cells = [f"**{c}**" if c == "UNSAFE" else c for c in cells]
+            cells = [f"**{c}**" if c == Status.UNSAFE else c for c in cells]
             lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     extra = notes(doc)
     if extra:

@@ -13,6 +13,11 @@ from gmtool.modes import GraphMode
 from gmtool.report.summary import bucket_summary, mode_order
 
 
+# one colour per mode in every plot of a report, whichever modes a plot leaves out (the speedup plot has no eager)
+MODE_COLOURS = {GraphMode.EAGER: "#7f7f7f", GraphMode.FULL: "#1f77b4", GraphMode.FULL_NARROW: "#d62728",
+                GraphMode.PIECEWISE: "#2ca02c", GraphMode.HF_COMPILED: "#ff7f0e"}
+
+
 def _data_uri(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
@@ -32,14 +37,15 @@ def _series(doc: dict, field: str, skip_eager: bool = False) -> dict[str, tuple[
     return out
 
 
-def _plot(series: dict, title: str, ylabel: str, hline: float | None = None) -> str | None:
+def figure(series: dict, title: str, ylabel: str, hline: float | None = None) -> Figure | None:
+    """One line per mode (in MODE_COLOURS' colour) over the buckets; None when there is nothing to plot."""
     if not series:
         return None
     fig = Figure(figsize=(6.4, 3.6))
     ax = fig.add_subplot()
     buckets = sorted({b for xs, _ in series.values() for b in xs})
     for mode, (xs, ys) in series.items():
-        ax.plot(xs, ys, marker="o", label=mode)
+        ax.plot(xs, ys, marker="o", label=mode, color=MODE_COLOURS.get(mode, "black"))
     if hline is not None:
         ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
     if buckets[-1] / buckets[0] >= 8:  # bucket lists are roughly geometric: spread them evenly
@@ -54,23 +60,28 @@ def _plot(series: dict, title: str, ylabel: str, hline: float | None = None) -> 
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend()
-    return _data_uri(fig)
+    return fig
 
 
-def latency_plot(doc: dict) -> str | None:
-    return _plot(_series(doc, "replay_ms"), "median step latency per mode (UNSAFE buckets not plotted)", "ms")
+def latency_figure(doc: dict) -> Figure | None:
+    return figure(_series(doc, "replay_ms"), "median step latency per mode (UNSAFE buckets not plotted)", "ms")
 
 
-def speedup_plot(doc: dict) -> str | None:
-    return _plot(_series(doc, "speedup", skip_eager=True), "speedup over eager", "eager / mode", hline=1.0)
+def speedup_figure(doc: dict) -> Figure | None:
+    return figure(_series(doc, "speedup", skip_eager=True), "speedup over eager", "eager / mode", hline=1.0)
 
 
-def memory_plot(doc: dict) -> str | None:
+def memory_figure(doc: dict) -> Figure | None:
     mib = {m: (xs, [v / 2**20 for v in ys]) for m, (xs, ys) in _series(doc, "graph_mem_bytes").items()}
-    return _plot(mib, "graph memory per capture (peak allocated while capturing)", "MiB")
+    return figure(mib, "graph memory per capture (peak allocated while capturing)", "MiB")
+
+
+def all_figures(doc: dict) -> list[tuple[str, Figure | None]]:
+    """(caption, figure or None when nothing was measured)."""
+    return [("Latency vs bucket", latency_figure(doc)), ("Speedup vs bucket", speedup_figure(doc)),
+            ("Graph memory per mode", memory_figure(doc))]
 
 
 def all_plots(doc: dict) -> list[tuple[str, str | None]]:
     """(caption, data URI or None when nothing was measured)."""
-    return [("Latency vs bucket", latency_plot(doc)), ("Speedup vs bucket", speedup_plot(doc)),
-            ("Graph memory per mode", memory_plot(doc))]
+    return [(caption, None if fig is None else _data_uri(fig)) for caption, fig in all_figures(doc)]

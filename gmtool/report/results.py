@@ -53,14 +53,17 @@ def prepare_out_dir(out: Path, force: bool) -> Path:
 
 @contextlib.contextmanager
 def output_dir(out: Path, force: bool):
-    """prepare_out_dir, and a directory this run created is removed again if the run fails before writing."""
-    created = not Path(out).exists()
+    """prepare_out_dir, and the directories this run created (gmtool-out/ as well as gmtool-out/run-...) are
+    removed again if the run fails before writing into them."""
+    created = [p for p in (Path(out), *Path(out).parents) if not p.exists()]  # innermost first
     path = prepare_out_dir(out, force)
     try:
         yield path
     except BaseException:
-        if created and path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
+        for d in created:
+            if not d.is_dir() or any(d.iterdir()):
+                break
+            d.rmdir()
         raise
 
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import statistics
 
-from gmtool.records import worst as _worst
+from gmtool.modes import GraphMode
+from gmtool.records import Status, worst as _worst
 
 
 def bucket_summary(records: list[dict]) -> list[dict]:
@@ -23,15 +24,15 @@ def bucket_summary(records: list[dict]) -> list[dict]:
         comps = [r["compile_s"] for r in rs if r.get("compile_s") is not None]
         status = _worst([r["status"] for r in rs])
         # a bucket that is unsafe for one mix shows no latency, even from the mixes it served correctly
-        replay = statistics.median(lat) if lat and status != "UNSAFE" else None
+        replay = statistics.median(lat) if lat and status != Status.UNSAFE else None
         eager_ms = statistics.median(eager) if eager else None
         out.append({
             "mode": mode, "bucket": bucket, "compositions": len(rs), "status": status,
             "capture_s": sum(caps) if caps else None, "graph_mem_bytes": max(mems) if mems else None,
             "replay_ms": replay, "eager_ms": eager_ms,
-            "speedup": (eager_ms / replay) if (replay and eager_ms and status == "ok") else None,
-            "host_us": statistics.median(host) if host and status != "UNSAFE" else None,
-            "host_steady_us": statistics.median(steady) if steady and status != "UNSAFE" else None,
+            "speedup": (eager_ms / replay) if (replay and eager_ms and status == Status.OK) else None,
+            "host_us": statistics.median(host) if host and status != Status.UNSAFE else None,
+            "host_steady_us": statistics.median(steady) if steady and status != Status.UNSAFE else None,
             "max_rel_err": max(errs) if errs else None,
             "pieces": max((r["pieces"] or 0) for r in rs) or None,
             "runners": max((r["runners"] or 0) for r in rs) if any(r.get("runners") is not None for r in rs) else None,
@@ -67,3 +68,20 @@ def safety_matrix(doc: dict) -> tuple[list[str], list[dict]]:
         row = rows.setdefault((bucket, comp, n), {"bucket": bucket, "composition": comp, "n": n, "statuses": {}})
         row["statuses"][mode] = r["status"]
     return modes, sorted(rows.values(), key=lambda row: row["bucket"])  # stable: the run's order within a bucket
+
+
+def verdict(doc: dict) -> str:
+    """The run in one line, "N ok, M UNSAFE, K errors": its replays checked against eager (every record but
+    eager's own, which are the reference, unless eager itself failed)."""
+    checked = [r for r in doc["records"] if r["mode"] != GraphMode.EAGER or Status(r["status"]).failed]
+    count = {s: sum(1 for r in checked if r["status"] == s) for s in Status}
+    extra = [f"{count[Status.SKIPPED]} skipped"] if count[Status.SKIPPED] else []
+    expected = sum(1 for r in checked if r["status"] == Status.UNSAFE and GraphMode(r["mode"]).expected_unsafe)
+    if expected:
+        extra.append(f"{expected} UNSAFE of full-narrow, as expected")
+    partial = doc.get("partial")
+    if partial:
+        extra.append(f"partial run: {partial['reason']} after {partial['measured']} of {partial['planned']} "
+                     f"{partial['unit']}")
+    return (f"{count[Status.OK]} ok, {count[Status.UNSAFE]} UNSAFE, {count[Status.ERROR] + count[Status.OOM]} "
+            f"errors ({'; '.join([f'{len(checked)} replays checked against eager'] + extra)})")

@@ -1,10 +1,9 @@
 """Terminal tables (rich)."""
 from __future__ import annotations
 
-from rich.table import Table
-
 from gmtool.modes import GraphMode
 from gmtool.records import style_of
+from gmtool.report.fitted import Column, FittedTable
 from gmtool.report.summary import bucket_summary, mode_order
 
 
@@ -21,56 +20,71 @@ def _f(x, spec: str, none: str = "-") -> str:
     return none if x is None else format(x, spec)
 
 
+# the non-obvious columns, explained once under every table that shows them
+MIXES = Column("mixes", rank=6, legend="batch compositions replayed per bucket")
+PIECES = Column("pieces/runners", rank=8, legend="captured graph pieces / attention calls run between them")
+HOST = Column("host us idle/steady", rank=7, legend="host time per step (copy-in + launch), from an idle device / "
+              "issued behind the previous step")
 
 
-def capture_table(doc: dict) -> Table:
+def _replay(s: dict) -> str:
+    """The median replay latency, '!' when it is noisy (noise_warning says what that means)."""
+    return _f(s["replay_ms"], ".3f") + ("!" if s["noisy"] and s["replay_ms"] is not None else "")
+
+
+def _speedup(s: dict) -> str:
+    return _f(s["speedup"], ".2f") + ("x" if s["speedup"] else "")
+
+
+def _status(s: dict) -> str:
+    return f"[{style_of(s['status'])}]{s['status']}[/]"
+
+
+def capture_table(doc: dict) -> FittedTable:
     """One row per mode x bucket: capture, memory, replay vs eager, worst error over the compositions."""
-    t = Table(title=f"gmtool capture: {doc['model']['name']} on {doc['machine'].get('gpu') or doc['machine']['backend']}")
-    for col in ("mode", "bucket", "mixes", "capture s", "graph mem", "replay ms", "eager ms", "speedup",
-                "host us idle/steady", "max rel err", "pieces/runners", "status"):
-        t.add_column(col, justify="left" if col in ("mode", "status") else "right")
+    title = f"gmtool capture: {doc['model']['name']} on {doc['machine'].get('gpu') or doc['machine']['backend']}"
+    cols = [Column("mode", justify="left"), Column("bucket"), MIXES, Column("capture s", rank=5),
+            Column("graph mem", rank=4), Column("replay ms", rank=1), Column("eager ms", rank=3),
+            Column("speedup", rank=1), HOST, Column("max rel err", rank=2), PIECES,
+            Column("status", justify="left")]
+    rows = []
     for s in bucket_summary(doc["records"]):
         if s["mode"] == GraphMode.EAGER:
             continue
-        style = style_of(s["status"])
-        t.add_row(s["mode"], str(s["bucket"]), str(s["compositions"]), _f(s["capture_s"], ".3f"),
-                  fmt_bytes(s["graph_mem_bytes"]), _f(s["replay_ms"], ".3f"), _f(s["eager_ms"], ".3f"),
-                  _f(s["speedup"], ".2f", "-") + ("x" if s["speedup"] else ""),
-                  _f(s["host_us"], ".0f") + "/" + _f(s["host_steady_us"], ".0f"),
-                  _f(s["max_rel_err"], ".2e"), f"{s['pieces'] or '-'}/{s['runners'] if s['runners'] is not None else '-'}",
-                  f"[{style}]{s['status']}[/]")
-    return t
+        rows.append([s["mode"], str(s["bucket"]), str(s["compositions"]), _f(s["capture_s"], ".3f"),
+                     fmt_bytes(s["graph_mem_bytes"]), _replay(s), _f(s["eager_ms"], ".3f"), _speedup(s),
+                     _f(s["host_us"], ".0f") + "/" + _f(s["host_steady_us"], ".0f"), _f(s["max_rel_err"], ".2e"),
+                     f"{s['pieces'] or '-'}/{s['runners'] if s['runners'] is not None else '-'}", _status(s)])
+    return FittedTable(title, cols, rows)
 
 
 def _signed_pct(x) -> str:
     return "-" if x is None else f"{x:+.1f}%"
 
 
-def compare_table(doc: dict) -> Table:
+def compare_table(doc: dict) -> FittedTable:
     """Every mode side by side, bucket by bucket; '!' marks a noisy median (IQR above 10% of it)."""
     machine = doc["machine"].get("gpu") or doc["machine"]["backend"]
-    t = Table(title=f"gmtool {doc.get('command', 'compare')}: {doc['model']['name']} on {machine}")
+    title = f"gmtool {doc.get('command', 'compare')}: {doc['model']['name']} on {machine}"
     deltas = {(d["mode"], d["bucket"]): d for d in (doc.get("baseline") or {}).get("buckets", [])}
-    cols = ["bucket", "mode", "mixes", "replay ms", "eager ms", "speedup", "max rel err", "capture/compile s",
-            "graph mem", "status"] + (["vs baseline"] if deltas else [])
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("mode", "status") else "right")
+    cols = [Column("bucket"), Column("mode", justify="left"), MIXES, Column("replay ms", rank=1),
+            Column("eager ms", rank=3), Column("speedup", rank=1), Column("max rel err", rank=2),
+            Column("capture/compile s", rank=5), Column("graph mem", rank=4), Column("status", justify="left")]
+    cols += [Column("vs baseline", rank=2)] if deltas else []
     order = {m: i for i, m in enumerate(mode_order(doc))}
-    rows = sorted(bucket_summary(doc["records"]), key=lambda s: (s["bucket"], order.get(s["mode"], 99)))
-    for i, s in enumerate(rows):
-        if i and s["bucket"] != rows[i - 1]["bucket"]:
-            t.add_section()
+    summary = sorted(bucket_summary(doc["records"]), key=lambda s: (s["bucket"], order.get(s["mode"], 99)))
+    rows: list[list[str] | None] = []
+    for i, s in enumerate(summary):
+        if i and s["bucket"] != summary[i - 1]["bucket"]:
+            rows.append(None)
         setup = s["compile_s"] if s["compile_s"] is not None else s["capture_s"]
-        style = style_of(s["status"])
-        cells = [str(s["bucket"]), s["mode"], str(s["compositions"]),
-                 _f(s["replay_ms"], ".3f") + ("!" if s["noisy"] and s["replay_ms"] is not None else ""),
-                 _f(s["eager_ms"], ".3f"), _f(s["speedup"], ".2f") + ("x" if s["speedup"] else ""),
-                 _f(s["max_rel_err"], ".2e"), _f(setup, ".2f"), fmt_bytes(s["graph_mem_bytes"]),
-                 f"[{style}]{s['status']}[/]"]
+        cells = [str(s["bucket"]), s["mode"], str(s["compositions"]), _replay(s), _f(s["eager_ms"], ".3f"),
+                 _speedup(s), _f(s["max_rel_err"], ".2e"), _f(setup, ".2f"), fmt_bytes(s["graph_mem_bytes"]),
+                 _status(s)]
         if deltas:
             cells.append(_signed_pct((deltas.get((s["mode"], s["bucket"])) or {}).get("replay_delta_pct")))
-        t.add_row(*cells)
-    return t
+        rows.append(cells)
+    return FittedTable(title, cols, rows)
 
 
 def noise_warning(doc: dict) -> str | None:

@@ -58,6 +58,7 @@ class ModuleTracker:
     def __init__(self, root: torch.nn.Module):
         self.names = {id(m): n for n, m in root.named_modules()}
         self.stack: list[str] = []
+        self.on_change = None  # called before the stack changes (graphnodes: what ran so far ran in `current`)
 
     @property
     def current(self) -> str:
@@ -70,10 +71,14 @@ class ModuleTracker:
         def pre(mod, args):
             name = self.names.get(id(mod))
             if name is not None:
+                if self.on_change is not None:
+                    self.on_change()
                 self.stack.append(name)
 
         def post(mod, args, out):
             if self.names.get(id(mod)) is not None and self.stack:
+                if self.on_change is not None:
+                    self.on_change()
                 self.stack.pop()
 
         handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post)]

@@ -174,14 +174,22 @@ def _driver_memset():
 
 
 # -- what the replay left behind ---------------------------------------------------------------------------
-def input_faults(ex, key, batch: Batch) -> list[str]:
+_INPUT_FIELDS = ("input_ids", "positions", "slot_mapping", "token_seq", "logits_indices", "kv_lens", "cu_q",
+                 "block_tables")
+
+
+def input_faults(ex, key, batch: Batch, staged: bool = False) -> list[str]:
     """Fields of key's device buffers that do not hold this batch (or the padding attention relies on):
-    what a graph read, whatever the host meant to send."""
-    v = ex.inputs.views(key)
+    what a graph read, whatever the host meant to send. staged: the staging arena instead, what the next
+    copy-in sends (host memory, no device sync: cheap enough for every step)."""
     n, b, w = batch.num_tokens, batch.num_seqs, batch.block_table_array.shape[1]
     bs = ex.cache.spec.block_size
-    got = {name: getattr(v, name).cpu().numpy() for name in
-           ("input_ids", "positions", "slot_mapping", "token_seq", "logits_indices", "kv_lens", "cu_q", "block_tables")}
+    if staged:
+        tok, seq, cu, bt = ex.inputs.staged(key)
+        got = dict(zip(_INPUT_FIELDS, (*tok, *seq, cu, bt)))
+    else:
+        v = ex.inputs.views(key)
+        got = {name: getattr(v, name).cpu().numpy() for name in _INPUT_FIELDS}
     checks = [("input_ids", got["input_ids"][:n], batch.input_ids),
               ("positions", got["positions"][:n], batch.positions),
               ("slot_mapping", got["slot_mapping"][:n], batch.slot_mapping),

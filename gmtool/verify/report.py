@@ -12,14 +12,25 @@ from pathlib import Path
 import pandas as pd
 from rich.table import Table
 
+from gmtool.verify.nodediff import fold_layers
+
 EXIT_CLEAN, EXIT_FOUND = 0, 3
+
+
+def _baked_what(d: dict) -> str:
+    """The first composition-dependent value of a dynamic-dimension record, in words."""
+    if d["baked"]:
+        return f"{d['baked'][0]['op']} in {d['baked'][0]['module']}"
+    if d["diverged_at"]:
+        return str(d["diverged_at"])
+    dep = d["graph_nodes"]["dependent"][0]
+    return f"kernel {dep['kernel']} in {dep['module'] or '<root>'} ({', '.join(dep['fields'])})"
 
 
 def _findings(doc: dict) -> list[str]:
     out = [f"capture: {f['text']}" for f in doc["capturability"] if f["breaks_capture"]]
     out += [f"{d['mode']} {d['kind']} bucket {d['key']}: composition-dependent value baked into the graph: "
-            + (str(d["baked"][0]["op"]) + f" in {d['baked'][0]['module']}" if d["baked"] else str(d["diverged_at"]))
-            for d in doc["dynamic_dims"] if not d["clean"] and not d["expected_unsafe"]]
+            + _baked_what(d) for d in doc["dynamic_dims"] if not d["clean"] and not d["expected_unsafe"]]
     for r in doc["runs"]:
         m = r["mismatch"]
         if m is None or r["expected_unsafe"]:
@@ -57,14 +68,45 @@ def runs_frame(doc: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def runs_table(doc: dict) -> Table:
-    df = runs_frame(doc)
-    t = Table(title="gmtool verify")
+def dyndims_frame(doc: dict) -> pd.DataFrame:
+    """One row per mode x kind: the ATen-op diff, the graph-node diff (CUDA) and what depends on the batch: the
+    kernels (CUDA), else the first baked op."""
+    rows = []
+    for d in doc["dynamic_dims"]:
+        g = d.get("graph_nodes")
+        if g:
+            dep = "; ".join(f"{r['kernel']} in {r['module'] or '<root>'} x{r['nodes']} ({', '.join(r['fields'])})"
+                            for r in g["dependent"][:4]) + (" ..." if len(g["dependent"]) > 4 else "")
+        elif d["baked"]:
+            b = d["baked"][0]
+            dep = f"{b['op']} in {fold_layers(b['module']) or '<root>'}: {b['value_a']} vs {b['value_b']}"
+        else:
+            dep = d["diverged_at"] or ""
+        result = "clean" if d["clean"] else "BAKED IN" + (" (expected)" if d["expected_unsafe"] else "")
+        rows.append({"mode": d["mode"], "kind": d["kind"], "bucket": d["key"],
+                     "compositions": " vs ".join(d["compositions"]),
+                     "aten ops": f"{d['ops'][0]}: " + ("diverged" if d["diverged_at"] else f"{len(d['baked'])} baked"),
+                     "graph nodes": f"{g['kernels'][0]} kernels, {g['changes_total']} changed" if g else "-",
+                     "depends on the composition": dep or "-", "result": result})
+    return pd.DataFrame(rows)
+
+
+def _table(df: pd.DataFrame, title: str) -> Table:
+    t = Table(title=title)
     for c in df.columns:
         t.add_column(c, justify="right" if df[c].dtype.kind in "if" else "left")
     for row in df.itertuples(index=False):
-        t.add_row(*(str(v) for v in row), style="green" if row[-1] == "clean" else "bold red")
+        style = "green" if row[-1] == "clean" else "yellow" if str(row[-1]).endswith("(expected)") else "bold red"
+        t.add_row(*(str(v) for v in row), style=style)
     return t
+
+
+def runs_table(doc: dict) -> Table:
+    return _table(runs_frame(doc), "gmtool verify")
+
+
+def dyndims_table(doc: dict) -> Table:
+    return _table(dyndims_frame(doc), "dynamic dimensions: one bucket, two compositions")
 
 
 def write_document(out_dir: Path, doc: dict) -> Path:

@@ -43,7 +43,7 @@ class Mismatch:
 class SoakResult:
     mode: str
     strategy: str
-    steps: int  # run (the run stops at the first mismatch)
+    steps: int  # run (the run stops at the first mismatch, or at the time limit)
     checks: int
     graphs: int
     keys: list[str]
@@ -66,6 +66,7 @@ class SoakOptions:
     check_every: int
     seed: int
     fault: Fault | None = None
+    time_limit_s: float | None = None  # stop after this long (a figure run within a device budget)
 
 
 class Soak:
@@ -88,6 +89,9 @@ class Soak:
         try:
             with fault:
                 for step in range(opts.steps):
+                    if opts.time_limit_s is not None and time.perf_counter() - t0 > opts.time_limit_s:
+                        step -= 1
+                        break
                     batch = sched.next_batch()
                     keys.setdefault(str(ex.key_for(batch)), None)
                     if (step + 1) % opts.check_every == 0:
@@ -97,7 +101,15 @@ class Soak:
                             break
                     else:
                         try:
-                            ex.step(batch)
+                            entry = ex.prepare(batch)
+                            # wrong inputs reach the device only through the staging arena: caught there, a
+                            # fault is checked and localized before a replay can read out of bounds (on CUDA an
+                            # illegal address would end the process, not name the buffer)
+                            if input_faults(ex, entry.key, batch, staged=True):
+                                checks += 1
+                                mismatch = self._check(batch, step)
+                                break
+                            entry.replay(batch, ex.refresh_runner_metadata)
                         except torch.OutOfMemoryError:
                             raise
                         except (RuntimeError, IndexError):  # CPU tape: an index out of range; check the step
@@ -110,9 +122,13 @@ class Soak:
             graphs = len(ex.graphs)
         finally:
             ex.release()
-        return SoakResult(str(self.mode), self.strategy, step + 1, checks, graphs, list(keys), sched.finished,
-                          sched.reused_blocks, wall, 60 * (step + 1) / wall if wall > 0 else 0.0,
-                          {str(k): v for k, v in self.poisoner.skipped.items()}, self.mode.expected_unsafe, mismatch)
+        res = SoakResult(str(self.mode), self.strategy, step + 1, checks, graphs, list(keys), sched.finished,
+                         sched.reused_blocks, wall, 60 * (step + 1) / wall if wall > 0 else 0.0,
+                         {str(k): v for k, v in self.poisoner.skipped.items()}, self.mode.expected_unsafe, mismatch)
+        if mismatch is None and step + 1 < opts.steps:
+            res.notes.append(f"stopped at the time limit ({opts.time_limit_s:.0f} s) after {step + 1} of "
+                             f"{opts.steps} steps")
+        return res
 
     # -- one checked step ------------------------------------------------------------------------------
     def _check(self, batch, step: int) -> Mismatch | None:
@@ -134,8 +150,13 @@ class Soak:
         except torch.OutOfMemoryError:
             raise
         except (RuntimeError, IndexError) as e:  # the eager pass on the graph's own (wrong) inputs raised
-            entry, stale = ex.prepare(batch), False
             reason = f"the step raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            key = ex.key_for(batch)
+            if key not in ex.graphs:  # its capture's warm-up raised: no graph to replay, the inputs are the clue
+                faults = input_faults(ex, key, batch)
+                return Mismatch(step, str(key), batch.composition.label, "", f"{reason} (capturing the bucket)",
+                                faults, 0, [], None, faults or ["the capture's eager warm-up on these inputs raised"])
+            entry, stale = ex.prepare(batch), False
             seen.setdefault("inputs", input_faults(ex, entry.key, batch))
             seen.setdefault("changed", 0)
         self.poisoner.clean(entry, live)

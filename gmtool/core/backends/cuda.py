@@ -31,6 +31,7 @@ class CudaGraphBackend:
         self._capturing: torch.cuda.CUDAGraph | None = None
         self._stream_ctx = None
         self.warmed = False
+        self.keep_graph = False  # True: graphs keep their cudaGraph_t for inspection (gmtool.verify.graphnodes)
 
     def warmup(self, fn) -> None:
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -44,7 +45,7 @@ class CudaGraphBackend:
         assert self.warmed, "warm up the capture stream before the first capture"
         if self._capturing is None:
             torch.cuda.synchronize(self.device)
-        g = torch.cuda.CUDAGraph()
+        g = torch.cuda.CUDAGraph(keep_graph=True) if self.keep_graph else torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         self._stream_ctx = torch.cuda.stream(self.stream)
@@ -64,6 +65,8 @@ class CudaGraphBackend:
             raise OutOfMemory("out of memory while capturing") from None
         finally:
             self._stream_ctx.__exit__(None, None, None)
+        if self.keep_graph:
+            g.instantiate()  # a kept graph is otherwise instantiated by its first replay, on the timed path
         self.graphs.append(g)
         return CudaGraph(g)
 
