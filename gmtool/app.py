@@ -63,13 +63,16 @@ def run_compare(cfg: SweepConfig, modes: list[GraphMode], out_dir: Path, progres
     """The sweep's modes, then the hf-compiled peer on the same workbench; results, reports and traces.
     baseline: (an older results document, its path) to attach. Returns the document and the files written."""
     from gmtool.measure.hf_compiled import HfCompiled
+    from gmtool.measure.floor import FloorProbe
     from gmtool.measure.trace import TraceProbe
     from gmtool.report.baseline import attach_baseline
 
     with_peer = GraphMode.HF_COMPILED in modes
     planned = planned_rows(cfg) + (len(peer_buckets or cfg.bucket_sizes) if with_peer else 0)
     tracer = TraceProbe(out_dir) if trace else None
-    sweep = Sweep(cfg, probes=(tracer,) if tracer else (), on_record=Journal(out_dir, "compare", planned).write)
+    floors = FloorProbe(count_kernels=not with_peer)  # each row's distance to the hardware floor
+    sweep = Sweep(cfg, probes=(floors, tracer) if tracer else (floors,),
+                  on_record=Journal(out_dir, "compare", planned).write)
     files: list[Path] = []
 
     def write(doc: Document) -> None:

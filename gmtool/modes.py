@@ -14,11 +14,30 @@ class GraphMode(StrEnum):
     FULL_NARROW = "full-narrow"  # prefill keyed by num_tokens alone: shown to freeze host metadata
     PIECEWISE = "piecewise"  # graphs between attention calls; attention runs eagerly between them
     HF_COMPILED = "hf-compiled"  # the peer: HF static cache + torch.compile reduce-overhead (compare only)
+    AUTO = "auto"  # as engines default to: full graphs for uniform decode, piecewise otherwise, eager above
+
+    @property
+    def composed_of(self) -> dict[str, GraphMode]:
+        """A composite mode: the mode serving each kind of batch ("decode": every request one new token;
+        "mixed": prefill and mixed batches); a batch above the largest bucket runs eager. Empty: a plain mode."""
+        if self is GraphMode.AUTO:
+            return {"decode": GraphMode.FULL, "mixed": GraphMode.PIECEWISE}
+        return {}
+
+    @property
+    def served_by(self) -> str | None:
+        """What serves this mode's batches, as a record's served_by says: full, piecewise or eager (None: decided
+        per batch, by a composite mode)."""
+        if self.composed_of:
+            return None
+        if self is GraphMode.EAGER:
+            return "eager"
+        return "piecewise" if self.piecewise else "full"
 
     @property
     def captures(self) -> bool:
         """gmtool captures graphs for it (an executor serves it)."""
-        return self in (GraphMode.FULL, GraphMode.FULL_NARROW, GraphMode.PIECEWISE)
+        return self in (GraphMode.FULL, GraphMode.FULL_NARROW, GraphMode.PIECEWISE, GraphMode.AUTO)
 
     @property
     def piecewise(self) -> bool:
@@ -42,3 +61,6 @@ class GraphMode(StrEnum):
 
 SWEEP_MODES = tuple(m for m in GraphMode if m.in_sweep)
 CAPTURE_MODES = tuple(m for m in GraphMode if m.captures)
+MEMORY_MODES = tuple(m for m in CAPTURE_MODES if not m.expected_unsafe)  # memreport measures these
+# verify soaks and localizes inside one executor's graphs: a composite mode is verified through its parts
+VERIFY_MODES = tuple(m for m in CAPTURE_MODES if not m.composed_of)

@@ -99,6 +99,14 @@ class Record:
     host_copy_us: Timing | None = None  # copy-in alone
     host_steady_us: Timing | None = None  # copy-in + launch while the device runs the previous step
     captured_with: str | None = None
+    served_by: str | None = None  # what ran the batch: full, piecewise or eager (auto picks per batch)
+    floor_ms: float | None = None  # the least time the step could take here (gmtool.measure.floor)
+    replay_over_floor: float | None = None  # latency_ms median / floor_ms
+    floor_bandwidth_ms: float | None = None  # floor_bytes / the device's measured copy bandwidth
+    floor_launch_ms: float | None = None  # kernels x the measured cost of one graph node
+    floor_bytes: int | None = None  # weights + K/V read + activations
+    kernels: int | None = None  # kernels one replay runs (ATen ops on the CPU)
+    time_by_class_ms: dict | None = None  # --trace: ms per replay by kernel class (GEMM, attention, ...)
     error: str | None = None
     notes: str | None = None
     baseline: dict | None = None  # the matching row of an older run (gmtool.report.baseline)

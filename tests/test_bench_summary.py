@@ -54,3 +54,20 @@ def test_summary_sliding_window_row(tmp_path):
     (row,) = [r for r in rows if r[0].startswith("sliding-window decode")]
     assert "window 4096" in row[0] and "1024 MiB read" in row[0] and "2048 MiB" in row[0]
     assert row[1:] == ("0.50x the time", "<= 0.6x", "met")
+
+
+def test_summary_of_the_lean_stage(tmp_path):
+    def part(mem, host, runners=0, runner_us=None):
+        return {"graph_mem_bytes": mem, "pool_growth_bytes": mem, "host_steady_us": host, "pieces": runners + 1,
+                "runners": runners, "runner_us": runner_us}
+
+    lean = {"128": {"full": part(9 << 20, 20.0), "piecewise": part(10 << 20, 160.0, 28, 4.0), "mem_ratio": 10 / 9,
+                    "host_extra_us_per_runner": 5.0},
+            "512": {"full": part(36 << 20, 20.0), "piecewise": part(72 << 20, 300.0, 28, 9.0), "mem_ratio": 2.0,
+                    "host_extra_us_per_runner": 10.0}}
+    (tmp_path / "bench-lean.json").write_text(json.dumps(lean))
+    rows = {r[0]: r[1:] for r in summary(tmp_path, Console(file=io.StringIO()))}
+    assert rows["prefill 128: graph memory piecewise / full (10.0 vs 9.0 MiB)"] == ("1.11x", "<= 1.1x", "NOT met")
+    assert rows["prefill 512: graph memory piecewise / full (72.0 vs 36.0 MiB)"] == ("2.00x", "<= 1.1x", "NOT met")
+    host = [v for k, v in rows.items() if k.startswith("prefill 128: host time per step piecewise vs full (160 vs 20")]
+    assert host == [("+5.0 us per runner", "<= 5 us", "met")]

@@ -85,7 +85,8 @@ def test_compare_writes_every_file(run):
     assert [r[:2] for r in md_table_rows(md, "Safety per composition")] == [[str(b), f"`{c}`"] for b, c in BY_BUCKET]
     html = (out / "report.html").read_text()
     assert [tuple(r[:4]) for r in html_table_rows(html, "Summary (mode x bucket)")] == summary
-    assert html.count('<img src="data:image/png;base64,') == 2  # latency and speedup (no graph memory on CPU)
+    # latency, speedup and distance to the floor (no graph memory on CPU)
+    assert html.count('<img src="data:image/png;base64,') == 3
     for mode in modes:
         events = json.loads((out / f"trace-{mode}.json").read_text())["traceEvents"]
         names = {e.get("name", "") for e in events}

@@ -155,14 +155,14 @@ MUTANTS: list[Mutant] = [
 
     # -- runner metadata (CapturedGraph.replay, AttentionRunner, gmtool/model/attention.py) ---------------------
     M("replay-keeps-capture-plan", "gmtool/core/executor.py",
-      "        if refresh_metadata:\n            self.ctx.plan = batch.plan\n",
+      "        if refresh_metadata:\n            self.ctx.prepare(batch.plan)\n",
       "        if refresh_metadata:\n            pass\n",
       (EXEC + "test_piecewise_matches_eager_for_prefill_mixes[tiny-qwen3]",
        EXEC + "test_runner_with_stale_metadata_gives_wrong_result"),
       "replay never refreshes ctx.plan: runners attend with the capture batch's plan"),
     M("runner-frozen-context", "gmtool/core/forwards.py",
-      "AttentionRunner(layer, q, k, v, out, scale, entry.ctx, opts)",
-      'AttentionRunner(layer, q, k, v, out, scale, __import__("copy").copy(entry.ctx), opts)',
+      "AttentionRunner(layer, q_in, out, scale, entry.ctx, opts)",
+      'AttentionRunner(layer, q_in, out, scale, __import__("copy").copy(entry.ctx), opts)',
       EXEC + "test_piecewise_matches_eager_for_prefill_mixes[tiny-qwen3]",
       "runners hold a snapshot of the capture's context, not the live one"),
     M("masked-attention-no-diagonal", "gmtool/model/attention.py",

@@ -24,8 +24,8 @@ def capture(
     buckets: o.BucketsOpt = None,
     compositions: o.CompositionsOpt = None,
     scenario: o.ScenarioOpt = None,
-    mode: Annotated[Optional[str], typer.Option("--mode", help="full | piecewise | full-narrow (num_tokens-only key, "
-                                                "unsafe for prefill: shown to be detected)",
+    mode: Annotated[Optional[str], typer.Option("--mode", help=" | ".join(CAPTURE_MODES) + " (full-narrow: num_tokens-only "
+                                                "key, unsafe for prefill: shown to be detected)",
                                                 show_default=o.shown_mode())] = None,
     piecewise_impl: o.PiecewiseImplOpt = None,
     attention: o.AttentionOpt = None,

@@ -14,9 +14,10 @@ from gmtool.cli.run_sweep import build_config
 from gmtool.errors import GmtoolError
 from gmtool.memory.report import memreport_table, memreport_verdict
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
+from gmtool.modes import MEMORY_MODES
 from gmtool.report.results import default_out_dir, output_dir
 
-MEMREPORT_MODES = ("full", "piecewise")
+MEMREPORT_MODES = MEMORY_MODES
 
 
 def memreport(
@@ -26,7 +27,7 @@ def memreport(
     scenario: o.ScenarioOpt = None,
     strategies: Annotated[str, typer.Option("--strategies", help=f"Comma list of {', '.join(STRATEGIES)}.")]
     = ",".join(STRATEGIES),
-    mode: Annotated[Optional[str], typer.Option("--mode", help="full | piecewise", show_default=o.shown_mode())] = None,
+    mode: Annotated[Optional[str], typer.Option("--mode", help=" | ".join(MEMREPORT_MODES), show_default=o.shown_mode())] = None,
     piecewise_impl: o.PiecewiseImplOpt = None,
     attention: o.AttentionOpt = None,
     compile: o.CompileOpt = None,
@@ -52,14 +53,14 @@ def memreport(
     the memory each holds with sum(shape) and max(shape)."""
     names = parse_strategies(strategies)
     if mode is not None and mode not in MEMREPORT_MODES:
-        raise GmtoolError(f"--mode must be full or piecewise, got {mode!r}")
+        raise GmtoolError(f"--mode must be one of {', '.join(MEMREPORT_MODES)}, got {mode!r}")
     cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
                        modes=("eager", mode) if mode else None, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
                        num_iters_warmup=num_iters_warmup, seed=seed)
     if cfg.graph_modes not in [[m] for m in MEMREPORT_MODES]:  # modes from a sweep profile
-        raise GmtoolError(f"memreport runs one graph mode, full or piecewise, not {','.join(cfg.graph_modes) or 'none'}")
+        raise GmtoolError(f"memreport runs one graph mode ({', '.join(MEMREPORT_MODES)}), not {','.join(cfg.graph_modes) or 'none'}")
     if cfg.torch_device.type != "cuda":
         raise GmtoolError(f"memory strategies need CUDA: memreport cannot run on {cfg.torch_device}")
     out_ = Output(fmt)

@@ -25,21 +25,22 @@ from gmtool.modes import GraphMode
 
 @dataclass
 class AttentionRunner:
-    """Attention left outside the graphs, bound to the tensors the neighbouring pieces read and write."""
+    """Attention left outside the graphs. It borrows the executor's shared q and output buffers (one each for
+    every layer and bucket) and owns no tensor of a piece: the piece before it wrote this step's K/V into the
+    cache and q into the shared buffer, so the pieces' own tensors are free for the next piece to reuse, as in
+    one graph. The step's metadata was prepared once, before the first piece (ForwardContext.prepare)."""
 
     is_runner = True
 
     layer: int
     q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
     out: torch.Tensor
     scale: float
     ctx: ForwardContext
     opts: LayerOpts = PLAIN
 
     def replay(self) -> None:
-        self.ctx.attend(self.layer, self.q, self.k, self.v, self.scale, out=self.out, opts=self.opts)
+        self.ctx.attend_cached(self.layer, self.q, self.scale, out=self.out, opts=self.opts)
 
 
 @dataclass
@@ -70,7 +71,7 @@ class CapturedGraph:
 
     def replay(self, batch: Batch, refresh_metadata: bool = True) -> None:
         if refresh_metadata:
-            self.ctx.plan = batch.plan
+            self.ctx.prepare(batch.plan)
         for step in self.steps:
             step.replay()
 
@@ -109,10 +110,13 @@ class GraphExecutor:
         self.lm, self.cache, self.policy, self.mode, self.device = lm, cache, policy, mode, device
         self.inputs = PersistentInputs(policy.max_tokens, max_num_seqs, cache.spec.blocks_per_seq,
                                        lm.vocab_size, lm.model.dtype, device)
-        # piecewise: one attention-output buffer for every layer and bucket (each piece consumes it before
-        # the next runner overwrites it)
+        # piecewise: one attention-output buffer (V's head dim) and one query buffer (K's) for every layer and
+        # bucket (each piece consumes the output before the next runner overwrites it; each runner reads q before
+        # the next piece writes it)
         self.attn_out = torch.zeros(policy.max_tokens, lm.num_heads, cache.spec.v_dim, dtype=lm.model.dtype,
                                     device=device)
+        self.attn_q = (torch.zeros(policy.max_tokens, lm.num_heads, lm.head_dim, dtype=lm.model.dtype, device=device)
+                       if mode.piecewise else None)
         self.backend = make_backend(device)
         self.memory = memory
         self.attention = attention or TORCH_ATTENTION  # the attention backend object (gmtool.kernels)

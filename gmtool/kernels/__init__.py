@@ -77,7 +77,7 @@ class TritonAttention:
                                  **_kw(opts))
 
     def planned(self, ctx, q, kc, vc, scale, out, opts=None):
-        sig = self.plan_signature(ctx.plan)
+        sig = ctx.signature  # computed once per step (ForwardContext.prepare), not per layer
         ctx.planned_with.append(sig)
         v = ctx.views
         return self._varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, sig[0], sig[1], scale, out=out,

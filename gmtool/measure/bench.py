@@ -11,6 +11,8 @@ Stages (each writes bench-<stage>.json into --out; the table is built from whate
   peer     hf-compiled (HF static cache + torch.compile reduce-overhead) on the same decode work
   prefill  eager vs piecewise vs full (wide key) at 512 and 2048 tokens
   capture  total capture time of the default decode bucket list (no compile)
+  lean     piecewise against full (wide key) on one prefill step of 128 and 512 tokens: graph memory, host
+           time per step, per runner
   host     where the host time of a B=1 replay goes: copy-in, graph launch on an idle and on a busy device,
            and the kernels one replay runs (with and without --fuse)
 The benchmark reports; it asserts nothing. GPU only.
@@ -29,7 +31,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-STAGES = ("kernel", "window", "decode", "fused", "compile", "compile-fused", "peer", "prefill", "capture", "host")
+STAGES = ("kernel", "window", "decode", "fused", "compile", "compile-fused", "peer", "prefill", "capture", "lean", "host")
+LEAN_TOKENS = (128, 512)
 # decode stages: (stage, label, --compile, --fuse, goal against hf-compiled)
 DECODE_VARIANTS = (("decode", "full", False, False, 1.2), ("fused", "full --fuse", False, True, 1.2),
                    ("compile", "full --compile", True, False, 1.5),
@@ -150,18 +153,49 @@ def stage_capture(args) -> dict:
     return {"buckets": len(DEFAULT_DECODE_BUCKETS), "total_s": time.perf_counter() - t0, "capture_only_s": sum(caps)}
 
 
-def _kernels_per_replay(replay) -> int | None:
-    """CUDA kernels one replay runs, as the profiler sees them inside the graph."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda") -> dict:
+    """One prefill step of `tokens` tokens (three sequences) captured full (wide key) and piecewise, one after
+    the other on the same workbench: the capture's peak allocation and pool growth (on the CPU tape, the pool
+    its live-tensor accounting needs), the host time of a step issued while the device runs the previous one,
+    and the runners alone (all of a step's, back to back)."""
+    from gmtool.core.backends.cpu import pool_bytes
+    from gmtool.config import SweepConfig
+    from gmtool.core.compositions import parse_composition
+    from gmtool.measure.timing import host_us_steady, summarize
+    from gmtool.measure.workbench import Workbench
+    from gmtool.modes import GraphMode
 
-    try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            replay()
-            torch.cuda.synchronize()
-        return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
-    except Exception:  # the profiler is optional here: the count is left out
-        return None
+    cfg = SweepConfig(model=model, device=device, scenario="prefill", buckets=str(tokens),
+                      modes=("eager", "full", "piecewise"), kv_cache_gb=4, num_iters=iters)
+    bench = Workbench.build(cfg)
+    batch = bench.batch(parse_composition(f"{tokens // 2}+{tokens // 4}*2", seed=0))
+    out = {}
+    for mode in (GraphMode.FULL, GraphMode.PIECEWISE):
+        ex = bench.executor(mode)
+        entry = ex.prepare(batch)  # the capture
+        ex.step(batch)
+        steady = host_us_steady(lambda: ex.step(batch), ex.inputs.copied_in, iters)
+        runners = [s for s in entry.steps if getattr(s, "is_runner", False)]
+        per_runner = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            for r in runners:
+                r.replay()
+            per_runner.append((time.perf_counter() - t0) * 1e6 / max(1, len(runners)))
+        ex.backend.synchronize()
+        mem = entry.graph_mem_bytes if bench.device.type == "cuda" else pool_bytes(entry.steps)
+        out[mode.value] = {"graph_mem_bytes": mem, "pool_growth_bytes": entry.pool_growth_bytes,
+                           "host_steady_us": summarize(steady).median, "pieces": entry.pieces,
+                           "runners": len(runners), "runner_us": statistics.median(per_runner) if runners else None}
+        ex.release()
+    full, pw = out["full"], out["piecewise"]
+    out["mem_ratio"] = pw["graph_mem_bytes"] / full["graph_mem_bytes"] if full["graph_mem_bytes"] else None
+    out["host_extra_us_per_runner"] = (pw["host_steady_us"] - full["host_steady_us"]) / max(1, pw["runners"])
+    return out
+
+
+def stage_lean(args) -> dict:
+    return {str(t): piecewise_vs_full(MODEL, t, args.iters) for t in LEAN_TOKENS}
 
 
 def _numpy_write_us() -> float:
@@ -183,6 +217,7 @@ def stage_host(args) -> dict:
     The kernel count comes last: the profiler slows every later CUDA call of the process."""
     from gmtool.core.batch import make_batch
     from gmtool.core.compositions import parse_composition
+    from gmtool.measure.floor import kernels_per_replay
     from gmtool.measure.timing import host_us, host_us_steady, summarize
 
     out, replays = {"numpy_write_us": _numpy_write_us()}, {}
@@ -217,7 +252,7 @@ def stage_host(args) -> dict:
                      "launch_idle_us": summarize(idle), "launch_busy_us": summarize(busy)}
         replays[name] = (ex, entry, batch)
     for name, (ex, entry, batch) in replays.items():
-        out[name]["kernels_per_replay"] = _kernels_per_replay(lambda e=entry, b=batch: e.replay(b))
+        out[name]["kernels_per_replay"] = kernels_per_replay(lambda e=entry, b=batch: e.replay(b), ex.device)
         ex.release()
     return out
 
@@ -301,6 +336,18 @@ def summary(out: Path, console: Console) -> list[tuple]:
     if host:
         rows.append(("this host: one small numpy slice write (copy-in makes 4 to 9)",
                      f"{host['numpy_write_us']:.2f} us", "", ""))
+    lean = load("lean")
+    for t, x in (lean or {}).items():
+        if not isinstance(x, dict) or "mem_ratio" not in x:
+            continue
+        full, pw = x["full"], x["piecewise"]
+        rows.append((f"prefill {t}: graph memory piecewise / full ({pw['graph_mem_bytes'] / 2**20:.1f} vs "
+                     f"{full['graph_mem_bytes'] / 2**20:.1f} MiB)", f"{x['mem_ratio']:.2f}x", "<= 1.1x",
+                     "met" if x["mem_ratio"] <= 1.1 else "NOT met"))
+        rows.append((f"prefill {t}: host time per step piecewise vs full ({pw['host_steady_us']:.0f} vs "
+                     f"{full['host_steady_us']:.0f} us, {pw['runners']} runners; a runner alone "
+                     f"{pw['runner_us']:.1f} us)", f"+{x['host_extra_us_per_runner']:.1f} us per runner",
+                     "<= 5 us", "met" if x["host_extra_us_per_runner"] <= 5 else "NOT met"))
     cap = load("capture")
     if cap:
         rows.append((f"capture {cap['buckets']} default decode buckets (capture alone {cap['capture_only_s']:.2f} s)",
@@ -326,7 +373,7 @@ def main(argv=None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     fns = {"kernel": stage_kernel, "window": stage_window, "peer": stage_peer, "prefill": stage_prefill, "capture": stage_capture,
-           "host": stage_host}
+           "lean": stage_lean, "host": stage_host}
     for stage, _, compile_, fuse, _ in DECODE_VARIANTS:
         fns[stage] = lambda a, c=compile_, f=fuse: stage_decode(a, c, f)
     # host counts kernels with the profiler, which slows every later CUDA call of the process: it goes last

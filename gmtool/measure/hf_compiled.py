@@ -149,7 +149,7 @@ class HfCompiled:
 
     def row(self, bucket: int, status: Status, **kw) -> Record:
         return Record(mode=GraphMode.HF_COMPILED, bucket=bucket, composition=f"1*{bucket}@{self.context}",
-                      num_tokens=bucket, num_seqs=bucket, status=status,
+                      num_tokens=bucket, num_seqs=bucket, status=status, served_by=GraphMode.HF_COMPILED.served_by,
                       impl=f"hf-static-sdpa ({self.compile_how} compile)", tolerance=self.tol,
                       notes=_note(self.context, self.cfg.max_kv_len, self.compile_how), **kw)
 

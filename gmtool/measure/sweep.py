@@ -130,7 +130,8 @@ class Sweep:
                 if GraphMode.EAGER in cfg.modes:
                     eager_ms = summarize(time_ms(eager_fn, cfg.num_iters, cfg.num_iters_warmup, self.device))
                     eager_med = eager_ms.median
-                    res.add(Record(**base, mode=GraphMode.EAGER, status=Status.OK, max_rel_err=0.0,
+                    res.add(Record(**base, mode=GraphMode.EAGER, served_by=GraphMode.EAGER.served_by,
+                                   status=Status.OK, max_rel_err=0.0,
                                    max_rel_err_same_shape=0.0, latency_ms=eager_ms, eager_latency_ms=eager_med,
                                    speedup=1.0))
                 for mode, ex in executors.items():
@@ -172,8 +173,8 @@ class Sweep:
                      pool_growth_bytes=entry.pool_growth_bytes if fresh else None,
                      outside_pool_bytes=entry.outside_pool_bytes if fresh else None,
                      pieces=entry.pieces, runners=entry.runners, stale_metadata=check.stale_metadata,
-                     piecewise_impl=entry.piecewise_impl if mode.piecewise else None,
-                     captured_with=entry.captured_with)
+                     piecewise_impl=entry.piecewise_impl,
+                     captured_with=entry.captured_with, served_by=entry.mode.served_by)
         why = check.failure(tol_same, tol)
         if why:
             rec.status, rec.error = Status.UNSAFE, why

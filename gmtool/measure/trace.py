@@ -74,6 +74,7 @@ class TraceProbe:
                 fn, _ = bench.eager_fn(bench.batch(cfg.compositions_by_bucket[bucket][0]))
                 self.trace_files.append(profile_steps(fn, trace_path(self.out_dir, GraphMode.EAGER),
                                                       f"eager bucket {bucket}", device))
+                _split(self.trace_files[-1], res, GraphMode.EAGER, bucket)
             except GmtoolError as e:
                 res.notes.append(f"--trace: no eager trace: {e}")
         for mode, ex in executors.items():
@@ -88,5 +89,16 @@ class TraceProbe:
                 entry = ex.prepare(batch)  # copy-in only: the graph for this key already exists
                 self.trace_files.append(profile_steps(lambda: entry.replay(batch), trace_path(self.out_dir, mode),
                                                       f"{mode} bucket {key.num_tokens}", device))
+                _split(self.trace_files[-1], res, mode, key.num_tokens)
             except GmtoolError as e:
                 res.notes.append(f"--trace: no {mode} trace: {e}")
+
+
+def _split(trace: Path, res, mode, bucket: int) -> None:
+    """The traced bucket's rows of mode get the traced step's time by kernel class."""
+    from gmtool.measure.floor import time_by_class
+
+    split = time_by_class(trace, TRACE_REPLAYS)
+    for rec in res.records:
+        if rec.mode == mode and rec.bucket == bucket:
+            rec.time_by_class_ms = split

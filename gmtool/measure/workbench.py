@@ -75,7 +75,8 @@ class Workbench:
                 budget = 1 << 40
             cache = PagedKVCache.from_budget(spec, budget, worst, device)
         cache.fill_random(cfg.seed)
-        eager_inputs = PersistentInputs(max(cfg.bucket_sizes), cfg.max_num_seqs, spec.blocks_per_seq,
+        # up to --max-tokens: auto runs a batch above the largest bucket eagerly, and checks it against this
+        eager_inputs = PersistentInputs(cfg.policy().max_tokens, cfg.max_num_seqs, spec.blocks_per_seq,
                                         lm.vocab_size, lm.model.dtype, device)
         return cls(cfg, lm, cache, eager_inputs)
 
@@ -105,11 +106,15 @@ class Workbench:
     def batch(self, comp: Composition) -> Batch:
         return make_batch(comp, self.cache, self.lm.vocab_size, self.cfg.max_num_seqs)
 
-    def executor(self, mode: GraphMode, memory=None) -> GraphExecutor:
+    def executor(self, mode: GraphMode, memory=None):
         """memory: a MemoryStrategy choosing each capture's pool (None: one shared pool)."""
         from gmtool.core.forwards import forward_for
 
         cfg, mode = self.cfg, GraphMode(mode)
+        if mode.composed_of:  # auto: one executor per kind of batch, one memory strategy over them
+            from gmtool.core.auto import AutoExecutor
+
+            return AutoExecutor(mode, {kind: self.executor(m, memory) for kind, m in mode.composed_of.items()})
         return GraphExecutor(self.lm, self.cache, cfg.policy(wide_key=mode.wide_key), mode, cfg.max_num_seqs,
                              self.device, memory, self.attention,
                              forward_for(mode, self.lm, cfg.piecewise_impl, cfg.compile))

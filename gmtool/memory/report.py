@@ -81,9 +81,9 @@ def input_costs(ex) -> dict:
     per_shape = sum(getattr(ex.inputs.views(k), f.name).nbytes for k in ex.graphs
                     for f in dataclasses.fields(StepViews))
     arena = ex.inputs.nbytes
-    if ex.mode.piecewise:  # the attention-output buffer is one more max-shape arena
-        arena += ex.attn_out.nbytes
-        per_shape += sum(ex.attn_out[: k.num_tokens].nbytes for k in ex.graphs)
+    if ex.mode.piecewise:  # the runners' shared q and output buffers are two more max-shape arenas
+        arena += 2 * ex.attn_out.nbytes
+        per_shape += 2 * sum(ex.attn_out[: k.num_tokens].nbytes for k in ex.graphs)
     return {"input_arena_bytes": arena, "input_per_shape_bytes": per_shape}
 
 
@@ -94,7 +94,7 @@ def held_storages(executors: dict) -> list[tuple[int, int]]:
         for entry in ex.graphs.values():
             for step in entry.steps:
                 if isinstance(step, AttentionRunner):
-                    for t in (step.q, step.k, step.v, step.out):
+                    for t in (step.q, step.out):
                         s = t.untyped_storage()
                         out.append((s.data_ptr(), s.nbytes()))
     return out

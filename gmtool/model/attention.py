@@ -224,7 +224,7 @@ class TorchAttention:
         return _into(masked_varlen_attention(q, kc, vc, ctx.views, ctx.num_seqs, scale, opts), out)
 
     def planned(self, ctx, q, kc, vc, scale, out, opts: LayerOpts = PLAIN):
-        ctx.planned_with.append(self.plan_signature(ctx.plan))
+        ctx.planned_with.append(ctx.signature)
         return _into(planned_varlen_attention(q, kc, vc, ctx.views, ctx.plan, scale, opts), out)
 
 
@@ -251,17 +251,35 @@ class ForwardContext:
     backend: object = TORCH_ATTENTION  # TorchAttention, or gmtool.kernels.TritonAttention
     planned_with: list = field(default_factory=list)  # host plan parts consumed while this context was live
 
+    prepares: int = 0  # how many times a step's metadata was prepared (once per step, for all its runners)
+
     def __post_init__(self) -> None:
         self._run = getattr(self.backend, self.impl)  # looked up once, not per layer
+        self.signature = self.backend.plan_signature(self.plan)
+
+    def prepare(self, plan: tuple) -> None:
+        """A step's host metadata, once for every attention runner of the step: the plan and the part of it
+        the backend turns into launch shapes. What a replay consumed before is forgotten."""
+        self.plan = plan
+        self.signature = self.backend.plan_signature(plan)
+        self.planned_with.clear()
+        self.prepares += 1
 
     def plan_signature(self, plan: tuple) -> tuple:
         return self.backend.plan_signature(plan)
 
+    def write_kv(self, layer: int, k, v) -> None:
+        self.backend.write_kv(self.cache.k[layer], self.cache.v[layer], k, v, self.views.slot_mapping)
+
+    def attend_cached(self, layer: int, q, scale, out: torch.Tensor | None = None,
+                      opts: LayerOpts = PLAIN) -> torch.Tensor:
+        """Attention of q over the cache, the step's new K/V already written."""
+        return self._run(self, q, self.cache.k[layer], self.cache.v[layer], scale, out, opts)
+
     def attend(self, layer: int, q, k, v, scale, out: torch.Tensor | None = None,
                opts: LayerOpts = PLAIN) -> torch.Tensor:
-        kc, vc = self.cache.k[layer], self.cache.v[layer]
-        self.backend.write_kv(kc, vc, k, v, self.views.slot_mapping)
-        return self._run(self, q, kc, vc, scale, out, opts)
+        self.write_kv(layer, k, v)
+        return self.attend_cached(layer, q, scale, out, opts)
 
 
 _current: ForwardContext | None = None

@@ -52,14 +52,16 @@ def sections(doc: dict) -> list[Section]:
     deltas = {(d["mode"], d["bucket"]): d for d in (doc.get("baseline") or {}).get("buckets", [])}
     summary = Section("Summary (mode x bucket)",
                       ["bucket", "mode", "mixes", "status", "replay ms", "eager ms", "speedup", "max rel err",
-                       "capture s", "compile s", "graph mem", "noisy"] + (["vs baseline"] if deltas else []),
+                       "capture s", "compile s", "graph mem", "served by", "x floor", "noisy"] + (["vs baseline"] if deltas else []),
                       intro="Medians over each bucket's compositions; max rel err is the worst sequence of any "
-                            "composition. A bucket that is UNSAFE for any composition shows no latency or speedup.")
+                            "composition. A bucket that is UNSAFE for any composition shows no latency or speedup. served by: "
+                            "what ran the batches (auto picks per batch); x floor: median latency over the "
+                            "hardware floor (gmtool.measure.floor).")
     for s in sorted(bucket_summary(records), key=lambda s: (s["bucket"], order.get(s["mode"], 99))):
         row = [str(s["bucket"]), s["mode"], str(s["compositions"]), s["status"], _num(s["replay_ms"], ".3f"),
                _num(s["eager_ms"], ".3f"), _num(s["speedup"], ".2f", "x"), _num(s["max_rel_err"], ".2e"),
                _num(s["capture_s"], ".3f"), _num(s["compile_s"], ".1f"), fmt_bytes(s["graph_mem_bytes"]),
-               "yes" if s["noisy"] else ""]
+               s["served_by"] or "-", _num(s["replay_over_floor"], ".1f", "x"), "yes" if s["noisy"] else ""]
         if deltas:
             row.append(_pct((deltas.get((s["mode"], s["bucket"])) or {}).get("replay_delta_pct")))
         summary.rows.append(row)

@@ -14,8 +14,10 @@ from gmtool.report.summary import bucket_summary, mode_order
 
 
 # one colour per mode in every plot of a report, whichever modes a plot leaves out (the speedup plot has no eager)
-MODE_COLOURS = {GraphMode.EAGER: "#7f7f7f", GraphMode.FULL: "#1f77b4", GraphMode.FULL_NARROW: "#d62728",
-                GraphMode.PIECEWISE: "#2ca02c", GraphMode.HF_COMPILED: "#ff7f0e"}
+# (in GraphMode's order, so a new mode gets the next colour without an edit here)
+_PALETTE = ("#7f7f7f", "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+            "#bcbd22")
+MODE_COLOURS = dict(zip(GraphMode, _PALETTE))
 
 
 def _data_uri(fig: Figure) -> str:
@@ -76,10 +78,17 @@ def memory_figure(doc: dict) -> Figure | None:
     return figure(mib, "graph memory per capture (peak allocated while capturing)", "MiB")
 
 
+def floor_figure(doc: dict) -> Figure | None:
+    floors = [v for _, ys in _series(doc, "floor_ms").values() for v in ys]
+    span = f" (floor {min(floors):.3g} to {max(floors):.3g} ms)" if floors else ""  # the ratio's denominator
+    return figure(_series(doc, "replay_over_floor"), f"median latency / hardware floor{span}", "x floor",
+                  hline=1.0)
+
+
 def all_figures(doc: dict) -> list[tuple[str, Figure | None]]:
     """(caption, figure or None when nothing was measured)."""
     return [("Latency vs bucket", latency_figure(doc)), ("Speedup vs bucket", speedup_figure(doc)),
-            ("Graph memory per mode", memory_figure(doc))]
+            ("Graph memory per mode", memory_figure(doc)), ("Distance to the floor", floor_figure(doc))]
 
 
 def all_plots(doc: dict) -> list[tuple[str, str | None]]:

@@ -22,6 +22,8 @@ def bucket_summary(records: list[dict]) -> list[dict]:
         caps = [r["capture_s"] for r in rs if r.get("capture_s") is not None]
         mems = [r["graph_mem_bytes"] for r in rs if r.get("graph_mem_bytes") is not None]
         comps = [r["compile_s"] for r in rs if r.get("compile_s") is not None]
+        over = [r["replay_over_floor"] for r in rs if r.get("replay_over_floor") is not None]
+        floors = [r["floor_ms"] for r in rs if r.get("floor_ms") is not None]
         status = _worst([r["status"] for r in rs])
         # a bucket that is unsafe for one mix shows no latency, even from the mixes it served correctly
         replay = statistics.median(lat) if lat and status != Status.UNSAFE else None
@@ -37,6 +39,9 @@ def bucket_summary(records: list[dict]) -> list[dict]:
             "pieces": max((r["pieces"] or 0) for r in rs) or None,
             "runners": max((r["runners"] or 0) for r in rs) if any(r.get("runners") is not None for r in rs) else None,
             "compile_s": sum(comps) if comps else None,
+            "replay_over_floor": statistics.median(over) if over and status != Status.UNSAFE else None,
+            "floor_ms": statistics.median(floors) if floors else None,
+            "served_by": "/".join(dict.fromkeys(r["served_by"] for r in rs if r.get("served_by"))) or None,
             "noisy": any((r.get("latency_ms") or {}).get("noisy") for r in rs),
         })
     return out

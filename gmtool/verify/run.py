@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from gmtool.config import SweepConfig
 from gmtool.core.compositions import parse_composition
 from gmtool.errors import GmtoolError
-from gmtool.modes import CAPTURE_MODES, GraphMode
+from gmtool.modes import VERIFY_MODES, GraphMode
 from gmtool.verify.faults import Fault, parse_fault
 
 # the CPU tape emulates: a small engine; on CUDA, the engines' scale
@@ -41,10 +41,15 @@ class VerifyConfig:
 
     def __post_init__(self) -> None:
         names = [m.strip() for m in str(self.modes).split(",") if m.strip()]
-        bad = [m for m in names if m not in CAPTURE_MODES]
+        composite = next((GraphMode(m) for m in names if m in tuple(GraphMode)
+                          and GraphMode(m).composed_of), None)
+        if composite is not None:
+            raise GmtoolError(f"--modes: verify soaks one executor's graphs; verify {composite} through its parts: "
+                              f"--modes {','.join(dict.fromkeys(composite.composed_of.values()))}")
+        bad = [m for m in names if m not in VERIFY_MODES]
         if bad or not names:
             raise GmtoolError(f"--modes: {bad[0] if bad else '(none)'!r} is not a graph mode: choose from "
-                              f"{', '.join(CAPTURE_MODES)}")
+                              f"{', '.join(VERIFY_MODES)}")
         self.graph_modes = tuple(dict.fromkeys(GraphMode(m) for m in names))
         if self.steps <= 0 or self.check_every <= 0:
             raise GmtoolError("--steps and --check-every must be positive")

@@ -37,6 +37,8 @@ class _Tape(TorchDispatchMode):
         self.ops: list[tuple] = []
         self.num_slots = 0
         self._live: dict[int, tuple[weakref.ref, int]] = {}  # id(tensor) -> (weak ref, slot)
+        self.storage_of: list[tuple[int, int]] = []  # per slot: (storage address, bytes) when it was made
+        self.reads: set[int] = set()  # storage addresses of the tensors from outside the tape that ops read
 
     def _slot_of(self, t: torch.Tensor) -> int | None:
         e = self._live.get(id(t))
@@ -50,12 +52,17 @@ class _Tape(TorchDispatchMode):
         leaves, spec = tree_flatten((args, kwargs))
         inputs = {id(x) for x in leaves if isinstance(x, torch.Tensor)}
         for i, x in enumerate(leaves):
-            if isinstance(x, torch.Tensor) and (s := self._slot_of(x)) is not None:
-                leaves[i] = _Slot(s)
+            if isinstance(x, torch.Tensor):
+                if (s := self._slot_of(x)) is not None:
+                    leaves[i] = _Slot(s)
+                else:
+                    self.reads.add(x.untyped_storage().data_ptr())
         outs = []
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and id(t) not in inputs:
                 self._live[id(t)] = (weakref.ref(t), self.num_slots)
+                st = t.untyped_storage()
+                self.storage_of.append((st.data_ptr(), st.nbytes()))
                 outs.append(self.num_slots)
                 self.num_slots += 1
             else:
@@ -70,11 +77,15 @@ class _Tape(TorchDispatchMode):
 
 
 class TapeGraph:
-    def __init__(self, ops, num_slots: int = 0, escaped: list | None = None):
-        """ops: _Tape.ops; escaped: (slot, recorded tensor) pairs written back after every replay."""
+    def __init__(self, ops, num_slots: int = 0, escaped: list | None = None, storage_of: list | None = None,
+                 reads: set | None = None):
+        """ops: _Tape.ops; escaped: (slot, recorded tensor) pairs written back after every replay, held weakly:
+        once nothing outside the tape holds one (a piece's q once the capture is over), it is no longer
+        written and its memory is free, as a CUDA pool reuses a freed block. storage_of, reads: _Tape's, for
+        the live-tensor accounting (peak_bytes, exports, reads)."""
         self.ops = ops
         self.num_slots = num_slots
-        self.escaped = escaped or []
+        self.escaped = [(s, weakref.ref(t)) for s, t in escaped or []]
         keep = {s for s, _ in self.escaped}
         last: dict[int, int] = {}  # slot -> index of the last op that reads it (or makes it)
         for i, (_, leaves, _, outs) in enumerate(ops):
@@ -99,6 +110,8 @@ class TapeGraph:
             subs = tuple((i, int(x)) for i, x in enumerate(args) if type(x) is _Slot)
             out = outs[0] if len(outs) == 1 else tuple(outs)
             self._steps.append((func, tuple(args), kwargs, subs, nested, out, tuple(free)))
+        self.reads = reads or set()
+        self.peak_bytes, self.exports = _live_bytes(ops, frees, storage_of or [], self.reads, keep)
 
     def replay(self) -> None:
         with torch.no_grad():
@@ -122,10 +135,67 @@ class TapeGraph:
                             vals[s] = t
                 for s in free:
                     vals[s] = None
-            for s, recorded in self.escaped:
+            for s, ref in self.escaped:
+                recorded = ref()
+                if recorded is None:  # nothing reads it any more
+                    continue
                 new = vals[s]
                 if new.data_ptr() != recorded.data_ptr() or new.stride() != recorded.stride():
                     recorded.copy_(new)
+
+
+def _live_bytes(ops, frees, storage_of, external: set, keep: set) -> tuple[int, dict[int, int]]:
+    """The most bytes the tape's own tensors hold at once during a replay (a storage counted once, however
+    many views of it are live; views of tensors from outside the tape count nothing), and the storages still
+    live at its end (address -> bytes): what it hands on."""
+    live: dict[int, list[int]] = {}  # storage address -> [bytes, live slots viewing it]
+    at: dict[int, int] = {}  # slot -> its storage address, for slots that hold tape memory
+    cur = peak = 0
+    for (_, _, _, outs), free in zip(ops, frees):
+        for s in outs:
+            if s < 0 or s >= len(storage_of) or storage_of[s][0] in external:
+                continue
+            ptr, nbytes = storage_of[s]
+            at[s] = ptr
+            if ptr in live:
+                live[ptr][1] += 1
+            else:
+                live[ptr] = [nbytes, 1]
+                cur += nbytes
+        peak = max(peak, cur)
+        for s in free:
+            ptr = at.pop(s, None)
+            if ptr is not None:
+                live[ptr][1] -= 1
+                if not live[ptr][1]:
+                    cur -= live.pop(ptr)[0]
+    return peak, {at[s]: live[at[s]][0] for s in keep if s in at}
+
+
+def pool_bytes(steps) -> int:
+    """Memory one pool needs for a captured entry's steps replayed in order, from the tapes' live-tensor
+    accounting: the largest of (a piece's own peak + what earlier pieces handed on that a later step still
+    reads), plus what a runner holds of a piece's memory, which no later piece can reuse (a runner keeps its
+    tensors for the life of the graph)."""
+    made: dict[int, tuple[int, int]] = {}  # storage a piece handed on -> (bytes, the piece's step index)
+    last: dict[int, int] = {}  # -> the last step that reads it
+    pinned: set[int] = set()
+    for i, st in enumerate(steps):
+        if isinstance(st, TapeGraph):
+            reads = st.reads
+        else:  # an attention runner: whatever tensors it is bound to
+            reads = {t.untyped_storage().data_ptr() for t in tree_leaves(vars(st)) if isinstance(t, torch.Tensor)}
+            pinned |= reads & made.keys()
+        for ptr in reads & made.keys():
+            last[ptr] = i
+        if isinstance(st, TapeGraph):
+            made.update({ptr: (n, i) for ptr, n in st.exports.items()})
+    peak = 0
+    for i, st in enumerate(steps):
+        if isinstance(st, TapeGraph):
+            carried = sum(n for ptr, (n, j) in made.items() if j < i <= last.get(ptr, j) and ptr not in pinned)
+            peak = max(peak, st.peak_bytes + carried)
+    return peak + sum(made[ptr][0] for ptr in pinned)
 
 
 class CpuTapeBackend:
@@ -146,7 +216,7 @@ class CpuTapeBackend:
     def end(self) -> TapeGraph:
         tape, self._tape = self._tape, None
         tape.__exit__(None, None, None)
-        g = TapeGraph(tape.ops, tape.num_slots, tape.escaped())
+        g = TapeGraph(tape.ops, tape.num_slots, tape.escaped(), tape.storage_of, tape.reads)
         self.graphs.append(g)
         return g
 

@@ -1,0 +1,160 @@
+"""auto mode on the CPU tape backend: which executor serves each batch, served_by in the records, exact against
+eager through compare, and the commands that accept it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gmtool.config import SweepConfig
+from gmtool.core.auto import AutoExecutor, EagerStep
+from gmtool.core.buckets import BucketKey
+from gmtool.core.compositions import parse_composition
+from gmtool.measure.workbench import Workbench
+from gmtool.modes import CAPTURE_MODES, MEMORY_MODES, GraphMode
+from gmtool.records import Record
+from tests.helpers import md_table_rows, rel
+from tests.test_compare import FAST, one_error, run_cli
+
+
+@pytest.fixture(scope="module")
+def auto():
+    cfg = SweepConfig(model="tiny-qwen3", device="cpu", dtype="fp32", buckets="4,8", max_tokens=24,
+                      modes=(GraphMode.EAGER, GraphMode.AUTO), max_kv_len=96, max_num_seqs=16)
+    bench = Workbench.build(cfg, num_blocks=200)
+    ex = bench.executor(GraphMode.AUTO)
+    yield bench, ex
+    ex.release()
+
+
+def _eager(bench, batch):
+    fn, logits = bench.eager_fn(batch)
+    fn()
+    return logits.clone()
+
+
+def test_auto_is_a_composite_mode_served_per_batch():
+    assert GraphMode.AUTO.composed_of == {"decode": GraphMode.FULL, "mixed": GraphMode.PIECEWISE}
+    assert GraphMode.AUTO.served_by is None  # decided per batch
+    assert [GraphMode(m).served_by for m in ("eager", "full", "full-narrow", "piecewise")] == \
+        ["eager", "full", "full", "piecewise"]
+    assert GraphMode.AUTO in CAPTURE_MODES and GraphMode.AUTO in MEMORY_MODES
+    assert GraphMode.FULL_NARROW not in MEMORY_MODES
+
+
+@pytest.mark.parametrize("text, served, key", [
+    ("1*3", "full", BucketKey(4, None, True)),  # uniform decode: a full decode graph
+    ("1*8", "full", BucketKey(8, None, True)),
+    ("3+2", "piecewise", BucketKey(8, None, False)),  # prefill: piecewise, keyed by token count alone
+    ("1*2+5", "piecewise", BucketKey(8, None, False)),  # mixed: decode requests riding with a chunk
+    ("6+3@20", "eager", BucketKey(9, 2, False)),  # 9 tokens: above bucket 8
+    ("1*12", "eager", BucketKey(12, 12, True)),  # decode above the largest bucket: eager, its exact shape
+])
+def test_dispatch_choices_and_exact_against_eager(auto, text, served, key):
+    bench, ex = auto
+    batch = bench.batch(parse_composition(text, seed=3))
+    assert ex.served_by(batch) == served
+    assert ex.key_for(batch) == key
+    out = ex.step(batch).clone()
+    assert rel(out, _eager(bench, batch)) < 1e-5, text
+    entry = ex.prepare(batch)
+    assert entry.mode.served_by == served  # what the sweep writes into the record
+    if served == "eager":
+        assert isinstance(entry, EagerStep) and key not in ex.graphs  # nothing captured for it
+    else:
+        assert key in ex.parts["decode" if served == "full" else "mixed"].graphs
+
+
+def test_one_arena_and_disjoint_keys(auto):
+    """Both executors read the same input arena (a step's inputs land where the checks read them) and their
+    keys never collide, so one memory strategy can hold both sets."""
+    _, ex = auto
+    assert isinstance(ex, AutoExecutor)
+    full, pw = ex.parts["decode"], ex.parts["mixed"]
+    assert full.inputs is pw.inputs is ex.inputs and full.backend is pw.backend
+    assert all(k.decode for k in full.graphs) and not any(k.decode for k in pw.graphs)
+    assert len(ex.graphs) == len(full.graphs) + len(pw.graphs)
+
+
+def test_above_max_tokens_is_one_line(auto):
+    from gmtool.errors import GmtoolError
+
+    bench, ex = auto
+    batch = bench.batch(parse_composition("1*4+26", seed=1))
+    with pytest.raises(GmtoolError, match="above --max-tokens 24"):
+        ex.prepare(batch)
+
+
+def test_served_by_reads_old_records():
+    old = {"mode": "full", "bucket": 4, "composition": "1*4", "status": "ok"}
+    assert Record(**old).served_by is None  # results.json written before served_by still loads
+    assert Record(**old, served_by="full").to_dict()["served_by"] == "full"
+
+
+def test_compare_auto_rows_are_exact_and_say_what_served_them(tmp_path):
+    out = tmp_path / "auto"
+    comps = "1*3,1*4,2+2,1*2+2,8=1*5,3+5,1*2+6@16"
+    code, _, err = run_cli("compare", "eager,auto", *FAST, "--buckets", "4,8", "--compositions", comps,
+                           "--out", out)
+    assert code == 0, err
+    doc = json.loads((out / "results.json").read_text())
+    rows = {(r["mode"], r["composition"]): r for r in doc["records"]}
+    expect = {"1*3": "full", "1*4": "full", "2+2": "piecewise", "1*2+2": "piecewise", "1*5": "full",
+              "3+5": "piecewise", "1*2+6@16": "piecewise"}
+    assert {c: rows[("auto", c)]["served_by"] for c in expect} == expect
+    assert all(rows[("eager", c)]["served_by"] == "eager" for c in expect)
+    for c in expect:
+        r = rows[("auto", c)]
+        assert r["status"] == "ok" and r["max_rel_err_same_shape"] <= 1e-5 and r["max_rel_err"] <= 1e-3, r
+        assert (r["runners"] > 0) == (expect[c] == "piecewise")
+    assert "served_by" in (out / "results.csv").read_text().splitlines()[0].split(",")
+    summary = {(r[0], r[1]): r for r in md_table_rows((out / "report.md").read_text(), "Summary (mode x bucket)")}
+    assert summary[("4", "auto")][11] == "full/piecewise" and summary[("4", "eager")][11] == "eager"
+    assert summary[("4", "auto")][12].endswith("x")  # its distance to the floor
+
+
+def test_capture_accepts_auto_and_memreport_refuses_only_for_want_of_cuda(tmp_path):
+    code, _, err = run_cli("capture", "--mode", "auto", *FAST, "--buckets", "2", "--compositions", "1*2,2",
+                           "--out", tmp_path / "cap")
+    assert code == 0, err
+    recs = json.loads((tmp_path / "cap" / "results.json").read_text())["records"]
+    assert sorted(r["served_by"] for r in recs if r["mode"] == "auto") == ["full", "piecewise"]
+    code, _, err = run_cli("memreport", "--mode", "auto", "--device", "cpu", "--out", tmp_path / "mem")
+    assert code == 2 and "memory strategies need CUDA" in one_error(err)
+    code, _, err = run_cli("memreport", "--mode", "full-narrow", "--device", "cpu", "--out", tmp_path / "mem2")
+    assert code == 2 and "--mode must be one of full, piecewise, auto" in one_error(err)
+
+
+def test_verify_sends_auto_to_its_parts(tmp_path):
+    code, _, err = run_cli("verify", "--modes", "auto", "--device", "cpu", "--out", tmp_path / "v")
+    assert code == 2 and "verify auto through its parts: --modes full,piecewise" in one_error(err)
+
+
+def test_one_memory_strategy_holds_both_sets_and_outlives_them(auto):
+    """memreport's strategy sees every capture of both parts (auto's memory is the sum of the two sets), and
+    is released only once no graph of either part is left."""
+    bench, _ = auto
+
+    class Recorder:
+        order = "descending"
+
+        def __init__(self):
+            self.keys, self.graphs_left, self.releases = [], None, 0
+
+        def pool_for(self, key):
+            return None
+
+        def captured(self, key, entry):
+            self.keys.append(key)
+
+        def release(self):
+            self.releases += 1
+            self.graphs_left = len(ex.graphs)
+
+    rec = Recorder()
+    ex = bench.executor(GraphMode.AUTO, rec)
+    for text in ("1*4", "3+2"):
+        ex.step(bench.batch(parse_composition(text, seed=0)))
+    assert rec.keys == [BucketKey(4, None, True), BucketKey(8, None, False)]
+    ex.release()
+    assert (rec.releases, rec.graphs_left) == (1, 0)
