@@ -16,12 +16,34 @@ from gmtool.config import SweepConfig
 from gmtool.errors import Interrupted
 from gmtool.measure.sweep import Sweep, planned_rows
 from gmtool.modes import GraphMode
+from gmtool.parallel.comm import gather_records, is_writer
 from gmtool.records import Document
 from gmtool.report.results import Journal, write_reports, write_results
 
 
 def _no_progress(label: str):
     return contextlib.nullcontext()
+
+
+def _on_writer(write):
+    """write, on the process that writes (rank 0 under --tp; the other ranks only measure)."""
+    return write if is_writer() else (lambda *a: None)
+
+
+def _tp_probes(cfg: SweepConfig) -> tuple:
+    """Under --tp: the collectives' share of a step, profiled once the rows are measured."""
+    from gmtool.parallel.profile import CollectiveShare
+
+    return (CollectiveShare(),) if cfg.tp > 1 else ()
+
+
+def _gathered(result) -> bool:
+    """Under --tp: every rank's rows onto rank 0's result (each with its rank); False on the other ranks."""
+    records = gather_records(result.records)
+    if records is None:
+        return False
+    result.records = records
+    return True
 
 
 @contextlib.contextmanager
@@ -48,10 +70,12 @@ def _keeping(out_dir: Path, command: str, planned: int, sweep: Sweep, write):
 def run_capture(cfg: SweepConfig, out_dir: Path, progress=_no_progress) -> Document:
     """Every bucket of the config captured and replayed with each composition; results.json and .csv."""
     planned = planned_rows(cfg)
-    sweep = Sweep(cfg, on_record=Journal(out_dir, "capture", planned).write)
-    with _keeping(out_dir, "capture", planned, sweep, lambda doc: write_results(out_dir, doc)):
+    sweep = Sweep(cfg, probes=_tp_probes(cfg), on_record=_on_writer(Journal(out_dir, "capture", planned).write))
+    with _keeping(out_dir, "capture", planned, sweep, _on_writer(lambda doc: write_results(out_dir, doc))):
         with progress("capture") as sweep.progress:
             result = sweep.run()
+    if not _gathered(result):
+        return None
     doc = result.document("capture")
     write_results(out_dir, doc)
     return doc
@@ -71,8 +95,8 @@ def run_compare(cfg: SweepConfig, modes: list[GraphMode], out_dir: Path, progres
     planned = planned_rows(cfg) + (len(peer_buckets or cfg.bucket_sizes) if with_peer else 0)
     tracer = TraceProbe(out_dir) if trace else None
     floors = FloorProbe(count_kernels=not with_peer)  # each row's distance to the hardware floor
-    sweep = Sweep(cfg, probes=(floors, tracer) if tracer else (floors,),
-                  on_record=Journal(out_dir, "compare", planned).write)
+    sweep = Sweep(cfg, probes=((floors, tracer) if tracer else (floors,)) + _tp_probes(cfg),
+                  on_record=_on_writer(Journal(out_dir, "compare", planned).write))
     files: list[Path] = []
 
     def write(doc: Document) -> None:
@@ -81,7 +105,7 @@ def run_compare(cfg: SweepConfig, modes: list[GraphMode], out_dir: Path, progres
             attach_baseline(doc, *baseline)
         files[:] = write_results(out_dir, doc) + write_reports(out_dir, doc)
 
-    with _keeping(out_dir, "compare", planned, sweep, write):
+    with _keeping(out_dir, "compare", planned, sweep, _on_writer(write)):
         with progress("compare") as sweep.progress:
             result = sweep.run()
         traces = list(tracer.trace_files) if tracer else []
@@ -92,6 +116,8 @@ def run_compare(cfg: SweepConfig, modes: list[GraphMode], out_dir: Path, progres
             traces += peer.trace_files
     if trace and not traces:
         result.notes.append("--trace: no trace was written")
+    if not _gathered(result):
+        return None, []
     doc = result.document("compare")
     write(doc)
     return doc, files + traces
@@ -114,7 +140,7 @@ def run_memreport(cfg: SweepConfig, strategies: list[str], out_dir: Path, progre
             if on_strategy:
                 on_strategy(row)
             doc = build_document(cfg, rows, result)
-            paths = write_report(out_dir, doc)
+            paths = write_report(out_dir, doc) if is_writer() else []  # under --tp: rank 0's figures
     except KeyboardInterrupt:
         if rows:
             doc.mark_partial("interrupted", len(strategies))

@@ -63,6 +63,7 @@ class SweepConfig:
     num_iters: int = 20
     num_iters_warmup: int = 3
     seed: int = 0
+    tp: int = 1  # tensor-parallel ranks, each with 1/tp of the heads and MLP width (gmtool.parallel)
     # derived
     torch_device: torch.device = field(init=False, repr=False)
     torch_dtype: torch.dtype = field(init=False, repr=False)
@@ -83,6 +84,8 @@ class SweepConfig:
         for name in ("num_iters", "block_size", "max_num_seqs"):
             if getattr(self, name) <= 0:
                 raise GmtoolError(f"--{name.replace('_', '-')} must be positive")
+        if self.tp < 1:
+            raise GmtoolError(f"--tp must be 1 or more, got {self.tp}")
         if self.num_iters_warmup < 0:
             raise GmtoolError("--num-iters-warmup must be 0 or more")
         if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:

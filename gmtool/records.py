@@ -110,6 +110,7 @@ class Record:
     error: str | None = None
     notes: str | None = None
     baseline: dict | None = None  # the matching row of an older run (gmtool.report.baseline)
+    rank: int = 0  # --tp: the rank that measured the row (every rank's rows are kept)
 
     def __post_init__(self):
         self.mode, self.status = GraphMode(self.mode), Status(self.status)

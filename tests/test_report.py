@@ -31,7 +31,7 @@ def timing(median: float, noisy: bool = False) -> dict:
 
 def rec(mode, bucket, comp, status="ok", ms=None, eager=None, err=0.0, **kw) -> dict:
     r = dict.fromkeys(RECORD_FIELDS)
-    r.update(mode=mode, bucket=bucket, composition=comp, num_tokens=bucket, num_seqs=bucket, status=status,
+    r.update(mode=mode, bucket=bucket, rank=0, composition=comp, num_tokens=bucket, num_seqs=bucket, status=status,
              max_rel_err=err, tolerance=1e-3)
     if status == "ok" and ms is not None:
         r.update(latency_ms=timing(ms, kw.pop("noisy", False)), eager_latency_ms=eager,

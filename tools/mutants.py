@@ -395,6 +395,14 @@ MUTANTS: list[Mutant] = [
       "(new - old) / old * 100.0", "(old - new) / old * 100.0",
       REPORT + "test_baseline_matches_rows_by_occurrence",
       "the baseline change has the wrong sign"),
+    M("tp-no-all-reduce", "gmtool/parallel/shard.py",
+      "y = torch.ops.gmtool.all_reduce(F.linear(x, self.weight))", "y = F.linear(x, self.weight)",
+      "tests/test_parallel.py::test_tp2_matches_tp1_eager_within_tolerance",
+      "--tp: a row-parallel layer's partial products are not summed over the ranks"),
+    M("tp-kv-cache-all-heads", "gmtool/core/kv_cache.py",
+      "t.copy_(full.normal_(generator=g).chunk(world, 2)[rank])", "t.copy_(full.normal_(generator=g).chunk(world, 2)[0])",
+      "tests/test_parallel.py::test_tp2_matches_tp1_eager_within_tolerance",
+      "--tp: every rank's cached prefixes hold rank 0's KV heads"),
 ]
 
 

@@ -11,10 +11,12 @@ from gmtool.cli.output import Output
 from gmtool.cli.progress import progress_bars
 
 from gmtool.cli import options as o
+from gmtool.parallel import launch
+from gmtool.parallel.launch import DEFAULT_TIMEOUT_S, resolve_tp
 from gmtool.cli.run_sweep import build_config, finish
 from gmtool.errors import GmtoolError
 from gmtool.modes import CAPTURE_MODES, GraphMode
-from gmtool.report.results import default_out_dir, output_dir
+from gmtool.report.results import default_out_dir
 from gmtool.report.summary import verdict
 from gmtool.report.tables import capture_table, noise_warning
 
@@ -41,6 +43,8 @@ def capture(
     num_iters: o.ItersOpt = None,
     num_iters_warmup: o.WarmupOpt = None,
     seed: o.SeedOpt = None,
+    tp: o.TpOpt = None,
+    tp_timeout: o.TpTimeoutOpt = DEFAULT_TIMEOUT_S,
     profile: o.ProfileOpt = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/capture-<time>).")] = None,
     force: o.ForceOpt = False,
@@ -55,11 +59,11 @@ def capture(
                        modes=("eager", mode) if mode else None, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
-                       num_iters_warmup=num_iters_warmup, seed=seed)
+                       num_iters_warmup=num_iters_warmup, seed=seed, tp=resolve_tp(tp))
     for note in cfg.notes:
         out_.note(note)
-    with output_dir(out or default_out_dir("capture"), force) as out_dir:
-        doc = run_capture(cfg, out_dir, progress_bars(out_.console))
+    with launch.out_dir_for(out or default_out_dir("capture"), force) as out_dir:
+        doc = launch.run(run_capture, cfg, out_dir, progress=progress_bars(out_.console), timeout=tp_timeout)
     data = doc.to_dict()
     out_.document(doc.to_json())
     out_.show(capture_table(data))

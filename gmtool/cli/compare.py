@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from gmtool.cli import options as o
+from gmtool.parallel import launch
+from gmtool.parallel.launch import DEFAULT_TIMEOUT_S, resolve_tp
 from gmtool.app import run_compare
 from gmtool.cli.output import Output
 from gmtool.cli.progress import progress_bars
@@ -18,7 +20,7 @@ from gmtool.core.buckets import parse_buckets
 from gmtool.measure.hf_compiled import NEEDS_CUDA, PeerCompile
 from gmtool.profiles import load_sweep_profile
 from gmtool.report.baseline import check_same_model, load_baseline
-from gmtool.report.results import default_out_dir, output_dir
+from gmtool.report.results import default_out_dir
 from gmtool.report.summary import verdict
 from gmtool.report.tables import compare_table, noise_warning
 
@@ -78,6 +80,8 @@ def compare(
     num_iters: o.ItersOpt = None,
     num_iters_warmup: o.WarmupOpt = None,
     seed: o.SeedOpt = None,
+    tp: o.TpOpt = None,
+    tp_timeout: o.TpTimeoutOpt = DEFAULT_TIMEOUT_S,
     profile: o.ProfileOpt = None,
     out: OutOpt = None,
     force: o.ForceOpt = False,
@@ -102,7 +106,7 @@ def compare(
                        modes=sweep_modes, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
-                       num_iters_warmup=num_iters_warmup, seed=seed)
+                       num_iters_warmup=num_iters_warmup, seed=seed, tp=resolve_tp(tp))
     peer_list = _peer_buckets(peer_buckets, cfg.bucket_sizes)
     if base is not None:
         check_same_model(base, _expected_model_name(cfg.model), scenario=cfg.scenario)
@@ -111,9 +115,13 @@ def compare(
     no_eager = [] if GraphMode.EAGER in sweep_modes else ["eager is not among the modes: the graph modes get no speedup"]
     for note in cfg.notes + no_eager:
         out_.note(note)
-    with output_dir(out or default_out_dir("compare"), force) as out_dir:
-        doc, files = run_compare(cfg, wanted, out_dir, progress_bars(out_.console), trace, peer_list, peer_compile,
-                                 (base, baseline) if base is not None else None)
+    if cfg.tp > 1 and (GraphMode.HF_COMPILED in wanted or trace):
+        raise GmtoolError(f"--tp runs gmtool's modes only: {'hf-compiled' if not trace else '--trace'} is "
+                          "single-device")
+    with launch.out_dir_for(out or default_out_dir("compare"), force) as out_dir:
+        doc, files = launch.run(run_compare, cfg, wanted, out_dir, progress=progress_bars(out_.console), trace=trace,
+                                peer_buckets=peer_list, peer_compile=peer_compile,
+                                baseline=(base, baseline) if base is not None else None, timeout=tp_timeout)
 
     data = doc.to_dict()
     out_.document(doc.to_json())

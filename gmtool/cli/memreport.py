@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from gmtool.cli import options as o
+from gmtool.parallel import launch
+from gmtool.parallel.launch import DEFAULT_TIMEOUT_S, resolve_tp
 from gmtool.app import run_memreport
 from gmtool.cli.output import Output
 from gmtool.cli.progress import progress_bars
@@ -15,7 +17,7 @@ from gmtool.errors import GmtoolError
 from gmtool.memory.report import memreport_table, memreport_verdict
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
 from gmtool.modes import MEMORY_MODES
-from gmtool.report.results import default_out_dir, output_dir
+from gmtool.report.results import default_out_dir
 
 MEMREPORT_MODES = MEMORY_MODES
 
@@ -42,6 +44,8 @@ def memreport(
     num_iters: o.ItersOpt = None,
     num_iters_warmup: o.WarmupOpt = None,
     seed: o.SeedOpt = None,
+    tp: o.TpOpt = None,
+    tp_timeout: o.TpTimeoutOpt = DEFAULT_TIMEOUT_S,
     profile: o.ProfileOpt = None,
     out: Annotated[Optional[Path], typer.Option(
         "--out", "-o", help="Output directory (default gmtool-out/memreport-<time>).")] = None,
@@ -58,7 +62,7 @@ def memreport(
                        modes=("eager", mode) if mode else None, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
                        max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
                        kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
-                       num_iters_warmup=num_iters_warmup, seed=seed)
+                       num_iters_warmup=num_iters_warmup, seed=seed, tp=resolve_tp(tp))
     if cfg.graph_modes not in [[m] for m in MEMREPORT_MODES]:  # modes from a sweep profile
         raise GmtoolError(f"memreport runs one graph mode ({', '.join(MEMREPORT_MODES)}), not {','.join(cfg.graph_modes) or 'none'}")
     if cfg.torch_device.type != "cuda":
@@ -69,8 +73,9 @@ def memreport(
         if row.status != "ok":
             out_.problems.print(f"[bold yellow]{row.strategy}:[/] {row.status}: {row.reason}", highlight=False)
 
-    with output_dir(out or default_out_dir("memreport"), force) as out_dir:
-        doc, paths = run_memreport(cfg, names, out_dir, progress_bars(out_.console), said)
+    with launch.out_dir_for(out or default_out_dir("memreport"), force) as out_dir:
+        doc, paths = launch.run(run_memreport, cfg, names, out_dir, progress=progress_bars(out_.console),
+                                on_strategy=said, timeout=tp_timeout)
     out_.document(doc.to_json())
     out_.show(memreport_table(doc))
     for r in doc.strategies:

@@ -72,6 +72,8 @@ ProfileOpt = Annotated[Optional[str], typer.Option("--profile", "-p", help="A sw
 AttentionOpt = Annotated[Optional[AttentionChoice], typer.Option("--attention", help="Attention kernels: auto (Triton on CUDA when available) | torch (reference) | triton", show_default=shown("attention"))]
 FuseOpt = Annotated[Optional[bool], flag("fuse", help="Fuse the model's layers as engines do (one QKV and one gate/up GEMM; Triton RMSNorm, QK-norm+RoPE and SiLU-and-mul): fewer kernels per step. Eager and every graph mode run the fused model.")]
 CompileOpt = Annotated[Optional[bool], flag("compile", help="CUDA only. Compile the non-attention parts with Inductor before capture (piecewise: through the FX split); compile time is reported apart from capture time.")]
+TpOpt = Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel ranks: gmtool starts N processes (one per GPU; gloo on the CPU), each holding 1/N of the heads and MLP width, with an all-reduce captured in the graphs; rank 0 writes every rank's rows. Under torchrun: its WORLD_SIZE.", show_default=shown("tp"))]
+TpTimeoutOpt = Annotated[float, typer.Option("--tp-timeout", help="Seconds a rank waits for the others in a collective, and the others get to stop once one rank fails.")]
 
 
 class OutputFormat(StrEnum):

@@ -112,10 +112,10 @@ class GraphExecutor:
                                        lm.vocab_size, lm.model.dtype, device)
         # piecewise: one attention-output buffer (V's head dim) and one query buffer (K's) for every layer and
         # bucket (each piece consumes the output before the next runner overwrites it; each runner reads q before
-        # the next piece writes it)
-        self.attn_out = torch.zeros(policy.max_tokens, lm.num_heads, cache.spec.v_dim, dtype=lm.model.dtype,
+        # the next piece writes it); under --tp, this rank's heads
+        self.attn_out = torch.zeros(policy.max_tokens, lm.rank_heads, cache.spec.v_dim, dtype=lm.model.dtype,
                                     device=device)
-        self.attn_q = (torch.zeros(policy.max_tokens, lm.num_heads, lm.head_dim, dtype=lm.model.dtype, device=device)
+        self.attn_q = (torch.zeros(policy.max_tokens, lm.rank_heads, lm.head_dim, dtype=lm.model.dtype, device=device)
                        if mode.piecewise else None)
         self.backend = make_backend(device)
         self.memory = memory

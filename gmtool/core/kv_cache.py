@@ -64,11 +64,16 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return self.num_blocks * self.spec.bytes_per_block
 
-    def fill_random(self, seed: int) -> None:
-        """Cached prefixes are random K/V: attention must read exactly the right slots to match eager."""
+    def fill_random(self, seed: int, rank: int = 0, world: int = 1) -> None:
+        """Cached prefixes are random K/V: attention must read exactly the right slots to match eager.
+        Under --tp, rank's KV heads of the values a one-rank cache would hold (so TP=N matches TP=1)."""
         g = torch.Generator(device=self.device).manual_seed(seed)
         for t in self.k + self.v:
-            t.normal_(generator=g)
+            if world == 1:
+                t.normal_(generator=g)
+            else:
+                full = torch.empty(*t.shape[:2], t.shape[2] * world, t.shape[3], dtype=t.dtype, device=t.device)
+                t.copy_(full.normal_(generator=g).chunk(world, 2)[rank])
 
     def allocate(self, kv_lens: list[int], generator: torch.Generator) -> list[list[int]]:
         """Distinct random blocks per sequence, so block tables differ from batch to batch."""

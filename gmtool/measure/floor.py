@@ -66,7 +66,7 @@ def step_bytes(lm, batch: Batch) -> int:
     item = next(model.parameters()).element_size()
     if skip is not None:
         weights += batch.num_tokens * emb.weight.shape[1] * item
-    kv = 2 * lm.num_layers * lm.num_kv_heads * lm.head_dim * item * int(sum(batch.kv_lens))
+    kv = 2 * lm.num_layers * lm.rank_kv_heads * lm.head_dim * item * int(sum(batch.kv_lens))
     hidden = model.config.hidden_size
     acts = batch.num_tokens * hidden * item * lm.num_layers + batch.num_seqs * lm.vocab_size * item
     return weights + kv + acts

@@ -19,6 +19,7 @@ from gmtool.config import SweepConfig
 from gmtool.errors import CaptureError, GmtoolError, OutOfMemory
 from gmtool.core.executor import GraphExecutor
 from gmtool.modes import GraphMode
+from gmtool.parallel.comm import agree
 from gmtool.records import Document, Record, Status
 from gmtool.measure.timing import host_us, host_us_steady, summarize, time_ms, tolerances_for
 from gmtool.measure.workbench import Workbench
@@ -175,7 +176,7 @@ class Sweep:
                      pieces=entry.pieces, runners=entry.runners, stale_metadata=check.stale_metadata,
                      piecewise_impl=entry.piecewise_impl,
                      captured_with=entry.captured_with, served_by=entry.mode.served_by)
-        why = check.failure(tol_same, tol)
+        why = agree(check.failure(tol_same, tol))  # under --tp, every rank's verdict (its own K/V differ)
         if why:
             rec.status, rec.error = Status.UNSAFE, why
             return rec  # an unsafe replay gets no latency and no speedup

@@ -40,6 +40,16 @@ def cpu_threads() -> int:
     return max(1, min(cores, CPU_THREADS_MAX))
 
 
+def _tp_rank(cfg: SweepConfig) -> int:
+    """This process's rank; a config with --tp N is built only inside a group of N (gmtool.parallel.launch)."""
+    from gmtool.parallel.comm import place
+
+    if cfg.tp != place().world:
+        raise GmtoolError(f"--tp {cfg.tp} in a process group of {place().world}: start it with "
+                          "gmtool.parallel.launch.run")
+    return place().rank
+
+
 @dataclass
 class Workbench:
     cfg: SweepConfig
@@ -57,11 +67,21 @@ class Workbench:
         if device.type == "cpu":
             torch.set_num_threads(cpu_threads())
         lm = load_model(cfg.model, device, cfg.torch_dtype, cfg.seed)
+        rank = _tp_rank(cfg)
+        if cfg.tp > 1:  # before fusing: the fused QKV and gate/up weights are made of the rank's shards
+            from gmtool.parallel.shard import shard_model
+
+            if any(o.sinks is not None for o in lm.layout.layers):  # [heads] parameters the split leaves whole
+                raise GmtoolError(f"--tp {cfg.tp}: {lm.name} has learned per-head attention sinks, which gmtool's "
+                                  "tensor-parallel split does not shard: run it with --tp 1")
+
+            lm.notes.append(shard_model(lm.model, rank, cfg.tp))
+            lm.tp = cfg.tp
         if cfg.fuse:
             from gmtool.model.fused import fuse_layers
 
             lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout)
-        spec = KVCacheSpec(lm.num_layers, lm.num_kv_heads, lm.head_dim, cfg.block_size, cfg.max_kv_len,
+        spec = KVCacheSpec(lm.num_layers, lm.rank_kv_heads, lm.head_dim, cfg.block_size, cfg.max_kv_len,
                            cfg.torch_dtype, v_head_dim=lm.layout.v_head_dim)
         if num_blocks is not None:
             cache = PagedKVCache(spec, num_blocks, device)
@@ -74,7 +94,7 @@ class Workbench:
             else:
                 budget = 1 << 40
             cache = PagedKVCache.from_budget(spec, budget, worst, device)
-        cache.fill_random(cfg.seed)
+        cache.fill_random(cfg.seed, rank, cfg.tp)
         # up to --max-tokens: auto runs a batch above the largest bucket eagerly, and checks it against this
         eager_inputs = PersistentInputs(cfg.policy().max_tokens, cfg.max_num_seqs, spec.blocks_per_seq,
                                         lm.vocab_size, lm.model.dtype, device)

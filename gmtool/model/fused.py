@@ -80,8 +80,9 @@ def _rmsnorm_forward(m, ops: LayerOps):
 
 
 def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
-    cfg = m.config
-    heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, m.head_dim
+    dim = m.head_dim
+    # from the weights, not the config: under --tp a rank holds 1/N of the heads (gmtool.parallel.shard)
+    heads, kv_heads = m.q_proj.out_features // dim, m.k_proj.out_features // dim
     w, b = _concat_as_views([m.q_proj, m.k_proj, m.v_proj])
     qn, kn = getattr(m, "q_norm", None), getattr(m, "k_norm", None)
     qw, kw = (qn.weight, kn.weight) if qn is not None else (None, None)

@@ -48,6 +48,7 @@ class LoadedModel:
     fused: object = None  # gmtool.model.fused.FusedLayers when --fuse
     notes: list[str] = field(default_factory=list)  # what the run's notes say about how the model was loaded
     layout: probe.KVLayout | None = None  # read from the model's attention calls (gmtool.model.probe)
+    tp: int = 1  # tensor-parallel ranks the projections are split over (gmtool.parallel.shard)
 
     @property
     def num_layers(self) -> int:
@@ -60,6 +61,15 @@ class LoadedModel:
     @property
     def num_kv_heads(self) -> int:
         return self.layout.num_kv_heads
+
+    @property
+    def rank_heads(self) -> int:
+        """The attention heads this rank computes: all of them, or 1/tp under --tp."""
+        return self.num_heads // self.tp
+
+    @property
+    def rank_kv_heads(self) -> int:
+        return self.num_kv_heads // self.tp
 
     @property
     def head_dim(self) -> int:

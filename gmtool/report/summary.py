@@ -7,13 +7,15 @@ from gmtool.modes import GraphMode
 from gmtool.records import Status, worst as _worst
 
 
-def bucket_summary(records: list[dict]) -> list[dict]:
-    """mode x bucket rows: the worst status and error over the compositions, median latencies."""
+def bucket_summary(records: list[dict], by_rank: bool = False) -> list[dict]:
+    """mode x bucket rows: the worst status and error over the compositions, median latencies. A --tp run's
+    rows of every rank are summarized together, or one summary per rank (by_rank)."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
-        groups.setdefault((r["mode"], r["bucket"]), []).append(r)
+        groups.setdefault((r["mode"], r["bucket"], r.get("rank", 0) if by_rank else 0), []).append(r)
     out = []
-    for (mode, bucket), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    for (mode, bucket, rank), rs in sorted(groups.items(), key=lambda kv: kv[0]):
+        first = min(r.get("rank", 0) for r in rs)  # each rank measures every mix: count them once
         lat = [r["latency_ms"]["median"] for r in rs if r.get("latency_ms")]
         eager = [r["eager_latency_ms"] for r in rs if r.get("eager_latency_ms")]
         host = [r["host_us"]["median"] for r in rs if r.get("host_us")]
@@ -29,7 +31,8 @@ def bucket_summary(records: list[dict]) -> list[dict]:
         replay = statistics.median(lat) if lat and status != Status.UNSAFE else None
         eager_ms = statistics.median(eager) if eager else None
         out.append({
-            "mode": mode, "bucket": bucket, "compositions": len(rs), "status": status,
+            "mode": mode, "bucket": bucket, "rank": rank if by_rank else None, "status": status,
+            "compositions": sum(1 for r in rs if r.get("rank", 0) == first),
             "capture_s": sum(caps) if caps else None, "graph_mem_bytes": max(mems) if mems else None,
             "replay_ms": replay, "eager_ms": eager_ms,
             "speedup": (eager_ms / replay) if (replay and eager_ms and status == Status.OK) else None,

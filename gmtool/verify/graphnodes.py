@@ -23,6 +23,10 @@ import torch
 from gmtool.verify.nodediff import PTR, Node
 
 _SMALL = 1 << 20  # words below this are sizes, counts and strides; no device allocation lives there
+# x86-64 user space near its top, where host stacks, libraries and pinned memory live: a kernel argument struct
+# copied from the host stack can carry such addresses (seen in ATen's CatArrayBatchedCopy metadata), which differ
+# from one capture to the next without meaning anything for the composition
+_HOST_ADDRESS, _ADDRESS_END = 0x7E00_0000_0000, 0x8000_0000_0000
 
 
 def load_driver():
@@ -194,10 +198,12 @@ class NodeReader:
         out = []
         for off in range(0, len(raw), 8):
             w = int.from_bytes(raw[off:off + 8], "little")
-            out.append(PTR if len(raw) - off >= 8 and self._is_device(w) else w)
+            out.append(PTR if len(raw) - off >= 8 and (_HOST_ADDRESS <= w < _ADDRESS_END or self._is_device(w))
+                       else w)
         return tuple(out)
 
     def _is_device(self, value: int) -> bool:
+        """An address the driver maps (device or managed memory)."""
         if value < _SMALL:
             return False
         hit = self._device.get(value)

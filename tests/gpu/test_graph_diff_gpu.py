@@ -64,7 +64,6 @@ def test_nodes_carry_arguments_and_the_module_that_issued_them(rig):
     # every kernel's arguments are read, except cuBLAS's GEMMs (nvjet_*, launched with packed arguments)
     unread = {n.name for n in kernels if not n.args}
     assert all(name.startswith("nvjet") or "gemm" in name.lower() for name in unread), sorted(unread)[:5]
-    assert sum(bool(n.args) for n in kernels) > 0.8 * len(kernels), sorted(unread)[:5]
     in_attn = {n.name for n in kernels if n.module.endswith("self_attn")}
     print(f"\n{len(kernels)} kernels; in self_attn: {sorted(in_attn)[:8]}")
     assert sum(n.module.startswith("model.layers.") for n in kernels) > 0.9 * len(kernels)

@@ -1,0 +1,238 @@
+"""Running a command's work on N ranks: gmtool spawns them itself (`--tp N`), or this process is one rank of a
+group torchrun started (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT in the environment).
+
+Each rank builds the same config on its own device (cuda:LOCAL_RANK; the CPU with gloo), joins the group, runs
+the command's function and leaves the group; rank 0's return value comes back. The sweep releases its graphs
+before the function returns, and that order matters: destroying an NCCL group while a captured graph is alive
+hangs. A rank that fails sends its one-line error to the parent, which gives the other ranks --tp-timeout
+seconds to finish or fail on their own (a collective waiting for the dead rank times out after as long), then
+stops them and reports the failed rank. NCCL_NVLS_ENABLE stays as the machine sets it, 0 when unset: NVLink
+multicast is never switched on.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import gc
+import os
+import pickle
+import queue as queue_mod
+import socket
+import time
+from pathlib import Path
+
+import torch
+
+from gmtool.errors import GmtoolError, Interrupted, RunFailure
+from gmtool.parallel.comm import Place, set_place
+
+RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+FAIL_ENV = "GMTOOL_TP_FAIL_RANK"  # fault injection (the tests): that rank fails once it has joined the group
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def torchrun_world() -> int | None:
+    """The group size when a launcher such as torchrun started this process as one rank, else None."""
+    if not any(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+        return None
+    missing = [k for k in RENDEZVOUS_ENV if not os.environ.get(k)]
+    if missing:
+        raise GmtoolError(f"incomplete rendezvous: {', '.join(missing)} not set while "
+                          f"{', '.join(k for k in RENDEZVOUS_ENV + ('LOCAL_RANK',) if k in os.environ)} set; "
+                          "start gmtool under torchrun, or unset them and give --tp")
+    for k in ("RANK", "WORLD_SIZE"):
+        if not os.environ[k].isdigit():
+            raise GmtoolError(f"incomplete rendezvous: {k}={os.environ[k]!r} is not a number")
+    return int(os.environ["WORLD_SIZE"])
+
+
+def writes_here() -> bool:
+    """False in a torchrun rank other than 0: that process measures and writes nothing of its own."""
+    return torchrun_world() is None or int(os.environ["RANK"]) == 0
+
+
+@contextlib.contextmanager
+def out_dir_for(out: Path, force: bool):
+    """The output directory as gmtool.report.results.output_dir makes it, on the process that writes; a
+    torchrun rank other than 0 gets the path untouched."""
+    from gmtool.report.results import output_dir
+
+    if not writes_here():
+        yield Path(out)
+        return
+    with output_dir(out, force) as path:
+        yield path
+
+
+def resolve_tp(tp: int | None) -> int | None:
+    """--tp as the run takes it: torchrun's WORLD_SIZE when launched by it (a different --tp is refused)."""
+    world = torchrun_world()
+    if world is None:
+        if tp is not None and tp < 1:
+            raise GmtoolError(f"--tp must be 1 or more, got {tp}")
+        return tp
+    if tp is not None and tp != world:
+        raise GmtoolError(f"--tp {tp} but torchrun started {world} ranks (WORLD_SIZE): give the same number")
+    return world
+
+
+def check_request(cfg, visible_gpus: int | None = None, count_gpus: bool = True) -> None:
+    """Refuse, before any process starts, a --tp the device cannot hold or the model cannot be split by.
+    count_gpus=False under torchrun: its ranks may span hosts, each rank checks its own device."""
+    from gmtool.memory.estimate import _model_config
+    from gmtool.parallel.shard import tp_refusal
+
+    tp = cfg.tp
+    if cfg.torch_device.type == "cuda" and count_gpus:
+        visible = torch.cuda.device_count() if visible_gpus is None else visible_gpus
+        if tp > visible:
+            raise GmtoolError(f"--tp {tp} needs {tp} GPUs, {visible} visible (CUDA_VISIBLE_DEVICES)")
+        if cfg.torch_device.index not in (None, 0):
+            raise GmtoolError(f"--tp puts rank r on cuda:r: give --device cuda, not {cfg.torch_device}")
+    config = _model_config(cfg.model)
+    why = config is not None and tp_refusal(config, tp)
+    if why:
+        raise GmtoolError(why)
+
+
+def run(fn, cfg, *args, timeout: float = DEFAULT_TIMEOUT_S, **kwargs):
+    """fn(cfg, *args, **kwargs) on each of cfg.tp ranks; rank 0's result. Without --tp, a plain call."""
+    if torchrun_world() is not None:
+        return _torchrun_rank(fn, cfg, args, kwargs, timeout)
+    if cfg.tp == 1:
+        return fn(cfg, *args, **kwargs)
+    check_request(cfg)
+    # callbacks (progress bars, a strategy's line) stay in this process: the ranks report through rank 0's result
+    return _spawn(fn, cfg, args, {k: v for k, v in kwargs.items() if not callable(v)}, timeout)
+
+
+def _init_kwargs(cfg) -> dict:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
+
+
+def _as_rank(place: Place, init_method: str, fn, cfg_kwargs: dict, args, kwargs, timeout: float):
+    import torch.distributed as dist
+
+    from gmtool.config import SweepConfig
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    cfg = SweepConfig(**cfg_kwargs)
+    cuda = cfg.torch_device.type == "cuda"
+    if cuda:
+        if place.local_rank >= torch.cuda.device_count():
+            raise GmtoolError(f"rank {place.rank} wants cuda:{place.local_rank}, {torch.cuda.device_count()} visible")
+        cfg = SweepConfig(**{**cfg_kwargs, "device": f"cuda:{place.local_rank}"})
+        torch.cuda.set_device(cfg.torch_device)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=place.rank,
+                            world_size=place.world, timeout=datetime.timedelta(seconds=timeout),
+                            **({"device_id": cfg.torch_device} if cuda else {}))
+    set_place(place)
+    if os.environ.get(FAIL_ENV) == str(place.rank):
+        raise RunFailure(f"injected failure ({FAIL_ENV}={place.rank})")
+    result = fn(cfg, *args, **kwargs)
+    gc.collect()  # anything a graph still held goes before the group
+    if cuda:
+        torch.cuda.synchronize()
+    dist.destroy_process_group()
+    set_place(Place())
+    return result
+
+
+def _exit_code(e: BaseException) -> int:
+    if isinstance(e, GmtoolError):
+        return 1 if isinstance(e, RunFailure) else 2
+    return 130 if isinstance(e, (KeyboardInterrupt, Interrupted)) else 1
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _torchrun_rank(fn, cfg, args, kwargs, timeout: float):
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if cfg.tp != world:  # the commands take --tp through resolve_tp, which makes them equal
+        raise GmtoolError(f"--tp {cfg.tp} but torchrun started {world} ranks (WORLD_SIZE)")
+    if world > 1:
+        check_request(cfg, count_gpus=False)
+    if rank:  # one progress bar on the terminal, rank 0's
+        kwargs = {k: v for k, v in kwargs.items() if not callable(v)}
+    place = Place(rank, world, int(os.environ.get("LOCAL_RANK", rank)))
+    result = _as_rank(place, "env://", fn, _init_kwargs(cfg), args, kwargs, timeout)
+    if rank:
+        raise SystemExit(0)  # rank 0 prints and writes; the others are done
+    return result
+
+
+def _worker(rank: int, world: int, port: int, fn, cfg_kwargs, args, kwargs, timeout, messages) -> None:
+    try:
+        result = _as_rank(Place(rank, world, rank), f"tcp://127.0.0.1:{port}", fn, cfg_kwargs, args, kwargs,
+                          timeout)
+        # plain pickle: torch's queue would share tensors by memory this process takes with it when it exits
+        messages.put((rank, 0, pickle.dumps(result) if rank == 0 else None))
+    except BaseException as e:  # everything becomes the parent's one line; no traceback from a rank
+        messages.put((rank, _exit_code(e), _one_line(e)))
+        messages.close()
+        messages.join_thread()
+        os._exit(1)  # no teardown: a group whose other rank is stuck can hang in it
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(fn, cfg, args, kwargs, timeout: float):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    messages = ctx.Queue()
+    world, port = cfg.tp, _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, _init_kwargs(cfg), args, kwargs, timeout,
+                                               messages), name=f"gmtool-rank{r}") for r in range(world)]
+    for p in procs:
+        p.start()
+    done: dict[int, tuple[int, object]] = {}
+    failed, deadline = None, None
+    try:
+        while len(done) < world:
+            try:
+                rank, code, value = messages.get(timeout=0.2)
+                done[rank] = (code, value)
+                if code and failed is None:
+                    failed, deadline = (rank, code, value), time.monotonic() + timeout
+            except queue_mod.Empty:
+                for r, p in enumerate(procs):  # a rank killed outside Python (a signal, the OOM killer)
+                    if p.exitcode not in (None, 0) and r not in done and failed is None:
+                        failed = (r, 1, f"exited with code {p.exitcode} without a word")
+                        deadline = time.monotonic() + timeout
+            except KeyboardInterrupt:  # the ranks got Ctrl-C too: rank 0 writes what was measured and says so
+                if deadline is not None:
+                    break  # a second Ctrl-C: stop waiting
+                failed, deadline = (0, 130, "interrupted"), time.monotonic() + timeout
+            if failed and (time.monotonic() > deadline or all(p.exitcode is not None for p in procs)):
+                break
+    finally:
+        _stop(procs)
+    if failed and failed[1] == 130:
+        code, msg = done.get(0, (130, "interrupted"))
+        raise Interrupted(msg if code == 130 else "interrupted")
+    if failed:
+        rank, code, msg = failed
+        stopped = [r for r in range(world) if r != rank and r not in done]
+        extra = f" (rank {', '.join(map(str, stopped))} stopped after --tp-timeout)" if stopped else ""
+        raise (GmtoolError if code == 2 else RunFailure)(f"rank {rank} of {world} failed: {msg}{extra}")
+    return pickle.loads(done[0][1])
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join(5)

@@ -1,0 +1,163 @@
+"""--tp on the CPU backend: two processes joined through gloo, the all-reduce recorded on the tape and replayed.
+
+Each spawn costs a few seconds of imports per rank, so every group of tests shares one run (session fixtures).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+import torch
+
+from gmtool.config import SweepConfig
+from gmtool.core.compositions import parse_composition
+from gmtool.errors import GmtoolError
+from gmtool.measure.check import checked_replay
+from gmtool.measure.timing import rel_err_per_seq, tolerances_for
+from gmtool.measure.workbench import Workbench
+from gmtool.modes import GraphMode
+from gmtool.parallel import launch
+from gmtool.parallel.comm import agree, place
+from tests.test_compare import run_cli
+
+TINY = ["--device", "cpu", "--num-iters", "2", "--num-iters-warmup", "1"]
+MIXES = ("1*1", "1*3", "4=2+2")  # decode buckets 1 and 4, and a prefill batch in bucket 4
+CLI_MIXES = MIXES[1:]  # bucket 4 only: the launch is what is under test there
+ENV = {**os.environ, "GMTOOL_CPU_THREADS": "1", "PYTHONPATH": os.getcwd()}
+
+
+def gm(*args, env=None, timeout=240):
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "gmtool.cli.main", *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout, env={**ENV, **(env or {})})
+    return p.returncode, p.stdout, p.stderr, time.monotonic() - t0
+
+
+def _config(tp: int) -> SweepConfig:
+    return SweepConfig(model="tiny-qwen3", device="cpu", dtype="fp32", buckets="1,4", modes=("eager", "full"),
+                       compositions=",".join(MIXES), max_kv_len=64, tp=tp)
+
+
+def tp_logits(cfg: SweepConfig, modes: tuple[str, ...]) -> dict:
+    """On each rank: every mix's eager logits, and each graph mode's replay judged by the sweep's own check
+    (its logits, and its error against eager on the same padded shape); what the rank holds."""
+    bench = Workbench.build(cfg)
+    attn = bench.lm.model.model.layers[0].self_attn
+    out = {"kv_heads": bench.cache.k[0].shape[2], "q_rows": attn.q_proj.weight.shape[0]}
+    executors = {m: bench.executor(GraphMode(m)) for m in modes}
+    for text in MIXES:
+        batch = bench.batch(parse_composition(text))
+        ref, _ = bench.reference(batch)
+        out[("eager", text)] = ref.logits.clone()
+        for m, ex in executors.items():
+            _, check, logits = checked_replay(ex, batch, ref)
+            out[(m, text)], out[("same shape", m, text)] = logits, check.max_rel_err_same_shape
+    for ex in executors.values():
+        ex.release()  # graphs before the group goes
+    out["agreed"] = agree("K/V differ" if place().rank == 1 else None)  # a verdict only rank 1 reached
+    return out
+
+
+@pytest.fixture(scope="session")
+def tp2():
+    """Rank 0's logits of a TP=2 run through the launcher (two processes, gloo)."""
+    return launch.run(tp_logits, _config(2), ("full", "piecewise"), timeout=60)
+
+
+def test_tp2_replay_is_exact_against_tp2_eager(tp2):
+    assert tp2["kv_heads"] == 1 and tp2["q_rows"] == 2 * 16  # half of tiny-qwen3's 2 KV and 4 query heads
+    for text in MIXES:
+        for mode in ("full", "piecewise"):
+            assert tp2[("same shape", mode, text)] == 0.0, (mode, text)
+            assert torch.isfinite(tp2[(mode, text)]).all()
+
+
+def test_ranks_agree_on_a_verdict_one_rank_reached(tp2):
+    """So every rank skips the timing of a replay one of them judged unsafe (else the others wait for it)."""
+    assert tp2["agreed"] == "rank 1: K/V differ"
+
+
+def test_tp2_matches_tp1_eager_within_tolerance(tp2):
+    bench = Workbench.build(_config(1))
+    _, tol = tolerances_for(torch.float32)
+    for text in MIXES:
+        fn, logits = bench.eager_fn(bench.batch(parse_composition(text)))
+        fn()
+        for mode in ("eager", "full", "piecewise"):
+            err = rel_err_per_seq(tp2[(mode, text)], logits)
+            assert err < tol / 10, (mode, text, err)  # a different summation order, nothing more
+
+
+@pytest.fixture(scope="session")
+def tp2_compare(tmp_path_factory):
+    """compare under torchrun (two ranks it starts; gmtool sees WORLD_SIZE and joins its group). gmtool's own
+    spawning is what the tp2 fixture and the failed-rank test go through."""
+    out = tmp_path_factory.mktemp("tp") / "run"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                        str(launch._free_port()), "-m", "gmtool.cli.main", "compare", "eager,full,piecewise", *TINY,
+                        "--buckets", "4", "--compositions", ",".join(CLI_MIXES), "--out", str(out)],
+                       capture_output=True, text=True, timeout=240, env=ENV)
+    return p.returncode, p.stdout, p.stderr, out
+
+
+def test_tp2_compare_under_torchrun_writes_every_ranks_rows(tp2_compare):
+    code, stdout, stderr, out = tp2_compare
+    assert code == 0, stderr
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["config"]["tp"] == 2
+    assert any("--tp 2: rank 0 of 2" in n for n in doc["notes"])
+    share = next(n for n in doc["notes"] if "all-reduces of a step, timed alone" in n)  # the collective's share
+    assert "the 4 all-reduces" in share and "4: " in share and "of full's replay" in share
+    rows = doc["records"]
+    assert sorted({r["rank"] for r in rows}) == [0, 1]
+    per_rank = {rank: [(r["mode"], r["bucket"], r["composition"]) for r in rows if r["rank"] == rank] for rank in (0, 1)}
+    assert per_rank[0] == per_rank[1] and len(per_rank[0]) == 3 * len(CLI_MIXES)
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["max_rel_err_same_shape"] == 0.0  # the tape replays the same ops, the collective included
+        assert r["max_rel_err"] <= r["tolerance"]
+        if r["mode"] != "eager":  # replay ms and host time per rank
+            assert r["latency_ms"]["median"] > 0 and r["host_us"]["median"] > 0
+    captured = [r for r in rows if r["capture_s"] is not None]
+    assert {(r["rank"], r["mode"], r["bucket"]) for r in captured} >= {
+        (k, m, 4) for k in (0, 1) for m in ("full", "piecewise")}
+    assert "┃ rank ┃" in stdout  # the terminal table has a row per rank
+    assert (out / "records.jsonl").is_file() and (out / "report.md").is_file()
+
+
+def test_a_failed_rank_is_named_and_the_others_stop(tmp_path):
+    code, _, stderr, took = gm("capture", *TINY, "--tp", 2, "--buckets", 1, "--compositions", "1*1",
+                               "--tp-timeout", 3, "--out", tmp_path / "x", env={launch.FAIL_ENV: "1"})
+    assert code == 1
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: rank 1 of 2 failed: injected failure"), stderr
+    assert took < 60  # a few seconds of imports, then at most --tp-timeout for rank 0
+
+
+@pytest.mark.parametrize("args, env, says", [
+    (["--tp", "3"], {}, "--tp 3: the model's 4 attention heads do not divide by 3"),
+    (["--tp", "0"], {}, "--tp must be 1 or more"),
+    ([], {"WORLD_SIZE": "2", "RANK": "0"}, "incomplete rendezvous: MASTER_ADDR, MASTER_PORT not set"),
+    (["--tp", "4"], {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
+     "--tp 4 but torchrun started 2 ranks"),
+])
+def test_bad_requests_are_one_line(tmp_path, monkeypatch, args, env, says):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    code, stdout, stderr = run_cli("capture", *TINY, "--buckets", 1, *args, "--out", tmp_path / "x")
+    assert code == 2
+    assert len(stderr.strip().splitlines()) == 1 and says in stderr, stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_more_ranks_than_gpus_is_refused():
+    cfg = types.SimpleNamespace(tp=2, torch_device=torch.device("cuda"), model="tiny-qwen3")
+    with pytest.raises(GmtoolError, match=r"--tp 2 needs 2 GPUs, 1 visible"):
+        launch.check_request(cfg, visible_gpus=1)
+    launch.check_request(cfg, visible_gpus=2)
+    cfg.torch_device = torch.device("cuda:1")
+    with pytest.raises(GmtoolError, match="rank r on cuda:r"):
+        launch.check_request(cfg, visible_gpus=2)
