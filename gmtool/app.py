@@ -124,16 +124,36 @@ def run_compare(cfg: SweepConfig, modes: list[GraphMode], out_dir: Path, progres
 
 
 def run_memreport(cfg: SweepConfig, strategies: list[str], out_dir: Path, progress=_no_progress,
-                  on_strategy=None):
+                  on_strategy=None, sample: int | None = None, check: bool = False):
     """The sweep of the config's one graph mode under each memory strategy; the files are rewritten after every
     strategy, so a later failure keeps what was measured. on_strategy(row): told of each finished strategy.
-    Returns the MemDocument and the files written."""
+    sample: capture only that many of the buckets and predict the whole list per strategy; check: then capture
+    every bucket too, and give the prediction's error. Returns the MemDocument and the files written."""
+    from gmtool.memory.predict import check_document, predict_document, sampled_config
+    from gmtool.memory.report import write_report
+
+    if not sample and not check:
+        return _memreport_runs(cfg, strategies, out_dir, progress, on_strategy)
+    small = sampled_config(cfg, sample)
+    doc, paths = _memreport_runs(small, strategies, out_dir, progress, on_strategy, "sampled ")
+    predicted = predict_document(doc, cfg.bucket_sizes)
+    if check:
+        doc, paths = _memreport_runs(cfg, strategies, out_dir, progress, on_strategy)
+        predicted = check_document(predicted, doc)
+    else:
+        doc.notes.append(f"captured {len(small.bucket_sizes)} sampled buckets of {len(cfg.bucket_sizes)}: the "
+                         "whole list's memory is predicted (--check captures every bucket and gives the error)")
+    doc.sampled_buckets, doc.prediction = list(small.bucket_sizes), predicted
+    return doc, write_report(out_dir, doc)
+
+
+def _memreport_runs(cfg, strategies, out_dir, progress, on_strategy, what: str = ""):
     from gmtool.memory.report import build_document, run_strategy, write_report
 
     rows, result, doc, paths = [], None, None, []
     try:
         for name in strategies:
-            with progress(f"memreport {name}") as p:
+            with progress(f"memreport {what}{name}") as p:
                 row, res = run_strategy(cfg, name, p)
             rows.append(row)
             result = result or res

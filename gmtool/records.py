@@ -90,6 +90,11 @@ class Record:
     graph_mem_bytes: int | None = None
     pool_growth_bytes: int | None = None
     outside_pool_bytes: int | None = None  # device memory the capture took outside the pool (CUDA only)
+    # the rest of the graph memory ledger (gmtool.memory.ledger), on the row that captured its bucket
+    inputs_bytes: int | None = None  # the bucket's slice of the persistent input buffers
+    workspace_bytes: int | None = None  # cuBLAS workspace of the capture stream (CUDA; its first graph)
+    ledger_total_bytes: int | None = None  # pool growth + outside the pool + inputs + workspace
+    kv_tokens_given_up: int | None = None  # ledger_total_bytes / the KV cache's bytes per token
     pieces: int | None = None
     runners: int | None = None
     latency_ms: Timing | None = None

@@ -51,7 +51,7 @@ CASES = [
     ("compare --baseline that is not JSON", ["compare", "eager", *CPU, "--baseline", "{tmp}/invalid.json"],
      "cannot read results file"),
     ("memreport on the CPU", ["memreport", *CPU], "memory strategies need CUDA"),
-    ("memreport --mode eager", ["memreport", *CPU, "--mode", "eager"], "--mode must be full or piecewise"),
+    ("memreport --mode eager", ["memreport", *CPU, "--mode", "eager"], "--mode must be one of full, piecewise, auto"),
     ("report on a results.json missing keys", ["report", "{tmp}/incomplete"], "record 0 lacks composition, status"),
     ("report on a results.json without a model", ["report", "{tmp}/nomodel"], "no 'model' section"),
     ("report on a directory without results", ["report", "{tmp}/empty"], "no results file"),

@@ -134,6 +134,25 @@ def test_results_json_schema(run):
             assert isinstance(r["key"], str) and r["key"].startswith("d")
 
 
+def test_the_ledger_on_the_cpu(run):
+    """Each capture row carries the bucket's slice of the persistent inputs; the CPU tape has no pool, no driver
+    figures and no cuBLAS workspace: those parts, and so the total, are unknown ('-' in the reports)."""
+    doc, md = run["doc"], (run["out"] / "report.md").read_text()
+    captured = [r for r in doc["records"] if r["capture_s"] is not None]
+    assert len(captured) == 4  # two buckets x full, piecewise
+    sizes = {}
+    for r in captured:
+        assert r["inputs_bytes"] > 0 and r["outside_pool_bytes"] is None and r["workspace_bytes"] is None
+        assert r["ledger_total_bytes"] is None and r["kv_tokens_given_up"] is None
+        sizes[(r["mode"], r["bucket"])] = r["inputs_bytes"]
+    assert sizes[("full", 2)] > sizes[("full", 1)] and sizes[("piecewise", 2)] > sizes[("full", 2)]  # + attn out
+    assert doc["model"]["kv_bytes_per_token"] == 2 * doc["model"]["layers"] * doc["model"]["kv_heads"] * \
+        doc["model"]["head_dim"] * 4  # float32 on the CPU
+    rows = md_table_rows(md, "Graph memory ledger")
+    assert [(r[0], r[1], r[2], r[6]) for r in rows] == [(m, b, "-", "-") for m in ("full", "piecewise")
+                                                         for b in ("1", "2")]
+
+
 def test_results_csv(run):
     df = pd.read_csv(run["out"] / "results.csv")
     assert len(df) == len(run["doc"]["records"])

@@ -191,7 +191,7 @@ def test_workload_jsonl_and_counts(tmp_path):
     f.write_text('{"num_tokens": 4, "num_seqs": 4, "count": 3}\n{"num_tokens": 4, "num_seqs": 4}\n'
                  '{"num_tokens": 9, "num_seqs": 1, "count": 2}\n')
     steps, _ = load_workload(str(f))
-    assert steps.values.tolist() == [[4, 4, 4], [9, 1, 2]]
+    assert steps.values.tolist() == [[4, 4, 4, 0], [9, 1, 2, 4]]  # num_tokens, num_seqs, count, first_step
     f.write_text('{"num_tokens": 4\n')
     with pytest.raises(GmtoolError, match="not valid JSONL"):
         load_workload(str(f))
@@ -211,6 +211,24 @@ def test_builtin_workloads_load():
     for name in ("chat", "long-context", "bursty"):
         steps, path = load_workload(name)
         assert path.name == f"{name}.csv" and steps["count"].sum() == 100_000
+
+
+def test_lazy_capture_follows_the_trace_order(tmp_path):
+    from gmtool.plan.lazy import lazy_capture
+
+    f = tmp_path / "trace.csv"  # a log: one row per step, the big one first
+    f.write_text("num_tokens,num_seqs\n30,30\n1,1\n2,2\n1,1\n5,5\n")
+    steps, _ = load_workload(str(f))
+    assert dict(zip(steps["num_tokens"], steps["first_step"])) == {1: 1, 2: 2, 5: 4, 30: 0}
+    costs = pd.DataFrame({"graph_ms": [1.0, 2.0, 4.0, 8.0], "capture_s": [0.1, 0.2, 0.4, 0.8],
+                          "source": ["measured"] * 4}, index=[1, 2, 4, 8])
+    eager = pd.Series([10.0, 20.0, 40.0, 80.0], index=[1, 2, 4, 8])
+    lazy = lazy_capture(steps, [1, 2, 4, 8], costs, eager)
+    # 30 runs eager (above every graph); 5 pads to 8; 4 is never reached
+    assert [(h["size"], h["at_step"]) for h in lazy["first_hits"]] == [(1, 1), (2, 2), (8, 4)]
+    assert lazy["capture_s_in_serving"] == pytest.approx(1.1) and lazy["never_captured"] == [4]
+    assert lazy["max_spike_ms"] == pytest.approx(800 + 80 + 8)
+    assert lazy_capture(steps, [], costs, eager)["captures"] == 0
 
 
 # -- the command ------------------------------------------------------------------------------------------
@@ -241,6 +259,13 @@ def test_plan_from_results_end_to_end(tmp_path, results_file):
     assert "`3, 12`" in md and "| vllm | 35 |" in md
     assert (tmp_path / "p" / "plan.png").stat().st_size > 0
     assert "capture sizes: 3,12" in out
+    # captured on first miss instead: 3 at the first step (1 pads to 3), 12 at step 80; each a 1 s capture, a
+    # warm-up (eager) and a replay
+    lazy = doc["lazy_capture"]
+    assert lazy["captures"] == 2 and lazy["capture_s_in_serving"] == pytest.approx(2.0)
+    assert [(h["size"], h["at_step"]) for h in lazy["first_hits"]] == [(3, 0), (12, 80)]
+    assert [h["spike_ms"] for h in lazy["first_hits"]] == pytest.approx([1000 + 13 + 2.0, 1000 + 22 + 4.25])
+    assert "2 captures take 2.00 s inside serving; the worst first-hit step takes 1026.2 ms (size 12" in md
 
 
 def test_plan_bad_inputs_are_one_line(tmp_path, results_file):

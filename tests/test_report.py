@@ -246,3 +246,31 @@ def test_write_reports_from_a_copy_is_deterministic(tmp_path):
     write_reports(a, doc)
     write_reports(b, copy.deepcopy(doc))
     assert (a / "report.html").read_bytes() == (b / "report.html").read_bytes()
+
+
+def test_ledger_in_markdown_html_and_the_terminal():
+    """The ledger of each captured bucket (the rows carrying capture_s), '-' where a part was not measured."""
+    from gmtool.report.ledger import ledger_table
+
+    doc = make_doc()
+    full8 = next(r for r in doc["records"] if r["mode"] == "full" and r.get("capture_s"))
+    full8.update(pool_growth_bytes=4 * 2**20, outside_pool_bytes=2**20, inputs_bytes=2048,
+                 workspace_bytes=32 * 2**20, ledger_total_bytes=37 * 2**20 + 2048, kv_tokens_given_up=338)
+    doc["records"].append(rec("piecewise", 16, "8*2", ms=2.0, eager=9.0, key="t16", capture_s=0.1,
+                              inputs_bytes=4096))  # a CPU-like capture: no pool, no driver figures
+    want = [["full", "8", "4.0 MiB", "1.0 MiB", "2.0 KiB", "32.0 MiB", "37.0 MiB", "338"],
+            ["piecewise", "16", "-", "-", "4.0 KiB", "-", "-", "-"]]
+    assert table_rows(render_markdown(doc), "Graph memory ledger") == want
+    assert html_table_rows(render_html(doc), "Graph memory ledger") == want
+    con = Console(width=100, record=True, file=io.StringIO())
+    con.print(ledger_table(doc))
+    text = con.export_text()
+    assert "graph memory ledger" in text and "37.0 MiB" in text and "KV tokens" in text
+    narrow = Console(width=60, record=True, file=io.StringIO())
+    narrow.print(ledger_table(doc))
+    text = narrow.export_text()
+    assert max(map(len, text.splitlines())) <= 60 and "37.0 MiB" in text and "338" in text
+    assert "not shown at 60 columns: " in " ".join(text.split())  # the parts go first, the total stays
+    doc["records"] = [r for r in doc["records"] if not r.get("capture_s")]
+    assert ledger_table(doc) is None
+    assert "no graph was captured" in render_markdown(doc)

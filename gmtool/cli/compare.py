@@ -20,6 +20,7 @@ from gmtool.core.buckets import parse_buckets
 from gmtool.measure.hf_compiled import NEEDS_CUDA, PeerCompile
 from gmtool.profiles import load_sweep_profile
 from gmtool.report.baseline import check_same_model, load_baseline
+from gmtool.report.ledger import ledger_table
 from gmtool.report.results import default_out_dir
 from gmtool.report.summary import verdict
 from gmtool.report.tables import compare_table, noise_warning
@@ -126,6 +127,8 @@ def compare(
     data = doc.to_dict()
     out_.document(doc.to_json())
     out_.show(compare_table(data))
+    if (memory := ledger_table(data)) is not None:
+        out_.show(memory)
     noise = noise_warning(data)
     if noise:
         out_.show(f"[yellow]warning:[/] {noise}", highlight=False)

@@ -14,9 +14,11 @@ from gmtool.cli.output import Output
 from gmtool.cli.progress import progress_bars
 from gmtool.cli.run_sweep import build_config
 from gmtool.errors import GmtoolError
+from gmtool.memory.ledger import sample_buckets
 from gmtool.memory.report import memreport_table, memreport_verdict
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
 from gmtool.modes import MEMORY_MODES
+from gmtool.report.ledger import memreport_ledger_table, prediction_table
 from gmtool.report.results import default_out_dir
 
 MEMREPORT_MODES = MEMORY_MODES
@@ -51,6 +53,12 @@ def memreport(
         "--out", "-o", help="Output directory (default gmtool-out/memreport-<time>).")] = None,
     force: o.ForceOpt = False,
     fmt: o.FormatOpt = o.OutputFormat.HUMAN,
+    sample: Annotated[Optional[int], typer.Option(
+        "--sample", help="Capture only this many of the buckets (smallest, largest, evenly between) and predict "
+        "the whole list's memory per strategy.")] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Predict from the sampled buckets (--sample, default 4), then capture every bucket "
+        "and report the prediction's error per strategy.")] = False,
 ) -> None:
     """Capture every bucket under each memory strategy (independent pools, one shared pool largest or smallest
     first, VMM ranges over shared physical memory); replay all against eager, also in shuffled order; compare
@@ -65,6 +73,8 @@ def memreport(
                        num_iters_warmup=num_iters_warmup, seed=seed, tp=resolve_tp(tp))
     if cfg.graph_modes not in [[m] for m in MEMREPORT_MODES]:  # modes from a sweep profile
         raise GmtoolError(f"memreport runs one graph mode ({', '.join(MEMREPORT_MODES)}), not {','.join(cfg.graph_modes) or 'none'}")
+    if sample is not None:
+        sample_buckets(cfg.bucket_sizes, sample)  # refused before anything runs
     if cfg.torch_device.type != "cuda":
         raise GmtoolError(f"memory strategies need CUDA: memreport cannot run on {cfg.torch_device}")
     out_ = Output(fmt)
@@ -75,9 +85,12 @@ def memreport(
 
     with launch.out_dir_for(out or default_out_dir("memreport"), force) as out_dir:
         doc, paths = launch.run(run_memreport, cfg, names, out_dir, progress=progress_bars(out_.console),
-                                on_strategy=said, timeout=tp_timeout)
+                                on_strategy=said, timeout=tp_timeout, sample=sample, check=check)
     out_.document(doc.to_json())
     out_.show(memreport_table(doc))
+    for table in (memreport_ledger_table(doc.to_dict()), prediction_table(doc.to_dict())):
+        if table is not None:
+            out_.show(table)
     for r in doc.strategies:
         for w in r.warning_list:
             out_.show(f"[yellow]warning ({r.strategy}):[/] {w}", highlight=False)

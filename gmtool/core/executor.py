@@ -82,8 +82,9 @@ class CapturedGraph:
 
 
 @contextlib.contextmanager
-def _memory_of(entry: CapturedGraph, device: torch.device):
-    """CUDA: the capture's peak allocation (the shape's need) and the reserved memory it added."""
+def _memory_of(entry: CapturedGraph, device: torch.device, upload=None):
+    """CUDA: the capture's peak allocation (the shape's need), the reserved memory it added, and what the driver
+    took outside the pool around capture + instantiation and then around upload() (the graph's first launch)."""
     if device.type != "cuda":
         yield
         return
@@ -95,7 +96,12 @@ def _memory_of(entry: CapturedGraph, device: torch.device):
     entry.graph_mem_bytes = torch.cuda.max_memory_allocated(device) - mem0
     entry.pool_growth_bytes = torch.cuda.memory_reserved(device) - res0
     # what the driver gave beyond the pool's growth: graph instantiation and exec objects (gmtool.memory.ledger)
-    entry.outside_pool_bytes = (free0 - torch.cuda.mem_get_info(device)[0]) - entry.pool_growth_bytes
+    free1 = torch.cuda.mem_get_info(device)[0]
+    entry.outside_pool_bytes = (free0 - free1) - entry.pool_growth_bytes
+    if upload is not None:  # the driver uploads a graph at its first launch: memory outside the pool too
+        upload()
+        torch.cuda.synchronize(device)
+        entry.outside_pool_bytes += free1 - torch.cuda.mem_get_info(device)[0]
 
 
 class GraphExecutor:
@@ -159,7 +165,8 @@ class GraphExecutor:
             ctx.planned_with.clear()
             if self.memory is not None:  # every piece of one bucket goes into the pool chosen for it
                 self.backend.pool = self.memory.pool_for(key)
-            with _memory_of(entry, self.device):
+            # the upload replays the capture's own batch: its KV writes repeat the warm-up's
+            with _memory_of(entry, self.device, upload=lambda: entry.replay(batch)):
                 t0 = time.perf_counter()
                 self._record(entry, fn)
                 self.backend.synchronize()

@@ -38,6 +38,10 @@ class KVCacheSpec:
         elem = torch.empty((), dtype=self.dtype).element_size()
         return self.num_layers * self.block_size * self.num_kv_heads * (self.head_dim + self.v_dim) * elem
 
+    @property
+    def bytes_per_token(self) -> int:
+        return self.bytes_per_block // self.block_size
+
 
 class PagedKVCache:
     def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device):

@@ -19,6 +19,7 @@ from gmtool.config import SweepConfig
 from gmtool.errors import CaptureError, GmtoolError, OutOfMemory
 from gmtool.core.executor import GraphExecutor
 from gmtool.modes import GraphMode
+from gmtool.memory.ledger import capture_ledger
 from gmtool.parallel.comm import agree
 from gmtool.records import Document, Record, Status
 from gmtool.measure.timing import host_us, host_us_steady, summarize, time_ms, tolerances_for
@@ -175,7 +176,8 @@ class Sweep:
                      outside_pool_bytes=entry.outside_pool_bytes if fresh else None,
                      pieces=entry.pieces, runners=entry.runners, stale_metadata=check.stale_metadata,
                      piecewise_impl=entry.piecewise_impl,
-                     captured_with=entry.captured_with, served_by=entry.mode.served_by)
+                     captured_with=entry.captured_with, served_by=entry.mode.served_by,
+                     **(capture_ledger(ex, entry) if fresh else {}))
         why = agree(check.failure(tol_same, tol))  # under --tp, every rank's verdict (its own K/V differ)
         if why:
             rec.status, rec.error = Status.UNSAFE, why

@@ -115,7 +115,8 @@ class Workbench:
         lm = self.lm
         return {"name": lm.name, "source": lm.source, "params": lm.num_params, "layers": lm.num_layers,
                 "heads": lm.num_heads, "kv_heads": lm.num_kv_heads, "head_dim": lm.head_dim, "vocab": lm.vocab_size,
-                "kv_cache_blocks": self.cache.num_blocks, "kv_cache_bytes": self.cache.nbytes}
+                "kv_cache_blocks": self.cache.num_blocks, "kv_cache_bytes": self.cache.nbytes,
+                "kv_bytes_per_token": self.cache.spec.bytes_per_token}
 
     def capture_refusal(self) -> str | None:
         """Why the model's forward cannot be captured faithfully (gmtool.verify.capturable), or None."""

@@ -47,11 +47,15 @@ class StrategyRow:
     shuffled_ok: int | None = None
     shuffled_max_rel_err: float | None = None
     warnings: int | None = None
+    ledger_total_bytes: int | None = None  # the ledger's total over every captured bucket (gmtool.memory.ledger)
+    kv_tokens_given_up: int | None = None  # ledger_total_bytes in KV-cache tokens
+    after_release_bytes: int | None = None  # device memory not given back once the strategy's run was released
     wall_s: float | None = None
     reason: str | None = None  # why the status is not ok
     per_key: list[dict] = _detail()
     shuffled: list[dict] = _detail()
     records: list[dict] = _detail()  # the sweep's rows (gmtool.records.Record, as JSON)
+    ledger: list[dict] = _detail()  # per captured bucket: the ledger's parts, total and KV tokens given up
     errors: list[str] = _detail()
     warning_list: list[str] = _detail()
     vmm: dict | None = _detail(lambda: None)
@@ -62,6 +66,22 @@ class StrategyRow:
 
 
 ROW_FIELDS = tuple(f.name for f in fields(StrategyRow) if f.metadata.get("csv", True))  # memreport.csv's columns
+
+
+@dataclass(kw_only=True)
+class Prediction:
+    """One strategy's memory for the whole bucket list, predicted from the sampled buckets (gmtool.memory.ledger),
+    and with --check the memory a capture of every bucket held, and the error."""
+
+    strategy: str
+    first_bucket: int  # captured first: its pool as measured
+    first_bytes: float
+    slope: float  # what each later capture added: slope * bucket + intercept bytes
+    intercept: float
+    sample_bytes: float  # what the sampled captures added up to
+    predicted_bytes: float
+    measured_bytes: float | None = None
+    error_pct: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -80,6 +100,8 @@ class MemDocument:
     sum_shape_bytes: int | None = None
     max_shape_bytes: int | None = None
     max_shape_pool_bytes: int | None = None  # the largest shape's own pool as the allocator holds it
+    sampled_buckets: list[int] | None = None  # --sample/--check: the buckets the prediction was fitted on
+    prediction: list[Prediction] = field(default_factory=list)  # per strategy, with --sample or --check
     partial: Partial | None = None
 
     def exit_code(self) -> int:

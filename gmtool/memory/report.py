@@ -7,7 +7,6 @@ sharing at all).
 from __future__ import annotations
 
 import csv
-import dataclasses
 import gc
 import random
 import statistics
@@ -19,8 +18,8 @@ from gmtool.modes import GraphMode
 from gmtool.measure.check import checked_replay
 from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.core.executor import AttentionRunner
-from gmtool.core.inputs import StepViews
 from gmtool.memory.document import ROW_FIELDS, UNAVAILABLE, MemDocument, StrategyRow
+from gmtool.memory.ledger import inputs_bytes, strategy_ledger
 from gmtool.memory.strategies import make_strategy
 from gmtool.report.fitted import Column, FittedTable
 from gmtool.report.tables import _f, fmt_bytes
@@ -78,12 +77,10 @@ def _replay_checked(bench, ex, mode, comp, order, tols) -> dict:
 
 def input_costs(ex) -> dict:
     """The one max-shape input arena against separate input tensors per captured shape."""
-    per_shape = sum(getattr(ex.inputs.views(k), f.name).nbytes for k in ex.graphs
-                    for f in dataclasses.fields(StepViews))
+    per_shape = sum(inputs_bytes(ex, k) for k in ex.graphs)
     arena = ex.inputs.nbytes
     if ex.mode.piecewise:  # the runners' shared q and output buffers are two more max-shape arenas
         arena += 2 * ex.attn_out.nbytes
-        per_shape += 2 * sum(ex.attn_out[: k.num_tokens].nbytes for k in ex.graphs)
     return {"input_arena_bytes": arena, "input_per_shape_bytes": per_shape}
 
 
@@ -114,6 +111,7 @@ def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[StrategyRow
     sweep = Sweep(cfg, progress, lambda mode, s=strategy: s, probes=(probe,))
     raw = {"strategy": name, "mode": mode, "order": strategy.order}
     res = None
+    free0 = torch.cuda.mem_get_info(cfg.torch_device)[0]
     try:
         res = sweep.run()
     except (GmtoolError, RuntimeError) as e:  # RuntimeError: CUDA errors too; the other strategies still run
@@ -127,9 +125,12 @@ def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[StrategyRow
     if res is not None:
         raw.update(records=[r.to_dict() for r in res.records if r.mode in (mode, GraphMode.EAGER)], errors=res.errors,
                    wall_s=res.wall_s)
+        raw["kv_bytes_per_token"] = res.model.get("kv_bytes_per_token")
     del sweep, probe, strategy
     gc.collect()
     torch.cuda.empty_cache()  # the next strategy starts from the same allocator state
+    # the ledger's "after release": what the driver did not get back (graph exec objects kept alive, say)
+    raw["after_release_bytes"] = free0 - torch.cuda.mem_get_info(cfg.torch_device)[0]
     return derive(raw), res
 
 
@@ -146,7 +147,7 @@ def derive(raw: dict) -> StrategyRow:
     """Headline figures and status of one strategy from what its run collected (records as JSON dicts)."""
     row = dict.fromkeys(ROW_FIELDS)
     row.update(order="descending", per_key=[], shuffled=[], records=[], errors=[], warning_list=[])
-    row.update({k: v for k, v in raw.items() if k not in ("measured", "inputs", "warnings")})
+    row.update({k: v for k, v in raw.items() if k not in ("measured", "inputs", "warnings", "kv_bytes_per_token")})
     m, inputs = raw.get("measured") or {}, raw.get("inputs") or {}
     for k in ("graph_pool_bytes", "physical_bytes", "virtual_reserved_bytes", "virtual_mapped_bytes"):
         row[k] = m.get(k)
@@ -176,6 +177,13 @@ def derive(raw: dict) -> StrategyRow:
     row["shuffled_replays"], row["shuffled_ok"] = len(sh), sum(s["status"] == "ok" for s in sh)
     sherr = [s["max_rel_err"] for s in sh if s.get("max_rel_err") is not None]
     row["shuffled_max_rel_err"] = max(sherr) if sherr else None
+    led = strategy_ledger(row["strategy"], row["records"], pk, raw.get("kv_bytes_per_token"))
+    row["ledger"] = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
+                     for r in led.to_dict("records")]
+    total = led["total_bytes"].sum(min_count=1)
+    row["ledger_total_bytes"] = None if total != total else int(total)
+    kv = led["kv_tokens_given_up"].sum(min_count=1)
+    row["kv_tokens_given_up"] = None if kv != kv else int(kv)
     row["warning_list"] = list(raw.get("warnings") or [])
     row["warnings"] = len(row["warning_list"])
     if row.get("status") is None:

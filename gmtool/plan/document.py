@@ -35,6 +35,7 @@ def build_document(res, inp, source: dict, model: dict, machine: dict) -> dict:
         "expected_ms_per_step": p.ms_per_step, "eager_ms_per_step": res.all_eager.ms_per_step,
         "graph_memory_bytes": p.graph_memory_bytes, "capture_s": p.capture_s, "eager_steps": p.eager_steps,
         "flags": flags(p.sizes),
+        "lazy_capture": res.lazy,
         "defaults": [{"engine": d.name, "setting": d.setting, "padding": d.padding, "num_graphs": len(c.sizes),
                       "expected_ms_per_step": c.ms_per_step, "graph_memory_bytes": c.graph_memory_bytes,
                       "capture_s": c.capture_s, "eager_steps": c.eager_steps, "plan_gain_pct": _gain(p, c),
@@ -92,6 +93,7 @@ def render_markdown(doc: dict) -> str:
              f"**Capture sizes** ({doc['num_graphs']}): `{', '.join(map(str, doc['capture_sizes']))}`", "",
              f"Expected {doc['expected_ms_per_step']:.4f} ms per step (all eager: {doc['eager_ms_per_step']:.4f} ms), "
              f"graph memory {fmt_bytes(doc['graph_memory_bytes'])}, capture {doc['capture_s']:.2f} s.", "",
+             *_lazy_line(doc.get("lazy_capture")),
              "## Plan against the engines' defaults", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     lines += ["| " + " | ".join(_cells(r, w["steps"])) + " |" for r in _rows(doc)]
@@ -102,6 +104,16 @@ def render_markdown(doc: dict) -> str:
     if doc["notes"]:
         lines += ["## Notes", ""] + [f"- {n}" for n in doc["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _lazy_line(lazy: dict | None) -> list[str]:
+    if not lazy or not lazy["captures"]:
+        return []
+    worst = max(lazy["first_hits"], key=lambda h: h["spike_ms"])
+    never = f"; {len(lazy['never_captured'])} sizes no step reaches are never captured" if lazy["never_captured"] else ""
+    return [f"Captured lazily (on the first miss, in the workload's order) instead: {lazy['captures']} captures "
+            f"take {lazy['capture_s_in_serving']:.2f} s inside serving; the worst first-hit step takes "
+            f"{worst['spike_ms']:.1f} ms (size {worst['size']}, step {worst['at_step']}){never}.", ""]
 
 
 def write_plot(path: Path, doc: dict) -> None:

@@ -11,6 +11,7 @@ import pandas as pd
 from gmtool.errors import GmtoolError
 from gmtool.plan.costs import CostTable
 from gmtool.plan.engines import ENGINE_DEFAULTS
+from gmtool.plan.lazy import lazy_capture
 from gmtool.plan.optimizer import Budgets, Choice, PoolSharing, Problem
 from gmtool.plan.workload import by_size
 
@@ -38,6 +39,7 @@ class PlanResult:
     costs: pd.DataFrame  # per candidate size: graph_ms, pool_bytes, overhead_bytes, capture_s, source
     candidates: list[int]
     notes: list[str]
+    lazy: dict | None = None  # the plan's sizes captured on first miss instead (gmtool.plan.lazy)
 
 
 def candidate_sizes(inp: PlanInputs, sizes: pd.Series) -> tuple[list[int], list[str]]:
@@ -87,8 +89,9 @@ def make_plan(inp: PlanInputs) -> PlanResult:
         if n:
             notes.append(f"{d.name}: {n} of its {len(d.sizes)} sizes lie beyond the measured buckets "
                          f"(largest {max(inp.costs.buckets)}): their figures are extrapolated")
+    lazy = lazy_capture(inp.steps, plan.sizes, costs, inp.costs.eager_at(list(plan.sizes)))
     return PlanResult(plan, problem.evaluate(()), defaults, _curve(problem, inp.budgets, cands),
-                      costs.loc[cands], cands, notes)
+                      costs.loc[cands], cands, notes, lazy)
 
 
 def _curve(problem: Problem, budgets: Budgets, cands: list[int], points: int = 40) -> list[Choice]:

@@ -49,7 +49,8 @@ def _read(path: Path) -> pd.DataFrame:
 
 
 def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
-    """(steps, the file read): one row per distinct (num_tokens, num_seqs) with its count, sorted by size."""
+    """(steps, the file read): one row per distinct (num_tokens, num_seqs) with its count and the index of its
+    first step in the file's order, sorted by size."""
     path = resolve(spec)
     if path.is_dir():
         raise GmtoolError(f"workload {path} is a directory, not a CSV or JSONL file")
@@ -81,7 +82,10 @@ def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
         r = over[0]
         raise GmtoolError(f"workload {path}, row {r + 1}: {df.at[r, 'num_seqs']} sequences cannot share "
                           f"{df.at[r, 'num_tokens']} tokens (each sequence has at least one)")
-    steps = df.groupby(["num_tokens", "num_seqs"], as_index=False)["count"].sum()
+    # where in the trace (the file's order, counts expanded) each shape first appears: lazy capture's first hits
+    df["first_step"] = df["count"].cumsum() - df["count"]
+    steps = df[df["count"] > 0].groupby(["num_tokens", "num_seqs"], as_index=False).agg(
+        count=("count", "sum"), first_step=("first_step", "min"))
     steps = steps[steps["count"] > 0].sort_values(["num_tokens", "num_seqs"]).reset_index(drop=True)
     if steps.empty:
         raise GmtoolError(f"workload {path} has no steps (every count is 0)")

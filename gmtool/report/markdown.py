@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gmtool.records import Status
+from gmtool.report import ledger
 from gmtool.report.summary import bucket_summary, mode_order, safety_matrix
 from gmtool.report.tables import fmt_bytes, noise_warning
 
@@ -88,7 +89,9 @@ def sections(doc: dict) -> list[Section]:
         dup = labels.count((m["bucket"], m["composition"])) > 1
         safety.rows.append([str(m["bucket"]), _comp_label(m, dup)] + [m["statuses"].get(x, "-") for x in modes])
 
-    out = [summary, unsafe, problems, safety]
+    memory = Section("Graph memory ledger", ledger.HEADERS, ledger.ledger_cells(ledger.records_ledger(doc)),
+                     intro=ledger.INTRO, empty="no graph was captured")
+    out = [summary, memory, unsafe, problems, safety]
     if doc.get("baseline"):
         base = Section("Change vs baseline", ["mode", "bucket", "composition", "status", "latency ms", "baseline ms",
                                               "latency change", "max rel err", "err change"],

@@ -1,0 +1,51 @@
+"""memreport's predictor: a run over a few sampled buckets in, each strategy's memory for the whole bucket list
+out, and with --check its error against a run over every bucket (the arithmetic: gmtool.memory.ledger.predict).
+
+What is predicted is the memory a strategy holds for its graphs (StrategyRow.physical_bytes: the pools'
+segments, or VMM's physical chunks). It is the sum of the ledger's pool column, what each capture added in
+the order they ran: the first capture's as measured on the sample, each other bucket's from the line through
+the other sampled buckets' additions.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+
+from gmtool.errors import GmtoolError
+from gmtool.memory.document import MemDocument, Prediction
+from gmtool.memory.ledger import check_prediction, predict, sample_buckets
+
+DEFAULT_SAMPLE = 4  # the first captured, and three for a line through the later ones' additions
+
+
+def sampled_config(cfg, k: int | None):
+    """The config with only k of its buckets (compositions given for other buckets are refused by it)."""
+    chosen = sample_buckets(cfg.bucket_sizes, k or DEFAULT_SAMPLE)
+    return dataclasses.replace(cfg, buckets=",".join(map(str, chosen)))
+
+
+def predict_document(sampled: MemDocument, buckets: list[int]) -> list[Prediction]:
+    """Per strategy measured on the sample: its predicted memory over `buckets`."""
+    ok = [r for r in sampled.strategies if r.status == "ok" and r.ledger and r.per_key]
+    rows = pd.DataFrame([{"strategy": r.strategy, "bucket": x["bucket"], "pool_bytes": x["pool_bytes"]}
+                         for r in ok for x in r.ledger], columns=["strategy", "bucket", "pool_bytes"])
+    if rows["pool_bytes"].isna().all():
+        raise GmtoolError("no strategy captured the sampled buckets cleanly: nothing to predict from")
+    pred = predict(rows, buckets, {r.strategy: r.per_key[0]["bucket"] for r in ok})  # per_key: capture order
+    return [Prediction(strategy=s, **{k: float(v) if k != "first_bucket" else int(v) for k, v in p.items()})
+            for s, p in pred.iterrows()]
+
+
+def check_document(predicted: list[Prediction], full: MemDocument) -> list[Prediction]:
+    """The predictions with the memory each strategy held over every bucket, and the error in percent."""
+    if not predicted:
+        return []
+    measured = {r.strategy: r.physical_bytes for r in full.strategies if r.physical_bytes is not None}
+    df = check_prediction(pd.DataFrame([dataclasses.asdict(p) for p in predicted]).set_index("strategy"), measured)
+    out = []
+    for p in predicted:
+        m, e = df.loc[p.strategy, "measured_bytes"], df.loc[p.strategy, "error_pct"]
+        out.append(dataclasses.replace(p, measured_bytes=None if m != m else float(m),
+                                       error_pct=None if e != e else float(e)))
+    return out
