@@ -42,6 +42,20 @@ def test_summary_ratios_and_goals(tmp_path):
                for k, v in rows.items())
 
 
+def test_summary_sliding_window_row(tmp_path):
+    """The window stage's row: windowed time against full attention's over the same kv, and the bytes each read."""
+    def bw(ms, mib):
+        return {"kernel_ms": ms, "kv_bytes": mib * 2**20, "kernel_GBps": mib * 2**20 / ms / 1e6, "copy_GBps": 4000.0,
+                "ratio": 0.7, "num_splits": 2}
+
+    data = {"shape": {}, "window_tokens": 4096, "windowed": bw(0.25, 1024), "full": bw(0.5, 2048)}
+    (tmp_path / "bench-window.json").write_text(json.dumps(data))
+    rows = summary(tmp_path, Console(file=io.StringIO()))
+    (row,) = [r for r in rows if r[0].startswith("sliding-window decode")]
+    assert "window 4096" in row[0] and "1024 MiB read" in row[0] and "2048 MiB" in row[0]
+    assert row[1:] == ("0.50x the time", "<= 0.6x", "met")
+
+
 def test_summary_of_the_lean_stage(tmp_path):
     def part(mem, host, runners=0, runner_us=None):
         return {"graph_mem_bytes": mem, "pool_growth_bytes": mem, "host_steady_us": host, "pieces": runners + 1,

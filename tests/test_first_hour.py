@@ -50,19 +50,15 @@ def test_force_removes_an_older_runs_files_and_nothing_else(tmp_path):
 
 
 def test_capture_that_fails_before_writing_leaves_no_directory(tmp_path):
-    """A model refused once it is built (a sliding window shorter than --max-kv-len): nothing was measured."""
-    import json
-    from pathlib import Path
+    """A model refused once it is built (DiffLlama calls its attention twice a layer, which the probe of its
+    attention calls finds): nothing was measured."""
+    from tests.arch_configs import write_config
 
-    cfg = json.loads((Path(__file__).parents[1] / "profiles/models/tiny-llama.json").read_text())["config"]
-    cfg.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=64)
-    cfg.pop("rope_scaling")
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    path = write_config("diffllama", tmp_path)
     out = tmp_path / "o"
-    p = subprocess.run([sys.executable, "-m", "gmtool", "capture", "--device", "cpu", "--model",
-                        str(tmp_path / "config.json"), "--max-kv-len", "160", "--buckets", "4", "--out", str(out)],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 2 and "sliding-window" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run([sys.executable, "-m", "gmtool", "capture", "--device", "cpu", "--model", str(path),
+                        "--buckets", "4", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "calls its attention 2 times" in p.stderr and "Traceback" not in p.stderr
     assert not out.exists()
 
 

@@ -80,3 +80,25 @@ def test_compare_with_fuse(tmp_path, extra):
     assert rows and all(r["status"] == "ok" and r["max_rel_err"] < 1e-4 for r in rows)
     if extra:
         assert {r["piecewise_impl"] for r in rows if r["mode"] == "piecewise"} == {"fx"}
+
+
+# each feature family: what --fuse leaves, named (the fused attention passes the layer's window, cap and sinks on)
+FEATURE_FUSE = {
+    "tiny-gemma2": (2, {"MLP activation gelu_pytorch_tanh", "residual add not fused into RMSNorm for Gemma2Model"}),
+    "tiny-gpt-oss": (0, {"a rotary embedding other than rotate-half over the whole head (GptOssAttention)",
+                         "residual add not fused into RMSNorm for GptOssModel"}),
+    "tiny-deepseek-v2": (0, {"attention without q/k/v/o projections",
+                             "residual add not fused into RMSNorm for DeepseekV2Model"}),
+}
+
+
+@pytest.mark.parametrize("model", FEATURE_FUSE)
+def test_fuse_covers_feature_families_exactly_or_names_why(model):
+    rig = Rig(model=model, buckets=(4, 32), max_kv_len=64)
+    b = rig.batch("20+3@30", seed=2)  # crosses tiny-gemma2's window (24)
+    fused = fuse_layers(rig.lm.model, "torch", rig.lm.layout)
+    attention, skipped = FEATURE_FUSE[model]
+    assert fused.counts["attention"] == attention and set(fused.skipped) == skipped
+    out = rig.eager(b)
+    with unfused(fused):
+        assert rel(out, rig.eager(b)) < 1e-5

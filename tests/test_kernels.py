@@ -166,7 +166,7 @@ def _compile_for_hopper(jit_fn, consts, dtype="bf16"):
     def arg_type(name):
         if name.endswith("_ptr"):
             return "*i64" if name in _INDEX_PTRS else "*fp32" if name in ("part_ptr", "lse_ptr") else "*" + dtype
-        return "fp32" if name == "qk_scale" else "i32"
+        return "fp32" if name in ("qk_scale", "scale") else "i32"
     return compile_for_hopper(jit_fn, consts, arg_type)
 
 
@@ -182,15 +182,25 @@ def test_kernels_compile_for_hopper():
         from triton.backends.compiler import GPUTarget  # noqa: F401
     except ImportError:
         pytest.skip("this triton has another AOT compile API")
-    dec = dict(NUM_HEADS=16, G=2, G_PAD=16, D=128, D_PAD=128, PAGE=16, BLOCK_N=64, PREC="tf32")
+    plain = dict(WINDOW=0, SOFTCAP=0.0, SINKS=False)
+    feats = dict(WINDOW=4096, SOFTCAP=50.0, SINKS=True)  # every layer option at once (gmtool.model.attention)
+    dec = dict(NUM_HEADS=16, G=2, G_PAD=16, D=128, D_PAD=128, DV=128, DV_PAD=128, PAGE=16, BLOCK_N=64, PREC="tf32")
     for splits in (1, 5):
-        assert _compile_for_hopper(da._decode_split_kernel, {**dec, "NUM_SPLITS": splits}).asm["cubin"]
-    assert _compile_for_hopper(da._combine_kernel, dict(NUM_HEADS=16, D=128, D_PAD=128, NUM_SPLITS=5, S_PAD=8))
+        for opts in (plain, feats):
+            assert _compile_for_hopper(da._decode_split_kernel, {**dec, **opts, "NUM_SPLITS": splits}).asm["cubin"]
+    for sinks in (False, True):
+        assert _compile_for_hopper(da._combine_kernel, dict(NUM_HEADS=16, D=128, D_PAD=128, NUM_SPLITS=5, S_PAD=8,
+                                                            SINKS=sinks))
     for wide in (False, True):
-        assert _compile_for_hopper(pa._varlen_kernel, dict(G=2, D=128, D_PAD=128, PAGE=16, BLOCK_M=64, BLOCK_N=64,
-                                                            WIDE=wide, PREC="tf32"))
-    assert _compile_for_hopper(kw._write_kv_kernel, dict(HKV=8, H_PAD=8, D=128, D_PAD=128, PAGE=16))
-    fp32 = {**dec, "D": 96, "NUM_SPLITS": 3, "PREC": "ieee"}  # fp32 check path, head_dim padded
+        for opts in (plain, feats):
+            assert _compile_for_hopper(pa._varlen_kernel, dict(G=2, D=128, D_PAD=128, DV=128, DV_PAD=128, PAGE=16,
+                                                                BLOCK_M=64, BLOCK_N=64, WIDE=wide, PREC="tf32",
+                                                                **opts))
+    mla = dict(G=16, D=192, D_PAD=256, DV=128, DV_PAD=128, PAGE=16, BLOCK_M=64, BLOCK_N=32, WIDE=True, PREC="tf32")
+    assert _compile_for_hopper(pa._varlen_kernel, {**mla, **plain})  # DeepSeek's K 192 / V 128
+    assert _compile_for_hopper(kw._write_kv_kernel, dict(HKV=8, H_PAD=8, D=128, D_PAD=128, DV=128, DV_PAD=128,
+                                                         PAGE=16))
+    fp32 = {**dec, **plain, "D": 96, "DV": 96, "NUM_SPLITS": 3, "PREC": "ieee"}  # fp32 check path, head_dim padded
     assert _compile_for_hopper(da._decode_split_kernel, fp32, dtype="fp32")
 
 

@@ -52,6 +52,7 @@ def M(id, file, old, new, tests, desc) -> Mutant:
 JUDGE = "tests/test_judge.py::"
 KILLS = "tests/test_mutant_kills.py::"
 EXEC = "tests/test_executor.py::"
+FEAT = "tests/test_attention_features.py::"
 INPUTS = "tests/test_inputs.py::"
 BUCKETS = "tests/test_buckets.py::"
 VMM = "tests/test_vmm_bookkeeping.py::"
@@ -160,18 +161,41 @@ MUTANTS: list[Mutant] = [
        EXEC + "test_runner_with_stale_metadata_gives_wrong_result"),
       "replay never refreshes ctx.plan: runners attend with the capture batch's plan"),
     M("runner-frozen-context", "gmtool/core/forwards.py",
-      "AttentionRunner(layer, q_in, out, scale, entry.ctx)",
-      'AttentionRunner(layer, q_in, out, scale, __import__("copy").copy(entry.ctx))',
+      "AttentionRunner(layer, q_in, out, scale, entry.ctx, opts)",
+      'AttentionRunner(layer, q_in, out, scale, __import__("copy").copy(entry.ctx), opts)',
       EXEC + "test_piecewise_matches_eager_for_prefill_mixes[tiny-qwen3]",
       "runners hold a snapshot of the capture's context, not the live one"),
     M("masked-attention-no-diagonal", "gmtool/model/attention.py",
-      "return kv_pos[None, :] <= positions[:, None]", "return kv_pos[None, :] < positions[:, None]",
+      "seen = kv_pos[None, :] <= positions[:, None]", "seen = kv_pos[None, :] < positions[:, None]",
       EXEC + "test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe",
       "masked varlen attention: a token does not attend to itself"),
     M("decode-attention-one-past", "gmtool/model/attention.py",
-      "valid = pos[None, :] < kv_lens.clamp_min(1)[:, None]", "valid = pos[None, :] <= kv_lens.clamp_min(1)[:, None]",
+      "valid = pos[None, :] < lens", "valid = pos[None, :] <= lens",
       "tests/test_compare.py::test_peer_static_cache_matches_gmtool_eager",
       "decode attention reads one slot past kv_len (eager and graph alike: only HF can tell)"),
+
+    # -- per-layer attention options (attention.LayerOpts) --------------------------------------------------
+    M("window-one-too-wide", "gmtool/model/attention.py",
+      "seen &= kv_pos[None, :] > positions[:, None] - opts.window",
+      "seen &= kv_pos[None, :] >= positions[:, None] - opts.window",
+      FEAT + "test_chunked_prefill_reference[window-per_token]",
+      "sliding window: a token sees one position more than the model's window"),
+    M("decode-window-ignored", "gmtool/model/attention.py",
+      "valid &= pos[None, :] >= lens - opts.window", "valid &= pos[None, :] >= 0",
+      FEAT + "test_decode_reference[window]",
+      "decode attention reads the whole context of a sliding-window layer"),
+    M("sinks-dropped", "gmtool/model/attention.py",
+      "    if opts.sinks is None:\n        return torch.nan_to_num(", "    if True:\n        return torch.nan_to_num(",
+      FEAT + "test_decode_reference[sinks]",
+      "learned attention sinks left out of the softmax"),
+    M("softcap-ignored", "gmtool/model/attention.py",
+      "    if opts.softcap is None:\n        return scores", "    if True:\n        return scores",
+      FEAT + "test_chunked_prefill_reference[softcap-planned]",
+      "attention-logit soft-cap not applied"),
+    M("final-logit-softcap-dropped", "gmtool/model/families.py",
+      '"gemma2": Family(logits=_final_softcap)', '"gemma2": Family()',
+      "tests/test_architectures.py::test_gmtool_attention_computes_what_transformers_does[tiny-gemma2]",
+      "Gemma 2's final logit soft-cap not applied by gmtool's forward"),
 
     # -- the KV write (attention.write_kv, check.poison_kv) -----------------------------------------------
     M("kv-write-dropped", "gmtool/model/attention.py",

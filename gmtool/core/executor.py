@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gmtool.model.attention import TORCH_ATTENTION, ForwardContext, forward_context
+from gmtool.model.attention import PLAIN, TORCH_ATTENTION, ForwardContext, LayerOpts, forward_context
 from gmtool.core.backends import make_backend
 from gmtool.core.batch import Batch
 from gmtool.core.buckets import BucketKey, BucketPolicy
@@ -37,9 +37,10 @@ class AttentionRunner:
     out: torch.Tensor
     scale: float
     ctx: ForwardContext
+    opts: LayerOpts = PLAIN
 
     def replay(self) -> None:
-        self.ctx.attend_cached(self.layer, self.q, self.scale, out=self.out)
+        self.ctx.attend_cached(self.layer, self.q, self.scale, out=self.out, opts=self.opts)
 
 
 @dataclass
@@ -115,12 +116,13 @@ class GraphExecutor:
         self.lm, self.cache, self.policy, self.mode, self.device = lm, cache, policy, mode, device
         self.inputs = PersistentInputs(policy.max_tokens, max_num_seqs, cache.spec.blocks_per_seq,
                                        lm.vocab_size, lm.model.dtype, device)
-        # piecewise: one attention-output buffer and one query buffer for every layer and bucket (each piece
-        # consumes the output before the next runner overwrites it; each runner reads q before the next piece
-        # writes it); under --tp, this rank's heads
-        self.attn_out = torch.zeros(policy.max_tokens, lm.rank_heads, lm.head_dim, dtype=lm.model.dtype,
+        # piecewise: one attention-output buffer (V's head dim) and one query buffer (K's) for every layer and
+        # bucket (each piece consumes the output before the next runner overwrites it; each runner reads q before
+        # the next piece writes it); under --tp, this rank's heads
+        self.attn_out = torch.zeros(policy.max_tokens, lm.rank_heads, cache.spec.v_dim, dtype=lm.model.dtype,
                                     device=device)
-        self.attn_q = torch.zeros_like(self.attn_out) if mode.piecewise else None
+        self.attn_q = (torch.zeros(policy.max_tokens, lm.rank_heads, lm.head_dim, dtype=lm.model.dtype, device=device)
+                       if mode.piecewise else None)
         self.backend = make_backend(device)
         self.memory = memory
         self.attention = attention or TORCH_ATTENTION  # the attention backend object (gmtool.kernels)

@@ -35,15 +35,15 @@ class RuntimeSplit(WholeGraph):
     label = "breakable"
 
     def record(self, ex, entry, fn) -> None:
-        def attention_break(layer, q, k, v, scale):
+        def attention_break(layer, q, k, v, scale, opts):
             # the K/V write and a copy of q end the piece: the runner then holds no tensor of the piece
             # (holding them would keep every layer's q/k/v alive in the pool), and launches only the attention
             entry.ctx.write_kv(layer, k, v)
             q_in = ex.attn_q[: q.shape[0]]
             q_in.copy_(q)
             entry.steps.append(ex.backend.end())
-            out = ex.attn_out[: q.shape[0]]
-            entry.steps.append(AttentionRunner(layer, q_in, out, scale, entry.ctx))
+            out = ex.attn_out[: q.shape[0], :, : v.shape[-1]]
+            entry.steps.append(AttentionRunner(layer, q_in, out, scale, entry.ctx, opts))
             ex.backend.begin()
             return out
 

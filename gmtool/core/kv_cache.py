@@ -23,6 +23,11 @@ class KVCacheSpec:
     block_size: int = 16
     max_kv_len: int = 1024
     dtype: torch.dtype = torch.bfloat16
+    v_head_dim: int | None = None  # V's own head dim where it differs from K's (DeepSeek MLA); None: head_dim
+
+    @property
+    def v_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
 
     @property
     def blocks_per_seq(self) -> int:
@@ -31,7 +36,7 @@ class KVCacheSpec:
     @property
     def bytes_per_block(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        return self.num_layers * self.block_size * self.num_kv_heads * (self.head_dim + self.v_dim) * elem
 
     @property
     def bytes_per_token(self) -> int:
@@ -43,10 +48,10 @@ class PagedKVCache:
         if num_blocks < 2:
             raise GmtoolError("the KV cache needs at least 2 blocks (one is the null block)")
         self.spec, self.num_blocks, self.device = spec, num_blocks, device
-        shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        shape = (num_blocks, spec.block_size, spec.num_kv_heads)
         try:
-            self.k = [torch.empty(shape, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)]
-            self.v = [torch.empty(shape, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)]
+            self.k = [torch.empty(*shape, spec.head_dim, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)]
+            self.v = [torch.empty(*shape, spec.v_dim, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)]
         except torch.OutOfMemoryError:
             raise OutOfMemory(
                 f"KV cache of {num_blocks} blocks ({num_blocks * spec.bytes_per_block / 2**30:.1f} GiB) "

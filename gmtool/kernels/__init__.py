@@ -68,18 +68,27 @@ class TritonAttention:
         """Grid (num_seqs, max_q_len); the lengths themselves are read from the device."""
         return (len(plan), max((q for q, _ in plan), default=0))
 
-    def decode(self, ctx, q, kc, vc, scale, out):
-        return self._decode(q, kc, vc, ctx.views.block_tables, ctx.views.kv_lens, scale, out=out)
+    def decode(self, ctx, q, kc, vc, scale, out, opts=None):
+        return self._decode(q, kc, vc, ctx.views.block_tables, ctx.views.kv_lens, scale, out=out, **_kw(opts))
 
-    def masked(self, ctx, q, kc, vc, scale, out):
+    def masked(self, ctx, q, kc, vc, scale, out, opts=None):
         v = ctx.views
-        return self._varlen_wide(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, ctx.num_seqs, scale, out=out)
+        return self._varlen_wide(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, ctx.num_seqs, scale, out=out,
+                                 **_kw(opts))
 
-    def planned(self, ctx, q, kc, vc, scale, out):
+    def planned(self, ctx, q, kc, vc, scale, out, opts=None):
         sig = ctx.signature  # computed once per step (ForwardContext.prepare), not per layer
         ctx.planned_with.append(sig)
         v = ctx.views
-        return self._varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, sig[0], sig[1], scale, out=out)
+        return self._varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, sig[0], sig[1], scale, out=out,
+                            **_kw(opts))
+
+
+def _kw(opts) -> dict:
+    """A layer's LayerOpts as the kernels' keyword arguments."""
+    if opts is None or opts.plain:
+        return {}
+    return {"window": opts.window, "softcap": opts.softcap, "sinks": opts.sinks}
 
 
 @functools.cache

@@ -41,11 +41,12 @@ def median_ms(fn, warmup: int = 10, iters: int = 50) -> float:
 
 def decode_bandwidth(B: int = 32, kv_len: int = 4096, Hkv: int = 8, G: int = 2, D: int = 128,
                      dtype: torch.dtype = torch.bfloat16, block_size: int = 16, warmup: int = 10,
-                     iters: int = 50, rounds: int = 3, **kernel_kw) -> DecodeBandwidth:
+                     iters: int = 50, rounds: int = 3, window: int | None = None, **kernel_kw) -> DecodeBandwidth:
     """Every sequence at kv_len, blocks scattered over the cache; kernel_kw go to decode_attention
-    (num_splits, block_n, num_warps, num_stages). The kernel and the copy are timed back to back, `rounds`
-    times: the round with the best ratio is kept, since a neighbour on the shared GPU can only slow one of the
-    pair down, never speed it up."""
+    (num_splits, block_n, num_warps, num_stages). With a sliding window the kernel must read only the window's
+    tokens, and kv_bytes counts those. The kernel and the copy are timed back to back, `rounds` times: the round
+    with the best ratio is kept, since a neighbour on the shared GPU can only slow one of the pair down, never
+    speed it up."""
     from gmtool.kernels.decode_attention import choose_num_splits, decode_attention
     from gmtool.kernels.common import num_sms
 
@@ -58,10 +59,11 @@ def decode_bandwidth(B: int = 32, kv_len: int = 4096, Hkv: int = 8, G: int = 2, 
     kv_lens = torch.full((B,), kv_len, dtype=torch.int64, device=dev)
     q = torch.randn(B, Hkv * G, D, device=dev, dtype=dtype)
     out = torch.empty_like(q)
-    splits = kernel_kw.pop("num_splits", None) or choose_num_splits(B, Hkv, per_seq * block_size, num_sms(dev))
+    seen = min(kv_len, window or kv_len)
+    splits = kernel_kw.pop("num_splits", None) or choose_num_splits(B, Hkv, seen, num_sms(dev))
     run = lambda: decode_attention(q, k_cache, v_cache, tables, kv_lens, D ** -0.5,  # noqa: E731
-                                   num_splits=splits, out=out, **kernel_kw)
-    kv_bytes = 2 * B * kv_len * Hkv * D * k_cache.element_size()
+                                   num_splits=splits, out=out, window=window, **kernel_kw)
+    kv_bytes = 2 * B * seen * Hkv * D * k_cache.element_size()
     src = torch.empty(kv_bytes, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     best = None

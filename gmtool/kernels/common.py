@@ -34,8 +34,8 @@ def num_sms(device: torch.device) -> int:
 
 
 def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    # One set of strides serves both caches, and D must be contiguous for vectorized loads.
-    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
-        raise ValueError("k_cache and v_cache must have the same shape and strides")
-    if k_cache.dim() != 4 or k_cache.stride(-1) != 1:
+    # K and V share pages (blocks, tokens, kv heads); V may have its own head dim. D contiguous for vector loads.
+    if k_cache.shape[:3] != v_cache.shape[:3]:
+        raise ValueError("k_cache and v_cache must have the same blocks, block size and kv heads")
+    if k_cache.dim() != 4 or k_cache.stride(-1) != 1 or v_cache.dim() != 4 or v_cache.stride(-1) != 1:
         raise ValueError("caches must be [num_blocks, block_size, num_kv_heads, head_dim], head_dim contiguous")

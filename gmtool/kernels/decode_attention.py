@@ -7,6 +7,10 @@ at run time, and each program reads only the pages that cover its share of [0, k
 Stage 1: grid (B, Hkv, num_splits). A program owns all G query heads of one kv head (so K/V are read once
 per kv head, not G times) and one contiguous split of the sequence; online softmax in fp32, exp2 domain.
 Stage 2: grid (B, H) combines the splits by log-sum-exp. With one split stage 1 writes the output itself.
+
+Layer options (compile-time constants, static per layer): a sliding window reads only the last WINDOW tokens'
+pages, the splits dividing the window rather than the whole sequence; SOFTCAP caps the logits; learned sinks
+join the softmax's denominator once, where the splits are combined. V may have its own head dim (DV).
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import triton
 import triton.language as tl
 
 from gmtool.kernels.common import LOG2E, NEG_INIT, check_cache, dot_precision, num_sms, pow2
+from gmtool.kernels.jit_helpers import softcap_log2
 
 _NEG = tl.constexpr(NEG_INIT)
 BLOCK_N = 64  # tokens per iteration: several 16-token pages, so each step has enough bytes in flight
@@ -41,29 +46,37 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, sms: int) 
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
-    qk_scale,
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, sink_ptr,
+    qk_scale, scale,
     stride_qb, stride_qh,
     stride_kblk, stride_kt, stride_kh,
+    stride_vblk, stride_vt, stride_vh,
     stride_btb, stride_btn,
     stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    DV: tl.constexpr, DV_PAD: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PREC: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
 
     kv_len = tl.load(lens_ptr + b)
-    # Splits divide this sequence's own length, rounded to whole tiles: short sequences stay cheap.
-    per_split = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * per_split
+    first = kv_len * 0  # the first token this query sees: the window's start, else 0
+    if WINDOW > 0:
+        first = tl.maximum(kv_len - WINDOW, 0)
+    # Splits divide what this sequence's query sees, rounded to whole tiles: short sequences stay cheap.
+    per_split = tl.cdiv(tl.cdiv(kv_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = first + split * per_split
     hi = tl.minimum(lo + per_split, kv_len)
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
+    dv = tl.arange(0, DV_PAD)
     g_ok = g < G
     d_ok = d < D
+    dv_ok = dv < DV
     heads = kvh * G + g
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
                 mask=g_ok[:, None] & d_ok[None, :], other=0.0)
@@ -71,45 +84,52 @@ def _decode_split_kernel(
 
     m_i = tl.full([G_PAD], _NEG, tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, DV_PAD], tl.float32)
     bt_row = bt_ptr + b * stride_btb
-    head_off = kvh * stride_kh
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < hi
         page = tl.load(bt_row + (n // PAGE) * stride_btn, mask=n_ok, other=0).to(tl.int64)
-        tok = page * stride_kblk + (n % PAGE) * stride_kt + head_off
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_ptr + tok[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        tok = page * stride_kblk + (n % PAGE) * stride_kt + kvh * stride_kh
+        k = tl.load(k_ptr + tok[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if SOFTCAP > 0:
+            s = softcap_log2(tl.dot(q, tl.trans(k), input_precision=PREC) * scale, SOFTCAP)
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         s = tl.where(n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         # Masked V rows must be zeros, not whatever the page holds: 0 * NaN would poison the tile.
-        v = tl.load(v_ptr + tok[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        vtok = page * stride_vblk + (n % PAGE) * stride_vt + kvh * stride_vh
+        v = tl.load(v_ptr + vtok[:, None] + dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
 
     # An empty split (or kv_len == 0) has l == 0 and acc == 0: it contributes zeros, never NaN.
     has = l_i > 0
-    o = acc / tl.where(has, l_i, 1.0)[:, None]
-    out_mask = g_ok[:, None] & d_ok[None, :]
+    out_mask = g_ok[:, None] & dv_ok[None, :]
     if NUM_SPLITS == 1:
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+        total = l_i
+        if SINKS:  # the sink's column joins the denominator (its value row is zero)
+            total += tl.exp2(tl.load(sink_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+                             - m_i)
+        o = acc / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dv[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
+        o = acc / tl.where(has, l_i, 1.0)[:, None]
         row = (b * NUM_HEADS + heads) * NUM_SPLITS + split
-        tl.store(part_ptr + row[:, None] * D + d[None, :], o, mask=out_mask)
+        tl.store(part_ptr + row[:, None] * DV + dv[None, :], o, mask=out_mask)
         tl.store(lse_ptr + row, tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf")), mask=g_ok)
 
 
 @triton.jit
 def _combine_kernel(
-    part_ptr, lse_ptr, out_ptr, stride_ob, stride_oh,
+    part_ptr, lse_ptr, out_ptr, sink_ptr, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -123,14 +143,18 @@ def _combine_kernel(
     top = tl.where(top == float("-inf"), 0.0, top)  # every split empty: weights become 0, output 0
     w = tl.exp2(lse - top)
     total = tl.sum(w, 0)
+    if SINKS:  # once per head, not per split
+        total += tl.exp2(tl.load(sink_ptr + h).to(tl.float32) * 1.4426950408889634 - top)
     o = tl.load(part_ptr + row[:, None] * D + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     res = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, kv_lens, scale, num_splits=None, out=None,
-                     block_n: int = BLOCK_N, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES):
-    """q [B, H, D] -> [B, H, D]; sequence b attends to its first kv_lens[b] tokens via block_tables[b].
+                     block_n: int = BLOCK_N, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
+                     window: int | None = None, softcap: float | None = None, sinks=None):
+    """q [B, H, Dk] -> [B, H, Dv]; sequence b attends to its first kv_lens[b] tokens via block_tables[b], the
+    last `window` of them with a window; softcap caps the logits; sinks [H] are per-head sink logits.
 
     kv_lens[b] == 0 (a padded slot) gives zeros. Buffers allocated here have bucket-only shapes, so the
     call can be captured in a CUDA graph (after one eager call has compiled the kernels).
@@ -140,36 +164,41 @@ def decode_attention(q, k_cache, v_cache, block_tables, kv_lens, scale, num_spli
         q = q.contiguous()
     batch, heads, dim = q.shape
     _, page, kv_heads, cache_dim = k_cache.shape
+    dv = v_cache.shape[-1]
     if cache_dim != dim or heads % kv_heads:
         raise ValueError(f"q {tuple(q.shape)} does not fit a cache with {kv_heads} kv heads of dim {cache_dim}")
     group = heads // kv_heads
     if num_splits is None:
-        num_splits = choose_num_splits(batch, kv_heads, block_tables.shape[1] * page, num_sms(q.device))
+        seen = block_tables.shape[1] * page if window is None else min(window, block_tables.shape[1] * page)
+        num_splits = choose_num_splits(batch, kv_heads, seen, num_sms(q.device))
     if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.stride(-1) != 1:
-        raise ValueError(f"out must be {tuple(q.shape)} with head_dim contiguous")
-    d_pad = pow2(dim, 16)
+        out = q.new_empty(batch, heads, dv)
+    elif out.shape != (batch, heads, dv) or out.stride(-1) != 1:
+        raise ValueError(f"out must be {(batch, heads, dv)} with head_dim contiguous")
+    dv_pad = pow2(dv, 16)
     if num_splits > 1:
-        part = torch.empty(batch * heads * num_splits * dim, dtype=torch.float32, device=q.device)
+        part = torch.empty(batch * heads * num_splits * dv, dtype=torch.float32, device=q.device)
         lse = torch.empty(batch * heads * num_splits, dtype=torch.float32, device=q.device)
     else:
         part = lse = out  # unused by the one-split variant
+    sink_arg = sinks if sinks is not None else lse
     _decode_split_kernel[(batch, kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, kv_lens, out, part, lse,
-        scale * LOG2E,
+        q, k_cache, v_cache, block_tables, kv_lens, out, part, lse, sink_arg,
+        scale * LOG2E, scale,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), block_tables.stride(1),
         out.stride(0), out.stride(1),
-        NUM_HEADS=heads, G=group, G_PAD=pow2(group, 16), D=dim, D_PAD=d_pad,
+        NUM_HEADS=heads, G=group, G_PAD=pow2(group, 16), D=dim, D_PAD=pow2(dim, 16), DV=dv, DV_PAD=dv_pad,
         PAGE=page, BLOCK_N=block_n, NUM_SPLITS=num_splits, PREC=dot_precision(k_cache.dtype),
+        WINDOW=window or 0, SOFTCAP=float(softcap or 0.0), SINKS=sinks is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _combine_kernel[(batch, heads)](
-            part, lse, out, out.stride(0), out.stride(1),
-            NUM_HEADS=heads, D=dim, D_PAD=d_pad, NUM_SPLITS=num_splits, S_PAD=pow2(num_splits),
-            num_warps=NUM_WARPS,
+            part, lse, out, sink_arg, out.stride(0), out.stride(1),
+            NUM_HEADS=heads, D=dv, D_PAD=dv_pad, NUM_SPLITS=num_splits, S_PAD=pow2(num_splits),
+            SINKS=sinks is not None, num_warps=NUM_WARPS,
         )
     return out

@@ -15,8 +15,9 @@ from gmtool.kernels.common import check_cache, pow2
 def _write_kv_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cblk, stride_ct, stride_ch,
-    HKV: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
+    stride_cblk, stride_ct, stride_ch, stride_vblk, stride_vct, stride_vch,
+    HKV: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    DV: tl.constexpr, DV_PAD: tl.constexpr, PAGE: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)
@@ -27,13 +28,16 @@ def _write_kv_kernel(
     mask = (h < HKV)[:, None] & (d < D)[None, :]
     dst = (slot // PAGE) * stride_cblk + (slot % PAGE) * stride_ct + h[:, None] * stride_ch + d[None, :]
     k = tl.load(k_ptr + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
-    v = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
     tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
-    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
+    dv = tl.arange(0, DV_PAD)
+    vmask = (h < HKV)[:, None] & (dv < DV)[None, :]
+    vdst = (slot // PAGE) * stride_vblk + (slot % PAGE) * stride_vct + h[:, None] * stride_vch + dv[None, :]
+    v = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + dv[None, :], mask=vmask)
+    tl.store(vc_ptr + vdst, v.to(vc_ptr.dtype.element_ty), mask=vmask)
 
 
 def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
-    """k, v [T, Hkv, D] into the caches at slot_mapping [T]; negative slots are left out."""
+    """k [T, Hkv, Dk], v [T, Hkv, Dv] into the caches at slot_mapping [T]; negative slots are left out."""
     check_cache(k_cache, v_cache)
     if k.stride(-1) != 1:
         k = k.contiguous()
@@ -42,12 +46,16 @@ def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
     tokens, kv_heads, dim = k.shape
     if tokens == 0:
         return
-    if tuple(k_cache.shape[2:]) != (kv_heads, dim) or v.shape != k.shape:
-        raise ValueError(f"k/v {tuple(k.shape)} do not fit cache blocks {tuple(k_cache.shape[1:])}")
+    dv = v.shape[-1]
+    if tuple(k_cache.shape[2:]) != (kv_heads, dim) or tuple(v_cache.shape[2:]) != (kv_heads, dv) \
+            or v.shape[0] != tokens:
+        raise ValueError(f"k/v {tuple(k.shape)}/{tuple(v.shape)} do not fit cache blocks "
+                         f"{tuple(k_cache.shape[1:])}/{tuple(v_cache.shape[1:])}")
     _write_kv_kernel[(tokens,)](
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        HKV=kv_heads, H_PAD=pow2(kv_heads), D=dim, D_PAD=pow2(dim), PAGE=k_cache.shape[1],
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        HKV=kv_heads, H_PAD=pow2(kv_heads), D=dim, D_PAD=pow2(dim), DV=dv, DV_PAD=pow2(dv), PAGE=k_cache.shape[1],
         num_warps=4,
     )

@@ -2,6 +2,8 @@
 
 Stages (each writes bench-<stage>.json into --out; the table is built from whatever stages ran):
   kernel   decode attention K/V bandwidth against a device copy (batch 32, kv 4096)
+  window   sliding-window decode attention at gemma-2-2b's shapes (window 4096) at kv 8192, against full
+           attention over the same kv: time and K/V bytes read
   decode   gmtool full graphs, batch 1 and 32 at kv 1024 and 4096 (host time per replay too)
   fused    the same with --fuse (gmtool's fused layers: fewer kernels per step)
   compile  the same with --compile (Inductor, then captured)
@@ -29,7 +31,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-STAGES = ("kernel", "decode", "fused", "compile", "compile-fused", "peer", "prefill", "capture", "lean", "host")
+STAGES = ("kernel", "window", "decode", "fused", "compile", "compile-fused", "peer", "prefill", "capture", "lean", "host")
 LEAN_TOKENS = (128, 512)
 # decode stages: (stage, label, --compile, --fuse, goal against hf-compiled)
 DECODE_VARIANTS = (("decode", "full", False, False, 1.2), ("fused", "full --fuse", False, True, 1.2),
@@ -67,6 +69,21 @@ def stage_kernel(args) -> dict:
     bw = decode_bandwidth(B=32, kv_len=4096)
     return {"kernel_ms": bw.kernel_ms, "kv_bytes": bw.kv_bytes, "kernel_GBps": bw.kernel_bytes_per_s / 1e9,
             "copy_GBps": bw.copy_bytes_per_s / 1e9, "ratio": bw.ratio, "num_splits": bw.num_splits}
+
+
+WINDOW_SHAPE = dict(B=32, kv_len=8192, Hkv=4, G=2, D=256)  # gemma-2-2b: 8 heads over 4 kv heads of dim 256
+GEMMA2_WINDOW = 4096
+
+
+def stage_window(args) -> dict:
+    from gmtool.kernels.bench import decode_bandwidth
+
+    out = {"shape": WINDOW_SHAPE, "window_tokens": GEMMA2_WINDOW}
+    for name, window in (("windowed", GEMMA2_WINDOW), ("full", None)):
+        bw = decode_bandwidth(**WINDOW_SHAPE, window=window)
+        out[name] = {"kernel_ms": bw.kernel_ms, "kv_bytes": bw.kv_bytes, "kernel_GBps": bw.kernel_bytes_per_s / 1e9,
+                     "copy_GBps": bw.copy_bytes_per_s / 1e9, "ratio": bw.ratio, "num_splits": bw.num_splits}
+    return out
 
 
 def stage_decode(args, compile_: bool = False, fuse: bool = False) -> dict:
@@ -285,6 +302,14 @@ def summary(out: Path, console: Console) -> list[tuple]:
     if k:
         rows.append((f"decode attention B=32 kv=4096: {k['kernel_GBps']:.0f} GB/s vs copy {k['copy_GBps']:.0f} GB/s",
                      f"{100 * k['ratio']:.0f}%", ">= 70%", "met" if k["ratio"] >= 0.7 else "NOT met"))
+    w = load("window")
+    if w and "windowed" in w:
+        win, full = w["windowed"], w["full"]
+        rows.append((f"sliding-window decode, gemma-2-2b shapes B=32 kv 8192 window {w['window_tokens']}: "
+                     f"{win['kernel_ms']:.3f} ms ({win['kv_bytes'] / 2**20:.0f} MiB read, {win['kernel_GBps']:.0f} GB/s) vs "
+                     f"full {full['kernel_ms']:.3f} ms ({full['kv_bytes'] / 2**20:.0f} MiB, {full['kernel_GBps']:.0f} GB/s)",
+                     f"{win['kernel_ms'] / full['kernel_ms']:.2f}x the time", "<= 0.6x",
+                     "met" if win["kernel_ms"] <= 0.6 * full["kernel_ms"] else "NOT met"))
     pf = load("prefill")
     if pf:
         for b in (512, 2048):
@@ -347,7 +372,7 @@ def main(argv=None) -> int:
         console.print("[red]error:[/] make bench needs CUDA (run it on the GPU machine)")
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    fns = {"kernel": stage_kernel, "peer": stage_peer, "prefill": stage_prefill, "capture": stage_capture,
+    fns = {"kernel": stage_kernel, "window": stage_window, "peer": stage_peer, "prefill": stage_prefill, "capture": stage_capture,
            "lean": stage_lean, "host": stage_host}
     for stage, _, compile_, fuse, _ in DECODE_VARIANTS:
         fns[stage] = lambda a, c=compile_, f=fuse: stage_decode(a, c, f)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 
-from gmtool.model import families
 from gmtool.model.attention import ForwardContext, forward_context
 from gmtool.core.batch import Batch, make_batch
 from gmtool.core.buckets import BucketKey
@@ -68,21 +67,22 @@ class Workbench:
         if device.type == "cpu":
             torch.set_num_threads(cpu_threads())
         lm = load_model(cfg.model, device, cfg.torch_dtype, cfg.seed)
-        why = families.run_refusal(lm.name, lm.config, cfg.max_kv_len)
-        if why:
-            raise GmtoolError(why)
         rank = _tp_rank(cfg)
         if cfg.tp > 1:  # before fusing: the fused QKV and gate/up weights are made of the rank's shards
             from gmtool.parallel.shard import shard_model
+
+            if any(o.sinks is not None for o in lm.layout.layers):  # [heads] parameters the split leaves whole
+                raise GmtoolError(f"--tp {cfg.tp}: {lm.name} has learned per-head attention sinks, which gmtool's "
+                                  "tensor-parallel split does not shard: run it with --tp 1")
 
             lm.notes.append(shard_model(lm.model, rank, cfg.tp))
             lm.tp = cfg.tp
         if cfg.fuse:
             from gmtool.model.fused import fuse_layers
 
-            lm.fused = fuse_layers(lm.model, cfg.attention_backend)
+            lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout)
         spec = KVCacheSpec(lm.num_layers, lm.rank_kv_heads, lm.head_dim, cfg.block_size, cfg.max_kv_len,
-                           cfg.torch_dtype)
+                           cfg.torch_dtype, v_head_dim=lm.layout.v_head_dim)
         if num_blocks is not None:
             cache = PagedKVCache(spec, num_blocks, device)
         else:

@@ -63,19 +63,49 @@ def _model_config(spec: str):
         return None
 
 
+def _field(config, name: str, default):
+    """A size from the (text) config; per-layer lists give their largest; a field the config holds per layer
+    only (transformers raises on reading it) or not at all gives the default."""
+    try:
+        v = getattr(config, name, None)
+    except Exception:  # noqa: BLE001 (transformers' per-layer attributes raise their own error type)
+        return default
+    if isinstance(v, (list, tuple)):
+        v = max((x for x in v if isinstance(x, (int, float))), default=None)
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and v else default
+
+
+def _meta_params(config) -> int | None:
+    """The model's exact parameter count, from the model built on the meta device (no memory; MoE experts
+    included, which the formula below leaves out); None when it cannot be built so."""
+    try:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 (loading says why a model cannot be built)
+        return None
+    return sum(p.numel() for p in model.parameters())
+
+
 def estimate(cfg: SweepConfig, config) -> Estimate:
-    g = lambda name, default=None: getattr(config, name, None) or default  # noqa: E731
+    from gmtool.model.families import text_config
+
+    full_config, config = config, text_config(config)
+    g = lambda name, default=None: _field(config, name, default)  # noqa: E731
     layers, hidden, vocab = g("num_hidden_layers", 1), g("hidden_size", 1), g("vocab_size", 1)
     heads = g("num_attention_heads", 1)
     kv_heads, head_dim = g("num_key_value_heads", heads), g("head_dim", hidden // heads)
     inter = g("intermediate_size", 4 * hidden)
     elem = torch.empty((), dtype=cfg.torch_dtype).element_size()
-    params = vocab * hidden * (1 if getattr(config, "tie_word_embeddings", False) else 2) + layers * (
-        hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * inter)
+    params = _meta_params(full_config) or vocab * hidden * (1 if getattr(config, "tie_word_embeddings", False) else 2) + \
+        layers * (hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * inter)
 
     width = math.ceil(cfg.max_kv_len / cfg.block_size)  # block-table entries per sequence
     length = width * cfg.block_size
-    block = 2 * layers * cfg.block_size * kv_heads * head_dim * elem
+    # MLA (DeepSeek) as transformers computes it: K of nope + rope dims, V of its own (the probe reads them later)
+    k_dim = (g("qk_nope_head_dim", 0) + g("qk_rope_head_dim", 0)) or head_dim
+    block = layers * cfg.block_size * kv_heads * (k_dim + g("v_head_dim", k_dim)) * elem
     seqs = max(c.num_seqs for cs in cfg.compositions_by_bucket.values() for c in cs)
     kv = (seqs * width + 1) * block
     if cfg.kv_cache_gb is not None:

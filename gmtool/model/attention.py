@@ -8,6 +8,10 @@ Three implementations, chosen per captured graph:
 - `planned`: varlen attention split on the host by the batch's q/kv lengths (as FlashAttention's max_seqlen
   or FlashInfer's plan are). Correct when run eagerly (piecewise runners do); a full graph keyed only by
   num_tokens bakes the capture-time split in, and replaying it with another mix is wrong.
+
+Each layer's options (`LayerOpts`: sliding window, logit soft-cap, learned sinks) are what the model passes to
+its attention function; they are static per layer, so a graph bakes them in while positions stay data. K and V
+may have different head dims (DeepSeek's MLA as transformers computes it): the output has V's.
 """
 from __future__ import annotations
 
@@ -24,6 +28,29 @@ from gmtool.core.kv_cache import PagedKVCache
 ATTN_NAME = "gmtool"
 
 
+@dataclass(frozen=True, eq=False)
+class LayerOpts:
+    """One layer's attention options, as transformers passes them to an attention function."""
+
+    window: int | None = None  # sliding window: a token sees the cache positions p with pos - window < p <= pos
+    softcap: float | None = None  # logits become softcap * tanh(logits / softcap) (Gemma 2)
+    sinks: torch.Tensor | None = None  # [H] learned per-head sink logits: one more softmax column, no value
+
+    @property
+    def plain(self) -> bool:
+        return self.window is None and self.softcap is None and self.sinks is None
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict) -> "LayerOpts":
+        window, softcap, sinks = kwargs.get("sliding_window"), kwargs.get("softcap"), kwargs.get("s_aux")
+        if window is None and softcap is None and sinks is None:
+            return PLAIN
+        return cls(int(window) if window else None, float(softcap) if softcap else None, sinks)
+
+
+PLAIN = LayerOpts()
+
+
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slots: torch.Tensor) -> None:
     """Scatter new K/V ([T, Hkv, D]) by slot; padding slots point into the null block."""
@@ -33,19 +60,46 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     vc.index_copy_(0, slots, v)
 
 
-def decode_attention(q, k_cache, v_cache, block_tables, kv_lens, scale) -> torch.Tensor:
-    """q [B, H, D]; each sequence reads its kv_lens[b] tokens through block_tables[b] (device buffers).
-    Reference: it gathers every block-table entry (the launch shape must not depend on kv_lens), so it reads
-    max_kv_len tokens per sequence; the Triton kernel reads only kv_lens[b]."""
-    b, h, d = q.shape
-    k = _gather(k_cache, block_tables)  # [B, L, Hkv, D]
+def decode_attention(q, k_cache, v_cache, block_tables, kv_lens, scale, opts: LayerOpts = PLAIN) -> torch.Tensor:
+    """q [B, H, Dk] -> [B, H, Dv]; each sequence reads its kv_lens[b] tokens through block_tables[b] (device
+    buffers). Reference: it gathers every block-table entry (the launch shape must not depend on kv_lens), so it
+    reads max_kv_len tokens per sequence; the Triton kernel reads only the window's share of kv_lens[b]."""
+    b, h, _ = q.shape
+    k = _gather(k_cache, block_tables)  # [B, L, Hkv, Dk]
     v = _gather(v_cache, block_tables)
-    qg = q.unflatten(1, (k.shape[2], h // k.shape[2]))  # [B, Hkv, G, D]
-    scores = _row_scores(qg, k).float() * scale
+    qg = q.unflatten(1, (k.shape[2], h // k.shape[2]))  # [B, Hkv, G, Dk]
+    scores = _logits(_row_scores(qg, k).float() * scale, opts)
     pos = torch.arange(k.shape[1], device=q.device)
-    valid = pos[None, :] < kv_lens.clamp_min(1)[:, None]  # padded sequences read the null block
-    p = scores.masked_fill(~valid[:, None, None, :], float("-inf")).softmax(-1)
-    return _row_weighted(p.to(v.dtype), v).reshape(b, h, d)
+    lens = kv_lens.clamp_min(1)[:, None]  # padded sequences read the null block
+    valid = pos[None, :] < lens
+    if opts.window is not None:
+        valid &= pos[None, :] >= lens - opts.window
+    p = _softmax(scores.masked_fill(~valid[:, None, None, :], float("-inf")), opts)
+    return _row_weighted(p.to(v.dtype), v).reshape(b, h, v.shape[-1])
+
+
+def _logits(scores: torch.Tensor, opts: LayerOpts) -> torch.Tensor:
+    """Scaled scores as the model's softmax sees them (soft-capped when the layer caps)."""
+    if opts.softcap is None:
+        return scores
+    return torch.tanh(scores / opts.softcap) * opts.softcap
+
+
+def _softmax(scores: torch.Tensor, opts: LayerOpts) -> torch.Tensor:
+    """softmax over the last dim of scores [N, Hkv, G, L]; with sinks, each head's sink logit joins the
+    denominator (and has no value row). A row with nothing valid gives zeros, never NaN."""
+    if opts.sinks is None:
+        return torch.nan_to_num(scores.softmax(-1), nan=0.0)
+    sink = opts.sinks.float().view(1, scores.shape[1], scores.shape[2], 1).expand(*scores.shape[:-1], 1)
+    return torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+
+
+def _visible(kv_pos: torch.Tensor, positions: torch.Tensor, opts: LayerOpts) -> torch.Tensor:
+    """[T, L]: token t sees the cache positions up to its own (itself included), within its window if any."""
+    seen = kv_pos[None, :] <= positions[:, None]
+    if opts.window is not None:
+        seen &= kv_pos[None, :] > positions[:, None] - opts.window
+    return seen
 
 
 def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
@@ -68,7 +122,8 @@ def _row_weighted(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 MASKED_CHUNK_BYTES = 32 << 20  # per-token masked attention: fp32 K gathered this many bytes at a time
 
 
-def masked_varlen_attention(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale) -> torch.Tensor:
+def masked_varlen_attention(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale,
+                            opts: LayerOpts = PLAIN) -> torch.Tensor:
     """Varlen causal attention with a launch shape fixed by (num_tokens, num_seqs); metadata from device.
     Two exact ways, picked from those two numbers alone: a pass per sequence over every token (num_seqs x
     num_tokens x heads x kv length), or each token reading its own sequence's blocks (num_tokens x kv length x
@@ -77,57 +132,54 @@ def masked_varlen_attention(q, k_cache, v_cache, views: StepViews, num_seqs: int
     length = views.block_tables.shape[1] * k_cache.shape[1]
     kv_pos = torch.arange(length, device=q.device)
     if num_seqs * h <= k_cache.shape[2] * d:
-        return _masked_per_sequence(q, k_cache, v_cache, views, num_seqs, scale, kv_pos)
-    return _masked_per_token(q, k_cache, v_cache, views, num_seqs, scale, kv_pos)
+        return _masked_per_sequence(q, k_cache, v_cache, views, num_seqs, scale, kv_pos, opts)
+    return _masked_per_token(q, k_cache, v_cache, views, num_seqs, scale, kv_pos, opts)
 
 
-def _causal(kv_pos: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """[T, L]: token t sees the cache positions up to its own (itself included)."""
-    return kv_pos[None, :] <= positions[:, None]
-
-
-def _masked_per_sequence(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale, kv_pos) -> torch.Tensor:
-    t, h, d = q.shape
-    out = torch.zeros(t, h, d, dtype=torch.float32, device=q.device)
+def _masked_per_sequence(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale, kv_pos,
+                         opts: LayerOpts) -> torch.Tensor:
+    t, h, _ = q.shape
+    dv = v_cache.shape[-1]
+    out = torch.zeros(t, h, dv, dtype=torch.float32, device=q.device)
     for s in range(num_seqs):
         k = _gather(k_cache, views.block_tables[s:s + 1])[0]  # [L, Hkv, D]
         v = _gather(v_cache, views.block_tables[s:s + 1])[0]
         qg = q.unflatten(1, (k.shape[1], h // k.shape[1])).float()
-        scores = torch.einsum("thgd,lhd->thgl", qg, k.float()) * scale  # [T, Hkv, G, L]
+        scores = _logits(torch.einsum("thgd,lhd->thgl", qg, k.float()) * scale, opts)  # [T, Hkv, G, L]
         mine = views.token_seq == s
-        valid = mine[:, None] & _causal(kv_pos, views.positions) & (kv_pos < views.kv_lens[s])
-        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-        p = torch.nan_to_num(scores.softmax(-1), nan=0.0)
-        out += torch.einsum("thgl,lhd->thgd", p, v.float()).reshape(t, h, d)
+        valid = mine[:, None] & _visible(kv_pos, views.positions, opts) & (kv_pos < views.kv_lens[s])
+        p = _softmax(scores.masked_fill(~valid[:, None, None, :], float("-inf")), opts)
+        out += torch.einsum("thgl,lhd->thgd", p, v.float()).reshape(t, h, dv)
     return out.to(q.dtype)
 
 
-def _masked_per_token(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale, kv_pos) -> torch.Tensor:
+def _masked_per_token(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale, kv_pos,
+                      opts: LayerOpts) -> torch.Tensor:
     t, h, d = q.shape
-    hkv = k_cache.shape[2]
+    hkv, dv = k_cache.shape[2], v_cache.shape[-1]
     mine = (views.token_seq >= 0) & (views.token_seq < num_seqs)  # padding tokens belong to no sequence
     seq = views.token_seq.clamp(0, num_seqs - 1)
-    valid = mine[:, None] & (kv_pos[None, :] < views.kv_lens[seq][:, None]) & _causal(kv_pos, views.positions)
+    valid = mine[:, None] & (kv_pos[None, :] < views.kv_lens[seq][:, None]) & _visible(kv_pos, views.positions, opts)
     tables = views.block_tables[seq]  # [T, W]: each token's own sequence's row
-    out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
-    chunk = max(1, MASKED_CHUNK_BYTES // (kv_pos.numel() * hkv * d * 4))
+    out = torch.empty(t, h, dv, dtype=q.dtype, device=q.device)
+    chunk = max(1, MASKED_CHUNK_BYTES // (kv_pos.numel() * hkv * max(d, dv) * 4))
     for a in range(0, t, chunk):
         b = min(t, a + chunk)
         k = _gather(k_cache, tables[a:b]).float()  # [C, L, Hkv, D]
         v = _gather(v_cache, tables[a:b]).float()
         qg = q[a:b].unflatten(1, (hkv, h // hkv)).float()
-        scores = _row_scores(qg, k) * scale  # [C, Hkv, G, L]
-        scores = scores.masked_fill(~valid[a:b, None, None, :], float("-inf"))
-        p = torch.nan_to_num(scores.softmax(-1), nan=0.0)  # a token with nothing valid (padding) gets 0
-        out[a:b] = _row_weighted(p, v).reshape(b - a, h, d)
+        scores = _logits(_row_scores(qg, k) * scale, opts)  # [C, Hkv, G, L]
+        p = _softmax(scores.masked_fill(~valid[a:b, None, None, :], float("-inf")), opts)
+        out[a:b] = _row_weighted(p, v).reshape(b - a, h, dv)
     return out
 
 
-def planned_varlen_attention(q, k_cache, v_cache, views: StepViews, plan, scale) -> torch.Tensor:
+def planned_varlen_attention(q, k_cache, v_cache, views: StepViews, plan, scale,
+                             opts: LayerOpts = PLAIN) -> torch.Tensor:
     """Varlen causal attention split on the host by `plan` = ((q_len, kv_len), ...)."""
-    t, h, d = q.shape
+    t, h, _ = q.shape
     bs = k_cache.shape[1]
-    out = torch.zeros_like(q)
+    out = torch.zeros(t, h, v_cache.shape[-1], dtype=q.dtype, device=q.device)
     start = 0
     for i, (q_len, kv_len) in enumerate(plan):
         nb = math.ceil(kv_len / bs)
@@ -139,7 +191,15 @@ def planned_varlen_attention(q, k_cache, v_cache, views: StepViews, plan, scale)
         vs = v.repeat_interleave(rep, 1).transpose(0, 1)
         prefix = kv_len - q_len
         mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(prefix)
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
+        if opts.window is not None:
+            mask &= ~torch.ones_like(mask).tril(prefix - opts.window)
+        if opts.softcap is None and opts.sinks is None:
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
+        else:  # SDPA has neither: the scores written out, [H, n, L]
+            scores = _logits(torch.matmul(qs.float(), ks.float().transpose(1, 2)) * scale, opts)
+            scores = scores.masked_fill(~mask, float("-inf")).transpose(0, 1).unflatten(1, (k.shape[1], rep))
+            p = _softmax(scores, opts).flatten(1, 2).transpose(0, 1)  # [n, Hkv, G, L] there, [H, n, L] back
+            o = torch.matmul(p, vs.float()).to(q.dtype)
         out[start:start + q_len] = o.transpose(0, 1)
         start += q_len
     return out
@@ -157,15 +217,15 @@ class TorchAttention:
         """The part of a host plan the planned implementation turns into launch shapes: it slices per sequence."""
         return plan
 
-    def decode(self, ctx, q, kc, vc, scale, out):
-        return _into(decode_attention(q, kc, vc, ctx.views.block_tables, ctx.views.kv_lens, scale), out)
+    def decode(self, ctx, q, kc, vc, scale, out, opts: LayerOpts = PLAIN):
+        return _into(decode_attention(q, kc, vc, ctx.views.block_tables, ctx.views.kv_lens, scale, opts), out)
 
-    def masked(self, ctx, q, kc, vc, scale, out):
-        return _into(masked_varlen_attention(q, kc, vc, ctx.views, ctx.num_seqs, scale), out)
+    def masked(self, ctx, q, kc, vc, scale, out, opts: LayerOpts = PLAIN):
+        return _into(masked_varlen_attention(q, kc, vc, ctx.views, ctx.num_seqs, scale, opts), out)
 
-    def planned(self, ctx, q, kc, vc, scale, out):
+    def planned(self, ctx, q, kc, vc, scale, out, opts: LayerOpts = PLAIN):
         ctx.planned_with.append(ctx.signature)
-        return _into(planned_varlen_attention(q, kc, vc, ctx.views, ctx.plan, scale), out)
+        return _into(planned_varlen_attention(q, kc, vc, ctx.views, ctx.plan, scale, opts), out)
 
 
 def _into(res: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -211,13 +271,15 @@ class ForwardContext:
     def write_kv(self, layer: int, k, v) -> None:
         self.backend.write_kv(self.cache.k[layer], self.cache.v[layer], k, v, self.views.slot_mapping)
 
-    def attend_cached(self, layer: int, q, scale, out: torch.Tensor | None = None) -> torch.Tensor:
+    def attend_cached(self, layer: int, q, scale, out: torch.Tensor | None = None,
+                      opts: LayerOpts = PLAIN) -> torch.Tensor:
         """Attention of q over the cache, the step's new K/V already written."""
-        return self._run(self, q, self.cache.k[layer], self.cache.v[layer], scale, out)
+        return self._run(self, q, self.cache.k[layer], self.cache.v[layer], scale, out, opts)
 
-    def attend(self, layer: int, q, k, v, scale, out: torch.Tensor | None = None) -> torch.Tensor:
+    def attend(self, layer: int, q, k, v, scale, out: torch.Tensor | None = None,
+               opts: LayerOpts = PLAIN) -> torch.Tensor:
         self.write_kv(layer, k, v)
-        return self.attend_cached(layer, q, scale, out)
+        return self.attend_cached(layer, q, scale, out, opts)
 
 
 _current: ForwardContext | None = None
@@ -252,23 +314,42 @@ def opaque_attention():
         _opaque = prev
 
 
+_probe: list | None = None  # gmtool.model.probe: records each call instead of attending
+
+
 def gmtool_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers attention signature: q/k/v [1, H, T, D] in, ([1, T, H, D], None) out."""
+    """transformers attention signature: q/k/v [1, H, T, D] in, ([1, T, H, Dv], None) out."""
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    return attend_tokens(module.layer_idx, q, k.contiguous(), v.contiguous(), scale).unsqueeze(0), None
+    if _probe is not None:
+        _probe.append((module, q.shape, k.shape, v.shape, scale, kwargs))
+        return query.new_zeros(1, q.shape[0], q.shape[1], v.shape[-1]), None
+    opts = LayerOpts.from_kwargs(kwargs)
+    return attend_tokens(module.layer_idx, q, k.contiguous(), v.contiguous(), scale, opts).unsqueeze(0), None
 
 
-def attend_tokens(layer: int, q, k, v, scale: float) -> torch.Tensor:
-    """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]: the opaque op (FX), a piecewise break, or the attention."""
+@contextlib.contextmanager
+def probing(calls: list):
+    global _probe
+    prev, _probe = _probe, calls
+    try:
+        yield calls
+    finally:
+        _probe = prev
+
+
+def attend_tokens(layer: int, q, k, v, scale: float, opts: LayerOpts = PLAIN) -> torch.Tensor:
+    """q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv] -> [T, H, Dv]: the opaque op (FX), a piecewise break, or the
+    attention."""
     if _opaque:
-        out = torch.empty_like(q)
-        torch.ops.gmtool.attention(q, k, v, out, layer, float(scale))
+        out = q.new_empty(*q.shape[:2], v.shape[-1])
+        torch.ops.gmtool.attention(q, k, v, out, layer, float(scale), opts.window or 0, opts.softcap or 0.0,
+                                   opts.sinks)
         return out
     ctx = current_context()
     if ctx.breaker is not None:
-        return ctx.breaker(layer, q, k, v, scale)
-    return ctx.attend(layer, q, k, v, scale)
+        return ctx.breaker(layer, q, k, v, scale, opts)
+    return ctx.attend(layer, q, k, v, scale, opts=opts)
 
 
 def register() -> None:

@@ -1,43 +1,96 @@
-"""Model families: what gmtool knows of each architecture, in one table.
+"""Model families: what gmtool knows of each architecture, in one table (`FAMILIES`, by model_type).
 
-- `FUSED_RESIDUAL`: base models whose forward is embed, rotary, the plain pre-norm decoder layers and a final
+- `fused_residual`: the base model's forward is embed, rotary, the plain pre-norm decoder layers and a final
   norm (masks aside, which gmtool's attention never reads). `--fuse` replaces that forward with the
-  (hidden, residual) loop engines use, each residual add inside the RMSNorm after it. Other families keep
-  their own forward; their attention, MLP and RMSNorms are still fused where `gmtool.model.fused` finds them exact.
-- `refusal()`: why gmtool cannot run a model faithfully, said before anything is captured.
+  (hidden, residual) loop engines use, each residual add inside the RMSNorm after it (`FUSED_RESIDUAL`).
+  Other families keep their own forward; their attention, MLP and RMSNorms are still fused where
+  `gmtool.model.fused` finds them exact, and it names what it leaves.
+- `missing`: a feature the family needs that gmtool lacks: the model is refused before its weights are built.
+- `logits`: what the causal LM's own forward does to the LM head's output, which gmtool's forward (base model,
+  then LM head, on the rows it needs) must do too.
+Everything else about attention (windows, soft-caps, sinks, head dims) is read from the model itself
+(gmtool.model.probe), not from this table.
 """
 from __future__ import annotations
 
-# base model class -> its decoder layer class
-FUSED_RESIDUAL = {"LlamaModel": "LlamaDecoderLayer", "Qwen2Model": "Qwen2DecoderLayer",
-                  "Qwen3Model": "Qwen3DecoderLayer", "MistralModel": "MistralDecoderLayer"}
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
 
 
-def sliding_window(config) -> int | None:
-    """The attention window of any layer that has one; None when every layer attends to all its context."""
-    window = getattr(config, "sliding_window", None)
-    if not window:
-        return None
-    types = getattr(config, "layer_types", None)
-    if types is not None:
-        return window if "sliding_attention" in types else None
-    return window if getattr(config, "use_sliding_window", True) else None
+def _final_softcap(config, logits: torch.Tensor) -> torch.Tensor:
+    cap = getattr(config, "final_logit_softcapping", None)
+    return logits if not cap else torch.tanh(logits / cap) * cap
+
+
+def _scaled(attr: str, divide: bool = False) -> Callable:
+    def scale(config, logits: torch.Tensor) -> torch.Tensor:
+        s = getattr(config, attr, None)
+        if s is None or s == 1:
+            return logits
+        return logits / s if divide else logits * s
+    return scale
+
+
+@dataclass(frozen=True)
+class Family:
+    fused_residual: str | None = None  # the decoder layer class when --fuse may replace the base forward
+    missing: str | None = None  # the feature gmtool lacks, in words
+    logits: Callable | None = None  # (config, logits) -> logits, as the causal LM's forward post-processes
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family(fused_residual="LlamaDecoderLayer"),
+    "qwen2": Family(fused_residual="Qwen2DecoderLayer"),
+    "qwen3": Family(fused_residual="Qwen3DecoderLayer"),
+    "mistral": Family(fused_residual="MistralDecoderLayer"),
+    "gemma2": Family(logits=_final_softcap),
+    "gemma3_text": Family(logits=_final_softcap),
+    "cohere": Family(logits=_scaled("logit_scale")),
+    "cohere2": Family(logits=_scaled("logit_scale")),
+    "granite": Family(logits=_scaled("logits_scaling", divide=True)),
+    "granitemoe": Family(logits=_scaled("logits_scaling", divide=True)),
+    "granitemoeshared": Family(logits=_scaled("logits_scaling", divide=True)),
+    "granitemoehybrid": Family(missing="Mamba layers (a recurrent state, not a KV cache)"),
+    "llama4_text": Family(missing="chunked local attention"),
+}
+NO_FAMILY = Family()
+
+# base model class -> its decoder layer class, for gmtool.model.fused
+FUSED_RESIDUAL = {f.fused_residual.removesuffix("DecoderLayer") + "Model": f.fused_residual
+                  for f in FAMILIES.values() if f.fused_residual}
+
+
+def family(config) -> Family:
+    return FAMILIES.get(getattr(config, "model_type", ""), NO_FAMILY)
+
+
+def text_config(config):
+    """The config of the language model (multimodal configs hold it inside; some hold several, or none)."""
+    try:
+        return config.get_text_config()
+    except (AttributeError, ValueError):
+        return config
+
+
+def architecture(config) -> str:
+    """The name users know the model by: its architecture class, else its model_type."""
+    archs = getattr(config, "architectures", None) or []
+    return archs[0] if archs else getattr(config, "model_type", type(config).__name__)
 
 
 def load_refusal(config) -> str | None:
     """Why a model cannot be captured at all (checked before its weights are built)."""
-    rope = getattr(config, "rope_scaling", None) or {}
+    missing = family(config).missing
+    if missing:
+        return f"{architecture(config)} needs {missing}, which gmtool does not implement"
+    rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}
     if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "dynamic":
-        return "dynamic RoPE syncs with the host on every step: it cannot be captured"
+        return f"{architecture(config)}: dynamic RoPE syncs with the host on every step: it cannot be captured"
     return None
 
 
-def run_refusal(name: str, config, max_kv_len: int) -> str | None:
-    """Why a model cannot be run faithfully with these options."""
-    window = sliding_window(config)
-    if window is not None and max_kv_len > window:
-        # gmtool's attention reads the whole context: past the window, eager and graphs would agree on
-        # something the model does not compute
-        return (f"{name} has sliding-window attention ({window} tokens), which gmtool does not implement: use "
-                f"--max-kv-len {window} or less")
-    return None
+def postprocess_logits(config, logits: torch.Tensor) -> torch.Tensor:
+    f = family(config).logits
+    return logits if f is None else f(config, logits)

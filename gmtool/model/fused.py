@@ -79,7 +79,7 @@ def _rmsnorm_forward(m, ops: LayerOps):
     return forward
 
 
-def _attention_forward(m, ops: LayerOps):
+def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
     dim = m.head_dim
     # from the weights, not the config: under --tp a rank holds 1/N of the heads (gmtool.parallel.shard)
     heads, kv_heads = m.q_proj.out_features // dim, m.k_proj.out_features // dim
@@ -96,7 +96,7 @@ def _attention_forward(m, ops: LayerOps):
         cos, sin = (e.reshape(t, dim) for e in position_embeddings)
         q, k = ops(x).qk_norm_rope(qkv, heads, kv_heads, dim, cos, sin, qw, kw, eps)
         v = qkv[:, v_at:].view(t, kv_heads, dim)
-        out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling)
+        out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling, opts)  # the layer's window, cap, sinks
         return m.o_proj(out.reshape(*hidden_states.shape[:-1], heads * dim)), None
     return forward
 
@@ -168,11 +168,26 @@ def _fusable_attention(m, cfg) -> str | None:
         return "attention without q/k/v/o projections"
     if (getattr(cfg, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
         return "partial rotary embedding"
+    if not _rotate_half_rope(m):
+        return f"a rotary embedding other than rotate-half over the whole head ({type(m).__name__})"
     if (getattr(m, "q_norm", None) is None) != (getattr(m, "k_norm", None) is None):
         return "a norm on q or k only"
     if getattr(m, "q_norm", None) is not None and not (_is_rmsnorm(m.q_norm) and m.q_norm.weight.numel() == m.head_dim):
         return "q/k norms other than a per-head RMSNorm"
     return None
+
+
+def _rotate_half_rope(m) -> bool:
+    """The module's family applies RoPE as Llama does (x * cos + rotate_half(x) * sin, cos over the whole head),
+    which the fused QK-norm+RoPE kernel computes; gpt-oss, for one, rotates with half-width cos/sin."""
+    import inspect
+    import sys
+
+    fn = getattr(sys.modules.get(type(m).__module__), "apply_rotary_pos_emb", None)
+    try:
+        return fn is not None and "rotate_half(" in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
 
 
 @dataclass
@@ -200,18 +215,22 @@ class FusedLayers:
         return s + (f"; left as they are: {'; '.join(sorted(set(self.skipped)))}" if self.skipped else "")
 
 
-def fuse_layers(model: torch.nn.Module, attention_backend: str) -> FusedLayers:
+def fuse_layers(model: torch.nn.Module, attention_backend: str, layout=None) -> FusedLayers:
+    """layout: the model's probed KVLayout (gmtool.model.probe), whose per-layer options the fused attention
+    passes on as the model's own forward does."""
     cfg, ops = model.config, LayerOps(attention_backend)
     fused = FusedLayers()
     fused_attention: set[int] = set()
-    silu = str(getattr(cfg, "hidden_act", "")).lower() in SILU
+    act = str(getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None) or "").lower()
+    silu = act in SILU
     for name, m in model.named_modules():
         if name.endswith("self_attn"):
             why = _fusable_attention(m, cfg)
             if why:
                 fused.skipped.append(why)
             else:
-                fused.patched.append((m, _attention_forward(m, ops)))
+                opts = layout.layers[m.layer_idx] if layout is not None else attention.PLAIN
+                fused.patched.append((m, _attention_forward(m, ops, opts)))
                 fused.counts["attention"] += 1
                 fused_attention.add(id(m))
         elif name.endswith("mlp") and all(isinstance(getattr(m, n, None), torch.nn.Linear)
@@ -220,7 +239,7 @@ def fuse_layers(model: torch.nn.Module, attention_backend: str) -> FusedLayers:
                 fused.patched.append((m, _mlp_forward(m, ops)))
                 fused.counts["mlp"] += 1
             else:
-                fused.skipped.append(f"MLP activation {cfg.hidden_act}")
+                fused.skipped.append(f"MLP activation {act}")
         elif _is_rmsnorm(m) and not name.endswith(("q_norm", "k_norm")):
             fused.patched.append((m, _rmsnorm_forward(m, ops)))
             fused.counts["rmsnorm"] += 1

@@ -23,13 +23,15 @@ ATTENTION_OPS = {"gmtool.attention", "gmtool.attention.default"}  # dynamo recor
 
 @torch.library.custom_op("gmtool::attention", mutates_args=("out",))
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer: int,
-                 scale: float) -> None:
-    """Opaque to the compiler: it reads the live forward context (this batch's metadata) when it runs."""
-    attention.current_context().attend(layer, q, k, v, scale, out=out)
+                 scale: float, window: int, softcap: float, sinks: torch.Tensor | None) -> None:
+    """Opaque to the compiler: it reads the live forward context (this batch's metadata) when it runs. The
+    layer's options travel as arguments (0: none), baked into the traced graph as the layer's own."""
+    opts = attention.LayerOpts(window or None, softcap or None, sinks)
+    attention.current_context().attend(layer, q, k, v, scale, out=out, opts=opts)
 
 
 @attention_op.register_fake
-def _(q, k, v, out, layer, scale) -> None:
+def _(q, k, v, out, layer, scale, window, softcap, sinks) -> None:
     return None
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from gmtool.model import attention, checkpoint, families
+from gmtool.model import attention, checkpoint, families, probe
 from gmtool.errors import GmtoolError
 from gmtool.profiles import load_model_profile
 
@@ -47,19 +47,20 @@ class LoadedModel:
     source: str  # profile | checkpoint | config
     fused: object = None  # gmtool.model.fused.FusedLayers when --fuse
     notes: list[str] = field(default_factory=list)  # what the run's notes say about how the model was loaded
+    layout: probe.KVLayout | None = None  # read from the model's attention calls (gmtool.model.probe)
     tp: int = 1  # tensor-parallel ranks the projections are split over (gmtool.parallel.shard)
 
     @property
     def num_layers(self) -> int:
-        return self.config.num_hidden_layers
+        return families.text_config(self.config).num_hidden_layers
 
     @property
     def num_heads(self) -> int:
-        return self.config.num_attention_heads
+        return self.layout.num_heads
 
     @property
     def num_kv_heads(self) -> int:
-        return getattr(self.config, "num_key_value_heads", None) or self.num_heads
+        return self.layout.num_kv_heads
 
     @property
     def rank_heads(self) -> int:
@@ -72,11 +73,12 @@ class LoadedModel:
 
     @property
     def head_dim(self) -> int:
-        return getattr(self.config, "head_dim", None) or self.config.hidden_size // self.num_heads
+        """K's head dim (V's is layout.v_head_dim)."""
+        return self.layout.k_head_dim
 
     @property
     def vocab_size(self) -> int:
-        return self.config.vocab_size
+        return families.text_config(self.config).vocab_size
 
     @property
     def num_params(self) -> int:
@@ -86,7 +88,8 @@ class LoadedModel:
         """Packed tokens [1, T], explicit positions, no HF cache: gmtool's attention owns the KV cache."""
         base = getattr(self.model, self.model.base_model_prefix)
         hidden = base(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)[0]
-        return self.model.get_output_embeddings()(hidden[0].index_select(0, logits_indices))
+        logits = self.model.get_output_embeddings()(hidden[0].index_select(0, logits_indices))
+        return families.postprocess_logits(self.config, logits)
 
 
 def _config_from_dict(d: dict):
@@ -104,8 +107,41 @@ def _config_from_dict(d: dict):
         raise GmtoolError(f"transformers {transformers.__version__} does not know model_type {model_type!r}") from None
 
 
+def _no_padding_warning(input_ids, attention_mask) -> None:
+    return None
+
+
+def _build(cfg, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attention.ATTN_NAME)
+    except KeyError as e:
+        if e.args != (attention.ATTN_NAME,):
+            raise GmtoolError(f"{families.architecture(cfg)} cannot be built from this config: KeyError: {e}") from None
+        raise GmtoolError(f"{families.architecture(cfg)}: its attention classes are picked by name (eager, sdpa, "
+                          "flash), not through transformers' AttentionInterface, so gmtool cannot route them to "
+                          "its paged KV cache") from None
+    except ValueError as e:
+        if "Unrecognized configuration class" in str(e):
+            raise GmtoolError(f"{type(cfg).__name__} ({cfg.model_type}) is not a causal language model that "
+                              "transformers can build (AutoModelForCausalLM does not take it)") from None
+        raise GmtoolError(f"{families.architecture(cfg)} cannot be built with gmtool's attention: "
+                          f"{(str(e).strip().splitlines() or [''])[0]}") from None
+    except Exception as e:  # noqa: BLE001 (a foreign model's constructor: any failure is said in one line)
+        raise GmtoolError(f"{families.architecture(cfg)} cannot be built from this config: {type(e).__name__}: "
+                          f"{(str(e).strip().splitlines() or [''])[0]}") from None
+
+
 def _check_supported(cfg) -> None:
+    """Refusals before any weights exist: the family table, then the attention classes of the model built on
+    the meta device (no memory, no initialisation)."""
     why = families.load_refusal(cfg)
+    if why:
+        raise GmtoolError(why)
+    with torch.device("meta"):
+        skeleton = _build(cfg, torch.float32)
+    why = probe.attention_refusal(families.architecture(cfg), skeleton)
     if why:
         raise GmtoolError(why)
 
@@ -123,8 +159,6 @@ def _read_config_json(path: Path) -> dict:
 def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
     """Every source builds the model from its config on the device (random weights); a checkpoint's stored
     weights are then copied in (gmtool.model.checkpoint)."""
-    from transformers import AutoModelForCausalLM
-
     attention.register()
     path = Path(spec)
     torch.manual_seed(seed)
@@ -149,14 +183,17 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 
     cfg = _config_from_dict(raw)
     _check_supported(cfg)
     with torch.device(device):
-        try:
-            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attention.ATTN_NAME)
-        except ValueError as e:
-            if "Unrecognized configuration class" not in str(e):
-                raise
-            raise GmtoolError(f"{type(cfg).__name__} ({cfg.model_type}) is not a causal language model that "
-                              "transformers can build (AutoModelForCausalLM does not take it)") from None
+        model = _build(cfg, dtype)
     if weights:
         notes += checkpoint.load_weights(model, weights, device)
     model.eval().requires_grad_(False)
-    return LoadedModel(path.name if path.exists() else spec, model, cfg, source, notes=notes)
+    for m in model.modules():
+        if hasattr(m, "warn_if_padding_and_no_attention_mask"):
+            # a warning's check (pad token id among the input ids: a host sync) that would stop capture; gmtool's
+            # packed batches have no padding for it to warn of
+            m.warn_if_padding_and_no_attention_mask = _no_padding_warning
+    lm = LoadedModel(path.name if path.exists() else spec, model, cfg, source, notes=notes)
+    lm.layout = probe.probe_layout(lm, families.architecture(cfg))
+    if feats := lm.layout.features():
+        lm.notes.append(f"attention: {'; '.join(feats)}")
+    return lm
