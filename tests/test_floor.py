@@ -58,6 +58,21 @@ def test_untied_embedding_counts_only_the_rows_read():
     assert floor.step_bytes(lm, batch) == head.weight.nbytes + 2 * 8 * 4 + 2 * 8 * 4 + 2 * 1000 * 4
 
 
+def test_kv_bytes_follow_the_layout_v_head_dim_and_windows():
+    """DeepSeek-style K 12 / V 8, and one of two layers with a window of 5: a sequence of 20 costs 20 + 5 tokens."""
+    from gmtool.model.attention import LayerOpts
+    from gmtool.model.probe import KVLayout
+
+    w = torch.nn.Parameter(torch.zeros(10, 4))
+    model = types.SimpleNamespace(get_input_embeddings=lambda: types.SimpleNamespace(weight=w),
+                                  get_output_embeddings=lambda: None, parameters=lambda: iter([w]),
+                                  config=types.SimpleNamespace(hidden_size=4))
+    layout = KVLayout(2, 1, 12, 8, (LayerOpts(), LayerOpts(window=5)))
+    lm = types.SimpleNamespace(model=model, num_layers=2, rank_kv_heads=1, head_dim=12, vocab_size=10, layout=layout)
+    short, long = (types.SimpleNamespace(num_tokens=1, num_seqs=1, kv_lens=[n]) for n in (3, 20))
+    assert floor.step_bytes(lm, long) - floor.step_bytes(lm, short) == (20 + 5 - 3 - 3) * (12 + 8) * 4
+
+
 def test_device_figures_are_measured_and_plausible():
     dev = floor.measure_device(torch.device("cpu"), rounds=2)
     assert 1e8 < dev.copy_bytes_per_s < 1e12  # a memcpy: 0.1 GB/s to 1 TB/s

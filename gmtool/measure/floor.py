@@ -52,7 +52,7 @@ class Floor:
 
 def step_bytes(lm, batch: Batch) -> int:
     """What the step must read at least: every weight once (of an untied input embedding only the batch's
-    rows), K/V of each sequence's whole context, the residual stream once per layer, the logits written."""
+    rows), K/V of each sequence's context (a sliding-window layer: its window), the residual stream once per layer, the logits written."""
     model = lm.model
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     skip = emb.weight.untyped_storage().data_ptr() if head is None or head.weight is not emb.weight else None
@@ -66,7 +66,12 @@ def step_bytes(lm, batch: Batch) -> int:
     item = next(model.parameters()).element_size()
     if skip is not None:
         weights += batch.num_tokens * emb.weight.shape[1] * item
-    kv = 2 * lm.num_layers * lm.rank_kv_heads * lm.head_dim * item * int(sum(batch.kv_lens))
+    layout = getattr(lm, "layout", None)
+    v_dim = layout.v_head_dim if layout is not None else lm.head_dim
+    windows = layout.windows if layout is not None else [None] * lm.num_layers
+    # a sliding-window layer reads only its window of each sequence's context
+    tokens = sum(sum(min(n, w) if w else n for n in batch.kv_lens) for w in windows)
+    kv = lm.rank_kv_heads * (lm.head_dim + v_dim) * item * int(tokens)
     hidden = model.config.hidden_size
     acts = batch.num_tokens * hidden * item * lm.num_layers + batch.num_seqs * lm.vocab_size * item
     return weights + kv + acts
