@@ -174,3 +174,18 @@ def test_interp_varlen_features(name):
     write_kv(case.k_cache, case.v_cache, case.k_new, v_new, case.slot_mapping)
     real = case.slot_mapping >= 0
     torch.testing.assert_close(case.v_cache.view(-1, 2, _dv(name))[case.slot_mapping[real]], v_new[real])
+
+
+def test_compare_judges_the_kv_of_unequal_head_dims(tmp_path):
+    """tiny-deepseek-v2 (K 96, V 64) through compare: the judge compares K and V rows of different widths (it
+    raised a traceback while concatenating them)."""
+    import json
+
+    from tests.test_compare import run_cli
+
+    code, out, err = run_cli("compare", "eager,full,piecewise", "--device", "cpu", "--model", "tiny-deepseek-v2",
+                             "--buckets", "1,4", "--num-iters", "1", "--num-iters-warmup", "0", "--out", tmp_path / "o")
+    assert code == 0, err
+    records = json.loads((tmp_path / "o" / "results.json").read_text())["records"]
+    assert records and all(r["status"] == "ok" for r in records)
+    assert all(r["kv_rel_err"] is not None for r in records if r["mode"] != "eager")

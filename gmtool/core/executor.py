@@ -169,12 +169,14 @@ class GraphExecutor:
             with _memory_of(entry, self.device, upload=lambda: entry.replay(batch)):
                 t0 = time.perf_counter()
                 self._record(entry, fn)
+                # taken before the upload: its replay prepares the context again, which forgets the plan
+                planned = list(ctx.planned_with)
                 self.backend.synchronize()
                 entry.capture_s = time.perf_counter() - t0
         if self.memory is not None:
             self.memory.captured(key, entry)
         if not self.mode.piecewise:  # runners read the plan at replay; a whole graph bakes it in
-            entry.baked_plans = list(ctx.planned_with)
+            entry.baked_plans = planned
         ctx.planned_with.clear()
         self.graphs[key] = entry
         return entry

@@ -24,10 +24,14 @@ def _slots(cache: PagedKVCache, batch: Batch) -> torch.Tensor:
 
 
 def written_kv(cache: PagedKVCache, batch: Batch, slots: torch.Tensor | None = None) -> torch.Tensor:
-    """K and V of the batch's new tokens, every layer: [2 x layers x tokens, kv_heads x head_dim]."""
+    """K and V of the batch's new tokens, every layer: [2 x layers x tokens, kv_heads x head_dim]. Where V's
+    head dim differs from K's (MLA), the narrower rows are zero-padded: zeros on both sides of a comparison
+    change no relative error."""
     slots = _slots(cache, batch) if slots is None else slots
     rows = [t.view(-1, *t.shape[2:])[slots].flatten(1) for t in cache.k + cache.v]
-    return torch.cat(rows)
+    width = max(r.shape[1] for r in rows)
+    return torch.cat([r if r.shape[1] == width else torch.nn.functional.pad(r, (0, width - r.shape[1]))
+                      for r in rows])
 
 
 def poison_kv(cache: PagedKVCache, slots: torch.Tensor) -> None:

@@ -43,7 +43,7 @@ def _expected(case, opts: LayerOpts) -> torch.Tensor:
 
 
 def _opts(name: str) -> tuple[LayerOpts, int, int]:
-    opts, dk, dv = _opts(name)
+    opts, dk, dv = FEATURES[name]
     sinks = None if opts.sinks is None else opts.sinks.to(DEV)
     return LayerOpts(opts.window, opts.softcap, sinks), dk, dv
 

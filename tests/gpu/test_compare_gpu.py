@@ -38,7 +38,8 @@ def test_compare_eager_full_piecewise(tmp_path):
         events = json.loads((out / f"trace-{mode}.json").read_text())["traceEvents"]
         assert any(e.get("name") == f"{mode} bucket 8 replay 0" for e in events), mode
     html = (out / "report.html").read_text()
-    assert len(re.findall(r'src="data:image/png;base64,', html)) == 3  # graph memory is measured on CUDA
+    # latency, graph memory (measured on CUDA), distance to the floor, speedup
+    assert len(re.findall(r'src="data:image/png;base64,', html)) == 4
 
 
 def test_compare_hf_compiled_peer(tmp_path):
