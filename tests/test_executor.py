@@ -118,6 +118,28 @@ def test_runner_with_stale_metadata_gives_wrong_result():
     assert rel(rig.graph(b), rig.eager(b)) < 1e-5
 
 
+def test_the_upload_replay_at_capture_keeps_the_baked_plan(monkeypatch):
+    """On CUDA a capture ends with the graph's first launch (its upload, for the ledger), a replay that prepares
+    the context again. The plan the graph baked in must be taken before it, or a narrow full graph is never
+    flagged. The CPU has no upload: _memory_of is made to run it here as on CUDA."""
+    import contextlib
+
+    from gmtool.core import executor
+
+    @contextlib.contextmanager
+    def memory_of(entry, device, upload=None):
+        yield
+        if upload is not None:
+            upload()
+
+    monkeypatch.setattr(executor, "_memory_of", memory_of)
+    narrow = Rig(mode="full")
+    a, b = narrow.batch("16+16", seed=1), narrow.batch("8*4", seed=2)
+    narrow.graph(a)
+    entry = narrow.ex.graphs[narrow.ex.key_for(b)]
+    assert entry.baked_plans and entry.stale_metadata(b) and not entry.stale_metadata(a)
+
+
 def test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe():
     narrow = Rig(mode="full")
     a, b = narrow.batch("16+16", seed=1), narrow.batch("8*4", seed=2)
