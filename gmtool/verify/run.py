@@ -117,11 +117,12 @@ def dyn_dim_batches(bench, cfg: VerifyConfig):
     return [(kind, bench.batch(parse_composition(a, 1)), bench.batch(parse_composition(b, 2))) for kind, a, b in out]
 
 
-def dyn_dim_work(bench, cfg: VerifyConfig):
-    """(mode, kind, batch a, batch b) per mode and kind. A composite mode's batches are captured by its parts
-    (auto: full's decode graphs, piecewise's prefill ones), so its parts are analysed, once each."""
+def dyn_dim_work(bench, cfg: VerifyConfig, modes=None):
+    """(mode, kind, batch a, batch b) per mode (default: the soak's) and kind. A composite mode's batches are
+    captured by its parts (auto: full's decode graphs, piecewise's prefill ones), so its parts are analysed,
+    once each."""
     done = set()
-    for mode in cfg.graph_modes:
+    for mode in map(GraphMode, modes or cfg.graph_modes):
         for kind, a, b in dyn_dim_batches(bench, cfg):
             part = mode.composed_of.get("decode" if kind == "decode" else "mixed", mode)
             if (part, kind) not in done:
