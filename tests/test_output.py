@@ -180,6 +180,7 @@ def test_capture_human_shows_noise_marks_legend_and_verdict(tmp_path, monkeypatc
     assert "warning: 2 of 2 timings are noisy" in text
     assert "mixes: batch compositions replayed per bucket" in text
     assert "capture: bucket 1 done, 1/1 rows" in stdout  # not a terminal: a line per bucket
+    assert "graph memory ledger" in text  # capture shows the ledger of its captured buckets, as compare does
     assert stdout.rstrip().splitlines()[-1] == "verdict: 1 ok, 0 UNSAFE, 0 errors (1 replays checked against eager)"
 
 

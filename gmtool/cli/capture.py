@@ -19,6 +19,7 @@ from gmtool.modes import CAPTURE_MODES, GraphMode
 from gmtool.report.results import default_out_dir
 from gmtool.report.summary import verdict
 from gmtool.report.tables import capture_table, noise_warning
+from gmtool.report.ledger import ledger_table
 
 
 def capture(
@@ -67,6 +68,8 @@ def capture(
     data = doc.to_dict()
     out_.document(doc.to_json())
     out_.show(capture_table(data))
+    if (memory := ledger_table(data)) is not None:
+        out_.show(memory)
     noise = noise_warning(data)
     if noise:
         out_.show(f"[yellow]warning:[/] {noise}", highlight=False)
