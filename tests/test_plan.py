@@ -266,6 +266,7 @@ def test_plan_from_results_end_to_end(tmp_path, results_file):
     assert [(h["size"], h["at_step"]) for h in lazy["first_hits"]] == [(3, 0), (12, 80)]
     assert [h["spike_ms"] for h in lazy["first_hits"]] == pytest.approx([1000 + 13 + 2.0, 1000 + 22 + 4.25])
     assert "2 captures take 2.00 s inside serving; the worst first-hit step takes 1026.2 ms (size 12" in md
+    assert "2 captures take 2.00 s inside serving" in " ".join(out.split())  # the terminal says it too
 
 
 def test_plan_bad_inputs_are_one_line(tmp_path, results_file):

@@ -16,7 +16,7 @@ from gmtool.core.buckets import parse_buckets
 from gmtool.errors import GmtoolError
 from gmtool.modes import GraphMode
 from gmtool.plan.costs import from_results
-from gmtool.plan.document import build_document, plan_table, write_plan
+from gmtool.plan.document import build_document, lazy_line, plan_table, write_plan
 from gmtool.plan.optimizer import Budgets, PoolSharing
 from gmtool.plan.run import PlanInputs, make_plan, measure, needed_buckets
 from gmtool.plan.workload import builtin_workloads, is_decode, load_workload
@@ -111,6 +111,8 @@ def plan(
         files = (write_results(out_dir, measured_doc) if measured_doc else []) + write_plan(out_dir, plan_doc)
     out_.document(json.dumps(plan_doc, indent=2, default=str))
     out_.show(plan_table(plan_doc))
+    for line in lazy_line(plan_doc.get("lazy_capture")):
+        out_.show(line, highlight=False)
     for n in plan_doc["notes"]:
         out_.show(f"[yellow]note:[/] {n}", highlight=False)
     out_.show("wrote " + ", ".join(str(f) for f in files), highlight=False)

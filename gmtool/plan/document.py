@@ -93,7 +93,7 @@ def render_markdown(doc: dict) -> str:
              f"**Capture sizes** ({doc['num_graphs']}): `{', '.join(map(str, doc['capture_sizes']))}`", "",
              f"Expected {doc['expected_ms_per_step']:.4f} ms per step (all eager: {doc['eager_ms_per_step']:.4f} ms), "
              f"graph memory {fmt_bytes(doc['graph_memory_bytes'])}, capture {doc['capture_s']:.2f} s.", "",
-             *_lazy_line(doc.get("lazy_capture")),
+             *lazy_line(doc.get("lazy_capture")),
              "## Plan against the engines' defaults", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     lines += ["| " + " | ".join(_cells(r, w["steps"])) + " |" for r in _rows(doc)]
@@ -106,7 +106,7 @@ def render_markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _lazy_line(lazy: dict | None) -> list[str]:
+def lazy_line(lazy: dict | None) -> list[str]:
     if not lazy or not lazy["captures"]:
         return []
     worst = max(lazy["first_hits"], key=lambda h: h["spike_ms"])
