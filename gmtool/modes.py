@@ -62,5 +62,3 @@ class GraphMode(StrEnum):
 SWEEP_MODES = tuple(m for m in GraphMode if m.in_sweep)
 CAPTURE_MODES = tuple(m for m in GraphMode if m.captures)
 MEMORY_MODES = tuple(m for m in CAPTURE_MODES if not m.expected_unsafe)  # memreport measures these
-# verify soaks and localizes inside one executor's graphs: a composite mode is verified through its parts
-VERIFY_MODES = tuple(m for m in CAPTURE_MODES if not m.composed_of)

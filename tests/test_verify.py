@@ -10,7 +10,7 @@ from gmtool.cli.main import app
 from gmtool.core.compositions import parse_composition
 from gmtool.verify.capturable import Hazard, find_hazards
 from gmtool.verify.dyndims import dynamic_dims
-from gmtool.verify.faults import parse_fault
+from gmtool.verify.faults import FAULTS, parse_fault
 from gmtool.verify.poison import Buffer
 from gmtool.verify.run import VerifyConfig, build_bench
 from gmtool.verify.soak import Soak, SoakOptions
@@ -244,3 +244,48 @@ def test_a_soak_stops_at_its_time_limit_and_says_so(rig):
     res = Soak(bench, taps, "piecewise", None, "default", SoakOptions(10**6, 10, 0, time_limit_s=1.0)).run()
     assert 0 < res.steps < 10**6 and res.mismatch is None and res.wall_s < 30
     assert res.notes == [f"stopped at the time limit (1 s) after {res.steps} of 1000000 steps"]
+
+
+def test_auto_soaks_clean_through_full_and_piecewise_graphs(rig):
+    """auto: uniform decode batches replay full graphs, prefill and mixed ones piecewise graphs, all under one
+    soak, one arena and one poisoner (each part's attention buffer poisoned for its own pieces)."""
+    res = soak(rig, "auto", steps=30, check_every=3)
+    assert res.mismatch is None and res.checks == 10 and res.blocks_reused > 0
+    assert res.served_by.get("full", 0) > 0 and res.served_by.get("piecewise", 0) > 0
+    assert sum(res.served_by.values()) == 30
+    assert any(k.startswith("d") for k in res.keys) and any(k.startswith("t") for k in res.keys)
+    assert res.poison_skipped == {}  # piecewise's attention buffer is there to poison
+
+
+@pytest.mark.parametrize("fault,key,where,piece,suspect", [
+    # a piecewise prefill graph reads a padding lane: the lane and the layer are named, with the piece
+    ("pad-read:1", "t16", "model.layers.1.mlp", 2, "input_ids padding lanes: the result changes"),
+    # a full decode graph froze the kv lengths of its capture: caught in the decode graph, at the attention
+    ("freeze-seq-lens", "d1", "model.layers.0.self_attn", None, "a value frozen at capture?"),
+    # the arena both parts share: a stale field, named as the input it holds wrong
+    ("stale-slot-mapping", "t16", "model.layers.0.self_attn", 1, "slot_mapping holds other values"),
+])
+def test_auto_catches_and_localizes_injected_faults_in_either_part(rig, fault, key, where, piece, suspect):
+    res = soak(rig, "auto", fault=fault, steps=30, check_every=1, seed=3 if fault == "pad-read:1" else 0)
+    m = res.mismatch
+    assert m is not None and m.key == key, m
+    assert m.first_divergence["module"] == where and m.first_divergence["piece"] == piece
+    assert any(suspect in s for s in m.suspects), m.suspects
+
+
+def test_verify_accepts_auto_and_analyses_its_parts_once(tmp_path):
+    out = tmp_path / "v"
+    r = runner.invoke(app, ["verify", "--device", "cpu", "--modes", "full,auto", "--steps", "12",
+                            "--check-every", "4", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((out / "verify.json").read_text())
+    assert [run["mode"] for run in doc["runs"]] == ["full", "auto"]
+    # auto's decode graphs are full's (analysed once), its prefill graphs piecewise's
+    assert [(d["mode"], d["kind"]) for d in doc["dynamic_dims"]] == [("full", "decode"), ("full", "prefill"),
+                                                                     ("piecewise", "prefill")]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_every_injected_fault_is_caught_under_auto(rig, fault):
+    m = soak(rig, "auto", fault=fault, steps=30, check_every=1).mismatch
+    assert m is not None and m.suspects and m.step < 10

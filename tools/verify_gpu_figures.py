@@ -38,7 +38,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen3-0.6b")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--modes", default=None, help="soak modes (default: full,piecewise, and auto where it exists)")
+    p.add_argument("--modes", default="full,piecewise,auto", help="soak modes")
     p.add_argument("--strategy", default="vmm")
     p.add_argument("--steps", type=int, default=2000, help="steps per soak (the issue's figure: 10000)")
     p.add_argument("--check-every", type=int, default=10)
@@ -64,12 +64,11 @@ def run(a, t_start: float) -> None:
     from gmtool.verify.dyndims import dynamic_dims
     from gmtool.verify.faults import FAULTS, parse_fault
     from gmtool.verify.report import dyndims_frame, runs_frame
-    from gmtool.verify.run import VerifyConfig, build_bench, dyn_dim_batches
+    from gmtool.verify.run import VerifyConfig, build_bench, dyn_dim_work
     from gmtool.verify.soak import Soak, SoakOptions
     from gmtool.verify.taps import LayerTaps
 
-    modes = a.modes or "full,piecewise"  # auto is verified through its parts (verify refuses it by name)
-    cfg = VerifyConfig(model=a.model, device=a.device, modes=modes, strategy=a.strategy, steps=a.steps,
+    cfg = VerifyConfig(model=a.model, device=a.device, modes=a.modes, strategy=a.strategy, steps=a.steps,
                        check_every=a.check_every, seed=a.seed)
     bench = build_bench(cfg)
     taps = LayerTaps(bench.lm, bench.cfg.policy().largest, bench.device)
@@ -77,11 +76,10 @@ def run(a, t_start: float) -> None:
     out = {"config": cfg.to_dict(), "build_s": time.perf_counter() - t_start}
     print(f"{cfg.model} on {bench.device}: built in {out['build_s']:.1f} s", flush=True)
 
-    # 1. dynamic dimensions: full vs full-narrow, and the soak modes
+    # 1. dynamic dimensions: full vs full-narrow, and the soak modes (auto: through its parts)
     t0, dd = time.perf_counter(), []
-    for mode in dict.fromkeys(["full", "full-narrow", *cfg.graph_modes]):
-        for kind, x, y in dyn_dim_batches(bench, cfg):
-            dd.append(dynamic_dims(bench, mode, x, y).to_dict() | {"kind": kind, "expected_unsafe": mode == "full-narrow"})
+    for mode, kind, x, y in dyn_dim_work(bench, cfg, ["full", "full-narrow", *cfg.graph_modes]):
+        dd.append(dynamic_dims(bench, mode, x, y).to_dict() | {"kind": kind, "expected_unsafe": mode.expected_unsafe})
     out["dynamic_dims"], out["dynamic_dims_s"] = dd, time.perf_counter() - t0
     print(md(dyndims_frame({"dynamic_dims": dd})), flush=True)
 
@@ -95,7 +93,7 @@ def run(a, t_start: float) -> None:
         runs.append(r.to_dict())
         print(f"soak {mode} under {a.strategy}: {r.steps} steps, {r.checks} checks, {r.steps_per_min:.0f} "
               f"steps/min, {'no mismatch' if r.mismatch is None else f'MISMATCH at step {r.mismatch.step}'}"
-              + (f" ({r.notes[0]})" if r.notes else ""), flush=True)
+              + (f" ({r.notes[0]})" if r.notes else "") + f"; served by {r.served_by}", flush=True)
     out["runs"] = runs
 
     # 3. each fault, in the first mode, until found; last, because a fault may break the device context

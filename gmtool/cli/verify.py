@@ -21,7 +21,7 @@ def _default(name: str) -> str:
 
 def verify(
     model: o.ModelOpt = None,
-    modes: Annotated[Optional[str], typer.Option("--modes", help="Graph modes to soak: full, piecewise, full-narrow "
+    modes: Annotated[Optional[str], typer.Option("--modes", help="Graph modes to soak: full, piecewise, auto, full-narrow "
                      "(full-narrow's wrong replays are the bug it exists to show).", show_default=_default("modes"))] = None,
     steps: Annotated[Optional[int], typer.Option("--steps", help="Engine steps per soak.",
                                                  show_default=_default("steps"))] = None,

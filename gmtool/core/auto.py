@@ -32,6 +32,18 @@ class EagerStep(CapturedGraph):
             self.executor.forward(self.ctx.views)
 
 
+def parts_of(ex) -> list[GraphExecutor]:
+    """The graph executors behind ex: an AutoExecutor's parts, or ex itself (what patches an executor's
+    capture, attention or forward, as verify's faults and dynamic-dimension records do, applies to each)."""
+    parts = getattr(ex, "parts", None)
+    return list(parts.values()) if parts else [ex]
+
+
+def part_owning(ex, entry: CapturedGraph) -> GraphExecutor | None:
+    """The executor among parts_of(ex) whose graphs hold entry; None: an eager step (no graph)."""
+    return next((p for p in parts_of(ex) if p.graphs.get(entry.key) is entry), None)
+
+
 class AutoExecutor:
     def __init__(self, mode: GraphMode, parts: dict[str, GraphExecutor]):
         """parts: the executor serving each kind of batch, as mode.composed_of names them."""

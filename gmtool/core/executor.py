@@ -208,6 +208,10 @@ class GraphExecutor:
         self.inputs.load(batch, key, copy=not entry.copies_inputs)
         return entry
 
+    def served_by(self, batch: Batch) -> str:
+        """What serves batch, as a record's served_by says (an AutoExecutor decides per batch)."""
+        return self.mode.served_by
+
     def eager_same_shape(self, batch: Batch) -> torch.Tensor:
         """The graph's own computation run eagerly: the padded bucket, the same kernels, this batch's
         metadata. A replay that differs from it by more than rounding replayed something stale."""

@@ -45,7 +45,10 @@ def parse_fault(text: str | None, num_layers: int | None = None) -> Fault | None
 
 
 def inject(fault: Fault, ex) -> contextlib.AbstractContextManager:
-    """Apply fault to executor ex; leaving the context removes what it added to shared objects (the model)."""
+    """Apply fault to executor ex; leaving the context removes what it added to shared objects (the model).
+    Under auto, the input faults patch the one arena its parts share, the others every part's graphs."""
+    from gmtool.core.auto import parts_of  # torch: not loaded when options are parsed
+
     if fault.name in ("stale-positions", "stale-slot-mapping"):
         _stale_field(ex, 1 if fault.name == "stale-positions" else 2)
     elif fault.name == "skip-pad-zero":
@@ -53,9 +56,10 @@ def inject(fault: Fault, ex) -> contextlib.AbstractContextManager:
     elif fault.name == "stale-block-table":
         _stale_table_tails(ex)
     elif fault.name in ("freeze-block-tables", "freeze-seq-lens"):
-        _freeze(ex, "block_tables" if fault.name == "freeze-block-tables" else "kv_lens")
+        for part in parts_of(ex):
+            _freeze(part, "block_tables" if fault.name == "freeze-block-tables" else "kv_lens")
     elif fault.name == "pad-read":
-        return _pad_read(ex, fault.layer)
+        return _pad_read(parts_of(ex), fault.layer)
     return contextlib.nullcontext()
 
 
@@ -129,23 +133,27 @@ def _freeze(ex, field: str) -> None:
 
 
 @contextlib.contextmanager
-def _pad_read(ex, layer: int):
-    base = getattr(ex.lm.model, ex.lm.model.base_model_prefix)
+def _pad_read(parts: list, layer: int):
+    lm = parts[0].lm
+    base = getattr(lm.model, lm.model.base_model_prefix)
     recording = [False]
-    record = ex.forward_impl.record
 
-    def record_flagged(ex_, entry, fn):
-        recording[0] = True
-        try:
-            record(ex_, entry, fn)
-        finally:
-            recording[0] = False
+    def flagged(record):
+        def record_flagged(ex_, entry, fn):
+            recording[0] = True
+            try:
+                record(ex_, entry, fn)
+            finally:
+                recording[0] = False
+
+        return record_flagged
 
     def hook(module, args, out):
         if recording[0]:
             return out + out[..., -1:, :]
 
-    ex.forward_impl.record = record_flagged
+    for ex in parts:
+        ex.forward_impl.record = flagged(ex.forward_impl.record)
     handle = base.layers[layer].mlp.register_forward_hook(hook, prepend=True)  # before any tap sees it
     try:
         yield

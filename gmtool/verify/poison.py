@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten
 
+from gmtool.core.auto import part_owning, parts_of
 from gmtool.core.batch import Batch
 from gmtool.core.kv_cache import NULL_BLOCK
 
@@ -42,12 +43,14 @@ class Poisoner:
         """persistent: tensors outside the graphs' own memory (weights, the KV cache, taps) besides ex's."""
         self.ex, self.cache, self.seed = ex, ex.cache, seed
         self.persistent = {t.untyped_storage().data_ptr() for t in persistent}
+        self.parts = parts_of(ex)  # auto: full and piecewise executors over one arena, each its own attn_out
         self.persistent |= {t.untyped_storage().data_ptr() for t in
-                            (ex.inputs.arena, ex.inputs.logits, ex.attn_out, *ex.cache.k, *ex.cache.v)}
+                            (ex.inputs.arena, ex.inputs.logits, *(p.attn_out for p in self.parts), *ex.cache.k,
+                             *ex.cache.v)}
         self.skipped: dict[str, str] = {}  # buffer -> why it is not poisoned here
         self._intermediates: dict[int, list[torch.Tensor]] = {}
         self._memset = None
-        if not ex.mode.piecewise:
+        if not any(p.mode.piecewise for p in self.parts):
             self.skipped[Buffer.ATTN_OUT_TAIL] = "full graphs have no attention output buffer between pieces"
 
     # -- poison and clean ----------------------------------------------------------------------------
@@ -73,8 +76,9 @@ class Poisoner:
                 self.ex.inputs.copy_in(entry.key)
         if want(Buffer.ARENA_TAIL):
             self.ex.inputs.arena[self._arena_end(entry.key):] = 1  # a valid index of every kind, and wrong
-        if want(Buffer.ATTN_OUT_TAIL) and self.ex.mode.piecewise:
-            self.ex.attn_out[t:] = float("nan")
+        attn_out = self._attn_out(entry)
+        if want(Buffer.ATTN_OUT_TAIL) and attn_out is not None and entry.mode.piecewise:
+            attn_out[t:] = float("nan")
         unused, tails = self._kv_spans(live)
         for kv in self.cache.k + self.cache.v:
             if want(Buffer.KV_UNUSED_BLOCKS) and len(unused):
@@ -90,7 +94,9 @@ class Poisoner:
         """Back to harmless values: memory nobody owns holds zeros, the next load rewrites the padding."""
         self.ex.inputs.invalidate()
         self.ex.inputs.arena[self._arena_end(entry.key):] = 0
-        self.ex.attn_out[entry.key.num_tokens:] = 0
+        attn_out = self._attn_out(entry)
+        if attn_out is not None:
+            attn_out[entry.key.num_tokens:] = 0
         unused, tails = self._kv_spans(live)
         for kv in self.cache.k + self.cache.v:
             if len(unused):
@@ -100,6 +106,11 @@ class Poisoner:
             kv[NULL_BLOCK] = 0.0
         if Buffer.GRAPH_MEMORY not in self.skipped:
             self._fill_graph_memory(entry, poison=False)
+
+    def _attn_out(self, entry) -> torch.Tensor | None:
+        """The attention-output buffer entry's pieces use (None: an eager step of auto's, no graph)."""
+        owner = part_owning(self.ex, entry) if len(self.parts) > 1 else self.ex
+        return owner.attn_out if owner is not None else None
 
     def _arena_end(self, key) -> int:
         return sum(v.size for v in self.ex.inputs.staged(key))

@@ -54,6 +54,7 @@ class SoakResult:
     poison_skipped: dict[str, str]
     expected_unsafe: bool  # full-narrow: its mismatches are the finding it exists to show
     mismatch: Mismatch | None = None
+    served_by: dict[str, int] = field(default_factory=dict)  # steps per what served them (auto: full, piecewise, eager)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -83,7 +84,7 @@ class Soak:
 
     def run(self) -> SoakResult:
         opts, sched, ex = self.opts, self.sched, self.ex
-        checks, keys, mismatch, step = 0, {}, None, -1
+        checks, keys, mismatch, step, served = 0, {}, None, -1, {}
         fault = inject(opts.fault, ex) if opts.fault else contextlib.nullcontext()
         t0 = time.perf_counter()
         try:
@@ -94,6 +95,8 @@ class Soak:
                         break
                     batch = sched.next_batch()
                     keys.setdefault(str(ex.key_for(batch)), None)
+                    by = ex.served_by(batch)
+                    served[by] = served.get(by, 0) + 1
                     if (step + 1) % opts.check_every == 0:
                         checks += 1
                         mismatch = self._check(batch, step)
@@ -124,7 +127,8 @@ class Soak:
             ex.release()
         res = SoakResult(str(self.mode), self.strategy, step + 1, checks, graphs, list(keys), sched.finished,
                          sched.reused_blocks, wall, 60 * (step + 1) / wall if wall > 0 else 0.0,
-                         {str(k): v for k, v in self.poisoner.skipped.items()}, self.mode.expected_unsafe, mismatch)
+                         {str(k): v for k, v in self.poisoner.skipped.items()}, self.mode.expected_unsafe, mismatch,
+                         served)
         if mismatch is None and step + 1 < opts.steps:
             res.notes.append(f"stopped at the time limit ({opts.time_limit_s:.0f} s) after {step + 1} of "
                              f"{opts.steps} steps")
@@ -215,7 +219,7 @@ class Soak:
                     same = taps.eager_buf[:, : batch.num_tokens].clone()
             except (RuntimeError, IndexError):  # the same-shape pass reads the same wrong inputs: compare unpadded
                 same = unpadded.clone()
-            div = taps.first_divergence(got[2], same, unpadded, batch.token_seq, self.tols, self.mode.piecewise)
+            div = taps.first_divergence(got[2], same, unpadded, batch.token_seq, self.tols, entry.mode.piecewise)
             first = div.to_dict() if div else None
         self.poisoner.clean(ex.prepare(batch), live)
         suspects = list(seen["inputs"])
