@@ -23,6 +23,7 @@ run: setup
 
 test: setup
 	$(VENV)/bin/ruff check gmtool tests tools
+	$(VENV)/bin/ruff format --check gmtool tests tools
 	# one worker per core (at most 4), one torch thread each: the workers would fight over cores otherwise
 	GMTOOL_CPU_THREADS=1 $(VPY) -m pytest -q -m "not gpu" -n auto --maxprocesses 4
 

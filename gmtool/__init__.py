@@ -1,4 +1,5 @@
 """gmtool: make CUDA graph mode for LLM inference visible and measurable."""
+
 from importlib.metadata import PackageNotFoundError, version
 
 try:

@@ -7,6 +7,7 @@ becomes gmtool.errors.Interrupted ("interrupted after N of M rows", exit 130).
 
 progress(label) is a context manager giving a progress object (start(total), advance(label)) or None.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,8 +59,12 @@ def _keeping(out_dir: Path, command: str, planned: int, sweep: Sweep, write):
         if measured:
             doc = res.document(command)
             first = (str(e).strip().splitlines() or [""])[0]
-            doc.mark_partial("interrupted" if isinstance(e, KeyboardInterrupt)
-                             else f"stopped by {type(e).__name__}: {first}".rstrip(": "), planned)
+            doc.mark_partial(
+                "interrupted"
+                if isinstance(e, KeyboardInterrupt)
+                else f"stopped by {type(e).__name__}: {first}".rstrip(": "),
+                planned,
+            )
             write(doc)
         if isinstance(e, KeyboardInterrupt):
             kept = f"; what was measured is in {out_dir}" if measured else ""
@@ -81,9 +86,16 @@ def run_capture(cfg: SweepConfig, out_dir: Path, progress=_no_progress) -> Docum
     return doc
 
 
-def run_compare(cfg: SweepConfig, modes: list[GraphMode], out_dir: Path, progress=_no_progress,
-                trace: bool = False, peer_buckets: list[int] | None = None, peer_compile: str = "shared",
-                baseline: tuple[Document, Path] | None = None) -> tuple[Document, list[Path]]:
+def run_compare(
+    cfg: SweepConfig,
+    modes: list[GraphMode],
+    out_dir: Path,
+    progress=_no_progress,
+    trace: bool = False,
+    peer_buckets: list[int] | None = None,
+    peer_compile: str = "shared",
+    baseline: tuple[Document, Path] | None = None,
+) -> tuple[Document, list[Path]]:
     """The sweep's modes, then the hf-compiled peer on the same workbench; results, reports and traces.
     baseline: (an older results document, its path) to attach. Returns the document and the files written."""
     from gmtool.measure.hf_compiled import HfCompiled
@@ -95,8 +107,11 @@ def run_compare(cfg: SweepConfig, modes: list[GraphMode], out_dir: Path, progres
     planned = planned_rows(cfg) + (len(peer_buckets or cfg.bucket_sizes) if with_peer else 0)
     tracer = TraceProbe(out_dir) if trace else None
     floors = FloorProbe(count_kernels=not with_peer)  # each row's distance to the hardware floor
-    sweep = Sweep(cfg, probes=((floors, tracer) if tracer else (floors,)) + _tp_probes(cfg),
-                  on_record=_on_writer(Journal(out_dir, "compare", planned).write))
+    sweep = Sweep(
+        cfg,
+        probes=((floors, tracer) if tracer else (floors,)) + _tp_probes(cfg),
+        on_record=_on_writer(Journal(out_dir, "compare", planned).write),
+    )
     files: list[Path] = []
 
     def write(doc: Document) -> None:
@@ -123,8 +138,15 @@ def run_compare(cfg: SweepConfig, modes: list[GraphMode], out_dir: Path, progres
     return doc, files + traces
 
 
-def run_memreport(cfg: SweepConfig, strategies: list[str], out_dir: Path, progress=_no_progress,
-                  on_strategy=None, sample: int | None = None, check: bool = False):
+def run_memreport(
+    cfg: SweepConfig,
+    strategies: list[str],
+    out_dir: Path,
+    progress=_no_progress,
+    on_strategy=None,
+    sample: int | None = None,
+    check: bool = False,
+):
     """The sweep of the config's one graph mode under each memory strategy; the files are rewritten after every
     strategy, so a later failure keeps what was measured. on_strategy(row): told of each finished strategy.
     sample: capture only that many of the buckets and predict the whole list per strategy; check: then capture
@@ -141,8 +163,10 @@ def run_memreport(cfg: SweepConfig, strategies: list[str], out_dir: Path, progre
         doc, paths = _memreport_runs(cfg, strategies, out_dir, progress, on_strategy)
         predicted = check_document(predicted, doc)
     else:
-        doc.notes.append(f"captured {len(small.bucket_sizes)} sampled buckets of {len(cfg.bucket_sizes)}: the "
-                         "whole list's memory is predicted (--check captures every bucket and gives the error)")
+        doc.notes.append(
+            f"captured {len(small.bucket_sizes)} sampled buckets of {len(cfg.bucket_sizes)}: the "
+            "whole list's memory is predicted (--check captures every bucket and gives the error)"
+        )
     doc.sampled_buckets, doc.prediction = list(small.bucket_sizes), predicted
     return doc, write_report(out_dir, doc)
 

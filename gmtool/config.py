@@ -1,4 +1,5 @@
 """The sweep configuration: what the user asked for, with derived fields filled in __post_init__."""
+
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ from gmtool.core.compositions import Composition, assign_buckets, default_compos
 from gmtool.errors import GmtoolError
 from gmtool.model.loading import parse_dtype, resolve_device
 from gmtool.modes import SWEEP_MODES, GraphMode
+
 
 class Scenario(StrEnum):
     DECODE = "decode"
@@ -100,7 +102,9 @@ class SweepConfig:
         if self.model is None:
             self.model = GPU_DEFAULT_MODEL if cuda else CPU_DEFAULT_MODEL
             if not cuda:
-                self.notes.append("no CUDA here: CPU tape backend and the tiny-qwen3 profile (timings are not GPU figures)")
+                self.notes.append(
+                    "no CUDA here: CPU tape backend and the tiny-qwen3 profile (timings are not GPU figures)"
+                )
         self.torch_dtype = parse_dtype(self.dtype or ("bf16" if cuda else "fp32"))
         from gmtool import kernels
 
@@ -122,8 +126,10 @@ class SweepConfig:
         comps = parse_compositions(self.compositions) if self.compositions else []
         crowded = next((c for c in comps if c.num_seqs > self.max_num_seqs), None)
         if crowded is not None:
-            raise GmtoolError(f"composition {crowded.label} has {crowded.num_seqs} sequences, above --max-num-seqs "
-                              f"{self.max_num_seqs}")
+            raise GmtoolError(
+                f"composition {crowded.label} has {crowded.num_seqs} sequences, above --max-num-seqs "
+                f"{self.max_num_seqs}"
+            )
         self.compositions_by_bucket = {b: [] for b in policy.sizes}
         for b, cs in assign_buckets(comps, policy).items():
             self.compositions_by_bucket[b].extend(cs)
@@ -132,15 +138,23 @@ class SweepConfig:
             if not self.compositions_by_bucket[b]:
                 self.compositions_by_bucket[b].extend(default_compositions(b, self.scenario, below))
             below = b
-        longest = max(((p.prefix or 0) + p.new_tokens) for cs in self.compositions_by_bucket.values() for c in cs for p in c.parts)
+        longest = max(
+            ((p.prefix or 0) + p.new_tokens) for cs in self.compositions_by_bucket.values() for c in cs for p in c.parts
+        )
         if self.max_kv_len is None:
             self.max_kv_len = max(1024 if cuda else 128, longest)
         if self.max_kv_len <= 0:
             raise GmtoolError("--max-kv-len must be positive")
         if longest > self.max_kv_len:
-            c = next(c for cs in self.compositions_by_bucket.values() for c in cs
-                     if any((p.prefix or 0) + p.new_tokens == longest for p in c.parts))
-            raise GmtoolError(f"composition {c.label}: prefix + new tokens = {longest} exceeds --max-kv-len {self.max_kv_len}")
+            c = next(
+                c
+                for cs in self.compositions_by_bucket.values()
+                for c in cs
+                if any((p.prefix or 0) + p.new_tokens == longest for p in c.parts)
+            )
+            raise GmtoolError(
+                f"composition {c.label}: prefix + new tokens = {longest} exceeds --max-kv-len {self.max_kv_len}"
+            )
 
     def policy(self, wide_key: bool = False) -> BucketPolicy:
         return BucketPolicy(self.bucket_sizes, self.max_tokens, wide_key)
@@ -150,7 +164,9 @@ class SweepConfig:
         return [m for m in self.modes if m.captures]
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("compositions_by_bucket", "torch_device", "torch_dtype")}
+        d = {
+            k: v for k, v in asdict(self).items() if k not in ("compositions_by_bucket", "torch_device", "torch_dtype")
+        }
         d["device"] = str(self.torch_device)
         d["dtype"] = str(self.torch_dtype).replace("torch.", "")
         d["compositions_by_bucket"] = {str(b): [c.label for c in cs] for b, cs in self.compositions_by_bucket.items()}
@@ -172,8 +188,14 @@ def _json_types(hint) -> list[tuple[type, str]]:
         return [t for h in typing.get_args(hint) for t in _json_types(h)]
     if typing.get_origin(hint) is tuple:
         return [(list, "a list of strings")]
-    return [(hint, {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-                    type(None): "null"}.get(hint, getattr(hint, "__name__", str(hint))))]
+    return [
+        (
+            hint,
+            {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}.get(
+                hint, getattr(hint, "__name__", str(hint))
+            ),
+        )
+    ]
 
 
 def _fits(value, typ: type) -> bool:
@@ -197,11 +219,13 @@ def check_profile(prof, source: str) -> dict:
         if key in PROFILE_EXTRA_KEYS:
             continue
         if key not in SWEEP_OPTIONS:
-            raise GmtoolError(f"sweep profile {source}: unknown key {key!r} "
-                              f"(known: {', '.join(PROFILE_EXTRA_KEYS + SWEEP_OPTIONS)})")
+            raise GmtoolError(
+                f"sweep profile {source}: unknown key {key!r} (known: {', '.join(PROFILE_EXTRA_KEYS + SWEEP_OPTIONS)})"
+            )
         allowed = _json_types(hints[key])
         if not any(_fits(value, t) for t, _ in allowed):
-            raise GmtoolError(f"sweep profile {source}: {key} must be {' or '.join(w for _, w in allowed)}, "
-                              f"got {json.dumps(value)}")
+            raise GmtoolError(
+                f"sweep profile {source}: {key} must be {' or '.join(w for _, w in allowed)}, got {json.dumps(value)}"
+            )
         out[key] = tuple(value) if isinstance(value, list) else value
     return out

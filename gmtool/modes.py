@@ -3,6 +3,7 @@
 A new mode is one entry here plus, if it captures, what its executor does differently; nothing else compares
 mode names.
 """
+
 from __future__ import annotations
 
 from enum import StrEnum

@@ -3,6 +3,7 @@
 They are package data: gmtool/builtin_profiles is a link to the repository's profiles/ (where people edit them),
 and the wheel holds a copy of the files, so the same importlib.resources path works from the tree, from an
 editable install and from an installed wheel, whatever the working directory."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,10 @@ def load_model_profile(name: str) -> dict:
     if not path.is_file():
         # the tiny test profiles are named as a family: the line stays short as profiles are added (--help lists all)
         sized = [n for n in model_profiles() if not n.startswith("tiny-")]
-        raise GmtoolError(f"unknown model {name!r}: give a profile ({', '.join(sized)}, or tiny-* for tests), "
-                          "a checkpoint folder or a config.json")
+        raise GmtoolError(
+            f"unknown model {name!r}: give a profile ({', '.join(sized)}, or tiny-* for tests), "
+            "a checkpoint folder or a config.json"
+        )
     return json.loads(path.read_text())
 
 

@@ -1,5 +1,6 @@
 """What a run measured, typed once: a row's status, its timings, its record, the document the rows make (JSON in
 and out, checked on the way in), and the exit code a document earns."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -38,8 +39,13 @@ class Status(StrEnum):
         return _STYLE[self]
 
 
-_STYLE = {Status.OK: "green", Status.SKIPPED: "yellow", Status.ERROR: "red", Status.OOM: "red",
-          Status.UNSAFE: "bold red"}
+_STYLE = {
+    Status.OK: "green",
+    Status.SKIPPED: "yellow",
+    Status.ERROR: "red",
+    Status.OOM: "red",
+    Status.UNSAFE: "bold red",
+}
 
 
 def style_of(status: str) -> str:
@@ -233,8 +239,14 @@ def from_plain(cls, value):
     return _typed(value, cls, "")
 
 
-_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "an object",
-          list: "a list"}
+_NAMES = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    dict: "an object",
+    list: "a list",
+}
 
 
 def _typed(value, hint, where: str):
@@ -249,8 +261,9 @@ def _typed(value, hint, where: str):
     if typing.get_origin(hint) is list:
         if not isinstance(value, list):
             raise GmtoolError(f"{where} is not a list")
-        return [_typed(v, args[0], f"{where}[{i}]" if where != "records" else f"record {i}")
-                for i, v in enumerate(value)]
+        return [
+            _typed(v, args[0], f"{where}[{i}]" if where != "records" else f"record {i}") for i, v in enumerate(value)
+        ]
     if isinstance(hint, type) and issubclass(hint, StrEnum):
         try:
             return hint(value)

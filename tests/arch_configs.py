@@ -3,24 +3,50 @@
 Each is 2 layers of hidden size 64 (MoE: 4 experts, 2 per token; MLA: small LoRA ranks and unequal K/V head
 dims), with any sliding window shrunk to a few tokens so that short test sequences cross it.
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-TINY = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "max_position_embeddings": 512,
-        # MoE
-        "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "n_shared_experts": 1,
-        "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "decoder_sparse_step": 1,
-        # MLA (DeepSeek-V2/V3 and kin): K head dim 16 + 8, V head dim 24
-        "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 24,
-        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+TINY = {
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    # MoE
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "decoder_sparse_step": 1,
+    # MLA (DeepSeek-V2/V3 and kin): K head dim 16 + 8, V head dim 24
+    "kv_lora_rank": 32,
+    "q_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 24,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 WINDOW = 6  # a window shorter than the test sequences, so every boundary is crossed
 EXTRA = {  # what those classes' own checks demand of a tiny config
-    "zaya": {"num_experts_per_tok": 1}, "xlnet": {"d_head": 16}, "dots3_note_text": {"num_key_value_heads": 4},
-    "gemma4_assistant": {"hidden_size_per_layer_input": 0}, "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    "zaya": {"num_experts_per_tok": 1},
+    "xlnet": {"d_head": 16},
+    "dots3_note_text": {"num_key_value_heads": 4},
+    "gemma4_assistant": {"hidden_size_per_layer_input": 0},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     "mamba2": {"num_heads": 4, "head_dim": 32},
 }
 

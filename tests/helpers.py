@@ -14,12 +14,27 @@ def graph_mode(mode: str, wide_key: bool) -> GraphMode:
 
 
 class Rig:
-    def __init__(self, model="tiny-qwen3", buckets=(4, 8, 16, 32), mode="full", wide_key=False, max_kv_len=160,
-                 max_num_seqs=32, piecewise_impl="breakable"):
+    def __init__(
+        self,
+        model="tiny-qwen3",
+        buckets=(4, 8, 16, 32),
+        mode="full",
+        wide_key=False,
+        max_kv_len=160,
+        max_num_seqs=32,
+        piecewise_impl="breakable",
+    ):
         mode = graph_mode(mode, wide_key)
-        cfg = SweepConfig(model=model, device="cpu", dtype="fp32", buckets=",".join(map(str, buckets)),
-                          modes=(GraphMode.EAGER, mode), max_kv_len=max_kv_len, max_num_seqs=max_num_seqs,
-                          piecewise_impl=piecewise_impl)
+        cfg = SweepConfig(
+            model=model,
+            device="cpu",
+            dtype="fp32",
+            buckets=",".join(map(str, buckets)),
+            modes=(GraphMode.EAGER, mode),
+            max_kv_len=max_kv_len,
+            max_num_seqs=max_num_seqs,
+            piecewise_impl=piecewise_impl,
+        )
         self.bench = Workbench.build(cfg, num_blocks=400)
         self.lm, self.cache, self.max_num_seqs = self.bench.lm, self.bench.cache, max_num_seqs
         self.ex = self.bench.executor(mode)

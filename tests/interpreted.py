@@ -1,6 +1,7 @@
 """Runs a test module's Triton kernel tests in a child pytest under the Triton interpreter, and checks that every
 one of them ran and passed: a child that skipped them (triton missing, the interpreter not switched on) or
 selected fewer of them than the module holds fails the parent test instead of passing quietly."""
+
 from __future__ import annotations
 
 import os

@@ -5,6 +5,7 @@ weights are built where the refusal can be read from the config or the model's c
 
 A tiny config that transformers' own config class rejects (its checks want sizes the tiny one lacks) is skipped,
 saying so: that is the test's shortfall, not the architecture's."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,22 +18,62 @@ from tests.arch_configs import WINDOW, causal_lm_types, write_config
 
 # one mix: 4 new tokens after 8 cached cross the window (6), beside a decode token
 COMPOSITIONS = "4@8+1@9"
-MUST_RUN = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3_text",
-            "gpt_oss", "deepseek_v2", "deepseek_v3", "phi", "phi3", "olmo2", "granite", "cohere", "starcoder2",
-            "gpt_neox", "stablelm", "smollm3", "glm", "gpt2"}
-MUST_REFUSE = {"falcon": "AttentionInterface", "bloom": "AttentionInterface", "mpt": "AttentionInterface",
-               "mamba": "state", "qwen3_next": "state", "bert": "non-causal", "llama4_text": "chunked"}
+MUST_RUN = {
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "mistral",
+    "mixtral",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "gpt_oss",
+    "deepseek_v2",
+    "deepseek_v3",
+    "phi",
+    "phi3",
+    "olmo2",
+    "granite",
+    "cohere",
+    "starcoder2",
+    "gpt_neox",
+    "stablelm",
+    "smollm3",
+    "glm",
+    "gpt2",
+}
+MUST_REFUSE = {
+    "falcon": "AttentionInterface",
+    "bloom": "AttentionInterface",
+    "mpt": "AttentionInterface",
+    "mamba": "state",
+    "qwen3_next": "state",
+    "bert": "non-causal",
+    "llama4_text": "chunked",
+}
 
 
 def _run(model_type: str, tmp_path):
     try:
         path = write_config(model_type, tmp_path)
     except Exception as e:  # noqa: BLE001 (transformers' config checks)
-        pytest.skip(f"{model_type}: the tiny config is not one its config class accepts: "
-                    f"{(str(e).strip().splitlines() or [''])[-1].strip()}")
-    cfg = SweepConfig(model=str(path), device="cpu", dtype="fp32", scenario="prefill", buckets="8",
-                      compositions=COMPOSITIONS, modes=("eager", "full", "piecewise"), max_kv_len=32,
-                      num_iters=1, num_iters_warmup=0)
+        pytest.skip(
+            f"{model_type}: the tiny config is not one its config class accepts: "
+            f"{(str(e).strip().splitlines() or [''])[-1].strip()}"
+        )
+    cfg = SweepConfig(
+        model=str(path),
+        device="cpu",
+        dtype="fp32",
+        scenario="prefill",
+        buckets="8",
+        compositions=COMPOSITIONS,
+        modes=("eager", "full", "piecewise"),
+        max_kv_len=32,
+        num_iters=1,
+        num_iters_warmup=0,
+    )
     return Sweep(cfg).run()
 
 

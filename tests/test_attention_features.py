@@ -2,6 +2,7 @@
 blocks), logit soft-cap, learned sinks, and V's head dim differing from K's. The torch reference's three paths
 (decode, masked per sequence and per token, planned) here; the Triton kernels under the Triton interpreter in a
 child pytest (tests/interpreted.py), as tests/test_kernels.py does."""
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,7 @@ def dense(q, k, v, positions, opts: LayerOpts) -> torch.Tensor:
     s = s.masked_fill(~seen[None], float("-inf"))
     if opts.sinks is not None:
         s = torch.cat([s, opts.sinks.double()[:, None, None].expand(-1, s.shape[1], 1)], -1)
-    p = s.softmax(-1)[..., :k.shape[0]]
+    p = s.softmax(-1)[..., : k.shape[0]]
     return torch.einsum("hnl,lhd->nhd", p, v)
 
 
@@ -57,7 +58,7 @@ def expected(case, opts: LayerOpts, q=None) -> torch.Tensor:
         nb = -(-kl // BS)
         k = case.k_cache[case.block_tables[i, :nb]].flatten(0, 1)[:kl]
         v = case.v_cache[case.block_tables[i, :nb]].flatten(0, 1)[:kl]
-        out.append(dense(q[t:t + ql], k, v, torch.arange(kl - ql, kl), opts))
+        out.append(dense(q[t : t + ql], k, v, torch.arange(kl - ql, kl), opts))
         t += ql
     return torch.cat(out)
 
@@ -66,8 +67,13 @@ def views_of(case) -> SimpleNamespace:
     seq = torch.repeat_interleave(torch.arange(case.num_seqs), torch.tensor(case.q_lens))
     pad = case.num_tokens - seq.numel()
     token_seq = torch.cat([seq, torch.full((pad,), -1)])
-    return SimpleNamespace(block_tables=case.block_tables, kv_lens=case.kv_lens_t, positions=case.positions,
-                           token_seq=token_seq, cu_q=case.cu_q)
+    return SimpleNamespace(
+        block_tables=case.block_tables,
+        kv_lens=case.kv_lens_t,
+        positions=case.positions,
+        token_seq=token_seq,
+        cu_q=case.cu_q,
+    )
 
 
 SINKS = torch.tensor([0.5, -1.0, 2.0, 0.0])
@@ -130,6 +136,7 @@ def test_write_kv_unequal_dims():
 
 # ---------------------------------------------------------------- Triton kernels (interpreter, child process)
 
+
 @pytest.mark.skipif(INTERPRETED, reason="the parent of the interpreter run")
 def test_kernels_under_the_interpreter():
     pytest.importorskip("triton")
@@ -150,9 +157,19 @@ def test_interp_decode_features(name):
                 case.k_cache[case.block_tables[i, p // BS], p % BS] = float("nan")
                 case.v_cache[case.block_tables[i, p // BS], p % BS] = float("nan")
     for splits in (1, 2):
-        got = decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, SCALE,
-                               num_splits=splits, block_n=16, window=opts.window, softcap=opts.softcap,
-                               sinks=opts.sinks)
+        got = decode_attention(
+            case.q,
+            case.k_cache,
+            case.v_cache,
+            case.block_tables,
+            case.kv_lens_t,
+            SCALE,
+            num_splits=splits,
+            block_n=16,
+            window=opts.window,
+            softcap=opts.softcap,
+            sinks=opts.sinks,
+        )
         torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
 
 
@@ -164,9 +181,21 @@ def test_interp_varlen_features(name):
 
     opts = FEATURES[name]
     case = case_for(*PREFILL, dv=_dv(name), num_tokens=sum(PREFILL[0]) + 3)
-    got = varlen_attention_wide(case.q, case.k_cache, case.v_cache, case.cu_q, case.kv_lens_t, case.block_tables,
-                                case.num_seqs, SCALE, block_m=16, block_n=16, window=opts.window,
-                                softcap=opts.softcap, sinks=opts.sinks)
+    got = varlen_attention_wide(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        case.cu_q,
+        case.kv_lens_t,
+        case.block_tables,
+        case.num_seqs,
+        SCALE,
+        block_m=16,
+        block_n=16,
+        window=opts.window,
+        softcap=opts.softcap,
+        sinks=opts.sinks,
+    )
     n = sum(PREFILL[0])
     torch.testing.assert_close(got[:n].double(), expected(case, opts), atol=1e-4, rtol=1e-4)
     assert not got[n:].any()
@@ -183,8 +212,22 @@ def test_compare_judges_the_kv_of_unequal_head_dims(tmp_path):
 
     from tests.test_compare import run_cli
 
-    code, out, err = run_cli("compare", "eager,full,piecewise", "--device", "cpu", "--model", "tiny-deepseek-v2",
-                             "--buckets", "1,4", "--num-iters", "1", "--num-iters-warmup", "0", "--out", tmp_path / "o")
+    code, out, err = run_cli(
+        "compare",
+        "eager,full,piecewise",
+        "--device",
+        "cpu",
+        "--model",
+        "tiny-deepseek-v2",
+        "--buckets",
+        "1,4",
+        "--num-iters",
+        "1",
+        "--num-iters-warmup",
+        "0",
+        "--out",
+        tmp_path / "o",
+    )
     assert code == 0, err
     records = json.loads((tmp_path / "o" / "results.json").read_text())["records"]
     assert records and all(r["status"] == "ok" for r in records)

@@ -1,5 +1,6 @@
 """auto mode on the CPU tape backend: which executor serves each batch, served_by in the records, exact against
 eager through compare, and the commands that accept it."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,16 @@ from tests.test_compare import FAST, one_error, run_cli
 
 @pytest.fixture(scope="module")
 def auto():
-    cfg = SweepConfig(model="tiny-qwen3", device="cpu", dtype="fp32", buckets="4,8", max_tokens=24,
-                      modes=(GraphMode.EAGER, GraphMode.AUTO), max_kv_len=96, max_num_seqs=16)
+    cfg = SweepConfig(
+        model="tiny-qwen3",
+        device="cpu",
+        dtype="fp32",
+        buckets="4,8",
+        max_tokens=24,
+        modes=(GraphMode.EAGER, GraphMode.AUTO),
+        max_kv_len=96,
+        max_num_seqs=16,
+    )
     bench = Workbench.build(cfg, num_blocks=200)
     ex = bench.executor(GraphMode.AUTO)
     yield bench, ex
@@ -36,20 +45,27 @@ def _eager(bench, batch):
 def test_auto_is_a_composite_mode_served_per_batch():
     assert GraphMode.AUTO.composed_of == {"decode": GraphMode.FULL, "mixed": GraphMode.PIECEWISE}
     assert GraphMode.AUTO.served_by is None  # decided per batch
-    assert [GraphMode(m).served_by for m in ("eager", "full", "full-narrow", "piecewise")] == \
-        ["eager", "full", "full", "piecewise"]
+    assert [GraphMode(m).served_by for m in ("eager", "full", "full-narrow", "piecewise")] == [
+        "eager",
+        "full",
+        "full",
+        "piecewise",
+    ]
     assert GraphMode.AUTO in CAPTURE_MODES and GraphMode.AUTO in MEMORY_MODES
     assert GraphMode.FULL_NARROW not in MEMORY_MODES
 
 
-@pytest.mark.parametrize("text, served, key", [
-    ("1*3", "full", BucketKey(4, None, True)),  # uniform decode: a full decode graph
-    ("1*8", "full", BucketKey(8, None, True)),
-    ("3+2", "piecewise", BucketKey(8, None, False)),  # prefill: piecewise, keyed by token count alone
-    ("1*2+5", "piecewise", BucketKey(8, None, False)),  # mixed: decode requests riding with a chunk
-    ("6+3@20", "eager", BucketKey(9, 2, False)),  # 9 tokens: above bucket 8
-    ("1*12", "eager", BucketKey(12, 12, True)),  # decode above the largest bucket: eager, its exact shape
-])
+@pytest.mark.parametrize(
+    "text, served, key",
+    [
+        ("1*3", "full", BucketKey(4, None, True)),  # uniform decode: a full decode graph
+        ("1*8", "full", BucketKey(8, None, True)),
+        ("3+2", "piecewise", BucketKey(8, None, False)),  # prefill: piecewise, keyed by token count alone
+        ("1*2+5", "piecewise", BucketKey(8, None, False)),  # mixed: decode requests riding with a chunk
+        ("6+3@20", "eager", BucketKey(9, 2, False)),  # 9 tokens: above bucket 8
+        ("1*12", "eager", BucketKey(12, 12, True)),  # decode above the largest bucket: eager, its exact shape
+    ],
+)
 def test_dispatch_choices_and_exact_against_eager(auto, text, served, key):
     bench, ex = auto
     batch = bench.batch(parse_composition(text, seed=3))
@@ -94,13 +110,19 @@ def test_served_by_reads_old_records():
 def test_compare_auto_rows_are_exact_and_say_what_served_them(tmp_path):
     out = tmp_path / "auto"
     comps = "1*3,1*4,2+2,1*2+2,8=1*5,3+5,1*2+6@16"
-    code, _, err = run_cli("compare", "eager,auto", *FAST, "--buckets", "4,8", "--compositions", comps,
-                           "--out", out)
+    code, _, err = run_cli("compare", "eager,auto", *FAST, "--buckets", "4,8", "--compositions", comps, "--out", out)
     assert code == 0, err
     doc = json.loads((out / "results.json").read_text())
     rows = {(r["mode"], r["composition"]): r for r in doc["records"]}
-    expect = {"1*3": "full", "1*4": "full", "2+2": "piecewise", "1*2+2": "piecewise", "1*5": "full",
-              "3+5": "piecewise", "1*2+6@16": "piecewise"}
+    expect = {
+        "1*3": "full",
+        "1*4": "full",
+        "2+2": "piecewise",
+        "1*2+2": "piecewise",
+        "1*5": "full",
+        "3+5": "piecewise",
+        "1*2+6@16": "piecewise",
+    }
     assert {c: rows[("auto", c)]["served_by"] for c in expect} == expect
     assert all(rows[("eager", c)]["served_by"] == "eager" for c in expect)
     for c in expect:
@@ -114,8 +136,9 @@ def test_compare_auto_rows_are_exact_and_say_what_served_them(tmp_path):
 
 
 def test_capture_accepts_auto_and_memreport_refuses_only_for_want_of_cuda(tmp_path):
-    code, _, err = run_cli("capture", "--mode", "auto", *FAST, "--buckets", "2", "--compositions", "1*2,2",
-                           "--out", tmp_path / "cap")
+    code, _, err = run_cli(
+        "capture", "--mode", "auto", *FAST, "--buckets", "2", "--compositions", "1*2,2", "--out", tmp_path / "cap"
+    )
     assert code == 0, err
     recs = json.loads((tmp_path / "cap" / "results.json").read_text())["records"]
     assert sorted(r["served_by"] for r in recs if r["mode"] == "auto") == ["full", "piecewise"]
@@ -126,8 +149,9 @@ def test_capture_accepts_auto_and_memreport_refuses_only_for_want_of_cuda(tmp_pa
 
 
 def test_verify_soaks_auto(tmp_path):
-    code, _, err = run_cli("verify", "--modes", "auto", "--device", "cpu", "--steps", "6", "--check-every", "3",
-                           "--out", tmp_path / "v")
+    code, _, err = run_cli(
+        "verify", "--modes", "auto", "--device", "cpu", "--steps", "6", "--check-every", "3", "--out", tmp_path / "v"
+    )
     assert code == 0, err
     assert json.loads((tmp_path / "v" / "verify.json").read_text())["runs"][0]["mode"] == "auto"
 

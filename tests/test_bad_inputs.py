@@ -1,6 +1,7 @@
 """Every bad input of issue 13 (and its neighbours), each through the real entry point: exit 2, one line on
 stderr, no traceback, no error on stdout, and no output directory left behind. CASES is also what
 tools/bad_inputs.py runs to print the bad-input table."""
+
 from __future__ import annotations
 
 import json
@@ -18,16 +19,28 @@ CPU = ["--device", "cpu"]
 # case writes to {tmp}/o, which must not exist afterwards
 CASES = [
     ("--model a file that is not JSON", ["capture", *CPU, "--model", "{tmp}/invalid.json"], "cannot read config file"),
-    ("--model a config that is not a causal LM", ["capture", *CPU, "--model", "{tmp}/t5.json"],
-     "is not a causal language model"),
-    ("--model an unknown model_type", ["capture", *CPU, "--model", "{tmp}/unknown.json"],
-     "does not know model_type 'no-such-type'"),
+    (
+        "--model a config that is not a causal LM",
+        ["capture", *CPU, "--model", "{tmp}/t5.json"],
+        "is not a causal language model",
+    ),
+    (
+        "--model an unknown model_type",
+        ["capture", *CPU, "--model", "{tmp}/unknown.json"],
+        "does not know model_type 'no-such-type'",
+    ),
     ("--model an unknown name", ["capture", *CPU, "--model", "no-such-model"], "unknown model 'no-such-model'"),
-    ("--model a checkpoint with corrupt safetensors", ["capture", *CPU, "--model", "{tmp}/corrupt"],
-     "cannot read weight file"),
+    (
+        "--model a checkpoint with corrupt safetensors",
+        ["capture", *CPU, "--model", "{tmp}/corrupt"],
+        "cannot read weight file",
+    ),
     ("--out under a file", ["capture", *CPU, "--out", "{tmp}/afile/run"], "cannot create output directory"),
-    ("--out a directory that cannot be written", ["capture", *CPU, "--out", "/proc/self/fd", "--force"],
-     "cannot write into output directory"),
+    (
+        "--out a directory that cannot be written",
+        ["capture", *CPU, "--out", "/proc/self/fd", "--force"],
+        "cannot write into output directory",
+    ),
     ("capture --mode eager", ["capture", *CPU, "--mode", "eager"], "--mode 'eager' captures nothing"),
     ("capture --mode unknown", ["capture", *CPU, "--mode", "fastest"], "is an unknown mode"),
     ("--compositions ''", ["capture", *CPU, "--compositions", ""], "empty composition list"),
@@ -35,8 +48,11 @@ CASES = [
     ("--buckets malformed", ["capture", *CPU, "--buckets", "8,a"], "malformed bucket item"),
     ("--num-iters-warmup -3", ["capture", *CPU, "--num-iters-warmup", "-3"], "--num-iters-warmup must be 0 or more"),
     ("--kv-cache-gb -1", ["capture", *CPU, "--kv-cache-gb", "-1"], "--kv-cache-gb must be positive"),
-    ("--max-num-seqs below a composition", ["capture", *CPU, "--buckets", "4", "--compositions", "1*4",
-                                            "--max-num-seqs", "2"], "above --max-num-seqs 2"),
+    (
+        "--max-num-seqs below a composition",
+        ["capture", *CPU, "--buckets", "4", "--compositions", "1*4", "--max-num-seqs", "2"],
+        "above --max-num-seqs 2",
+    ),
     ("--scenario unknown", ["capture", *CPU, "--scenario", "sideways"], "is not one of"),
     ("--dtype unknown", ["capture", *CPU, "--dtype", "int3"], "unknown dtype"),
     ("--compile on the CPU", ["capture", *CPU, "--compile"], "--compile"),
@@ -46,21 +62,38 @@ CASES = [
     ("--buckets 1:100000:1", ["capture", *CPU, "--buckets", "1:100000:1"], "--buckets"),
     ("compare hf-compiled on the CPU", ["compare", "eager,hf-compiled", *CPU], "needs CUDA"),
     ("compare an unknown mode", ["compare", "eager,fast", *CPU], "unknown mode 'fast'"),
-    ("compare --baseline of another scenario", ["compare", "eager", *CPU, "--baseline", "{tmp}/prefill.json"],
-     "is a prefill run, this run is decode"),
-    ("compare --baseline that is not JSON", ["compare", "eager", *CPU, "--baseline", "{tmp}/invalid.json"],
-     "cannot read results file"),
+    (
+        "compare --baseline of another scenario",
+        ["compare", "eager", *CPU, "--baseline", "{tmp}/prefill.json"],
+        "is a prefill run, this run is decode",
+    ),
+    (
+        "compare --baseline that is not JSON",
+        ["compare", "eager", *CPU, "--baseline", "{tmp}/invalid.json"],
+        "cannot read results file",
+    ),
     ("memreport on the CPU", ["memreport", *CPU], "memory strategies need CUDA"),
     ("memreport --mode eager", ["memreport", *CPU, "--mode", "eager"], "--mode must be one of full, piecewise, auto"),
     ("report on a results.json missing keys", ["report", "{tmp}/incomplete"], "record 0 lacks composition, status"),
     ("report on a results.json without a model", ["report", "{tmp}/nomodel"], "no 'model' section"),
     ("report on a directory without results", ["report", "{tmp}/empty"], "no results file"),
-    ("plan an unknown workload", ["plan", "--workload", "no-such-workload", "--from", "{tmp}/incomplete"],
-     "no-such-workload"),
-    ("plan --memory-budget 0", ["plan", "--workload", "chat", "--memory-budget", "0"], "--memory-budget must be positive"),
+    (
+        "plan an unknown workload",
+        ["plan", "--workload", "no-such-workload", "--from", "{tmp}/incomplete"],
+        "no-such-workload",
+    ),
+    (
+        "plan --memory-budget 0",
+        ["plan", "--workload", "chat", "--memory-budget", "0"],
+        "--memory-budget must be positive",
+    ),
     ("verify --modes eager", ["verify", *CPU, "--modes", "eager"], "is not a graph mode"),
-    pytest.param("bench without CUDA", ["bench"], "needs CUDA",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="bench runs where there is CUDA")),
+    pytest.param(
+        "bench without CUDA",
+        ["bench"],
+        "needs CUDA",
+        marks=pytest.mark.skipif(torch.cuda.is_available(), reason="bench runs where there is CUDA"),
+    ),
     ("verify --steps 0", ["verify", *CPU, "--steps", "0"], "must be positive"),
 ]
 
@@ -70,18 +103,28 @@ CAPTURE_LIKE = ("capture", "compare", "memreport", "plan", "verify")
 def make_inputs(tmp: Path) -> None:
     """The files the cases name, in tmp."""
     (tmp / "invalid.json").write_text("{bad")
-    (tmp / "t5.json").write_text('{"model_type": "t5", "d_model": 64, "num_layers": 2, "num_heads": 2, '
-                                 '"d_kv": 16, "d_ff": 64, "vocab_size": 100}')
+    (tmp / "t5.json").write_text(
+        '{"model_type": "t5", "d_model": 64, "num_layers": 2, "num_heads": 2, '
+        '"d_kv": 16, "d_ff": 64, "vocab_size": 100}'
+    )
     (tmp / "unknown.json").write_text('{"model_type": "no-such-type"}')
     (tmp / "afile").write_text("x")
     corrupt = tmp / "corrupt"
     corrupt.mkdir()
     config = json.loads((ROOT / "profiles/models/tiny-qwen3.json").read_text())["config"]
     (corrupt / "config.json").write_text(json.dumps(config))
-    (corrupt / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": 1}")
-    doc = {"tool": "gmtool", "schema_version": 1, "command": "compare", "model": {"name": "tiny-qwen3"},
-           "config": {"scenario": "prefill", "modes": ["eager"]}, "machine": {"device": "cpu"}, "errors": [],
-           "notes": [], "records": []}
+    (corrupt / "model.safetensors").write_bytes(b'\x10\x00\x00\x00\x00\x00\x00\x00{"a": 1}')
+    doc = {
+        "tool": "gmtool",
+        "schema_version": 1,
+        "command": "compare",
+        "model": {"name": "tiny-qwen3"},
+        "config": {"scenario": "prefill", "modes": ["eager"]},
+        "machine": {"device": "cpu"},
+        "errors": [],
+        "notes": [],
+        "records": [],
+    }
     (tmp / "prefill.json").write_text(json.dumps(doc))
     for name, over in (("incomplete", {"records": [{"mode": "full", "bucket": 1}]}), ("nomodel", {"model": None})):
         (tmp / name).mkdir()
@@ -96,7 +139,9 @@ def argv_of(case_argv: list[str], tmp: Path) -> list[str]:
     return argv
 
 
-@pytest.mark.parametrize("case, args, message", CASES, ids=[(c.values if hasattr(c, "values") else c)[0] for c in CASES])
+@pytest.mark.parametrize(
+    "case, args, message", CASES, ids=[(c.values if hasattr(c, "values") else c)[0] for c in CASES]
+)
 def test_every_bad_input_is_one_line_and_exit_2(tmp_path, case, args, message):
     make_inputs(tmp_path)
     code, stdout, stderr = run_cli(*argv_of(args, tmp_path))

@@ -1,4 +1,5 @@
 """make bench's table, built from stage files (the stages themselves need a GPU)."""
+
 import io
 import json
 
@@ -13,20 +14,38 @@ def _lat(ms):
 
 def test_summary_ratios_and_goals(tmp_path):
     def row(bucket, kv, ms, host=None):
-        return {"bucket": bucket, "composition": f"1*{bucket}@{kv - 1}", "status": "ok", "latency_ms": _lat(ms),
-                "host_us": _lat(host) if host else None, "host_copy_us": _lat(10.0) if host else None,
-                "host_steady_us": _lat(host / 2) if host else None}
+        return {
+            "bucket": bucket,
+            "composition": f"1*{bucket}@{kv - 1}",
+            "status": "ok",
+            "latency_ms": _lat(ms),
+            "host_us": _lat(host) if host else None,
+            "host_copy_us": _lat(10.0) if host else None,
+            "host_steady_us": _lat(host / 2) if host else None,
+        }
 
     stages = {
-        "peer": {"rows": [{"bucket": 1, "kv_len": 1024, "status": "ok", "compile_s": 40.0, "latency_ms": _lat(2.4)},
-                          {"bucket": 32, "kv_len": 1024, "status": "error", "error": "boom"}]},
+        "peer": {
+            "rows": [
+                {"bucket": 1, "kv_len": 1024, "status": "ok", "compile_s": 40.0, "latency_ms": _lat(2.4)},
+                {"bucket": 32, "kv_len": 1024, "status": "error", "error": "boom"},
+            ]
+        },
         "decode": {"rows": [row(1, 1024, 4.0, host=80.0)]},  # steady 40 us
         "fused": {"rows": [row(1, 1024, 1.6, host=50.0)]},  # steady 25 us
         "kernel": {"kernel_GBps": 3000.0, "copy_GBps": 4000.0, "ratio": 0.75},
         "capture": {"buckets": 35, "total_s": 12.0, "capture_only_s": 2.0},
-        "host": {"numpy_write_us": 0.8, "full --fuse": {
-            "steady_us": {"median": 29.5, "p90": 33.0}, "step_us": {"median": 45.0, "p90": 60.0}, "copy_in_us": _lat(12.0), "launch_idle_us": _lat(15.0),
-            "launch_busy_us": _lat(9.0), "kernels_per_replay": 408}},
+        "host": {
+            "numpy_write_us": 0.8,
+            "full --fuse": {
+                "steady_us": {"median": 29.5, "p90": 33.0},
+                "step_us": {"median": 45.0, "p90": 60.0},
+                "copy_in_us": _lat(12.0),
+                "launch_idle_us": _lat(15.0),
+                "launch_busy_us": _lat(9.0),
+                "kernels_per_replay": 408,
+            },
+        },
     }
     for name, data in stages.items():
         (tmp_path / f"bench-{name}.json").write_text(json.dumps(data))
@@ -38,15 +57,24 @@ def test_summary_ratios_and_goals(tmp_path):
     assert [v[2] for v in host.values()] == ["NOT met", "met", "met"]
     assert rows["decode attention B=32 kv=4096: 3000 GB/s vs copy 4000 GB/s"] == ("75%", ">= 70%", "met")
     assert any(k.startswith("capture 35") and v[2] == "NOT met" for k, v in rows.items())
-    assert any("408 kernels per replay" in k and "idle device 45.0 us" in k and v[0] == "29.5 us (p90 33)"
-               for k, v in rows.items())
+    assert any(
+        "408 kernels per replay" in k and "idle device 45.0 us" in k and v[0] == "29.5 us (p90 33)"
+        for k, v in rows.items()
+    )
 
 
 def test_summary_sliding_window_row(tmp_path):
     """The window stage's row: windowed time against full attention's over the same kv, and the bytes each read."""
+
     def bw(ms, mib):
-        return {"kernel_ms": ms, "kv_bytes": mib * 2**20, "kernel_GBps": mib * 2**20 / ms / 1e6, "copy_GBps": 4000.0,
-                "ratio": 0.7, "num_splits": 2}
+        return {
+            "kernel_ms": ms,
+            "kv_bytes": mib * 2**20,
+            "kernel_GBps": mib * 2**20 / ms / 1e6,
+            "copy_GBps": 4000.0,
+            "ratio": 0.7,
+            "num_splits": 2,
+        }
 
     data = {"shape": {}, "window_tokens": 4096, "windowed": bw(0.25, 1024), "full": bw(0.5, 2048)}
     (tmp_path / "bench-window.json").write_text(json.dumps(data))
@@ -58,13 +86,29 @@ def test_summary_sliding_window_row(tmp_path):
 
 def test_summary_of_the_lean_stage(tmp_path):
     def part(mem, host, runners=0, runner_us=None):
-        return {"graph_mem_bytes": mem, "pool_growth_bytes": mem, "host_steady_us": host, "pieces": runners + 1,
-                "runners": runners, "runner_us": runner_us}
+        return {
+            "graph_mem_bytes": mem,
+            "pool_growth_bytes": mem,
+            "host_steady_us": host,
+            "pieces": runners + 1,
+            "runners": runners,
+            "runner_us": runner_us,
+        }
 
-    lean = {"128": {"full": part(9 << 20, 20.0), "piecewise": part(10 << 20, 160.0, 28, 4.0), "mem_ratio": 10 / 9,
-                    "host_extra_us_per_runner": 5.0},
-            "512": {"full": part(36 << 20, 20.0), "piecewise": part(72 << 20, 300.0, 28, 9.0), "mem_ratio": 2.0,
-                    "host_extra_us_per_runner": 10.0}}
+    lean = {
+        "128": {
+            "full": part(9 << 20, 20.0),
+            "piecewise": part(10 << 20, 160.0, 28, 4.0),
+            "mem_ratio": 10 / 9,
+            "host_extra_us_per_runner": 5.0,
+        },
+        "512": {
+            "full": part(36 << 20, 20.0),
+            "piecewise": part(72 << 20, 300.0, 28, 9.0),
+            "mem_ratio": 2.0,
+            "host_extra_us_per_runner": 10.0,
+        },
+    }
     (tmp_path / "bench-lean.json").write_text(json.dumps(lean))
     rows = {r[0]: r[1:] for r in summary(tmp_path, Console(file=io.StringIO()))}
     assert rows["prefill 128: graph memory piecewise / full (10.0 vs 9.0 MiB)"] == ("1.11x", "<= 1.1x", "NOT met")

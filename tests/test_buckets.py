@@ -51,9 +51,19 @@ def test_composition_grammar():
     assert [x.label for x in parse_compositions("64+64, 16*8")] == ["64+64", "16*8"]
 
 
-@pytest.mark.parametrize("text,msg", [
-    ("128=100+100", "more than its bucket"), ("0*4", "> 0"), ("4*0", "> 0"), ("-4", "not N"),
-    ("x=4", "bucket size"), ("4@", "not N"), ("4**2", "not N"), ("", "empty")])
+@pytest.mark.parametrize(
+    "text,msg",
+    [
+        ("128=100+100", "more than its bucket"),
+        ("0*4", "> 0"),
+        ("4*0", "> 0"),
+        ("-4", "not N"),
+        ("x=4", "bucket size"),
+        ("4@", "not N"),
+        ("4**2", "not N"),
+        ("", "empty"),
+    ],
+)
 def test_bad_compositions(text, msg):
     with pytest.raises(GmtoolError, match=msg):
         parse_compositions(text)

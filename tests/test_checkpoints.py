@@ -1,6 +1,7 @@
 """Local checkpoint directories (--model DIR): loaded without accelerate, with the weights as saved; a folder
 with a config and no weights runs on random weights and says so; damaged or mismatched weights are refused in
 one line that names the file."""
+
 import json
 import shutil
 import subprocess
@@ -89,8 +90,12 @@ def test_a_config_only_folder_runs_on_random_weights_and_says_so(saved, tmp_path
 def test_a_corrupt_weight_file_is_one_line_naming_it(saved, tmp_path):
     d = copy_of(saved, tmp_path, "config.json")
     (d / "model.safetensors").write_bytes((saved[0] / "model.safetensors").read_bytes()[:5000])  # cut short
-    p = subprocess.run([sys.executable, "-m", "gmtool", "capture", "--model", str(d), *QUICK,
-                        "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "gmtool", "capture", "--model", str(d), *QUICK, "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2 and len(lines) == 1, p.stderr
     assert f"cannot read weight file {d / 'model.safetensors'}" in lines[0]
@@ -101,18 +106,26 @@ def test_weights_that_do_not_fit_the_config_are_refused(saved, tmp_path):
     d = copy_of(saved, tmp_path, "config.json", "model.safetensors")
     weights = load_file(d / "model.safetensors")
     save_file({k: v for k, v in weights.items() if "layers.1.mlp.up_proj" not in k}, d / "model.safetensors")
-    with pytest.raises(GmtoolError, match=r"1 weights of the model are in no weight file \(first: "
-                                          r"model.layers.1.mlp.up_proj.weight\)"):
+    with pytest.raises(
+        GmtoolError,
+        match=r"1 weights of the model are in no weight file \(first: "
+        r"model.layers.1.mlp.up_proj.weight\)",
+    ):
         load_model(str(d), CPU, torch.float32)
     weights["model.norm.weight"] = torch.ones(3)
     save_file(weights, d / "model.safetensors")
-    with pytest.raises(GmtoolError, match=r"model.safetensors: model.norm.weight has shape \(3,\), but the config "
-                                          r"gives \(64,\)"):
+    with pytest.raises(
+        GmtoolError,
+        match=r"model.safetensors: model.norm.weight has shape \(3,\), but the config "
+        r"gives \(64,\)",
+    ):
         load_model(str(d), CPU, torch.float32)
 
 
 def test_an_index_naming_an_absent_shard_is_refused(saved, tmp_path):
     d = copy_of(saved, tmp_path, "config.json")
-    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": "part-2.safetensors"}}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"lm_head.weight": "part-2.safetensors"}})
+    )
     with pytest.raises(GmtoolError, match="names the weight file part-2.safetensors, which is not in"):
         load_model(str(d), CPU, torch.float32)

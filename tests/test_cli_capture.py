@@ -17,15 +17,25 @@ runner = CliRunner()
 
 def gm(*args):
     """Run the real entry point in a subprocess: exit code, stdout, stderr as a user sees them."""
-    p = subprocess.run([sys.executable, "-m", "gmtool.cli.main", *args], capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run([sys.executable, "-m", "gmtool.cli.main", *args], capture_output=True, text=True, timeout=300)
     return p.returncode, p.stdout, p.stderr
 
 
 def test_capture_on_cpu_writes_results(tmp_path):
     out = tmp_path / "run"
-    code, stdout, stderr = gm("capture", "--device", "cpu", "--buckets", "1,2,4", "--num-iters", "2",
-                              "--num-iters-warmup", "1", "--out", str(out))
+    code, stdout, stderr = gm(
+        "capture",
+        "--device",
+        "cpu",
+        "--buckets",
+        "1,2,4",
+        "--num-iters",
+        "2",
+        "--num-iters-warmup",
+        "1",
+        "--out",
+        str(out),
+    )
     assert code == 0, stderr
     assert "CPU tape backend" in stdout and "max rel err" in stdout
     doc = json.loads((out / "results.json").read_text())
@@ -34,16 +44,25 @@ def test_capture_on_cpu_writes_results(tmp_path):
     assert len(graph_rows) >= 9 and all(r["status"] == "ok" for r in graph_rows)
     assert all(r["max_rel_err"] < 1e-4 for r in graph_rows)
     # host time: from an idle device, copy-in alone, and issued behind the previous step
-    assert all(r[f]["n"] >= 5 and r[f]["median"] > 0 for r in graph_rows
-               for f in ("host_us", "host_copy_us", "host_steady_us"))
+    assert all(
+        r[f]["n"] >= 5 and r[f]["median"] > 0 for r in graph_rows for f in ("host_us", "host_copy_us", "host_steady_us")
+    )
     assert doc["machine"]["backend"] == "cpu-tape"
     # results.csv: one row per record of results.json, in the same order, with the same values
     with (out / "results.csv").open() as f:
         table = list(csv.DictReader(f))
-    assert {"mode", "bucket", "composition", "status", "max_rel_err", "latency_ms_median",
-            "host_steady_us_median"} <= set(table[0])
-    assert [(t["mode"], int(t["bucket"]), t["composition"], t["status"]) for t in table] == \
-        [(r["mode"], r["bucket"], r["composition"], r["status"]) for r in doc["records"]]
+    assert {
+        "mode",
+        "bucket",
+        "composition",
+        "status",
+        "max_rel_err",
+        "latency_ms_median",
+        "host_steady_us_median",
+    } <= set(table[0])
+    assert [(t["mode"], int(t["bucket"]), t["composition"], t["status"]) for t in table] == [
+        (r["mode"], r["bucket"], r["composition"], r["status"]) for r in doc["records"]
+    ]
     for t, r in zip(table, doc["records"]):
         assert float(t["max_rel_err"]) == pytest.approx(r["max_rel_err"], rel=1e-6, abs=1e-12)
         assert float(t["latency_ms_median"]) == pytest.approx(r["latency_ms"]["median"], rel=1e-6)
@@ -51,9 +70,23 @@ def test_capture_on_cpu_writes_results(tmp_path):
 
 def test_capture_piecewise_prefill_reports_pieces(tmp_path):
     out = tmp_path / "pw"
-    code, stdout, stderr = gm("capture", "--device", "cpu", "--scenario", "prefill", "--mode", "piecewise",
-                              "--buckets", "32", "--compositions", "16+16,8*4,20+12@40", "--num-iters", "2",
-                              "--out", str(out))
+    code, stdout, stderr = gm(
+        "capture",
+        "--device",
+        "cpu",
+        "--scenario",
+        "prefill",
+        "--mode",
+        "piecewise",
+        "--buckets",
+        "32",
+        "--compositions",
+        "16+16,8*4,20+12@40",
+        "--num-iters",
+        "2",
+        "--out",
+        str(out),
+    )
     assert code == 0, stderr
     rows = [r for r in json.loads((out / "results.json").read_text())["records"] if r["mode"] == "piecewise"]
     assert [r["composition"] for r in rows] == ["16+16", "8*4", "20+12@40"]
@@ -65,9 +98,23 @@ def test_narrow_full_graph_for_prefill_is_reported_unsafe(tmp_path):
     """Captured with 16+16, replayed with 8*4: the graph froze the capture's plan. The row is UNSAFE because
     the stale plan was detected, and the replay's numbers are wrong too; exit 0, since full-narrow's UNSAFE
     rows are the finding it exists to show (run_sweep.finish)."""
-    code, stdout, stderr = gm("capture", "--device", "cpu", "--scenario", "prefill", "--mode", "full-narrow",
-                              "--buckets", "32", "--compositions", "16+16,8*4", "--num-iters", "2",
-                              "--out", str(out))
+    code, stdout, stderr = gm(
+        "capture",
+        "--device",
+        "cpu",
+        "--scenario",
+        "prefill",
+        "--mode",
+        "full-narrow",
+        "--buckets",
+        "32",
+        "--compositions",
+        "16+16,8*4",
+        "--num-iters",
+        "2",
+        "--out",
+        str(out),
+    )
     assert code == 0, stderr
     rows = [r for r in json.loads((out / "results.json").read_text())["records"] if r["mode"] == "full-narrow"]
     assert [(r["composition"], r["status"]) for r in rows] == [("16+16", "ok"), ("8*4", "UNSAFE")]
@@ -82,19 +129,22 @@ def test_narrow_full_graph_for_prefill_is_reported_unsafe(tmp_path):
     assert "UNSAFE" in stdout
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
-    (["--buckets", "1,,2"], "malformed bucket"),
-    (["--buckets", ""], "empty bucket list"),
-    (["--buckets", "8,a"], "malformed bucket item"),
-    (["--buckets", "8,512", "--max-tokens", "256"], "above the configured maximum"),
-    (["--compositions", "8=4+8"], "more than its bucket"),
-    (["--compositions", "0*3"], "must be > 0"),
-    (["--buckets", "8", "--compositions", "4@200", "--max-kv-len", "128"], "exceeds --max-kv-len"),
-    (["--scenario", "sideways"], "is not one of"),
-    (["--mode", "fastest"], "unknown mode"),
-    (["--dtype", "int3"], "unknown dtype"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--buckets", "1,,2"], "malformed bucket"),
+        (["--buckets", ""], "empty bucket list"),
+        (["--buckets", "8,a"], "malformed bucket item"),
+        (["--buckets", "8,512", "--max-tokens", "256"], "above the configured maximum"),
+        (["--compositions", "8=4+8"], "more than its bucket"),
+        (["--compositions", "0*3"], "must be > 0"),
+        (["--buckets", "8", "--compositions", "4@200", "--max-kv-len", "128"], "exceeds --max-kv-len"),
+        (["--scenario", "sideways"], "is not one of"),
+        (["--mode", "fastest"], "unknown mode"),
+        (["--dtype", "int3"], "unknown dtype"),
+    ],
+)
 def test_bad_input_is_one_line_error(args, msg, tmp_path):
     code, stdout, stderr = gm("capture", "--device", "cpu", "--out", str(tmp_path / "x"), *args)
     assert code != 0
@@ -110,9 +160,25 @@ def test_sliding_window_shorter_than_the_context_runs(tmp_path):
     cfg.pop("rope_scaling")
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
-    code, stdout, stderr = gm("capture", "--device", "cpu", "--model", str(path), "--max-kv-len", "160",
-                              "--buckets", "4", "--compositions", "1*4@120", "--num-iters", "1",
-                              "--num-iters-warmup", "0", "--out", str(tmp_path / "x"))
+    code, stdout, stderr = gm(
+        "capture",
+        "--device",
+        "cpu",
+        "--model",
+        str(path),
+        "--max-kv-len",
+        "160",
+        "--buckets",
+        "4",
+        "--compositions",
+        "1*4@120",
+        "--num-iters",
+        "1",
+        "--num-iters-warmup",
+        "0",
+        "--out",
+        str(tmp_path / "x"),
+    )
     assert code == 0, stderr
     doc = json.loads((tmp_path / "x" / "results.json").read_text())
     assert "attention: sliding window 64 on every layer" in doc["notes"]

@@ -1,4 +1,5 @@
 """gmtool compare on the CPU tape backend: files, JSON schema, exit codes, bad input, the hf-compiled peer."""
+
 from __future__ import annotations
 
 import contextlib
@@ -61,11 +62,27 @@ def run(tmp_path_factory):
     replayed with a batch other than the one it was captured with), a padded mix in bucket 2, traces, JSON on
     stdout."""
     out = tmp_path_factory.mktemp("compare") / "run"
-    code, stdout, stderr = run_cli("compare", "eager,full,piecewise", *FAST, "--buckets", "1,2",
-                                   "--compositions", ",".join(COMPOSITIONS), "--trace", "--format", "json",
-                                   "--out", out)
-    return {"code": code, "stdout": stdout, "stderr": stderr, "out": out,
-            "doc": json.loads((out / "results.json").read_text())}
+    code, stdout, stderr = run_cli(
+        "compare",
+        "eager,full,piecewise",
+        *FAST,
+        "--buckets",
+        "1,2",
+        "--compositions",
+        ",".join(COMPOSITIONS),
+        "--trace",
+        "--format",
+        "json",
+        "--out",
+        out,
+    )
+    return {
+        "code": code,
+        "stdout": stdout,
+        "stderr": stderr,
+        "out": out,
+        "doc": json.loads((out / "results.json").read_text()),
+    }
 
 
 def test_compare_writes_every_file(run):
@@ -73,11 +90,13 @@ def test_compare_writes_every_file(run):
     assert run["code"] == 0, run["stderr"]
     out, modes = run["out"], ("eager", "full", "piecewise")
     records = json.loads((out / "results.json").read_text())["records"]
-    assert [(r["mode"], r["bucket"], r["composition"]) for r in records] == \
-        [(m, b, c) for b, c in RUN_ROWS for m in modes]
+    assert [(r["mode"], r["bucket"], r["composition"]) for r in records] == [
+        (m, b, c) for b, c in RUN_ROWS for m in modes
+    ]
     table = pd.read_csv(out / "results.csv")
-    assert list(zip(table["mode"], table["bucket"], table["composition"], table["status"])) == \
-        [(r["mode"], r["bucket"], r["composition"], "ok") for r in records]
+    assert list(zip(table["mode"], table["bucket"], table["composition"], table["status"])) == [
+        (r["mode"], r["bucket"], r["composition"], "ok") for r in records
+    ]
     summary = [(b, m, "2", "ok") for b in ("1", "2") for m in modes]  # bucket, mode, mixes, status
     md = (out / "report.md").read_text()
     assert md.startswith("# gmtool compare: tiny-qwen3\n")
@@ -100,9 +119,19 @@ def test_json_format_prints_only_the_document(run):
 
 def test_results_json_schema(run):
     doc = run["doc"]
-    for key, typ in {"schema_version": int, "tool": str, "command": str, "created": str, "wall_s": float,
-                     "machine": dict, "model": dict, "config": dict, "notes": list, "errors": list,
-                     "records": list}.items():
+    for key, typ in {
+        "schema_version": int,
+        "tool": str,
+        "command": str,
+        "created": str,
+        "wall_s": float,
+        "machine": dict,
+        "model": dict,
+        "config": dict,
+        "notes": list,
+        "errors": list,
+        "records": list,
+    }.items():
         assert isinstance(doc[key], typ), key
     assert doc["command"] == "compare" and doc["config"]["modes"] == ["eager", "full", "piecewise"]
     assert doc["errors"] == [] and all(r["status"] == "ok" for r in doc["records"])
@@ -110,7 +139,8 @@ def test_results_json_schema(run):
     assert {"device", "torch", "transformers", "backend"} <= doc["machine"].keys()
     # every mode over every composition: 4 mixes x 3 modes
     assert sorted((r["mode"], r["bucket"], r["composition"]) for r in doc["records"]) == sorted(
-        (m, b, c) for m in ("eager", "full", "piecewise") for b, c in RUN_ROWS)
+        (m, b, c) for m in ("eager", "full", "piecewise") for b, c in RUN_ROWS
+    )
     # every graph was captured with its bucket's first mix and replayed with the other: a replay that does
     # nothing, or reads what capture left, cannot pass
     for mode in ("full", "piecewise"):
@@ -146,18 +176,30 @@ def test_the_ledger_on_the_cpu(run):
         assert r["ledger_total_bytes"] is None and r["kv_tokens_given_up"] is None
         sizes[(r["mode"], r["bucket"])] = r["inputs_bytes"]
     assert sizes[("full", 2)] > sizes[("full", 1)] and sizes[("piecewise", 2)] > sizes[("full", 2)]  # + attn out
-    assert doc["model"]["kv_bytes_per_token"] == 2 * doc["model"]["layers"] * doc["model"]["kv_heads"] * \
-        doc["model"]["head_dim"] * 4  # float32 on the CPU
+    assert (
+        doc["model"]["kv_bytes_per_token"]
+        == 2 * doc["model"]["layers"] * doc["model"]["kv_heads"] * doc["model"]["head_dim"] * 4
+    )  # float32 on the CPU
     rows = md_table_rows(md, "Graph memory ledger")
-    assert [(r[0], r[1], r[2], r[6]) for r in rows] == [(m, b, "-", "-") for m in ("full", "piecewise")
-                                                         for b in ("1", "2")]
+    assert [(r[0], r[1], r[2], r[6]) for r in rows] == [
+        (m, b, "-", "-") for m in ("full", "piecewise") for b in ("1", "2")
+    ]
 
 
 def test_results_csv(run):
     df = pd.read_csv(run["out"] / "results.csv")
     assert len(df) == len(run["doc"]["records"])
-    assert {"mode", "bucket", "composition", "status", "latency_ms_median", "latency_ms_noisy", "speedup",
-            "max_rel_err", "capture_s"} <= set(df.columns)
+    assert {
+        "mode",
+        "bucket",
+        "composition",
+        "status",
+        "latency_ms_median",
+        "latency_ms_noisy",
+        "speedup",
+        "max_rel_err",
+        "capture_s",
+    } <= set(df.columns)
     assert set(df["mode"]) == {"eager", "full", "piecewise"}
     assert (df["latency_ms_median"] > 0).all()
 
@@ -185,8 +227,9 @@ def test_report_round_trip(run, tmp_path):
             assert float(replay_ms) == pytest.approx(sum(r["latency_ms"]["median"] for r in mine) / 2, abs=1e-3)
     safety = md_table_rows(md, "Safety per composition")
     assert safety == [[str(b), f"`{c}`", "ok", "ok", "ok"] for b, c in BY_BUCKET]
-    assert "## UNSAFE replays\n\nReplays" in md and md.split("## UNSAFE replays", 1)[1].split("## ")[0].rstrip()\
-        .endswith("none")
+    assert "## UNSAFE replays\n\nReplays" in md and md.split("## UNSAFE replays", 1)[1].split("## ")[
+        0
+    ].rstrip().endswith("none")
     # rendered from the JSON, the reports are those the compare run wrote from its records in memory
     for name in ("report.md", "report.html"):
         assert (tmp_path / "again" / name).read_text() == (run["out"] / name).read_text()
@@ -212,8 +255,21 @@ def test_compare_with_baseline(run, tmp_path, monkeypatch):
             r["latency_ms"]["median"] = 2.0
         r["max_rel_err"] = 0.25
     (tmp_path / "old.json").write_text(json.dumps(old))
-    code, stdout, stderr = run_cli("compare", "eager,full", *FAST, "--buckets", "1", "--compositions", "1*1",
-                                   "--format", "json", "--out", tmp_path / "new", "--baseline", tmp_path / "old.json")
+    code, stdout, stderr = run_cli(
+        "compare",
+        "eager,full",
+        *FAST,
+        "--buckets",
+        "1",
+        "--compositions",
+        "1*1",
+        "--format",
+        "json",
+        "--out",
+        tmp_path / "new",
+        "--baseline",
+        tmp_path / "old.json",
+    )
     assert code == 0, stderr
     doc = json.loads(stdout)
     assert doc["baseline"]["matched"] == 2 and doc["baseline"]["unmatched"] == 0
@@ -222,8 +278,9 @@ def test_compare_with_baseline(run, tmp_path, monkeypatch):
         b = r["baseline"]
         assert (b["status"], b["latency_ms"], b["latency_delta_pct"], b["max_rel_err"]) == ("ok", 2.0, -50.0, 0.25)
         assert b["err_delta"] == pytest.approx(-0.25, abs=1e-4)  # this run's error is ~0 (eager: exactly 0)
-    assert [(d["mode"], d["bucket"], d["old_replay_ms"], d["replay_delta_pct"])
-            for d in doc["baseline"]["buckets"]] == [("eager", 1, 2.0, -50.0), ("full", 1, 2.0, -50.0)]
+    assert [
+        (d["mode"], d["bucket"], d["old_replay_ms"], d["replay_delta_pct"]) for d in doc["baseline"]["buckets"]
+    ] == [("eager", 1, 2.0, -50.0), ("full", 1, 2.0, -50.0)]
     md = (tmp_path / "new" / "report.md").read_text()
     change = md_table_rows(md, "Change vs baseline")
     assert [r[:7] for r in change] == [[m, "1", "`1*1`", "ok", "1.000", "2.000", "-50.0%"] for m in ("eager", "full")]
@@ -236,8 +293,19 @@ def test_compare_with_baseline(run, tmp_path, monkeypatch):
 
 def test_hf_compiled_on_cpu_is_refused_before_the_sweep(tmp_path):
     out = tmp_path / "peer"
-    code, stdout, stderr = run_cli("compare", "eager,hf-compiled", *FAST, "--buckets", "1", "--compositions", "1*1",
-                                   "--format", "quiet", "--out", out)
+    code, stdout, stderr = run_cli(
+        "compare",
+        "eager,hf-compiled",
+        *FAST,
+        "--buckets",
+        "1",
+        "--compositions",
+        "1*1",
+        "--format",
+        "quiet",
+        "--out",
+        out,
+    )
     assert code == 2 and stdout == ""
     assert "needs CUDA" in one_error(stderr)
     assert not out.exists()
@@ -249,19 +317,29 @@ def test_peer_buckets_limit_the_peer():
     from gmtool.measure.hf_compiled import HfCompiled
     from gmtool.measure.workbench import Workbench
 
-    cfg = SweepConfig(device="cpu", buckets="1,2", compositions="1*1,1*2", modes=("eager",), num_iters=1,
-                      num_iters_warmup=0)
+    cfg = SweepConfig(
+        device="cpu", buckets="1,2", compositions="1*1,1*2", modes=("eager",), num_iters=1, num_iters_warmup=0
+    )
     rows = [r.to_dict() for r in HfCompiled(Workbench.build(cfg), buckets=[2]).run()]
     assert [r["bucket"] for r in rows] == [2]
     assert rows[0]["status"] == "error" and "needs CUDA" in rows[0]["error"] and rows[0]["latency_ms"] is None
 
 
-@pytest.mark.parametrize("args, message", [
-    (["compare", "eager,hf-compiled", "--buckets", "1,2", "--peer-buckets", "4"], "--peer-buckets 4 is not among"),
-    (["compare", "eager,hf-compiled", "--buckets", "1", "--peer-compile", "sometimes"], "'sometimes' is not one of 'shared', 'per-bucket'"),
-    (["compare", "eager,fast"], "unknown mode 'fast': choose from eager, full, full-narrow, piecewise, hf-compiled"),
-    (["compare", "eager", "--format", "yaml"], "'yaml' is not one of 'human', 'json', 'quiet'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["compare", "eager,hf-compiled", "--buckets", "1,2", "--peer-buckets", "4"], "--peer-buckets 4 is not among"),
+        (
+            ["compare", "eager,hf-compiled", "--buckets", "1", "--peer-compile", "sometimes"],
+            "'sometimes' is not one of 'shared', 'per-bucket'",
+        ),
+        (
+            ["compare", "eager,fast"],
+            "unknown mode 'fast': choose from eager, full, full-narrow, piecewise, hf-compiled",
+        ),
+        (["compare", "eager", "--format", "yaml"], "'yaml' is not one of 'human', 'json', 'quiet'"),
+    ],
+)
 def test_bad_arguments(args, message):
     code, _, err = run_cli(*args, *FAST)
     assert code == 2
@@ -286,8 +364,14 @@ def test_baseline_of_another_model_is_refused_before_sweeping(tmp_path, run):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("content, message", [(None, "no results file"), ("{not json", "cannot read results file"),
-                                              ('{"tool": "other"}', "is not a gmtool results file")])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no results file"),
+        ("{not json", "cannot read results file"),
+        ('{"tool": "other"}', "is not a gmtool results file"),
+    ],
+)
 def test_unreadable_baseline(tmp_path, content, message):
     path = tmp_path / "old.json"
     if content is not None:
@@ -300,8 +384,13 @@ def test_unreadable_baseline(tmp_path, content, message):
 
 def test_error_as_a_process():
     """No traceback from the installed entry point either, and nothing on stdout."""
-    p = subprocess.run([sys.executable, "-m", "gmtool.cli.main", "compare", "eager,warp"], cwd=ROOT,
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = subprocess.run(
+        [sys.executable, "-m", "gmtool.cli.main", "compare", "eager,warp"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert p.returncode == 2 and p.stdout == ""
     assert "unknown mode 'warp'" in one_error(p.stderr)
 
@@ -312,19 +401,26 @@ def test_parse_modes():
         parse_modes(" , ")
 
 
-@pytest.mark.parametrize("records, code", [
-    ([("full", "ok", None), ("full-narrow", "UNSAFE", "stale")], 0),
-    ([("full", "ok", None), ("piecewise", "UNSAFE", "differs")], 3),
-    ([("full", "error", "capture failed"), ("piecewise", "UNSAFE", "differs")], 1),
-])
+@pytest.mark.parametrize(
+    "records, code",
+    [
+        ([("full", "ok", None), ("full-narrow", "UNSAFE", "stale")], 0),
+        ([("full", "ok", None), ("piecewise", "UNSAFE", "differs")], 3),
+        ([("full", "error", "capture failed"), ("piecewise", "UNSAFE", "differs")], 1),
+    ],
+)
 def test_exit_codes(records, code):
     import typer
     from rich.console import Console
 
     from gmtool.cli.run_sweep import finish
 
-    doc = Document(machine={}, model={}, config={},
-                   records=[Record(mode=m, bucket=8, composition="8*1", status=s, error=e) for m, s, e in records])
+    doc = Document(
+        machine={},
+        model={},
+        config={},
+        records=[Record(mode=m, bucket=8, composition="8*1", status=s, error=e) for m, s, e in records],
+    )
     console = Console(file=io.StringIO(), width=200)
     if code == 0:
         finish(doc, console)
@@ -345,8 +441,7 @@ def test_peer_static_cache_matches_gmtool_eager():
     from gmtool.measure.timing import rel_err_per_seq
     from gmtool.measure.workbench import Workbench
 
-    cfg = SweepConfig(device="cpu", buckets="3", compositions="1*3", modes=("eager",), num_iters=1,
-                      num_iters_warmup=0)
+    cfg = SweepConfig(device="cpu", buckets="3", compositions="1*3", modes=("eager",), num_iters=1, num_iters_warmup=0)
     bench = Workbench.build(cfg)
     lm, paged, ctx = bench.lm, bench.cache, cfg.max_kv_len // 2
     batch = bench.batch(parse_composition(f"1*3@{ctx}"))

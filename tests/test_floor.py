@@ -1,5 +1,6 @@
 """The hardware floor: its arithmetic, the device figures, kernels per replay, kernel classes, and the compare
 rows and plot that carry it (CPU tape backend)."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,14 @@ from tests.test_compare import FAST, run_cli
 
 @pytest.fixture(scope="module")
 def bench():
-    cfg = SweepConfig(model="tiny-qwen3", device="cpu", dtype="fp32", buckets="4,8",
-                      modes=(GraphMode.EAGER, GraphMode.FULL), max_kv_len=96)
+    cfg = SweepConfig(
+        model="tiny-qwen3",
+        device="cpu",
+        dtype="fp32",
+        buckets="4,8",
+        modes=(GraphMode.EAGER, GraphMode.FULL),
+        max_kv_len=96,
+    )
     return Workbench.build(cfg, num_blocks=100)
 
 
@@ -50,9 +57,12 @@ def test_step_bytes_are_weights_kv_and_activations(bench):
 def test_untied_embedding_counts_only_the_rows_read():
     emb = torch.nn.Embedding(1000, 8)
     head = torch.nn.Linear(8, 1000, bias=False)
-    model = types.SimpleNamespace(get_input_embeddings=lambda: emb, get_output_embeddings=lambda: head,
-                                  parameters=lambda: iter([emb.weight, head.weight]),
-                                  config=types.SimpleNamespace(hidden_size=8))
+    model = types.SimpleNamespace(
+        get_input_embeddings=lambda: emb,
+        get_output_embeddings=lambda: head,
+        parameters=lambda: iter([emb.weight, head.weight]),
+        config=types.SimpleNamespace(hidden_size=8),
+    )
     lm = types.SimpleNamespace(model=model, num_layers=1, num_kv_heads=1, rank_kv_heads=1, head_dim=8, vocab_size=1000)
     batch = types.SimpleNamespace(num_tokens=2, num_seqs=2, kv_lens=[0, 0])
     assert floor.step_bytes(lm, batch) == head.weight.nbytes + 2 * 8 * 4 + 2 * 8 * 4 + 2 * 1000 * 4
@@ -64,9 +74,12 @@ def test_kv_bytes_follow_the_layout_v_head_dim_and_windows():
     from gmtool.model.probe import KVLayout
 
     w = torch.nn.Parameter(torch.zeros(10, 4))
-    model = types.SimpleNamespace(get_input_embeddings=lambda: types.SimpleNamespace(weight=w),
-                                  get_output_embeddings=lambda: None, parameters=lambda: iter([w]),
-                                  config=types.SimpleNamespace(hidden_size=4))
+    model = types.SimpleNamespace(
+        get_input_embeddings=lambda: types.SimpleNamespace(weight=w),
+        get_output_embeddings=lambda: None,
+        parameters=lambda: iter([w]),
+        config=types.SimpleNamespace(hidden_size=4),
+    )
     layout = KVLayout(2, 1, 12, 8, (LayerOpts(), LayerOpts(window=5)))
     lm = types.SimpleNamespace(model=model, num_layers=2, rank_kv_heads=1, head_dim=12, vocab_size=10, layout=layout)
     short, long = (types.SimpleNamespace(num_tokens=1, num_seqs=1, kv_lens=[n]) for n in (3, 20))
@@ -84,23 +97,39 @@ def test_kernels_per_replay_counts_ops():
     assert floor.kernels_per_replay(lambda: (x * 2).add_(1).sum(), torch.device("cpu")) == 3
 
 
-@pytest.mark.parametrize("name, cls", [
-    ("ampere_sgemm_128x64_tn", "GEMM"), ("aten::addmm", "GEMM"), ("aten::mm", "GEMM"),
-    ("_decode_split_kernel", "attention"), ("_varlen_kernel", "attention"),
-    ("aten::scaled_dot_product_attention", "attention"), ("_rms_norm_kernel", "norm"),
-    ("_add_rms_norm_kernel", "norm"), ("aten::rsqrt", "norm"),
-    ("void at::native::vectorized_elementwise_kernel<4, ...>", "elementwise"), ("aten::mul", "elementwise"),
-    ("_silu_mul_kernel", "elementwise"), ("aten::argmax", "other"),
-])
+@pytest.mark.parametrize(
+    "name, cls",
+    [
+        ("ampere_sgemm_128x64_tn", "GEMM"),
+        ("aten::addmm", "GEMM"),
+        ("aten::mm", "GEMM"),
+        ("_decode_split_kernel", "attention"),
+        ("_varlen_kernel", "attention"),
+        ("aten::scaled_dot_product_attention", "attention"),
+        ("_rms_norm_kernel", "norm"),
+        ("_add_rms_norm_kernel", "norm"),
+        ("aten::rsqrt", "norm"),
+        ("void at::native::vectorized_elementwise_kernel<4, ...>", "elementwise"),
+        ("aten::mul", "elementwise"),
+        ("_silu_mul_kernel", "elementwise"),
+        ("aten::argmax", "other"),
+    ],
+)
 def test_kernel_classes(name, cls):
     assert floor.kernel_class(name) == cls
 
 
 def test_time_by_class_counts_outermost_cpu_ops(tmp_path):
     ev = lambda name, ts, dur: {"cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}  # noqa: E731
-    trace = {"traceEvents": [ev("aten::linear", 0, 100), ev("aten::addmm", 10, 80),  # addmm inside linear
-                             ev("aten::mul", 100, 50), ev("aten::rsqrt", 200, 30),
-                             {"cat": "user_annotation", "name": "full replay 0", "ts": 0, "dur": 300}]}
+    trace = {
+        "traceEvents": [
+            ev("aten::linear", 0, 100),
+            ev("aten::addmm", 10, 80),  # addmm inside linear
+            ev("aten::mul", 100, 50),
+            ev("aten::rsqrt", 200, 30),
+            {"cat": "user_annotation", "name": "full replay 0", "ts": 0, "dur": 300},
+        ]
+    }
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace))
     split = floor.time_by_class(path, replays=2)
@@ -109,8 +138,9 @@ def test_time_by_class_counts_outermost_cpu_ops(tmp_path):
 
 def test_compare_rows_carry_their_floor_and_the_report_plots_it(tmp_path):
     out = tmp_path / "floor"
-    code, _, err = run_cli("compare", "eager,full,piecewise", *FAST, "--buckets", "4",
-                           "--compositions", "1*4,2+2", "--trace", "--out", out)
+    code, _, err = run_cli(
+        "compare", "eager,full,piecewise", *FAST, "--buckets", "4", "--compositions", "1*4,2+2", "--trace", "--out", out
+    )
     assert code == 0, err
     doc = json.loads((out / "results.json").read_text())
     assert doc["machine"]["copy_bytes_per_s"] > 0 and doc["machine"]["graph_node_us"] > 0

@@ -1,5 +1,6 @@
 """--fuse on the CPU: the fused layers compute what the Hugging Face layers do, share their weights, can be
 switched off again, and run through every graph mode."""
+
 import json
 
 import pytest
@@ -21,8 +22,11 @@ def test_fused_layers_match_hf_layers(model):
     assert fused.counts["rmsnorm"] == 2 * rig.lm.num_layers + 1 and not fused.skipped
     assert fused.counts["residual_adds"] == 2 * rig.lm.num_layers and "forward" in rig.lm.model.model.__dict__
     with pytest.raises(ValueError, match="input_ids and position_ids only"):  # HF-only arguments are refused
-        rig.lm.model.model(input_ids=torch.zeros(1, 2, dtype=torch.long), position_ids=torch.zeros(1, 2,
-                           dtype=torch.long), inputs_embeds=torch.zeros(1, 2, 8))
+        rig.lm.model.model(
+            input_ids=torch.zeros(1, 2, dtype=torch.long),
+            position_ids=torch.zeros(1, 2, dtype=torch.long),
+            inputs_embeds=torch.zeros(1, 2, 8),
+        )
     for b in batches:  # each pair back to back: a batch's eager pass writes K/V that another may read
         out = rig.eager(b)
         with unfused(fused):
@@ -69,9 +73,24 @@ def test_unfusable_mlp_is_left_alone():
 @pytest.mark.parametrize("extra", [[], ["--piecewise-impl", "fx"]])
 def test_compare_with_fuse(tmp_path, extra):
     out = tmp_path / "fused"
-    code, _, stderr = gm("compare", "eager,full,piecewise", "--fuse", "--device", "cpu", "--buckets", "2,4",
-                         "--num-iters", "1", "--num-iters-warmup", "0", "--format", "quiet", "--out", str(out),
-                         *extra)
+    code, _, stderr = gm(
+        "compare",
+        "eager,full,piecewise",
+        "--fuse",
+        "--device",
+        "cpu",
+        "--buckets",
+        "2,4",
+        "--num-iters",
+        "1",
+        "--num-iters-warmup",
+        "0",
+        "--format",
+        "quiet",
+        "--out",
+        str(out),
+        *extra,
+    )
     assert code == 0, stderr
     doc = json.loads((out / "results.json").read_text())
     assert doc["config"]["fuse"] is True
@@ -85,10 +104,17 @@ def test_compare_with_fuse(tmp_path, extra):
 # each feature family: what --fuse leaves, named (the fused attention passes the layer's window, cap and sinks on)
 FEATURE_FUSE = {
     "tiny-gemma2": (2, {"MLP activation gelu_pytorch_tanh", "residual add not fused into RMSNorm for Gemma2Model"}),
-    "tiny-gpt-oss": (0, {"a rotary embedding other than rotate-half over the whole head (GptOssAttention)",
-                         "residual add not fused into RMSNorm for GptOssModel"}),
-    "tiny-deepseek-v2": (0, {"attention without q/k/v/o projections",
-                             "residual add not fused into RMSNorm for DeepseekV2Model"}),
+    "tiny-gpt-oss": (
+        0,
+        {
+            "a rotary embedding other than rotate-half over the whole head (GptOssAttention)",
+            "residual add not fused into RMSNorm for GptOssModel",
+        },
+    ),
+    "tiny-deepseek-v2": (
+        0,
+        {"attention without q/k/v/o projections", "residual add not fused into RMSNorm for DeepseekV2Model"},
+    ),
 }
 
 

@@ -1,6 +1,7 @@
 """The CUDA graph-node diff without CUDA: the alignment and comparison of node records, the reading of kernel
 arguments through a stand-in for cuda-bindings' driver API (real ctypes memory, as the driver hands it over), the
 attribution of nodes to modules, and the dynamic-dimension table."""
+
 import ctypes
 from enum import Enum, IntEnum
 from types import SimpleNamespace
@@ -13,20 +14,39 @@ from gmtool.verify.report import _findings, dyndims_frame
 
 
 def gemm(module, m=64):
-    return Node("kernel", "_ZN7cutlass6KernelI4GemmEEvT_", module, (m // 64, 4, 1), (128, 1, 1), 0,
-                ((PTR,), (PTR,), (m,), (4096,)))
+    return Node(
+        "kernel",
+        "_ZN7cutlass6KernelI4GemmEEvT_",
+        module,
+        (m // 64, 4, 1),
+        (128, 1, 1),
+        0,
+        ((PTR,), (PTR,), (m,), (4096,)),
+    )
 
 
 def attn(layer, tiles, num_seqs=2):
-    return Node("kernel", "_varlen_kernel", f"model.layers.{layer}.self_attn", (num_seqs, tiles, 16), (128, 1, 1),
-                0, ((PTR,), (PTR,), (num_seqs,), (PTR, 8, 0)))
+    return Node(
+        "kernel",
+        "_varlen_kernel",
+        f"model.layers.{layer}.self_attn",
+        (num_seqs, tiles, 16),
+        (128, 1, 1),
+        0,
+        ((PTR,), (PTR,), (num_seqs,), (PTR, 8, 0)),
+    )
 
 
 def layers(tiles: int, n: int = 2, extra: dict | None = None) -> list[Node]:
     out = []
     for i in range(n):
-        out += [gemm(f"model.layers.{i}.self_attn.qkv_proj"), attn(i, tiles), *(extra or {}).get(i, []),
-                gemm(f"model.layers.{i}.mlp.down_proj"), Node("memset", "", f"model.layers.{i}.mlp", args=((0,), (4,), (256,), (1,)))]
+        out += [
+            gemm(f"model.layers.{i}.self_attn.qkv_proj"),
+            attn(i, tiles),
+            *(extra or {}).get(i, []),
+            gemm(f"model.layers.{i}.mlp.down_proj"),
+            Node("memset", "", f"model.layers.{i}.mlp", args=((0,), (4,), (256,), (1,))),
+        ]
     return out
 
 
@@ -40,10 +60,13 @@ def test_two_captures_that_differ_only_in_buffer_addresses_are_clean():
 def test_the_attention_kernels_whose_grid_depends_on_the_composition_are_named():
     res = diff_nodes(layers(2), layers(3), layers(2))
     assert not res.clean
-    assert {(c.index, c.field, c.a, c.b) for c in res.changes} == {(1, "grid", (2, 2, 16), (2, 3, 16)),
-                                                                   (5, "grid", (2, 2, 16), (2, 3, 16))}
-    assert res.dependent() == [{"kernel": "_varlen_kernel", "module": "model.layers.*.self_attn", "nodes": 2,
-                                "fields": ["grid"]}]
+    assert {(c.index, c.field, c.a, c.b) for c in res.changes} == {
+        (1, "grid", (2, 2, 16), (2, 3, 16)),
+        (5, "grid", (2, 2, 16), (2, 3, 16)),
+    }
+    assert res.dependent() == [
+        {"kernel": "_varlen_kernel", "module": "model.layers.*.self_attn", "nodes": 2, "fields": ["grid"]}
+    ]
     assert "_varlen_kernel in model.layers.0.self_attn: grid (2, 2, 16) vs (2, 3, 16)" == str(res.changes[0])
 
 
@@ -61,7 +84,9 @@ def test_a_kernel_in_one_capture_only_is_named_and_the_rest_stays_aligned():
     b[6] = attn(1, 3)  # layer 1's attention, shifted one place by the extra kernel, differs too
     res = diff_nodes(a, b)
     assert [(c.index, c.index_b, c.field, c.a, c.b) for c in res.changes] == [
-        (5, 6, "grid", (2, 2, 16), (2, 3, 16)), (-1, 2, "node", "absent", "present")]
+        (5, 6, "grid", (2, 2, 16), (2, 3, 16)),
+        (-1, 2, "node", "absent", "present"),
+    ]
     rows = {r["kernel"]: r for r in res.dependent()}
     assert rows["at::native::copy_kernel"]["fields"] == ["node"] and rows["_varlen_kernel"]["nodes"] == 1
 
@@ -82,8 +107,10 @@ def test_a_control_that_differs_in_structure_is_said():
 
 
 def test_names_are_readable():
-    assert short_name("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEEEEviT0_T1_") == \
-        "at::native::vectorized_elementwise_kernel"
+    assert (
+        short_name("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEEEEviT0_T1_")
+        == "at::native::vectorized_elementwise_kernel"
+    )
     assert short_name("_Z10add_kernelPfS_") == "add_kernel"
     assert short_name("_varlen_kernel") == "_varlen_kernel"
     assert fold_layers("model.layers.11.self_attn.o_proj") == "model.layers.*.self_attn.o_proj"
@@ -128,9 +155,22 @@ class FakeDriver:
         bufs = [ctypes.create_string_buffer(v, len(v)) for v in values]
         slots = (ctypes.c_void_p * len(bufs))(*[ctypes.addressof(b) for b in bufs])
         self.keep += [bufs, slots]
-        self.nodes[handle] = ("kernel", SimpleNamespace(
-            func=Handle(func), kern=Handle(0), gridDimX=grid[0], gridDimY=grid[1], gridDimZ=grid[2], blockDimX=128,
-            blockDimY=1, blockDimZ=1, sharedMemBytes=0, kernelParams=ctypes.addressof(slots)), name)
+        self.nodes[handle] = (
+            "kernel",
+            SimpleNamespace(
+                func=Handle(func),
+                kern=Handle(0),
+                gridDimX=grid[0],
+                gridDimY=grid[1],
+                gridDimZ=grid[2],
+                blockDimX=128,
+                blockDimY=1,
+                blockDimZ=1,
+                sharedMemBytes=0,
+                kernelParams=ctypes.addressof(slots),
+            ),
+            name,
+        )
 
     def cuGraphGetNodes(self, graph, n):
         handles = sorted(self.nodes)
@@ -178,10 +218,18 @@ def test_kernel_arguments_are_read_as_words_with_device_addresses_masked(driver)
     reader = NodeReader(driver)
     nodes = reader.graph_nodes(1234, module_of=lambda i: ["model.layers.0.self_attn", "", "model"][i])
     assert nodes == [
-        Node("kernel", "_varlen_kernel", "model.layers.0.self_attn", (2, 3, 16), (128, 1, 1), 0,
-             ((PTR,), (7,), (64, PTR, 3), (0,))),
+        Node(
+            "kernel",
+            "_varlen_kernel",
+            "model.layers.0.self_attn",
+            (2, 3, 16),
+            (128, 1, 1),
+            0,
+            ((PTR,), (7,), (64, PTR, 3), (0,)),
+        ),
         Node("memset", "", "", args=((0,), (4,), (512,), (1,))),
-        Node("event_record", "", "model")]
+        Node("event_record", "", "model"),
+    ]
     assert reader.notes == set()
 
 
@@ -203,27 +251,51 @@ def test_nodes_are_attributed_to_the_module_running_when_they_were_captured(driv
     driver.cuGraphGetNodes = lambda g, n: (CUresult.CUDA_SUCCESS, None, count["n"])
     tracker = SimpleNamespace(current="")
     s = NodeSampler(driver, tracker)
-    for module, launched in [("model.embed_tokens", 1), ("model.layers.0.self_attn", 0),
-                             ("model.layers.0.self_attn", 2), ("model.layers.0.mlp", 3), ("", 1)]:
+    for module, launched in [
+        ("model.embed_tokens", 1),
+        ("model.layers.0.self_attn", 0),
+        ("model.layers.0.self_attn", 2),
+        ("model.layers.0.mlp", 3),
+        ("", 1),
+    ]:
         tracker.current = module
         count["n"] += launched
         s.sample()
     of = s.module_of(77)
-    assert [of(i) for i in range(8)] == ["model.embed_tokens", *["model.layers.0.self_attn"] * 2,
-                                         *["model.layers.0.mlp"] * 3, "", ""]
+    assert [of(i) for i in range(8)] == [
+        "model.embed_tokens",
+        *["model.layers.0.self_attn"] * 2,
+        *["model.layers.0.mlp"] * 3,
+        "",
+        "",
+    ]
     assert s.module_of(78)(0) == "" and s.failed is None
 
 
 # -- the table and the findings -------------------------------------------------------------------------------
 def _record(mode, diff, expected_unsafe=False):
-    return {"mode": mode, "kind": "prefill", "key": "t256", "compositions": ["128+128", "64+192"], "ops": (900, 900),
-            "baked": [], "diverged_at": None, "note": None, "graph_nodes": diff.to_dict(), "clean": diff.clean,
-            "expected_unsafe": expected_unsafe}
+    return {
+        "mode": mode,
+        "kind": "prefill",
+        "key": "t256",
+        "compositions": ["128+128", "64+192"],
+        "ops": (900, 900),
+        "baked": [],
+        "diverged_at": None,
+        "note": None,
+        "graph_nodes": diff.to_dict(),
+        "clean": diff.clean,
+        "expected_unsafe": expected_unsafe,
+    }
 
 
 def test_the_table_names_the_dependent_kernels_and_a_safe_mode_with_them_is_a_finding():
     narrow, full = diff_nodes(layers(2), layers(3)), diff_nodes(layers(2), layers(2))
-    doc = {"capturability": [], "runs": [], "dynamic_dims": [_record("full", full), _record("full-narrow", narrow, True)]}
+    doc = {
+        "capturability": [],
+        "runs": [],
+        "dynamic_dims": [_record("full", full), _record("full-narrow", narrow, True)],
+    }
     df = dyndims_frame(doc)
     assert list(df["result"]) == ["clean", "BAKED IN (expected)"]
     assert df["depends on the composition"][1] == "_varlen_kernel in model.layers.*.self_attn x2 (grid)"

@@ -1,4 +1,5 @@
 """Copy-in: what the staging arena holds for a key must not depend on what was loaded before it."""
+
 import functools
 import random
 
@@ -10,9 +11,18 @@ from gmtool.core.inputs import PersistentInputs
 from tests.helpers import Rig
 
 # (composition, keys it fits): token counts, sequence counts and block-table widths that grow and shrink
-MIXES = [("1*5", "d8 t8 t16 t16xs8"), ("1*2", "d8 t8 t16 t16xs8"), ("1*8", "d8 t8 t16 t16xs8"),
-         ("1*1@150", "d8 t8 t16 t16xs8"), ("1*3@20", "d8 t8 t16 t16xs8"), ("7+1@100", "t8 t16 t16xs8"),
-         ("3+2", "t8 t16 t16xs8"), ("16", "t16"), ("5*2+1@40", "t16 t16xs8"), ("1", "d8 t8 t16 t16xs8")]
+MIXES = [
+    ("1*5", "d8 t8 t16 t16xs8"),
+    ("1*2", "d8 t8 t16 t16xs8"),
+    ("1*8", "d8 t8 t16 t16xs8"),
+    ("1*1@150", "d8 t8 t16 t16xs8"),
+    ("1*3@20", "d8 t8 t16 t16xs8"),
+    ("7+1@100", "t8 t16 t16xs8"),
+    ("3+2", "t8 t16 t16xs8"),
+    ("16", "t16"),
+    ("5*2+1@40", "t16 t16xs8"),
+    ("1", "d8 t8 t16 t16xs8"),
+]
 
 
 @functools.cache  # one object per key, as BucketPolicy hands out: copy-in trusts its last write by identity

@@ -1,5 +1,6 @@
 """gmtool as installed: the built-in profiles travel with the package, and the shell completion options exist.
 (make test-wheel builds the real wheel and runs it; these are the fast checks.)"""
+
 import os
 import shutil
 import subprocess
@@ -20,10 +21,18 @@ def test_profiles_resolve_from_an_installed_package(tmp_path):
     as the working directory, and the built-in names are still found."""
     site = tmp_path / "site"
     shutil.copytree(ROOT / "gmtool", site / "gmtool", ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("import gmtool, gmtool.profiles as p; print(gmtool.__file__); print(','.join(p.model_profiles())); "
-            "print(','.join(p.sweep_profiles())); print(p.load_model_profile('tiny-qwen3')['config']['model_type'])")
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(site)},
-                       capture_output=True, text=True, timeout=60)
+    code = (
+        "import gmtool, gmtool.profiles as p; print(gmtool.__file__); print(','.join(p.model_profiles())); "
+        "print(','.join(p.sweep_profiles())); print(p.load_model_profile('tiny-qwen3')['config']['model_type'])"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     where, models, sweeps, model_type = r.stdout.split()
     assert Path(where).is_relative_to(site)  # the copy was imported, not the tree

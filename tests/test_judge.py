@@ -1,5 +1,6 @@
 """The judge must be able to fail: each test breaks one thing a graph must do and checks that the sweep's own
 check (what users see) reports it, or checks one piece of the error arithmetic against a case built to fool it."""
+
 import json
 
 import pytest
@@ -19,8 +20,9 @@ runner = CliRunner()
 
 def _capture(tmp_path, *args):
     out = tmp_path / "run"
-    r = runner.invoke(app, ["capture", "--device", "cpu", "--num-iters", "2", "--num-iters-warmup", "0",
-                            "--out", str(out), *args])
+    r = runner.invoke(
+        app, ["capture", "--device", "cpu", "--num-iters", "2", "--num-iters-warmup", "0", "--out", str(out), *args]
+    )
     rows = json.loads((out / "results.json").read_text())["records"] if (out / "results.json").exists() else []
     return r.exit_code, r.output, rows
 
@@ -80,8 +82,9 @@ def test_a_graph_that_never_writes_kv_is_unsafe_in_decode(tmp_path, monkeypatch)
 
 def test_a_graph_that_never_writes_kv_is_unsafe_in_mixed_prefill_bf16(tmp_path, monkeypatch):
     _drop_kv_write_from_tape(monkeypatch)
-    code, _, rows = _capture(tmp_path, "--scenario", "mixed", "--dtype", "bf16", "--buckets", "16",
-                             "--compositions", "8+1*8,4@20+1*12,16")
+    code, _, rows = _capture(
+        tmp_path, "--scenario", "mixed", "--dtype", "bf16", "--buckets", "16", "--compositions", "8+1*8,4@20+1*12,16"
+    )
     graph = [r for r in rows if r["mode"] == "full"]
     assert code == 3 and len(graph) == 3 and all(r["status"] == "UNSAFE" for r in graph)
 
@@ -112,8 +115,9 @@ def test_failure_names_the_kv_when_only_the_kv_differs():
 
 # -- blind spot 3: keys that share a token count -----------------------------------------------------------
 def test_keys_sharing_a_token_count_get_their_own_graphs(tmp_path):
-    code, out, rows = _capture(tmp_path, "--scenario", "prefill", "--mode", "full", "--buckets", "32",
-                               "--compositions", "16+16,8*4,1*8+8*3")
+    code, out, rows = _capture(
+        tmp_path, "--scenario", "prefill", "--mode", "full", "--buckets", "32", "--compositions", "16+16,8*4,1*8+8*3"
+    )
     graph = [r for r in rows if r["mode"] == "full"]
     assert code == 0, out
     assert [r["key"] for r in graph] == ["t32xs2", "t32xs4", "t32xs11"]
@@ -136,8 +140,9 @@ def test_graph_lookup_by_num_tokens_only_is_caught_not_a_crash(tmp_path, monkeyp
         self.graphs = ByTokens()
 
     monkeypatch.setattr(GraphExecutor, "__init__", init)
-    code, out, rows = _capture(tmp_path, "--scenario", "prefill", "--mode", "full", "--buckets", "32",
-                               "--compositions", "16+16,8*4,1*8+8*3")
+    code, out, rows = _capture(
+        tmp_path, "--scenario", "prefill", "--mode", "full", "--buckets", "32", "--compositions", "16+16,8*4,1*8+8*3"
+    )
     graph = [r for r in rows if r["mode"] == "full"]
     assert code == 3, out
     assert [r["status"] for r in graph] == ["ok", "UNSAFE", "UNSAFE"]
@@ -160,8 +165,17 @@ def test_one_wrong_sequence_of_eight_is_the_error():
 
 def test_same_shape_error_is_measured_against_eager_not_a_second_replay(tmp_path):
     """full-narrow replays the capture-time plan: a second replay agrees with it, eager does not."""
-    code, out, rows = _capture(tmp_path, "--scenario", "prefill", "--mode", "full-narrow", "--buckets", "32",
-                               "--compositions", "16+16,8*4,20+12@40")
+    code, out, rows = _capture(
+        tmp_path,
+        "--scenario",
+        "prefill",
+        "--mode",
+        "full-narrow",
+        "--buckets",
+        "32",
+        "--compositions",
+        "16+16,8*4,20+12@40",
+    )
     graph = [r for r in rows if r["mode"] == "full-narrow"]
     tol_same, _ = tolerances_for(torch.float32)
     assert [r["status"] for r in graph] == ["ok", "UNSAFE", "UNSAFE"]
@@ -181,8 +195,23 @@ def test_capture_mode_eager_is_refused(tmp_path):
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "gmtool.cli.main", "capture", "--device", "cpu", "--mode", "eager",
-                        "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gmtool.cli.main",
+            "capture",
+            "--device",
+            "cpu",
+            "--mode",
+            "eager",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2 and "captures nothing" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "o").exists()
 
@@ -199,8 +228,9 @@ def test_a_run_failure_outside_any_row_exits_1_and_bad_input_exits_2(monkeypatch
         raise OutOfMemory("KV cache of 9 blocks does not fit: lower --max-kv-len or --kv-cache-gb")
 
     monkeypatch.setattr(Workbench, "build", classmethod(lambda cls, cfg, num_blocks=None: build(cfg)))
-    monkeypatch.setattr(sys, "argv", ["gmtool", "capture", "--device", "cpu", "--buckets", "2",
-                                      "--out", str(tmp_path / "o")])
+    monkeypatch.setattr(
+        sys, "argv", ["gmtool", "capture", "--device", "cpu", "--buckets", "2", "--out", str(tmp_path / "o")]
+    )
     with pytest.raises(SystemExit) as e:
         main()
     assert e.value.code == 1 and "does not fit" in capsys.readouterr().err
@@ -221,8 +251,11 @@ def _drop_writes_into(mp, tensors):
         n = len(self.ops)
         out = real(self, func, types, args, kwargs)
         dst = args[0] if args else None
-        if (func.__name__.split(".")[0].endswith("_") and isinstance(dst, torch.Tensor)
-                and dst.untyped_storage().data_ptr() in ptrs):
+        if (
+            func.__name__.split(".")[0].endswith("_")
+            and isinstance(dst, torch.Tensor)
+            and dst.untyped_storage().data_ptr() in ptrs
+        ):
             del self.ops[n:]
         return out
 
@@ -274,8 +307,10 @@ def test_a_replay_off_by_1e_4_is_unsafe_in_fp32(tmp_path, monkeypatch):
     assert code == 3, out
     assert len(graph) == 2 and all(r["status"] == "UNSAFE" for r in graph)
     assert all("same computation run eagerly" in r["error"] for r in graph)
-    assert all(r["tolerance_same_shape"] == 1e-5 and r["max_rel_err_same_shape"] == pytest.approx(1e-4, rel=1e-2)
-               for r in graph)
+    assert all(
+        r["tolerance_same_shape"] == 1e-5 and r["max_rel_err_same_shape"] == pytest.approx(1e-4, rel=1e-2)
+        for r in graph
+    )
 
 
 def test_failure_applies_each_tolerance_to_its_own_comparison():

@@ -5,6 +5,7 @@ The interpreter must be switched on before triton is imported, so those tests ru
 TRITON_INTERPRET=1; the parent only starts it. The interpreter mis-computes bf16 tl.dot (triton 3.9), so
 these use fp32 and fp16: bf16 is covered by tests/gpu/test_kernels_gpu.py.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -31,6 +32,7 @@ PREFILL = ([3, 1, 40, 20, 1], [10, 17, 40, 85, 33])  # (q_lens, kv_lens): cached
 
 
 # ---------------------------------------------------------------- dispatch
+
 
 @pytest.fixture
 def fresh_ops():
@@ -65,11 +67,13 @@ def test_available_needs_triton(monkeypatch):
 
 # ---------------------------------------------------------------- torch reference paths
 
+
 @pytest.mark.parametrize("kv_heads,group", GQA)
 @pytest.mark.parametrize("block_size", [16, 8])
 def test_reference_decode(kv_heads, group, block_size):
-    case, q = decode_case(DECODE_LENS, num_slots=8, kv_heads=kv_heads, group=group, block_size=block_size,
-                          blocks_per_seq=6, seed=kv_heads)
+    case, q = decode_case(
+        DECODE_LENS, num_slots=8, kv_heads=kv_heads, group=group, block_size=block_size, blocks_per_seq=6, seed=kv_heads
+    )
     out = ref.decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, 0.3)
     n = case.num_seqs
     torch.testing.assert_close(out[:n].double(), naive_decode(case, q, 0.3)[:n], atol=1e-5, rtol=1e-5)
@@ -78,9 +82,10 @@ def test_reference_decode(kv_heads, group, block_size):
 
 def _views(case):
     token_seq = torch.full((case.num_tokens,), -1, dtype=torch.int64)
-    token_seq[:sum(case.q_lens)] = torch.repeat_interleave(torch.arange(case.num_seqs), torch.tensor(case.q_lens))
-    return SimpleNamespace(block_tables=case.block_tables, kv_lens=case.kv_lens_t, positions=case.positions,
-                           token_seq=token_seq)
+    token_seq[: sum(case.q_lens)] = torch.repeat_interleave(torch.arange(case.num_seqs), torch.tensor(case.q_lens))
+    return SimpleNamespace(
+        block_tables=case.block_tables, kv_lens=case.kv_lens_t, positions=case.positions, token_seq=token_seq
+    )
 
 
 @pytest.mark.parametrize("kv_heads,group", GQA)
@@ -89,8 +94,9 @@ def test_reference_varlen(kv_heads, group):
     expect = naive_varlen(case, 0.25)
     masked = ref.masked_varlen_attention(case.q, case.k_cache, case.v_cache, _views(case), 7, 0.25)
     torch.testing.assert_close(masked.double(), expect, atol=1e-5, rtol=1e-5)
-    planned = ref.planned_varlen_attention(case.q, case.k_cache, case.v_cache, _views(case),
-                                           tuple(zip(case.q_lens, case.kv_lens)), 0.25)
+    planned = ref.planned_varlen_attention(
+        case.q, case.k_cache, case.v_cache, _views(case), tuple(zip(case.q_lens, case.kv_lens)), 0.25
+    )
     torch.testing.assert_close(planned.double(), expect, atol=1e-5, rtol=1e-5)
 
 
@@ -99,8 +105,7 @@ def test_torch_ops_varlen_derives_token_metadata(kv_heads, group, fresh_ops):
     """The dispatch adapter rebuilds positions/token_seq on device from cu_q and kv_lens alone."""
     case = make_case(*PREFILL, num_slots=7, num_tokens=72, kv_heads=kv_heads, group=group, blocks_per_seq=7)
     ops = get_attention_ops("torch")
-    out = ops.varlen(case.q, case.k_cache, case.v_cache, case.cu_q, case.kv_lens_t, case.block_tables, 7, None,
-                     0.25)
+    out = ops.varlen(case.q, case.k_cache, case.v_cache, case.cu_q, case.kv_lens_t, case.block_tables, 7, None, 0.25)
     torch.testing.assert_close(out.double(), naive_varlen(case, 0.25), atol=1e-5, rtol=1e-5)
 
 
@@ -130,6 +135,7 @@ def test_oracle_matches_sdpa():
 
 
 # ---------------------------------------------------------------- triton kernels, interpreted
+
 
 @pytest.mark.skipif(INTERPRETED, reason="the child runs the tests itself")
 def test_triton_kernels_under_interpreter():
@@ -167,6 +173,7 @@ def _compile_for_hopper(jit_fn, consts, dtype="bf16"):
         if name.endswith("_ptr"):
             return "*i64" if name in _INDEX_PTRS else "*fp32" if name in ("part_ptr", "lse_ptr") else "*" + dtype
         return "fp32" if name in ("qk_scale", "scale") else "i32"
+
     return compile_for_hopper(jit_fn, consts, arg_type)
 
 
@@ -189,17 +196,30 @@ def test_kernels_compile_for_hopper():
         for opts in (plain, feats):
             assert _compile_for_hopper(da._decode_split_kernel, {**dec, **opts, "NUM_SPLITS": splits}).asm["cubin"]
     for sinks in (False, True):
-        assert _compile_for_hopper(da._combine_kernel, dict(NUM_HEADS=16, D=128, D_PAD=128, NUM_SPLITS=5, S_PAD=8,
-                                                            SINKS=sinks))
+        assert _compile_for_hopper(
+            da._combine_kernel, dict(NUM_HEADS=16, D=128, D_PAD=128, NUM_SPLITS=5, S_PAD=8, SINKS=sinks)
+        )
     for wide in (False, True):
         for opts in (plain, feats):
-            assert _compile_for_hopper(pa._varlen_kernel, dict(G=2, D=128, D_PAD=128, DV=128, DV_PAD=128, PAGE=16,
-                                                                BLOCK_M=64, BLOCK_N=64, WIDE=wide, PREC="tf32",
-                                                                **opts))
+            assert _compile_for_hopper(
+                pa._varlen_kernel,
+                dict(
+                    G=2,
+                    D=128,
+                    D_PAD=128,
+                    DV=128,
+                    DV_PAD=128,
+                    PAGE=16,
+                    BLOCK_M=64,
+                    BLOCK_N=64,
+                    WIDE=wide,
+                    PREC="tf32",
+                    **opts,
+                ),
+            )
     mla = dict(G=16, D=192, D_PAD=256, DV=128, DV_PAD=128, PAGE=16, BLOCK_M=64, BLOCK_N=32, WIDE=True, PREC="tf32")
     assert _compile_for_hopper(pa._varlen_kernel, {**mla, **plain})  # DeepSeek's K 192 / V 128
-    assert _compile_for_hopper(kw._write_kv_kernel, dict(HKV=8, H_PAD=8, D=128, D_PAD=128, DV=128, DV_PAD=128,
-                                                         PAGE=16))
+    assert _compile_for_hopper(kw._write_kv_kernel, dict(HKV=8, H_PAD=8, D=128, D_PAD=128, DV=128, DV_PAD=128, PAGE=16))
     fp32 = {**dec, **plain, "D": 96, "DV": 96, "NUM_SPLITS": 3, "PREC": "ieee"}  # fp32 check path, head_dim padded
     assert _compile_for_hopper(da._decode_split_kernel, fp32, dtype="fp32")
 
@@ -211,20 +231,31 @@ F32, F16 = torch.float32, torch.float16
 
 
 @interp_only  # the interpreter is slow: each GQA ratio, split count and dtype once, not every combination
-@pytest.mark.parametrize("kv_heads,group,num_splits,dtype",
-                         [(4, 1, 1, F32), (2, 2, 3, F32), (1, 4, 8, F32), (2, 2, 1, F16), (1, 4, 3, F16)])
+@pytest.mark.parametrize(
+    "kv_heads,group,num_splits,dtype", [(4, 1, 1, F32), (2, 2, 3, F32), (1, 4, 8, F32), (2, 2, 1, F16), (1, 4, 3, F16)]
+)
 def test_interp_decode(kv_heads, group, num_splits, dtype):
     from gmtool.kernels.decode_attention import decode_attention
 
-    case, q = decode_case(DECODE_LENS, num_slots=8, kv_heads=kv_heads, group=group, blocks_per_seq=4,
-                          dtype=dtype, seed=num_splits)
+    case, q = decode_case(
+        DECODE_LENS, num_slots=8, kv_heads=kv_heads, group=group, blocks_per_seq=4, dtype=dtype, seed=num_splits
+    )
     poison_unused(case)
     out = torch.full_like(q, float("nan"))
-    decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, 0.3,
-                     num_splits=num_splits, out=out, block_n=16)
+    decode_attention(
+        q,
+        case.k_cache,
+        case.v_cache,
+        case.block_tables,
+        case.kv_lens_t,
+        0.3,
+        num_splits=num_splits,
+        out=out,
+        block_n=16,
+    )
     expect = naive_decode(case, q, 0.3)
     torch.testing.assert_close(out.double(), expect, atol=TOL[dtype], rtol=TOL[dtype])
-    assert (out[case.num_seqs:] == 0).all()  # padded slots: zeros
+    assert (out[case.num_seqs :] == 0).all()  # padded slots: zeros
 
 
 @interp_only
@@ -233,23 +264,34 @@ def test_interp_decode_shapes(block_size, block_n, head_dim):
     """Pages smaller and larger than a tile; a head_dim that is not a power of two."""
     from gmtool.kernels.decode_attention import decode_attention
 
-    case, q = decode_case([1, 31, 64, 65], num_slots=5, kv_heads=2, group=2, head_dim=head_dim,
-                          block_size=block_size, blocks_per_seq=9)
+    case, q = decode_case(
+        [1, 31, 64, 65], num_slots=5, kv_heads=2, group=2, head_dim=head_dim, block_size=block_size, blocks_per_seq=9
+    )
     poison_unused(case)
-    out = decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, 0.2, num_splits=2,
-                           block_n=block_n)
+    out = decode_attention(
+        q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, 0.2, num_splits=2, block_n=block_n
+    )
     torch.testing.assert_close(out.double(), naive_decode(case, q, 0.2), atol=2e-5, rtol=2e-5)
 
 
 @interp_only
-@pytest.mark.parametrize("kv_heads,group,wide,dtype",
-                         [(4, 1, False, F32), (2, 2, True, F32), (1, 4, False, F32), (1, 4, True, F16),
-                          (2, 2, False, F16)])
+@pytest.mark.parametrize(
+    "kv_heads,group,wide,dtype",
+    [(4, 1, False, F32), (2, 2, True, F32), (1, 4, False, F32), (1, 4, True, F16), (2, 2, False, F16)],
+)
 def test_interp_varlen(kv_heads, group, wide, dtype):
     from gmtool.kernels.prefill_attention import varlen_attention, varlen_attention_wide
 
-    case = make_case(*PREFILL, num_slots=7, num_tokens=72, kv_heads=kv_heads, group=group, blocks_per_seq=7,
-                     dtype=dtype, seed=kv_heads)
+    case = make_case(
+        *PREFILL,
+        num_slots=7,
+        num_tokens=72,
+        kv_heads=kv_heads,
+        group=group,
+        blocks_per_seq=7,
+        dtype=dtype,
+        seed=kv_heads,
+    )
     poison_unused(case)
     out = torch.full_like(case.q, float("nan"))
     args = (case.q, case.k_cache, case.v_cache, case.cu_q, case.kv_lens_t, case.block_tables, 7)
@@ -270,8 +312,19 @@ def test_interp_varlen_wide_many_short_sequences():
     case = make_case(q_lens, kv_lens, num_slots=12, num_tokens=50, blocks_per_seq=4)
     poison_unused(case)
     out = torch.full_like(case.q, float("nan"))
-    varlen_attention_wide(case.q, case.k_cache, case.v_cache, case.cu_q, case.kv_lens_t, case.block_tables, 12,
-                          0.25, out=out, block_m=16, block_n=16)
+    varlen_attention_wide(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        case.cu_q,
+        case.kv_lens_t,
+        case.block_tables,
+        12,
+        0.25,
+        out=out,
+        block_m=16,
+        block_n=16,
+    )
     torch.testing.assert_close(out.double(), naive_varlen(case, 0.25), atol=2e-5, rtol=2e-5)
 
 

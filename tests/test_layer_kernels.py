@@ -6,6 +6,7 @@ TRITON_INTERPRET=1 (the pattern of tests/test_kernels.py); they use fp32 and fp1
 tests/gpu/test_layer_kernels_gpu.py. Strided inputs are padded with NaN, so a kernel that reads outside its
 row (a wrong mask or stride) gives NaN rather than a small error.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -41,8 +42,8 @@ def _randn(*shape, seed=0, dtype=F32, scale=1.0, shift=0.0):
 def _strided(rows, cols, dtype, seed=0, scale=1.0):
     """A [rows, cols] view at column 8 of a NaN-filled [rows, cols + 24]: row stride larger than the row."""
     big = torch.full((rows, cols + 24), float("nan"), dtype=dtype)
-    big[:, 8:8 + cols] = _randn(rows, cols, seed=seed, dtype=dtype, scale=scale)
-    return big[:, 8:8 + cols]
+    big[:, 8 : 8 + cols] = _randn(rows, cols, seed=seed, dtype=dtype, scale=scale)
+    return big[:, 8 : 8 + cols]
 
 
 def _angles(tokens, head_dim, base=10000.0):
@@ -55,18 +56,25 @@ def _cos_sin(ang, dtype):
     """HF's layout (cat(freqs, freqs)), as views of one [T, 2D] tensor, so each has row stride 2D."""
     emb = torch.cat((ang, ang), -1)
     both = torch.cat((emb.cos(), emb.sin()), -1).to(dtype)
-    return both[:, :emb.shape[1]], both[:, emb.shape[1]:]
+    return both[:, : emb.shape[1]], both[:, emb.shape[1] :]
 
 
 def _qk_case(tokens, hq, hkv, dim, dtype, norm, seed=0):
     qkv = _strided(tokens, (hq + 2 * hkv) * dim, dtype, seed=seed, scale=2.0)
-    qkv[:, (hq + hkv) * dim:] = float("nan")  # v: never read
-    weights = (_randn(dim, seed=seed + 1, dtype=dtype, scale=0.3, shift=1.0),
-               _randn(dim, seed=seed + 2, dtype=dtype, scale=0.3, shift=1.0)) if norm else (None, None)
+    qkv[:, (hq + hkv) * dim :] = float("nan")  # v: never read
+    weights = (
+        (
+            _randn(dim, seed=seed + 1, dtype=dtype, scale=0.3, shift=1.0),
+            _randn(dim, seed=seed + 2, dtype=dtype, scale=0.3, shift=1.0),
+        )
+        if norm
+        else (None, None)
+    )
     return qkv, weights
 
 
 # ---------------------------------------------------------------- references (fp32, CPU)
+
 
 def test_rms_norm_ref_matches_oracle_and_hf():
     from transformers.models.qwen3 import modeling_qwen3 as hf
@@ -98,7 +106,7 @@ def test_add_rms_norm_ref_is_hf_decoder_residual():
 
 def _oracle_qk(qkv, hq, hkv, dim, ang, weights):
     """float64, RoPE as a complex rotation of (x1 + i x2): no rotate_half, no cos/sin tensors."""
-    x = qkv.double()[:, :(hq + hkv) * dim].reshape(-1, hq + hkv, dim)
+    x = qkv.double()[:, : (hq + hkv) * dim].reshape(-1, hq + hkv, dim)
     if weights[0] is not None:
         w = torch.cat((weights[0].double().expand(hq, dim), weights[1].double().expand(hkv, dim)))
         x = x / (x.pow(2).mean(-1, keepdim=True) + EPS).sqrt() * w
@@ -134,8 +142,8 @@ def test_qk_norm_rope_ref_is_hf_qwen3(dtype):
         q_norm.weight.copy_(qw)
         k_norm.weight.copy_(kw)
         # HF's layout: [B, T, H, D] from the projections, normed, then transposed to [B, H, T, D].
-        hq_states = q_norm(qkv[:, :hq * dim].reshape(1, tokens, hq, dim)).transpose(1, 2)
-        hk_states = k_norm(qkv[:, hq * dim:(hq + hkv) * dim].reshape(1, tokens, hkv, dim)).transpose(1, 2)
+        hq_states = q_norm(qkv[:, : hq * dim].reshape(1, tokens, hq, dim)).transpose(1, 2)
+        hk_states = k_norm(qkv[:, hq * dim : (hq + hkv) * dim].reshape(1, tokens, hkv, dim)).transpose(1, 2)
         eq, ek = hf.apply_rotary_pos_emb(hq_states, hk_states, cos[None], sin[None])
     assert torch.equal(q, eq[0].transpose(0, 1)) and torch.equal(k, ek[0].transpose(0, 1))
 
@@ -151,6 +159,7 @@ def test_silu_mul_ref_matches_oracle():
 
 # ---------------------------------------------------------------- Triton kernels
 
+
 @pytest.mark.skipif(INTERPRETED, reason="the child runs the tests itself")
 def test_layer_kernels_under_interpreter():
     """Every interp_only test of this module, run by the Triton interpreter in a child pytest: all of them
@@ -162,8 +171,9 @@ def test_layer_kernels_under_interpreter():
 def _compile_for_hopper(jit_fn, consts, ptr="*bf16"):
     from gmtool.kernels.testing import compile_for_hopper
 
-    return compile_for_hopper(jit_fn, consts,
-                              lambda name: ptr if name.endswith("_ptr") else "fp32" if name == "eps" else "i32")
+    return compile_for_hopper(
+        jit_fn, consts, lambda name: ptr if name.endswith("_ptr") else "fp32" if name == "eps" else "i32"
+    )
 
 
 @pytest.mark.skipif(INTERPRETED or not HAS_TRITON, reason="needs triton, not interpreted")

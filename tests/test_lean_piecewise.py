@@ -1,6 +1,7 @@
 """Lean piecewise runners on the CPU tape: a step's metadata prepared once for all its runners, runners that
 borrow shared buffers instead of holding the pieces' tensors, and the pieces of a bucket needing no more pool
 than one full graph (the tape's live-tensor accounting)."""
+
 from __future__ import annotations
 
 import gc
@@ -16,8 +17,10 @@ from tests.helpers import Rig, rel
 
 @pytest.fixture(scope="module")
 def rigs():
-    return {"piecewise": Rig(mode="piecewise", buckets=(16, 64)),
-            "full": Rig(mode="full", wide_key=True, buckets=(16, 64))}
+    return {
+        "piecewise": Rig(mode="piecewise", buckets=(16, 64)),
+        "full": Rig(mode="full", wide_key=True, buckets=(16, 64)),
+    }
 
 
 def test_metadata_is_prepared_once_per_step_for_all_runners(rigs):

@@ -1,13 +1,23 @@
 """The graph memory ledger's arithmetic on the CPU: parts and totals, KV tokens given up, the cuBLAS workspace,
 the per-strategy fit, its prediction and the prediction error."""
+
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
 from gmtool.errors import GmtoolError
-from gmtool.memory.ledger import (check_prediction, cublas_workspace_bytes, fit, kv_bytes_per_token, ledger,
-                                  ledger_from_records, predict, sample_buckets, strategy_ledger)
+from gmtool.memory.ledger import (
+    check_prediction,
+    cublas_workspace_bytes,
+    fit,
+    kv_bytes_per_token,
+    ledger,
+    ledger_from_records,
+    predict,
+    sample_buckets,
+    strategy_ledger,
+)
 
 QWEN3_06B = {"layers": 28, "kv_heads": 8, "head_dim": 128}
 MiB = 2**20
@@ -18,27 +28,52 @@ def test_kv_bytes_per_token():
 
 
 def test_ledger_totals_and_kv_tokens_given_up():
-    rows = pd.DataFrame({"bucket": [8, 16], "mode": "full", "strategy": "shared", "pool_bytes": [10 * MiB, 20 * MiB],
-                         "outside_pool_bytes": [2 * MiB, None], "inputs_bytes": [1024, 2048],
-                         "workspace_bytes": [32 * MiB, 0]})
+    rows = pd.DataFrame(
+        {
+            "bucket": [8, 16],
+            "mode": "full",
+            "strategy": "shared",
+            "pool_bytes": [10 * MiB, 20 * MiB],
+            "outside_pool_bytes": [2 * MiB, None],
+            "inputs_bytes": [1024, 2048],
+            "workspace_bytes": [32 * MiB, 0],
+        }
+    )
     df = ledger(rows, 114_688)
     assert df["total_bytes"].tolist() == [44 * MiB + 1024, 20 * MiB + 2048]  # an unknown part adds nothing
-    assert df["kv_tokens_given_up"].tolist() == pytest.approx([(44 * MiB + 1024) / 114_688, (20 * MiB + 2048) / 114_688])
+    assert df["kv_tokens_given_up"].tolist() == pytest.approx(
+        [(44 * MiB + 1024) / 114_688, (20 * MiB + 2048) / 114_688]
+    )
 
 
 def test_ledger_needs_the_pool_for_a_total():
     # the CPU tape: no pool, nothing outside it, no workspace; the inputs alone are not the total
-    df = ledger(pd.DataFrame({"bucket": [4], "mode": "full", "strategy": "shared", "pool_bytes": [None],
-                              "inputs_bytes": [4096]}), 114_688)
+    df = ledger(
+        pd.DataFrame(
+            {"bucket": [4], "mode": "full", "strategy": "shared", "pool_bytes": [None], "inputs_bytes": [4096]}
+        ),
+        114_688,
+    )
     assert df["total_bytes"].isna().all() and df["kv_tokens_given_up"].isna().all()
 
 
 def _captured(bucket, pool, outside, inputs, workspace, kv=114_688):
     total = pool + outside + inputs + workspace
-    return {"bucket": bucket, "key": f"d{bucket}", "mode": "full", "composition": f"1*{bucket}", "status": "ok",
-            "capture_s": 0.1,
-            "graph_mem_bytes": pool, "pool_growth_bytes": pool, "outside_pool_bytes": outside, "inputs_bytes": inputs,
-            "workspace_bytes": workspace, "ledger_total_bytes": total, "kv_tokens_given_up": total // kv}
+    return {
+        "bucket": bucket,
+        "key": f"d{bucket}",
+        "mode": "full",
+        "composition": f"1*{bucket}",
+        "status": "ok",
+        "capture_s": 0.1,
+        "graph_mem_bytes": pool,
+        "pool_growth_bytes": pool,
+        "outside_pool_bytes": outside,
+        "inputs_bytes": inputs,
+        "workspace_bytes": workspace,
+        "ledger_total_bytes": total,
+        "kv_tokens_given_up": total // kv,
+    }
 
 
 def test_ledger_from_records_reads_the_capture_rows():
@@ -55,9 +90,11 @@ def test_ledger_from_records_reads_the_capture_rows():
 
 def test_vmm_ledger_charges_each_bucket_the_physical_memory_it_added():
     recs = [_captured(b, 0, 0, 100, 0) for b in (8, 4, 2)]
-    per_key = [{"key": "d8", "bucket": 8, "physical_after_bytes": 8 * MiB},  # captured largest first
-               {"key": "d4", "bucket": 4, "physical_after_bytes": 8 * MiB},
-               {"key": "d2", "bucket": 2, "physical_after_bytes": 10 * MiB}]  # 2 needed a new chunk
+    per_key = [
+        {"key": "d8", "bucket": 8, "physical_after_bytes": 8 * MiB},  # captured largest first
+        {"key": "d4", "bucket": 4, "physical_after_bytes": 8 * MiB},
+        {"key": "d2", "bucket": 2, "physical_after_bytes": 10 * MiB},
+    ]  # 2 needed a new chunk
     df = strategy_ledger("vmm", recs, per_key, MiB)
     assert df["pool_bytes"].tolist() == [2 * MiB, 0, 8 * MiB]
     assert df["total_bytes"].tolist() == [2 * MiB + 100, 100, 8 * MiB + 100]
@@ -80,20 +117,31 @@ def test_cublas_workspace(monkeypatch):
 def test_fit_predict_and_error_per_strategy():
     # recorded additions per capture, largest bucket first: separate pools add 1 MiB + 0.5 MiB per token each;
     # the shared pool holds the first capture's 129 MiB and each later graph keeps 16 KiB per token in it
-    sampled = pd.DataFrame({"strategy": ["shared"] * 4 + ["independent"] * 4, "bucket": [256, 1, 72, 168] * 2,
-                            "pool_bytes": [129 * MiB] + [16 * 1024 * b for b in (1, 72, 168)]
-                            + [MiB + 0.5 * MiB * b for b in (256, 1, 72, 168)]})
+    sampled = pd.DataFrame(
+        {
+            "strategy": ["shared"] * 4 + ["independent"] * 4,
+            "bucket": [256, 1, 72, 168] * 2,
+            "pool_bytes": [129 * MiB]
+            + [16 * 1024 * b for b in (1, 72, 168)]
+            + [MiB + 0.5 * MiB * b for b in (256, 1, 72, 168)],
+        }
+    )
     f = fit(sampled[sampled["strategy"] == "independent"])
-    assert f.loc["independent", "slope"] == pytest.approx(0.5 * MiB) and f.loc["independent", "intercept"] == pytest.approx(MiB)
+    assert f.loc["independent", "slope"] == pytest.approx(0.5 * MiB) and f.loc[
+        "independent", "intercept"
+    ] == pytest.approx(MiB)
     buckets = [1, 2, 4] + list(range(8, 257, 8))
     pred = predict(sampled, buckets, {"shared": 256, "independent": 256})
     assert list(pred.index) == ["shared", "independent"]  # as given
     assert pred.loc["shared", "predicted_bytes"] == pytest.approx(129 * MiB + 16 * 1024 * (sum(buckets) - 256))
     assert pred.loc["independent", "predicted_bytes"] == pytest.approx(sum(MiB + 0.5 * MiB * b for b in buckets))
     assert pred.loc["shared", "first_bytes"] == 129 * MiB and pred.loc["shared", "sample_bytes"] == pytest.approx(
-        129 * MiB + 16 * 1024 * 241)
+        129 * MiB + 16 * 1024 * 241
+    )
     err = check_prediction(pred, {"shared": 120 * MiB, "independent": pred.loc["independent", "predicted_bytes"]})
-    assert err.loc["shared", "error_pct"] == pytest.approx(100 * (pred.loc["shared", "predicted_bytes"] / (120 * MiB) - 1))
+    assert err.loc["shared", "error_pct"] == pytest.approx(
+        100 * (pred.loc["shared", "predicted_bytes"] / (120 * MiB) - 1)
+    )
     assert err.loc["independent", "error_pct"] == pytest.approx(0.0)
     with pytest.raises(GmtoolError, match="captured first"):
         predict(sampled, buckets, {"shared": 8, "independent": 256})
@@ -125,14 +173,25 @@ def _recorded_strategy(cfg, name, progress=None):
     need = {b: int(3 * MiB + 0.37 * MiB * b) for b in cfg.bucket_sizes}
     seg = {b: math.ceil(n / (2 * MiB)) * 2 * MiB for b, n in need.items()}
     order = sorted(need, reverse=True)
-    grow = {b: (seg[b] if name == "independent" else int(1.03 * need[b]) if i == 0 else 8192 * b)
-            for i, b in enumerate(order)}
+    grow = {
+        b: (seg[b] if name == "independent" else int(1.03 * need[b]) if i == 0 else 8192 * b)
+        for i, b in enumerate(order)
+    }
     held = sum(grow.values())
     recs = [_captured(b, grow[b], MiB // 2, 4096, 32 * MiB if i == 0 else 0) for i, b in enumerate(order)]
     per_key = [{"key": f"d{b}", "bucket": b, "graph_mem_bytes": need[b], "capture_s": 0.01} for b in order]
-    raw = {"strategy": name, "mode": "full", "per_key": per_key, "records": recs, "shuffled": [], "errors": [],
-           "measured": {"graph_pool_bytes": held, "physical_bytes": held}, "warnings": [],
-           "kv_bytes_per_token": 114_688, "after_release_bytes": 0}
+    raw = {
+        "strategy": name,
+        "mode": "full",
+        "per_key": per_key,
+        "records": recs,
+        "shuffled": [],
+        "errors": [],
+        "measured": {"graph_pool_bytes": held, "physical_bytes": held},
+        "warnings": [],
+        "kv_bytes_per_token": 114_688,
+        "after_release_bytes": 0,
+    }
     return derive(raw), None
 
 
@@ -145,8 +204,11 @@ def test_memreport_check_predicts_each_strategy_from_four_buckets(tmp_path, monk
     from gmtool.report.ledger import memreport_ledger_table, prediction_table
 
     seen = []
-    monkeypatch.setattr(report, "run_strategy", lambda cfg, name, p=None: seen.append(len(cfg.bucket_sizes))
-                        or _recorded_strategy(cfg, name))
+    monkeypatch.setattr(
+        report,
+        "run_strategy",
+        lambda cfg, name, p=None: seen.append(len(cfg.bucket_sizes)) or _recorded_strategy(cfg, name),
+    )
     cfg = SweepConfig(device="cpu", buckets="1,2,4,8:256:8", modes=("eager", "full"))
     doc, paths = run_memreport(cfg, ["shared", "independent"], tmp_path, sample=4, check=True)
     assert seen == [4, 4, 35, 35]  # the sampled run of each strategy, then every bucket

@@ -1,5 +1,6 @@
 """Memory bounded: a run that cannot fit is refused before any weights are built; the CPU tape holds no more
 than an eager forward does; torch threads on the CPU backend are bounded."""
+
 from __future__ import annotations
 
 import json
@@ -31,13 +32,17 @@ def sixteen_gib(monkeypatch):
     monkeypatch.setattr(workbench, "load_model", no_model)
 
 
-@pytest.mark.parametrize("args, option", [
-    (["--compositions", "1@10000000"], "--max-kv-len"),
-    (["--max-kv-len", "100000000"], "--max-kv-len"),
-    (["--buckets", "1:100000:1"], "--buckets"),
-])
-def test_a_run_that_cannot_fit_is_refused_before_the_model_is_built(sixteen_gib, tmp_path, monkeypatch, capsys,
-                                                                   args, option):
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["--compositions", "1@10000000"], "--max-kv-len"),
+        (["--max-kv-len", "100000000"], "--max-kv-len"),
+        (["--buckets", "1:100000:1"], "--buckets"),
+    ],
+)
+def test_a_run_that_cannot_fit_is_refused_before_the_model_is_built(
+    sixteen_gib, tmp_path, monkeypatch, capsys, args, option
+):
     monkeypatch.setattr(sys, "argv", ["gmtool", "capture", "--device", "cpu", "--out", str(tmp_path / "o"), *args])
     with pytest.raises(SystemExit) as e:
         main()
@@ -49,8 +54,9 @@ def test_a_run_that_cannot_fit_is_refused_before_the_model_is_built(sixteen_gib,
 
 
 def test_a_normal_run_fits_and_its_estimate_is_small():
-    cfg = SweepConfig(device="cpu", scenario="prefill", buckets="128,512",
-                      compositions="512=64*8,512=1*100+400@7", max_kv_len=2048)
+    cfg = SweepConfig(
+        device="cpu", scenario="prefill", buckets="128,512", compositions="512=64*8,512=1*100+400@7", max_kv_len=2048
+    )
     est = estimate.check_fits(cfg)
     assert est is not None and est.total < 2 * estimate.GiB
     assert estimate.check_fits(SweepConfig(device="cpu")).total < estimate.GiB
@@ -80,7 +86,7 @@ def test_the_tape_drops_intermediates_after_their_last_use():
     assert all(v is x or v is out for v in kept)
     x.fill_(2.0)
     g.replay()
-    assert torch.allclose(out, torch.full_like(out, 2.0 * 1.01 ** 50))
+    assert torch.allclose(out, torch.full_like(out, 2.0 * 1.01**50))
 
 
 def test_what_outlives_the_capture_is_written_at_replay():
@@ -100,11 +106,33 @@ def test_many_short_prefill_sequences_stay_bounded(tmp_path):
     attention held 5.8 GB here. Peak RSS of the child, under an address-space limit so a regression fails
     instead of taking the machine."""
     out = tmp_path / "o"
-    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30)); "
-            "from gmtool.cli.main import main; sys.argv[1:] = sys.argv[2:]; main()")
-    cmd = [sys.executable, "-c", code, "-", "capture", "--device", "cpu", "--scenario", "prefill", "--buckets", "128",
-           "--compositions", "128=1*100+28@7", "--max-kv-len", "2048", "--num-iters", "1",
-           "--num-iters-warmup", "0", "--out", str(out)]
+    code = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30)); "
+        "from gmtool.cli.main import main; sys.argv[1:] = sys.argv[2:]; main()"
+    )
+    cmd = [
+        sys.executable,
+        "-c",
+        code,
+        "-",
+        "capture",
+        "--device",
+        "cpu",
+        "--scenario",
+        "prefill",
+        "--buckets",
+        "128",
+        "--compositions",
+        "128=1*100+28@7",
+        "--max-kv-len",
+        "2048",
+        "--num-iters",
+        "1",
+        "--num-iters-warmup",
+        "0",
+        "--out",
+        str(out),
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT), GMTOOL_CPU_THREADS="1")
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far: this one or less

@@ -1,6 +1,7 @@
 """Tests written for mutants that the rest of the suite let through (tools/mutants.py names each one's mutant):
 each breaks something the sweep's verdicts rest on, in a way that graph and eager share, or that no other test
 looks at."""
+
 from types import SimpleNamespace
 
 import pandas as pd
@@ -27,15 +28,26 @@ def test_copy_in_writes_every_field_and_pads_the_rest():
     inputs-kv-lens-not-copied, inputs-cu-tail-zero."""
     rig = Rig(buckets=(8, 16), max_num_seqs=16)
     inputs = rig.ex.inputs
-    cases = [("1*5", BucketKey(8, None, True)), ("3@20+1*2", BucketKey(8)), ("7+1@100", BucketKey(16, 8)),
-             ("1*3@40+5", BucketKey(16)), ("1*2", BucketKey(8, None, True)), ("1*7@120", BucketKey(8, None, True)),
-             ("1*2", BucketKey(8, None, True)), ("2+2", BucketKey(16, 8))]
+    cases = [
+        ("1*5", BucketKey(8, None, True)),
+        ("3@20+1*2", BucketKey(8)),
+        ("7+1@100", BucketKey(16, 8)),
+        ("1*3@40+5", BucketKey(16)),
+        ("1*2", BucketKey(8, None, True)),
+        ("1*7@120", BucketKey(8, None, True)),
+        ("1*2", BucketKey(8, None, True)),
+        ("2+2", BucketKey(16, 8)),
+    ]
     for i, (text, key) in enumerate(cases):
         b = rig.batch(text, seed=i)
         v = inputs.load(b, key)  # the device arena, after the copy
         n, s, w = b.num_tokens, b.num_seqs, b.block_table_array.shape[1]
-        for name, want, pad in (("input_ids", b.input_ids, 0), ("positions", b.positions, 0),
-                                ("slot_mapping", b.slot_mapping, 0), ("token_seq", b.token_seq, -1)):
+        for name, want, pad in (
+            ("input_ids", b.input_ids, 0),
+            ("positions", b.positions, 0),
+            ("slot_mapping", b.slot_mapping, 0),
+            ("token_seq", b.token_seq, -1),
+        ):
             got = getattr(v, name).tolist()
             assert got == want.tolist() + [pad] * (key.num_tokens - n), (text, name)
         slots = inputs.seq_slots(key)
@@ -59,9 +71,9 @@ def test_gmtool_eager_matches_hf_attention_on_prefill():
     start = 0
     with torch.no_grad():
         for i, q in enumerate(b.q_lens):
-            ids = torch.from_numpy(b.input_ids[start:start + q])[None]
+            ids = torch.from_numpy(b.input_ids[start : start + q])[None]
             want = hf(input_ids=ids, position_ids=torch.arange(q)[None], use_cache=False).logits[0, -1:]
-            assert rel(out[i:i + 1], want) < 1e-4, i
+            assert rel(out[i : i + 1], want) < 1e-4, i
             start += q
 
 
@@ -97,9 +109,13 @@ def test_vmm_physical_bytes_count_whole_chunks(lib):  # noqa: F811
 # -- report rows -------------------------------------------------------------------------------------------------
 def test_bucket_summary_reports_the_worst_composition():
     """A bucket's max rel err is its worst composition's, in every report. summary-min-error."""
-    rows = bucket_summary([rec("full", 16, "8*2", ms=3.0, eager=9.0, err=1e-6),
-                           rec("full", 16, "4*4", ms=3.1, eager=9.0, err=3e-6),
-                           rec("full", 16, "2*8", ms=3.2, eager=9.0, err=2e-6)])
+    rows = bucket_summary(
+        [
+            rec("full", 16, "8*2", ms=3.0, eager=9.0, err=1e-6),
+            rec("full", 16, "4*4", ms=3.1, eager=9.0, err=3e-6),
+            rec("full", 16, "2*8", ms=3.2, eager=9.0, err=2e-6),
+        ]
+    )
     assert len(rows) == 1 and rows[0]["max_rel_err"] == 3e-6 and rows[0]["status"] == "ok"
     md = render_markdown(make_doc())
     summary = {(r[0], r[1]): r for r in table_rows(md, "Summary (mode x bucket)")}

@@ -1,6 +1,7 @@
 """Nothing measured is lost: each record reaches records.jsonl as it is measured; Ctrl-C and crashes leave the
 result files of what was measured, marked partial; `gmtool report` renders them; an output directory that
 cannot be written is refused before any model is built."""
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,9 @@ def test_a_crash_keeps_the_partial_files(tmp_path, monkeypatch):
     out, seen = tmp_path / "run", []
     out.mkdir()
     _stop_at_second_graph_row(monkeypatch, RuntimeError("boom"), out, seen)
-    cfg = SweepConfig(device="cpu", buckets="1,2", compositions="1*1,1*2", modes=("eager", "full"), num_iters=2,
-                      num_iters_warmup=0)
+    cfg = SweepConfig(
+        device="cpu", buckets="1,2", compositions="1*1,1*2", modes=("eager", "full"), num_iters=2, num_iters_warmup=0
+    )
     with pytest.raises(RuntimeError, match="boom"):
         run_capture(cfg, out)
     doc = json.loads((out / "results.json").read_text())

@@ -1,6 +1,7 @@
 """Output people read: tables that fit 80 columns (columns dropped by priority, never a number cut to '0.…'), a
 legend and a verdict line, the noise marks in capture as in compare, one progress line per bucket when stdout is
 not a terminal, one colour per mode in every plot, and --format human|json|quiet on every command."""
+
 from __future__ import annotations
 
 import io
@@ -74,8 +75,11 @@ def test_narrow_tables_say_which_columns_they_left_out():
 
 
 def test_rank_zero_columns_stay_whatever_the_width():
-    t = FittedTable("t", [Column("mode", justify="left"), Column("a", rank=1), Column("status", justify="left")],
-                    [["piecewise", "12345678", "UNSAFE"]])
+    t = FittedTable(
+        "t",
+        [Column("mode", justify="left"), Column("a", rank=1), Column("status", justify="left")],
+        [["piecewise", "12345678", "UNSAFE"]],
+    )
     assert t.shown(10) == [0, 2] and t.shown(80) == [0, 1, 2]
 
 
@@ -85,8 +89,14 @@ def test_memreport_table_fits_80_columns():
     from tests.test_vmm_bookkeeping import MiB, _raw
 
     cfg = SweepConfig(device="cpu", buckets="1,2,4,8", modes=("eager", "full"))
-    doc = build_document(cfg, [derive(_raw("independent", 480 * MiB)), derive(_raw("shared", 272 * MiB)),
-                               derive({"strategy": "vmm", "mode": "full", "status": "unavailable", "reason": "x"})])
+    doc = build_document(
+        cfg,
+        [
+            derive(_raw("independent", 480 * MiB)),
+            derive(_raw("shared", 272 * MiB)),
+            derive({"strategy": "vmm", "mode": "full", "status": "unavailable", "reason": "x"}),
+        ],
+    )
     text = render(memreport_table(doc), 80)
     assert max(len(ln) for ln in text.splitlines()) <= 80 and "…" not in text
     assert "1.06" in text and "4/4" in text and "unavailable" in text
@@ -95,8 +105,9 @@ def test_memreport_table_fits_80_columns():
 
 def test_verdict_counts_the_replays_checked_against_eager():
     doc = make_doc()
-    assert verdict(doc) == ("7 ok, 2 UNSAFE, 1 errors (10 replays checked against eager; 1 UNSAFE of "
-                            "full-narrow, as expected)")
+    assert verdict(doc) == (
+        "7 ok, 2 UNSAFE, 1 errors (10 replays checked against eager; 1 UNSAFE of full-narrow, as expected)"
+    )
     doc["partial"] = {"reason": "interrupted", "measured": 12, "planned": 20, "unit": "rows"}
     assert verdict(doc).endswith("; partial run: interrupted after 12 of 20 rows)")
 
@@ -107,14 +118,20 @@ def test_progress_when_not_a_terminal_is_one_line_per_bucket_with_an_eta():
     console = Console(file=io.StringIO(), width=200)
     p = LineProgress(console, "capture", clock=lambda: now[0])
     p.start(5)
-    for t, label in ((10, "bucket 4: 1*4"), (20, "bucket 4: 2*2"), (30, "bucket 2: 1*2"), (40, "bucket 2: 2*1"),
-                     (50, "bucket 1: 1*1")):
+    for t, label in (
+        (10, "bucket 4: 1*4"),
+        (20, "bucket 4: 2*2"),
+        (30, "bucket 2: 1*2"),
+        (40, "bucket 2: 2*1"),
+        (50, "bucket 1: 1*1"),
+    ):
         now[0] = t
         p.advance(label)
     assert console.file.getvalue().splitlines() == [
         "capture: bucket 4 done, 2/5 rows, 0:30 elapsed, ETA 0:45",  # the line comes when bucket 2 starts
         "capture: bucket 2 done, 4/5 rows, 0:50 elapsed, ETA 0:12",
-        "capture: bucket 1 done, 5/5 rows, 0:50 elapsed, done"]
+        "capture: bucket 1 done, 5/5 rows, 0:50 elapsed, done",
+    ]
     assert isinstance(progress_bars(Console(file=io.StringIO()))("x"), LineProgress)
     assert isinstance(progress_bars(Console(file=io.StringIO(), force_terminal=True))("x"), SweepProgress)
 
@@ -172,8 +189,19 @@ def test_capture_human_shows_noise_marks_legend_and_verdict(tmp_path, monkeypatc
     import gmtool.measure.sweep
 
     monkeypatch.setattr(gmtool.measure.sweep, "time_ms", noisy_ms)
-    code, stdout, stderr = run_cli("capture", "--device", "cpu", "--num-iters", "4", "--buckets", "1",
-                                   "--compositions", "1*1", "--out", tmp_path / "h")
+    code, stdout, stderr = run_cli(
+        "capture",
+        "--device",
+        "cpu",
+        "--num-iters",
+        "4",
+        "--buckets",
+        "1",
+        "--compositions",
+        "1*1",
+        "--out",
+        tmp_path / "h",
+    )
     assert code == 0, stderr
     text = " ".join(stdout.split())
     assert "2.000!" in stdout  # the replay median, marked noisy as compare marks it
@@ -201,12 +229,27 @@ def test_report_and_plan_formats(captured, tmp_path, fmt):
     if fmt == "json":
         assert json.loads(stdout) == plan
     else:
-        assert stdout.splitlines() == [f"capture sizes: {','.join(map(str, plan['capture_sizes'])) or '(none: eager is faster)'}"]
+        assert stdout.splitlines() == [
+            f"capture sizes: {','.join(map(str, plan['capture_sizes'])) or '(none: eager is faster)'}"
+        ]
 
 
 def test_verify_json(tmp_path):
-    code, stdout, stderr = run_cli("verify", "--device", "cpu", "--modes", "full", "--steps", "2", "--check-every",
-                                   "1", "--format", "json", "--out", tmp_path / "v")
+    code, stdout, stderr = run_cli(
+        "verify",
+        "--device",
+        "cpu",
+        "--modes",
+        "full",
+        "--steps",
+        "2",
+        "--check-every",
+        "1",
+        "--format",
+        "json",
+        "--out",
+        tmp_path / "v",
+    )
     assert code == 0, stderr
     assert json.loads(stdout) == json.loads((tmp_path / "v" / "verify.json").read_text())
 

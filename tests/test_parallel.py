@@ -2,6 +2,7 @@
 
 Each spawn costs a few seconds of imports per rank, so every group of tests shares one run (session fixtures).
 """
+
 import json
 import os
 import subprocess
@@ -31,14 +32,27 @@ ENV = {**os.environ, "GMTOOL_CPU_THREADS": "1", "PYTHONPATH": os.getcwd()}
 
 def gm(*args, env=None, timeout=240):
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "gmtool.cli.main", *map(str, args)], capture_output=True, text=True,
-                       timeout=timeout, env={**ENV, **(env or {})})
+    p = subprocess.run(
+        [sys.executable, "-m", "gmtool.cli.main", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**ENV, **(env or {})},
+    )
     return p.returncode, p.stdout, p.stderr, time.monotonic() - t0
 
 
 def _config(tp: int) -> SweepConfig:
-    return SweepConfig(model="tiny-qwen3", device="cpu", dtype="fp32", buckets="1,4", modes=("eager", "full"),
-                       compositions=",".join(MIXES), max_kv_len=64, tp=tp)
+    return SweepConfig(
+        model="tiny-qwen3",
+        device="cpu",
+        dtype="fp32",
+        buckets="1,4",
+        modes=("eager", "full"),
+        compositions=",".join(MIXES),
+        max_kv_len=64,
+        tp=tp,
+    )
 
 
 def tp_logits(cfg: SweepConfig, modes: tuple[str, ...]) -> dict:
@@ -96,10 +110,32 @@ def tp2_compare(tmp_path_factory):
     """compare under torchrun (two ranks it starts; gmtool sees WORLD_SIZE and joins its group). gmtool's own
     spawning is what the tp2 fixture and the failed-rank test go through."""
     out = tmp_path_factory.mktemp("tp") / "run"
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                        str(launch._free_port()), "-m", "gmtool.cli.main", "compare", "eager,full,piecewise", *TINY,
-                        "--buckets", "4", "--compositions", ",".join(CLI_MIXES), "--out", str(out)],
-                       capture_output=True, text=True, timeout=240, env=ENV)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(launch._free_port()),
+            "-m",
+            "gmtool.cli.main",
+            "compare",
+            "eager,full,piecewise",
+            *TINY,
+            "--buckets",
+            "4",
+            "--compositions",
+            ",".join(CLI_MIXES),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=ENV,
+    )
     return p.returncode, p.stdout, p.stderr, out
 
 
@@ -113,7 +149,9 @@ def test_tp2_compare_under_torchrun_writes_every_ranks_rows(tp2_compare):
     assert "the 4 all-reduces" in share and "4: " in share and "of full's replay" in share
     rows = doc["records"]
     assert sorted({r["rank"] for r in rows}) == [0, 1]
-    per_rank = {rank: [(r["mode"], r["bucket"], r["composition"]) for r in rows if r["rank"] == rank] for rank in (0, 1)}
+    per_rank = {
+        rank: [(r["mode"], r["bucket"], r["composition"]) for r in rows if r["rank"] == rank] for rank in (0, 1)
+    }
     assert per_rank[0] == per_rank[1] and len(per_rank[0]) == 3 * len(CLI_MIXES)
     for r in rows:
         assert r["status"] == "ok", r
@@ -123,27 +161,47 @@ def test_tp2_compare_under_torchrun_writes_every_ranks_rows(tp2_compare):
             assert r["latency_ms"]["median"] > 0 and r["host_us"]["median"] > 0
     captured = [r for r in rows if r["capture_s"] is not None]
     assert {(r["rank"], r["mode"], r["bucket"]) for r in captured} >= {
-        (k, m, 4) for k in (0, 1) for m in ("full", "piecewise")}
+        (k, m, 4) for k in (0, 1) for m in ("full", "piecewise")
+    }
     assert "┃ rank ┃" in stdout  # the terminal table has a row per rank
     assert (out / "records.jsonl").is_file() and (out / "report.md").is_file()
 
 
 def test_a_failed_rank_is_named_and_the_others_stop(tmp_path):
-    code, _, stderr, took = gm("capture", *TINY, "--tp", 2, "--buckets", 1, "--compositions", "1*1",
-                               "--tp-timeout", 3, "--out", tmp_path / "x", env={launch.FAIL_ENV: "1"})
+    code, _, stderr, took = gm(
+        "capture",
+        *TINY,
+        "--tp",
+        2,
+        "--buckets",
+        1,
+        "--compositions",
+        "1*1",
+        "--tp-timeout",
+        3,
+        "--out",
+        tmp_path / "x",
+        env={launch.FAIL_ENV: "1"},
+    )
     assert code == 1
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: rank 1 of 2 failed: injected failure"), stderr
     assert took < 60  # a few seconds of imports, then at most --tp-timeout for rank 0
 
 
-@pytest.mark.parametrize("args, env, says", [
-    (["--tp", "3"], {}, "--tp 3: the model's 4 attention heads do not divide by 3"),
-    (["--tp", "0"], {}, "--tp must be 1 or more"),
-    ([], {"WORLD_SIZE": "2", "RANK": "0"}, "incomplete rendezvous: MASTER_ADDR, MASTER_PORT not set"),
-    (["--tp", "4"], {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
-     "--tp 4 but torchrun started 2 ranks"),
-])
+@pytest.mark.parametrize(
+    "args, env, says",
+    [
+        (["--tp", "3"], {}, "--tp 3: the model's 4 attention heads do not divide by 3"),
+        (["--tp", "0"], {}, "--tp must be 1 or more"),
+        ([], {"WORLD_SIZE": "2", "RANK": "0"}, "incomplete rendezvous: MASTER_ADDR, MASTER_PORT not set"),
+        (
+            ["--tp", "4"],
+            {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
+            "--tp 4 but torchrun started 2 ranks",
+        ),
+    ],
+)
 def test_bad_requests_are_one_line(tmp_path, monkeypatch, args, env, says):
     for k, v in env.items():
         monkeypatch.setenv(k, v)

@@ -1,5 +1,6 @@
 """gmtool plan on the CPU: the optimizer against brute force and hand-checked optima, budgets, padding, workload
 errors, cost estimates, flags, and the command end to end (from a results file, and measured on the spot)."""
+
 from __future__ import annotations
 
 import itertools
@@ -18,12 +19,20 @@ from gmtool.plan.workload import load_workload
 from tests.test_compare import one_error, run_cli
 
 
-def problem(steps: dict, sizes, graph_ms, pool=None, capture=None, overhead=None, eager=100.0,
-            sharing=PoolSharing.SHARED) -> Problem:
+def problem(
+    steps: dict, sizes, graph_ms, pool=None, capture=None, overhead=None, eager=100.0, sharing=PoolSharing.SHARED
+) -> Problem:
     sizes = list(sizes)
-    costs = pd.DataFrame({"graph_ms": graph_ms, "pool_bytes": pool if pool is not None else np.nan,
-                          "overhead_bytes": overhead if overhead is not None else 0.0,
-                          "capture_s": capture if capture is not None else 0.0}, index=sizes, dtype=float)
+    costs = pd.DataFrame(
+        {
+            "graph_ms": graph_ms,
+            "pool_bytes": pool if pool is not None else np.nan,
+            "overhead_bytes": overhead if overhead is not None else 0.0,
+            "capture_s": capture if capture is not None else 0.0,
+        },
+        index=sizes,
+        dtype=float,
+    )
     wl = pd.Series(steps)
     return Problem(wl, pd.Series(eager, index=wl.index, dtype=float), costs, sharing)
 
@@ -89,8 +98,11 @@ def _brute(p: Problem, b: Budgets, sizes) -> float:
     for k in range(1, len(sizes) + 1):
         for s in itertools.combinations(sizes, k):
             c = p.evaluate(s)
-            if (b.max_graphs is None or k <= b.max_graphs) and (b.capture_s is None or c.capture_s <= b.capture_s) \
-                    and (b.memory_bytes is None or c.graph_memory_bytes <= b.memory_bytes):
+            if (
+                (b.max_graphs is None or k <= b.max_graphs)
+                and (b.capture_s is None or c.capture_s <= b.capture_s)
+                and (b.memory_bytes is None or c.graph_memory_bytes <= b.memory_bytes)
+            ):
                 best = min(best, c.total_ms)
     return best
 
@@ -101,12 +113,21 @@ def test_optimizer_matches_brute_force_on_random_cases():
         m = int(rng.integers(1, 7))
         sizes = np.sort(rng.choice(np.arange(1, 40), m, replace=False))
         steps = np.sort(rng.choice(np.arange(1, 45), int(rng.integers(1, 9)), replace=False))
-        p = problem(dict(zip(steps.tolist(), rng.integers(1, 20, len(steps)).tolist())), sizes,
-                    1 + sizes * 0.1 + rng.random(m), pool=sizes * 10 + rng.integers(0, 30, m),
-                    capture=rng.random(m), overhead=rng.integers(0, 5, m) * (trial % 2), eager=(2 + steps * 0.2),
-                    sharing=PoolSharing.INDEPENDENT if trial % 3 == 0 else PoolSharing.SHARED)
-        b = Budgets(float(rng.integers(50, 400)) if trial % 2 else None,
-                    float(rng.random() * 2) if trial % 4 < 2 else None, int(rng.integers(1, 4)) if trial % 5 else None)
+        p = problem(
+            dict(zip(steps.tolist(), rng.integers(1, 20, len(steps)).tolist())),
+            sizes,
+            1 + sizes * 0.1 + rng.random(m),
+            pool=sizes * 10 + rng.integers(0, 30, m),
+            capture=rng.random(m),
+            overhead=rng.integers(0, 5, m) * (trial % 2),
+            eager=(2 + steps * 0.2),
+            sharing=PoolSharing.INDEPENDENT if trial % 3 == 0 else PoolSharing.SHARED,
+        )
+        b = Budgets(
+            float(rng.integers(50, 400)) if trial % 2 else None,
+            float(rng.random() * 2) if trial % 4 < 2 else None,
+            int(rng.integers(1, 4)) if trial % 5 else None,
+        )
         assert p.optimize(b).total_ms == pytest.approx(_brute(p, b, sizes.tolist())), trial
 
 
@@ -134,15 +155,42 @@ def _timing(median: float) -> dict:
 def results_doc(buckets=(1, 2, 4, 8, 16), unsafe=()) -> dict:
     recs = []
     for b in buckets:
-        recs.append({"mode": "eager", "bucket": b, "composition": f"1*{b}", "num_tokens": b, "num_seqs": b,
-                     "status": "ok", "latency_ms": _timing(10.0 + b)})
+        recs.append(
+            {
+                "mode": "eager",
+                "bucket": b,
+                "composition": f"1*{b}",
+                "num_tokens": b,
+                "num_seqs": b,
+                "status": "ok",
+                "latency_ms": _timing(10.0 + b),
+            }
+        )
         for n, ms in ((b, 1.0 + b / 4), (b, 1.0 + b / 4 + 0.5)):  # two mixes: the median is taken
-            recs.append({"mode": "full", "bucket": b, "composition": f"1*{n}", "num_tokens": n, "num_seqs": n,
-                         "status": "UNSAFE" if b in unsafe else "ok", "latency_ms": _timing(ms) if ms is not None else None,
-                         "graph_mem_bytes": b * 2**20, "capture_s": 0.5})
+            recs.append(
+                {
+                    "mode": "full",
+                    "bucket": b,
+                    "composition": f"1*{n}",
+                    "num_tokens": n,
+                    "num_seqs": n,
+                    "status": "UNSAFE" if b in unsafe else "ok",
+                    "latency_ms": _timing(ms) if ms is not None else None,
+                    "graph_mem_bytes": b * 2**20,
+                    "capture_s": 0.5,
+                }
+            )
             ms = None
-    return {"tool": "gmtool", "command": "compare", "model": {"name": "tiny-qwen3"}, "config": {},
-            "machine": {"backend": "cuda"}, "records": recs, "notes": [], "errors": []}
+    return {
+        "tool": "gmtool",
+        "command": "compare",
+        "model": {"name": "tiny-qwen3"},
+        "config": {},
+        "machine": {"backend": "cuda"},
+        "records": recs,
+        "notes": [],
+        "errors": [],
+    }
 
 
 def test_costs_from_results_leave_out_buckets_that_were_not_ok():
@@ -168,17 +216,20 @@ def test_engine_default_lists():
 
 
 # -- workloads --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text,why", [
-    ("", "is empty"),
-    ("# only a comment\n", "is empty"),
-    ("num_tokens,num_seqs,count\n", "no steps"),
-    ("num_tokens,count\n4,1\n", "missing column num_seqs"),
-    ("num_tokens,num_seqs,count\n4,4,-1\n", "row 1: count must be 0 or more, got -1"),
-    ("num_tokens,num_seqs\n0,1\n", "row 1: num_tokens must be positive, got 0"),
-    ("num_tokens,num_seqs\n4,4\n2,3\n", "row 2: 3 sequences cannot share 2 tokens"),
-    ("num_tokens,num_seqs\nfour,4\n", "row 1: num_tokens must be a whole number, got 'four'"),
-    ("num_tokens,num_seqs,count\n4,4,0\n", "every count is 0"),
-])
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ("", "is empty"),
+        ("# only a comment\n", "is empty"),
+        ("num_tokens,num_seqs,count\n", "no steps"),
+        ("num_tokens,count\n4,1\n", "missing column num_seqs"),
+        ("num_tokens,num_seqs,count\n4,4,-1\n", "row 1: count must be 0 or more, got -1"),
+        ("num_tokens,num_seqs\n0,1\n", "row 1: num_tokens must be positive, got 0"),
+        ("num_tokens,num_seqs\n4,4\n2,3\n", "row 2: 3 sequences cannot share 2 tokens"),
+        ("num_tokens,num_seqs\nfour,4\n", "row 1: num_tokens must be a whole number, got 'four'"),
+        ("num_tokens,num_seqs,count\n4,4,0\n", "every count is 0"),
+    ],
+)
 def test_bad_workloads_are_one_line(tmp_path, text, why):
     f = tmp_path / "w.csv"
     f.write_text(text)
@@ -188,8 +239,10 @@ def test_bad_workloads_are_one_line(tmp_path, text, why):
 
 def test_workload_jsonl_and_counts(tmp_path):
     f = tmp_path / "w.jsonl"
-    f.write_text('{"num_tokens": 4, "num_seqs": 4, "count": 3}\n{"num_tokens": 4, "num_seqs": 4}\n'
-                 '{"num_tokens": 9, "num_seqs": 1, "count": 2}\n')
+    f.write_text(
+        '{"num_tokens": 4, "num_seqs": 4, "count": 3}\n{"num_tokens": 4, "num_seqs": 4}\n'
+        '{"num_tokens": 9, "num_seqs": 1, "count": 2}\n'
+    )
     steps, _ = load_workload(str(f))
     assert steps.values.tolist() == [[4, 4, 4, 0], [9, 1, 2, 4]]  # num_tokens, num_seqs, count, first_step
     f.write_text('{"num_tokens": 4\n')
@@ -220,8 +273,10 @@ def test_lazy_capture_follows_the_trace_order(tmp_path):
     f.write_text("num_tokens,num_seqs\n30,30\n1,1\n2,2\n1,1\n5,5\n")
     steps, _ = load_workload(str(f))
     assert dict(zip(steps["num_tokens"], steps["first_step"])) == {1: 1, 2: 2, 5: 4, 30: 0}
-    costs = pd.DataFrame({"graph_ms": [1.0, 2.0, 4.0, 8.0], "capture_s": [0.1, 0.2, 0.4, 0.8],
-                          "source": ["measured"] * 4}, index=[1, 2, 4, 8])
+    costs = pd.DataFrame(
+        {"graph_ms": [1.0, 2.0, 4.0, 8.0], "capture_s": [0.1, 0.2, 0.4, 0.8], "source": ["measured"] * 4},
+        index=[1, 2, 4, 8],
+    )
     eager = pd.Series([10.0, 20.0, 40.0, 80.0], index=[1, 2, 4, 8])
     lazy = lazy_capture(steps, [1, 2, 4, 8], costs, eager)
     # 30 runs eager (above every graph); 5 pads to 8; 4 is never reached
@@ -242,8 +297,19 @@ def results_file(tmp_path) -> Path:
 def test_plan_from_results_end_to_end(tmp_path, results_file):
     wl = tmp_path / "w.csv"
     wl.write_text("num_tokens,num_seqs,count\n1,1,50\n3,3,30\n12,12,20\n40,40,1\n")
-    code, out, err = run_cli("plan", "--workload", wl, "--from", results_file, "--max-graphs", "2",
-                             "--memory-budget", "1", "--out", tmp_path / "p")
+    code, out, err = run_cli(
+        "plan",
+        "--workload",
+        wl,
+        "--from",
+        results_file,
+        "--max-graphs",
+        "2",
+        "--memory-budget",
+        "1",
+        "--out",
+        tmp_path / "p",
+    )
     assert code == 0, err
     doc = json.loads((tmp_path / "p" / "plan.json").read_text())
     # candidates: 1, 2, 4, 8, 16 measured and 3, 12 interpolated; two graphs: 3 then 12 (the 1s pad to 3)
@@ -254,7 +320,8 @@ def test_plan_from_results_end_to_end(tmp_path, results_file):
     assert doc["flags"]["sglang"]["cli"] == "--cuda-graph-bs 3 12"
     vllm = next(d for d in doc["defaults"] if d["engine"] == "vllm")
     assert vllm["num_graphs"] == 35 and vllm["plan_gain_pct"] == pytest.approx(
-        100 * (vllm["expected_ms_per_step"] - doc["expected_ms_per_step"]) / vllm["expected_ms_per_step"])
+        100 * (vllm["expected_ms_per_step"] - doc["expected_ms_per_step"]) / vllm["expected_ms_per_step"]
+    )
     md = (tmp_path / "p" / "plan.md").read_text()
     assert "`3, 12`" in md and "| vllm | 35 |" in md
     assert (tmp_path / "p" / "plan.png").stat().st_size > 0
@@ -272,11 +339,13 @@ def test_plan_from_results_end_to_end(tmp_path, results_file):
 def test_plan_bad_inputs_are_one_line(tmp_path, results_file):
     wl = tmp_path / "w.csv"
     wl.write_text("num_tokens,num_seqs\n5,5\n")
-    for args, why in ((["--workload", tmp_path / "none.csv"], "no workload file"),
-                      (["--workload", wl, "--max-graphs", "0"], "--max-graphs must be positive"),
-                      (["--workload", wl, "--mode", "eager"], "--mode must be full or piecewise"),
-                      (["--workload", wl, "--max-tokens", "4"], "a step of 5 tokens, above --max-tokens 4"),
-                      (["--workload", wl, "--model", "llama-3.1-8b"], "measured tiny-qwen3")):
+    for args, why in (
+        (["--workload", tmp_path / "none.csv"], "no workload file"),
+        (["--workload", wl, "--max-graphs", "0"], "--max-graphs must be positive"),
+        (["--workload", wl, "--mode", "eager"], "--mode must be full or piecewise"),
+        (["--workload", wl, "--max-tokens", "4"], "a step of 5 tokens, above --max-tokens 4"),
+        (["--workload", wl, "--model", "llama-3.1-8b"], "measured tiny-qwen3"),
+    ):
         code, _, err = run_cli("plan", "--from", results_file, "--out", tmp_path / "o", *args)
         assert code == 2 and why in one_error(err), (args, err)
 
@@ -286,9 +355,23 @@ def test_plan_measured_on_the_spot_then_from_its_results(tmp_path):
     mix per bucket, feeds the plan."""
     wl = tmp_path / "w.csv"
     wl.write_text("num_tokens,num_seqs,count\n1,1,10\n2,2,5\n")
-    code, _, err = run_cli("plan", "--workload", wl, "--device", "cpu", "--buckets", "1,2", "--compositions", "1*1,1*2",
-                           "--num-iters", "2",
-                           "--num-iters-warmup", "1", "--out", tmp_path / "m")
+    code, _, err = run_cli(
+        "plan",
+        "--workload",
+        wl,
+        "--device",
+        "cpu",
+        "--buckets",
+        "1,2",
+        "--compositions",
+        "1*1,1*2",
+        "--num-iters",
+        "2",
+        "--num-iters-warmup",
+        "1",
+        "--out",
+        tmp_path / "m",
+    )
     assert code == 0, err
     doc = json.loads((tmp_path / "m" / "plan.json").read_text())
     assert doc["source"] == {"kind": "measured now", "buckets": [1, 2]}

@@ -1,4 +1,5 @@
 """Sweep profiles (--profile): the command line beats the profile, the profile beats SweepConfig's defaults."""
+
 import json
 import subprocess
 import sys
@@ -36,8 +37,7 @@ def test_profile_beats_defaults(tmp_path):
 
 
 def test_command_line_beats_profile(tmp_path):
-    cfg = capture(tmp_path, "--profile", write_profile(tmp_path, PREFILL), "--block-size", "32",
-                  "--scenario", "mixed")
+    cfg = capture(tmp_path, "--profile", write_profile(tmp_path, PREFILL), "--block-size", "32", "--scenario", "mixed")
     assert cfg["block_size"] == 32 and cfg["scenario"] == "mixed" and cfg["bucket_sizes"] == [16]
 
 
@@ -80,22 +80,29 @@ def test_profile_modes_reach_capture(tmp_path):
 
 def test_unknown_profile_key_is_one_line_error(tmp_path):
     prof = write_profile(tmp_path, {**PREFILL, "blocksize": 8})
-    p = subprocess.run([sys.executable, "-m", "gmtool.cli.main", "capture", *QUICK, "--profile", prof,
-                        "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "gmtool.cli.main", "capture", *QUICK, "--profile", prof, "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2, p.stderr
     assert "'blocksize'" in p.stderr and "Traceback" not in p.stderr + p.stdout
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("prof,msg", [
-    ({"blocksize": 8}, "'blocksize'"),
-    ({"block_size": "8"}, "block_size"),
-    ({"fuse": "yes"}, "fuse"),
-    ({"num_iters": True}, "num_iters"),
-    ({"modes": "eager"}, "modes"),
-    ([1, 2], "JSON object"),
-])
+@pytest.mark.parametrize(
+    "prof,msg",
+    [
+        ({"blocksize": 8}, "'blocksize'"),
+        ({"block_size": "8"}, "block_size"),
+        ({"fuse": "yes"}, "fuse"),
+        ({"num_iters": True}, "num_iters"),
+        ({"modes": "eager"}, "modes"),
+        ([1, 2], "JSON object"),
+    ],
+)
 def test_bad_profile_is_refused(tmp_path, prof, msg):
     path = write_profile(tmp_path, prof)
     with pytest.raises(GmtoolError, match=msg):
@@ -138,6 +145,14 @@ def test_help_shows_the_config_defaults():
     r = runner.invoke(app, ["capture", "--help"], terminal_width=300, env={"COLUMNS": "300"})
     assert r.exit_code == 0
     text = " ".join(r.output.split())
-    for default in ("[default: (decode)]", "[default: (16)]", "[default: (256)]", "[default: (20)]", "[default: (auto)]",
-                    "[default: (breakable)]", "[default: (no-fuse)]", "[default: (full)]"):
+    for default in (
+        "[default: (decode)]",
+        "[default: (16)]",
+        "[default: (256)]",
+        "[default: (20)]",
+        "[default: (auto)]",
+        "[default: (breakable)]",
+        "[default: (no-fuse)]",
+        "[default: (full)]",
+    ):
         assert default in text, default

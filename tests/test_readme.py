@@ -1,6 +1,7 @@
 """The README's examples hold on the CPU: the ones it says run there get through the options and the config as
 written (the run itself is stubbed: tests/test_cli_capture.py runs real captures), and --compile, which needs
 CUDA, is refused before any model is built."""
+
 import re
 import shlex
 import sys

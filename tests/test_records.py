@@ -1,5 +1,6 @@
 """Records and documents typed in one place: JSON out and back in unchanged, a malformed results file refused in
 one line naming what is wrong, and results.csv's columns as the README names them."""
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,29 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def test_document_round_trips_through_json():
     t = Timing(median=1.5, p90=2.0, p99=2.5, min=1.0, iqr=0.25, n=7, noisy=False)
-    doc = Document(command="compare", machine={"backend": "cpu-tape"}, model={"name": "tiny-qwen3"},
-                   config={"modes": ["eager", "full"]}, notes=["n"], errors=["e"],
-                   records=[Record(mode="full", bucket=4, composition="1*4", status=Status.OK, latency_ms=t,
-                                   host_steady_us=t, max_rel_err=float("inf"), stale_metadata=False,
-                                   baseline={"status": "ok", "latency_ms": 3.0}),
-                            Record(mode="eager", bucket=4, composition="1*4", status=Status.ERROR, error="x")],
-                   partial=Partial(reason="interrupted", measured=2, planned=6))
+    doc = Document(
+        command="compare",
+        machine={"backend": "cpu-tape"},
+        model={"name": "tiny-qwen3"},
+        config={"modes": ["eager", "full"]},
+        notes=["n"],
+        errors=["e"],
+        records=[
+            Record(
+                mode="full",
+                bucket=4,
+                composition="1*4",
+                status=Status.OK,
+                latency_ms=t,
+                host_steady_us=t,
+                max_rel_err=float("inf"),
+                stale_metadata=False,
+                baseline={"status": "ok", "latency_ms": 3.0},
+            ),
+            Record(mode="eager", bucket=4, composition="1*4", status=Status.ERROR, error="x"),
+        ],
+        partial=Partial(reason="interrupted", measured=2, planned=6),
+    )
     back = Document.from_json(doc.to_json())
     assert back == doc
     assert isinstance(back.records[0].status, Status) and isinstance(back.records[0].latency_ms, Timing)
@@ -41,23 +58,32 @@ def test_document_round_trips_through_json():
 
 def test_exit_code_is_the_documents():
     def code(*rows):
-        return Document(machine={}, model={}, config={}, records=[
-            Record(mode=m, bucket=1, composition="1", status=s) for m, s in rows]).exit_code()
+        return Document(
+            machine={},
+            model={},
+            config={},
+            records=[Record(mode=m, bucket=1, composition="1", status=s) for m, s in rows],
+        ).exit_code()
 
     assert code(("full", "ok"), ("full-narrow", "UNSAFE")) == 0
     assert code(("full", "ok"), ("piecewise", "UNSAFE")) == 3
     assert code(("full", "oom"), ("piecewise", "UNSAFE")) == 1
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d["records"][2].update(bucket="8"), 'record 2: bucket is "8", not an integer'),
-    (lambda d: d["records"][0].update(status="fine"), "record 0: status is 'fine', not one of ok, skipped"),
-    (lambda d: d["records"][3]["latency_ms"].update(median="fast"),
-     'record 3: latency_ms: median is "fast", not a number'),
-    (lambda d: d["records"][1].update(mode="turbo"), "record 1: mode is 'turbo', not one of eager, full"),
-    (lambda d: d["records"][4]["latency_ms"].pop("n"), "record 4: latency_ms lacks 'n'"),
-    (lambda d: d.update(errors="none"), 'errors is not a list'),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d["records"][2].update(bucket="8"), 'record 2: bucket is "8", not an integer'),
+        (lambda d: d["records"][0].update(status="fine"), "record 0: status is 'fine', not one of ok, skipped"),
+        (
+            lambda d: d["records"][3]["latency_ms"].update(median="fast"),
+            'record 3: latency_ms: median is "fast", not a number',
+        ),
+        (lambda d: d["records"][1].update(mode="turbo"), "record 1: mode is 'turbo', not one of eager, full"),
+        (lambda d: d["records"][4]["latency_ms"].pop("n"), "record 4: latency_ms lacks 'n'"),
+        (lambda d: d.update(errors="none"), "errors is not a list"),
+    ],
+)
 def test_a_malformed_results_file_is_one_line(tmp_path, change, message):
     doc = make_doc()
     change(doc)
@@ -84,6 +110,11 @@ def test_results_csv_has_no_always_empty_timing_columns(tmp_path):
         assert sorted(table[f"{f}_median"].dropna()) == sorted(values) and values, f
         assert want is None or set(values) == {want}
     readme = README.read_text()
-    for col in ("host_us_median", "host_copy_us_median", "host_steady_us_median", "latency_ms_median",
-                "latency_ms_p90"):
+    for col in (
+        "host_us_median",
+        "host_copy_us_median",
+        "host_steady_us_median",
+        "latency_ms_median",
+        "latency_ms_p90",
+    ):
         assert f"`{col}`" in readme and col in table.columns, col

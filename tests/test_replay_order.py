@@ -4,6 +4,7 @@ Every bucket is captured first (largest first, as the sweep does); then every co
 shuffled order and in its reverse, so each graph runs right after graphs of other shapes and batches, and each
 replay is compared with eager on the same batch. The output buffer is poisoned with NaN before each replay:
 only what the replay itself writes can pass."""
+
 import random
 
 import pytest
@@ -18,8 +19,10 @@ BUCKETS = (1, 2, 4, 8)
 def decode_work(rig):
     work, below = [], 0
     for b in BUCKETS:
-        work += [make_batch(c, rig.cache, rig.lm.vocab_size, rig.max_num_seqs)
-                 for c in default_compositions(b, "decode", below)]
+        work += [
+            make_batch(c, rig.cache, rig.lm.vocab_size, rig.max_num_seqs)
+            for c in default_compositions(b, "decode", below)
+        ]
         below = b
     return work
 

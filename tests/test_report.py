@@ -1,5 +1,6 @@
 """The report files from a results document: Markdown, HTML with embedded plots, terminal table, baselines,
 and `gmtool report`. Documents are built by hand here (no sweep), so every status a renderer meets is covered."""
+
 from __future__ import annotations
 
 import base64
@@ -25,24 +26,42 @@ PEER_NOTE = "hf-compiled: HF StaticCache + torch.compile, every sequence at cont
 
 
 def timing(median: float, noisy: bool = False) -> dict:
-    return {"median": median, "p90": median * 1.1, "p99": median * 1.2, "min": median * 0.9, "iqr": 0.01,
-            "n": 5, "noisy": noisy}
+    return {
+        "median": median,
+        "p90": median * 1.1,
+        "p99": median * 1.2,
+        "min": median * 0.9,
+        "iqr": 0.01,
+        "n": 5,
+        "noisy": noisy,
+    }
 
 
 def rec(mode, bucket, comp, status="ok", ms=None, eager=None, err=0.0, **kw) -> dict:
     r = dict.fromkeys(RECORD_FIELDS)
-    r.update(mode=mode, bucket=bucket, rank=0, composition=comp, num_tokens=bucket, num_seqs=bucket, status=status,
-             max_rel_err=err, tolerance=1e-3)
+    r.update(
+        mode=mode,
+        bucket=bucket,
+        rank=0,
+        composition=comp,
+        num_tokens=bucket,
+        num_seqs=bucket,
+        status=status,
+        max_rel_err=err,
+        tolerance=1e-3,
+    )
     if status == "ok" and ms is not None:
-        r.update(latency_ms=timing(ms, kw.pop("noisy", False)), eager_latency_ms=eager,
-                 speedup=eager / ms if eager else None)
+        r.update(
+            latency_ms=timing(ms, kw.pop("noisy", False)), eager_latency_ms=eager, speedup=eager / ms if eager else None
+        )
     r.update(kw)
     return r
 
 
 def make_doc(model: str = "tiny-qwen3") -> dict:
     records = [
-        rec("eager", 8, "1*8", ms=4.0, eager=4.0), rec("eager", 8, "1*8", ms=4.2, eager=4.2),
+        rec("eager", 8, "1*8", ms=4.0, eager=4.0),
+        rec("eager", 8, "1*8", ms=4.2, eager=4.2),
         rec("full", 8, "1*8", ms=1.0, eager=4.0, key="d8", capture_s=0.5, graph_mem_bytes=3 * 2**20),
         rec("full", 8, "1*8", ms=1.1, eager=4.2, key="d8"),
         rec("piecewise", 8, "1*8", ms=2.0, eager=4.0, key="d8", noisy=True, graph_mem_bytes=2**20),
@@ -56,24 +75,51 @@ def make_doc(model: str = "tiny-qwen3") -> dict:
         rec("hf-compiled", 8, "1*8@512", ms=1.5, eager=4.0, compile_s=12.5, notes=PEER_NOTE),
     ]
     return {
-        "schema_version": 1, "tool": "gmtool", "command": "compare", "created": "2026-01-01T00:00:00+00:00",
-        "wall_s": 12.0, "machine": {"device": "cuda", "torch": "2.13", "transformers": "5.17", "python": "3.11",
-                                    "host": "h", "backend": "cuda", "gpu": "NVIDIA H200", "driver": "570",
-                                    "cuda": "12.8"},
+        "schema_version": 1,
+        "tool": "gmtool",
+        "command": "compare",
+        "created": "2026-01-01T00:00:00+00:00",
+        "wall_s": 12.0,
+        "machine": {
+            "device": "cuda",
+            "torch": "2.13",
+            "transformers": "5.17",
+            "python": "3.11",
+            "host": "h",
+            "backend": "cuda",
+            "gpu": "NVIDIA H200",
+            "driver": "570",
+            "cuda": "12.8",
+        },
         "model": {"name": model, "source": "profile", "params": 90496, "layers": 2},
-        "config": {"model": model, "scenario": "mixed", "dtype": "bfloat16", "bucket_sizes": [8, 16],
-                   "modes": ["eager", "full", "full-narrow", "piecewise", "hf-compiled"], "num_iters": 5,
-                   "num_iters_warmup": 1, "max_kv_len": 1024},
-        "notes": ["a run note"], "errors": [], "records": records,
+        "config": {
+            "model": model,
+            "scenario": "mixed",
+            "dtype": "bfloat16",
+            "bucket_sizes": [8, 16],
+            "modes": ["eager", "full", "full-narrow", "piecewise", "hf-compiled"],
+            "num_iters": 5,
+            "num_iters_warmup": 1,
+            "max_kv_len": 1024,
+        },
+        "notes": ["a run note"],
+        "errors": [],
+        "records": records,
     }
 
 
 # make_doc's summary, as every report must show it: (bucket, mode, mixes, status, replay ms) per mode x bucket,
 # buckets ascending, modes in the order asked; UNSAFE and error buckets show no latency
-SUMMARY = [("8", "eager", "2", "ok", "4.100"), ("8", "full", "2", "ok", "1.050"),
-           ("8", "full-narrow", "2", "UNSAFE", "-"), ("8", "piecewise", "2", "ok", "2.100"),
-           ("8", "hf-compiled", "1", "ok", "1.500"), ("16", "eager", "1", "ok", "9.000"),
-           ("16", "full", "2", "UNSAFE", "-"), ("16", "piecewise", "1", "error", "-")]
+SUMMARY = [
+    ("8", "eager", "2", "ok", "4.100"),
+    ("8", "full", "2", "ok", "1.050"),
+    ("8", "full-narrow", "2", "UNSAFE", "-"),
+    ("8", "piecewise", "2", "ok", "2.100"),
+    ("8", "hf-compiled", "1", "ok", "1.500"),
+    ("16", "eager", "1", "ok", "9.000"),
+    ("16", "full", "2", "UNSAFE", "-"),
+    ("16", "piecewise", "1", "error", "-"),
+]
 
 
 def test_markdown_sections():
@@ -204,8 +250,9 @@ def test_report_with_baseline(results_dir, tmp_path):
         if r["latency_ms"]:
             r["latency_ms"]["median"] *= 4
     (tmp_path / "old.json").write_text(json.dumps(old))
-    code, out, err = run_cli("report", results_dir / "results.json", "--baseline", tmp_path / "old.json",
-                             "--out", tmp_path / "with-baseline")
+    code, out, err = run_cli(
+        "report", results_dir / "results.json", "--baseline", tmp_path / "old.json", "--out", tmp_path / "with-baseline"
+    )
     assert code == 0, err
     md = (tmp_path / "with-baseline" / "report.md").read_text()
     rows = table_rows(md, "Change vs baseline")
@@ -254,12 +301,21 @@ def test_ledger_in_markdown_html_and_the_terminal():
 
     doc = make_doc()
     full8 = next(r for r in doc["records"] if r["mode"] == "full" and r.get("capture_s"))
-    full8.update(pool_growth_bytes=4 * 2**20, outside_pool_bytes=2**20, inputs_bytes=2048,
-                 workspace_bytes=32 * 2**20, ledger_total_bytes=37 * 2**20 + 2048, kv_tokens_given_up=338)
-    doc["records"].append(rec("piecewise", 16, "8*2", ms=2.0, eager=9.0, key="t16", capture_s=0.1,
-                              inputs_bytes=4096))  # a CPU-like capture: no pool, no driver figures
-    want = [["full", "8", "4.0 MiB", "1.0 MiB", "2.0 KiB", "32.0 MiB", "37.0 MiB", "338"],
-            ["piecewise", "16", "-", "-", "4.0 KiB", "-", "-", "-"]]
+    full8.update(
+        pool_growth_bytes=4 * 2**20,
+        outside_pool_bytes=2**20,
+        inputs_bytes=2048,
+        workspace_bytes=32 * 2**20,
+        ledger_total_bytes=37 * 2**20 + 2048,
+        kv_tokens_given_up=338,
+    )
+    doc["records"].append(
+        rec("piecewise", 16, "8*2", ms=2.0, eager=9.0, key="t16", capture_s=0.1, inputs_bytes=4096)
+    )  # a CPU-like capture: no pool, no driver figures
+    want = [
+        ["full", "8", "4.0 MiB", "1.0 MiB", "2.0 KiB", "32.0 MiB", "37.0 MiB", "338"],
+        ["piecewise", "16", "-", "-", "4.0 KiB", "-", "-", "-"],
+    ]
     assert table_rows(render_markdown(doc), "Graph memory ledger") == want
     assert html_table_rows(render_html(doc), "Graph memory ledger") == want
     con = Console(width=100, record=True, file=io.StringIO())

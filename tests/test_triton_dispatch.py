@@ -1,12 +1,13 @@
 """The executor's Triton attention path (decode, masked, planned), run by Triton's CPU interpreter against the
 torch reference. The tape backend cannot record Triton launches, so this checks the eager same-shape pass."""
+
 import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = r'''
+SCRIPT = r"""
 import os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import gmtool.kernels as K
@@ -25,14 +26,13 @@ for wide, comps in [(False, ["1*8", "1*5"]), (True, ["16+16", "20+12@64"]), (Fal
         worst = max(worst, rel(rig.ex.eager_same_shape(b).clone(), rig.eager(b)))
 print("WORST", worst, "CALLS", calls)
 sys.exit(0 if worst < 1e-5 and all(calls.get(n, 0) > 0 for n in ("decode", "masked", "planned")) else 1)
-'''
+"""
 
 
 def test_triton_attention_path_matches_torch_reference():
     assert importlib.util.find_spec("triton"), "triton is not installed: pip install -e '.[test]'"
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=str(root), TRITON_INTERPRET="1")
-    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=900)
+    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "WORST" in p.stdout

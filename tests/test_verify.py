@@ -1,5 +1,6 @@
 """gmtool verify on the CPU tape: a clean soak stays clean under poison, and each injected bug is caught, with the
 buffer it reads or the input it got wrong and the first layer output where the replay leaves eager."""
+
 import json
 
 import pytest
@@ -164,8 +165,9 @@ def test_capture_refuses_a_model_with_a_host_sync_naming_the_op(tmp_path, monkey
 
     real = modeling_qwen3.Qwen3MLP.forward
     monkeypatch.setattr(modeling_qwen3.Qwen3MLP, "forward", lambda self, x: real(self, x) * (x.sum() > 0).item())
-    r = runner.invoke(app, ["capture", "--device", "cpu", "--buckets", "2", "--num-iters", "1",
-                            "--out", str(tmp_path / "o")])
+    r = runner.invoke(
+        app, ["capture", "--device", "cpu", "--buckets", "2", "--num-iters", "1", "--out", str(tmp_path / "o")]
+    )
     assert r.exit_code == 1
     assert "cannot be captured as a CUDA graph: Tensor.item() (host sync) in model.layers.0.mlp" in str(r.exception)
 
@@ -192,25 +194,47 @@ def test_gmtools_decode_graphs_bake_in_nothing(rig):
 # -- the command -----------------------------------------------------------------------------------------------
 def test_verify_finds_an_injected_bug_and_says_how_to_reproduce_it(tmp_path):
     out = tmp_path / "v"
-    r = runner.invoke(app, ["verify", "--device", "cpu", "--modes", "full", "--steps", "6", "--check-every", "2",
-                            "--inject", "skip-pad-zero", "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "verify",
+            "--device",
+            "cpu",
+            "--modes",
+            "full",
+            "--steps",
+            "6",
+            "--check-every",
+            "2",
+            "--inject",
+            "skip-pad-zero",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 3, r.output
     doc = json.loads((out / "verify.json").read_text())
     m = doc["runs"][0]["mismatch"]
     assert m["step"] == 1 and m["first_divergence"]["module"] == "model.layers.0.self_attn"
-    assert m["suspects"][0] == ("slot_mapping padding lanes point outside the null block (padding writes K/V into "
-                                "live blocks)")
+    assert m["suspects"][0] == (
+        "slot_mapping padding lanes point outside the null block (padding writes K/V into live blocks)"
+    )
     assert "--seed 0 --steps 2 --check-every 2" in m["repro"] and "--inject skip-pad-zero" in m["repro"]
     assert doc["exit_code"] == 3 and doc["verdict"].startswith("verify: WRONG REPLAY FOUND")
     assert doc["capturability"] == [] and all(d["clean"] for d in doc["dynamic_dims"])
     assert "WRONG REPLAY FOUND" in r.output
 
 
-@pytest.mark.parametrize("args,msg", [(["--modes", "eager"], "is not a graph mode"),
-                                      (["--strategy", "vmm"], "only 'default' runs"),
-                                      (["--inject", "nope"], "unknown --inject"),
-                                      (["--inject", "pad-read:7"], "the model has layers 0..1"),
-                                      (["--steps", "0"], "must be positive")])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--modes", "eager"], "is not a graph mode"),
+        (["--strategy", "vmm"], "only 'default' runs"),
+        (["--inject", "nope"], "unknown --inject"),
+        (["--inject", "pad-read:7"], "the model has layers 0..1"),
+        (["--steps", "0"], "must be positive"),
+    ],
+)
 def test_bad_input_is_refused_before_anything_is_written(tmp_path, args, msg):
     from gmtool.errors import GmtoolError
 
@@ -223,9 +247,13 @@ def test_bad_input_exits_2_in_one_line(tmp_path):
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "gmtool", "verify", "--device", "cpu", "--modes", "eager"],
-                       capture_output=True, text=True, cwd=tmp_path, env={**__import__("os").environ,
-                                                                          "PYTHONPATH": str(__import__("pathlib").Path.cwd())})
+    r = subprocess.run(
+        [sys.executable, "-m", "gmtool", "verify", "--device", "cpu", "--modes", "eager"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path.cwd())},
+    )
     assert r.returncode == 2 and "is not a graph mode" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
@@ -257,14 +285,17 @@ def test_auto_soaks_clean_through_full_and_piecewise_graphs(rig):
     assert res.poison_skipped == {}  # piecewise's attention buffer is there to poison
 
 
-@pytest.mark.parametrize("fault,key,where,piece,suspect", [
-    # a piecewise prefill graph reads a padding lane: the lane and the layer are named, with the piece
-    ("pad-read:1", "t16", "model.layers.1.mlp", 2, "input_ids padding lanes: the result changes"),
-    # a full decode graph froze the kv lengths of its capture: caught in the decode graph, at the attention
-    ("freeze-seq-lens", "d1", "model.layers.0.self_attn", None, "a value frozen at capture?"),
-    # the arena both parts share: a stale field, named as the input it holds wrong
-    ("stale-slot-mapping", "t16", "model.layers.0.self_attn", 1, "slot_mapping holds other values"),
-])
+@pytest.mark.parametrize(
+    "fault,key,where,piece,suspect",
+    [
+        # a piecewise prefill graph reads a padding lane: the lane and the layer are named, with the piece
+        ("pad-read:1", "t16", "model.layers.1.mlp", 2, "input_ids padding lanes: the result changes"),
+        # a full decode graph froze the kv lengths of its capture: caught in the decode graph, at the attention
+        ("freeze-seq-lens", "d1", "model.layers.0.self_attn", None, "a value frozen at capture?"),
+        # the arena both parts share: a stale field, named as the input it holds wrong
+        ("stale-slot-mapping", "t16", "model.layers.0.self_attn", 1, "slot_mapping holds other values"),
+    ],
+)
 def test_auto_catches_and_localizes_injected_faults_in_either_part(rig, fault, key, where, piece, suspect):
     res = soak(rig, "auto", fault=fault, steps=30, check_every=1, seed=3 if fault == "pad-read:1" else 0)
     m = res.mismatch
@@ -275,14 +306,19 @@ def test_auto_catches_and_localizes_injected_faults_in_either_part(rig, fault, k
 
 def test_verify_accepts_auto_and_analyses_its_parts_once(tmp_path):
     out = tmp_path / "v"
-    r = runner.invoke(app, ["verify", "--device", "cpu", "--modes", "full,auto", "--steps", "12",
-                            "--check-every", "4", "--out", str(out)])
+    r = runner.invoke(
+        app,
+        ["verify", "--device", "cpu", "--modes", "full,auto", "--steps", "12", "--check-every", "4", "--out", str(out)],
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads((out / "verify.json").read_text())
     assert [run["mode"] for run in doc["runs"]] == ["full", "auto"]
     # auto's decode graphs are full's (analysed once), its prefill graphs piecewise's
-    assert [(d["mode"], d["kind"]) for d in doc["dynamic_dims"]] == [("full", "decode"), ("full", "prefill"),
-                                                                     ("piecewise", "prefill")]
+    assert [(d["mode"], d["kind"]) for d in doc["dynamic_dims"]] == [
+        ("full", "decode"),
+        ("full", "prefill"),
+        ("piecewise", "prefill"),
+    ]
 
 
 @pytest.mark.parametrize("fault", FAULTS)

@@ -1,4 +1,5 @@
 """The VMM allocator's bookkeeping on the fake driver, memreport's arithmetic and files, its CPU refusal."""
+
 from __future__ import annotations
 
 import csv
@@ -102,8 +103,9 @@ def test_chunks_grow_only_past_the_previous_max_and_every_range_maps_them_all(li
 
     r2 = lib.begin_range()
     base2 = lib.range_base(r2)
-    assert sorted((m["va"] - base2, m["h"]) for m in calls(lib, "map") if base2 <= m["va"]) == \
-        [(i * GRAN, h) for i, h in enumerate(handles + [new])]
+    assert sorted((m["va"] - base2, m["h"]) for m in calls(lib, "map") if base2 <= m["va"]) == [
+        (i * GRAN, h) for i, h in enumerate(handles + [new])
+    ]
     assert len(calls(lib, "create")) == 4  # a new range alone creates nothing
 
 
@@ -127,9 +129,11 @@ def test_growth_runs_with_stream_capture_relaxed(lib):
     fresh(lib)
     lib.begin_range()
     assert malloc(lib, 3 * MiB)
-    ops = [line.split()[0] + (line.split()[1] if line.startswith("capture_mode") else "")
-           for line in lib.fake_log().decode().splitlines()]
-    grow = ops[ops.index("capture_modeset=2"):]
+    ops = [
+        line.split()[0] + (line.split()[1] if line.startswith("capture_mode") else "")
+        for line in lib.fake_log().decode().splitlines()
+    ]
+    grow = ops[ops.index("capture_modeset=2") :]
     assert grow[0] == "capture_modeset=2" and grow[-1] == "capture_modeset=0"
     assert {"create", "map", "access"} <= set(grow[1:-1])
     n = len(ops)
@@ -207,10 +211,16 @@ def test_check_flags_live_blocks_and_foreign_segments_in_the_shared_ranges(lib, 
     lib.begin_range()
     other = lib.range_base(1) + 8 * MiB  # inside range 1, never handed to our pools
     snapshot = [
-        {"address": seg, "total_size": 4 * MiB, "segment_pool_id": (0, 7), "blocks": [
-            {"address": seg, "size": MiB, "state": "active_allocated"},  # a graph step holds it
-            {"address": seg + MiB, "size": MiB, "state": "active_allocated"},  # nobody should
-            {"address": seg + 2 * MiB, "size": 2 * MiB, "state": "inactive"}]},
+        {
+            "address": seg,
+            "total_size": 4 * MiB,
+            "segment_pool_id": (0, 7),
+            "blocks": [
+                {"address": seg, "size": MiB, "state": "active_allocated"},  # a graph step holds it
+                {"address": seg + MiB, "size": MiB, "state": "active_allocated"},  # nobody should
+                {"address": seg + 2 * MiB, "size": 2 * MiB, "state": "inactive"},
+            ],
+        },
         {"address": other, "total_size": 2 * MiB, "segment_pool_id": (0, 0), "blocks": []},
         {"address": 0x1000, "total_size": 2 * MiB, "segment_pool_id": (0, 0), "blocks": []},  # elsewhere
     ]
@@ -238,24 +248,53 @@ def test_strategy_names():
 
 
 def _key(bucket, need, dev=None):
-    return {"key": f"d{bucket}", "bucket": bucket, "capture_s": 0.01, "graph_mem_bytes": need,
-            "device_delta_bytes": dev, "nvml_delta_bytes": None}
+    return {
+        "key": f"d{bucket}",
+        "bucket": bucket,
+        "capture_s": 0.01,
+        "graph_mem_bytes": need,
+        "device_delta_bytes": dev,
+        "nvml_delta_bytes": None,
+    }
 
 
 def _rec(mode, bucket, status="ok", err=0.0, lat=1.0, error=None):
-    return {"mode": mode, "bucket": bucket, "key": f"d{bucket}", "status": status, "max_rel_err": err,
-            "latency_ms": {"median": lat} if status == "ok" else None, "error": error}
+    return {
+        "mode": mode,
+        "bucket": bucket,
+        "key": f"d{bucket}",
+        "status": status,
+        "max_rel_err": err,
+        "latency_ms": {"median": lat} if status == "ok" else None,
+        "error": error,
+    }
 
 
 def _raw(name, physical, needs=(32, 64, 128, 256), shuffled_status="ok", records=None, **kw):
-    raw = {"strategy": name, "mode": "full",
-           "per_key": [_key(2**i, n * MiB, dev=physical // len(needs)) for i, n in enumerate(needs)],
-           "records": records if records is not None else
-           [_rec("eager", b["bucket"], lat=4.0) for b in [{"bucket": 1}]] + [_rec("full", 2**i) for i in range(4)],
-           "shuffled": [{"mode": "full", "order": i, "key": f"d{2**i}", "composition": "1*1",
-                         "status": shuffled_status, "max_rel_err": 1e-6, "error": None} for i in range(4)],
-           "measured": {"graph_pool_bytes": physical, "physical_bytes": physical},
-           "inputs": {"input_arena_bytes": 1000, "input_per_shape_bytes": 1500}, "warnings": [], "errors": []}
+    raw = {
+        "strategy": name,
+        "mode": "full",
+        "per_key": [_key(2**i, n * MiB, dev=physical // len(needs)) for i, n in enumerate(needs)],
+        "records": records
+        if records is not None
+        else [_rec("eager", b["bucket"], lat=4.0) for b in [{"bucket": 1}]] + [_rec("full", 2**i) for i in range(4)],
+        "shuffled": [
+            {
+                "mode": "full",
+                "order": i,
+                "key": f"d{2**i}",
+                "composition": "1*1",
+                "status": shuffled_status,
+                "max_rel_err": 1e-6,
+                "error": None,
+            }
+            for i in range(4)
+        ],
+        "measured": {"graph_pool_bytes": physical, "physical_bytes": physical},
+        "inputs": {"input_arena_bytes": 1000, "input_per_shape_bytes": 1500},
+        "warnings": [],
+        "errors": [],
+    }
     raw.update(kw)
     return raw
 
@@ -300,9 +339,12 @@ def test_report_files_and_table(tmp_path):
     from gmtool.memory.report import ROW_FIELDS, build_document, derive, memreport_table, write_report
 
     cfg = SweepConfig(device="cpu", buckets="1,2,4,8", modes=("eager", "full"))
-    rows = [derive(_raw("independent", 480 * MiB)), derive(_raw("shared", 272 * MiB)),
-            derive({"strategy": "vmm", "mode": "full", "status": "unavailable", "reason": "no cuda.h"}),
-            derive(_raw("shared-ascending", 400 * MiB, order="ascending"))]
+    rows = [
+        derive(_raw("independent", 480 * MiB)),
+        derive(_raw("shared", 272 * MiB)),
+        derive({"strategy": "vmm", "mode": "full", "status": "unavailable", "reason": "no cuda.h"}),
+        derive(_raw("shared-ascending", 400 * MiB, order="ascending")),
+    ]
     doc = build_document(cfg, rows)
     assert (doc.sum_shape_bytes, doc.max_shape_bytes) == (480 * MiB, 256 * MiB)
     paths = write_report(tmp_path, doc)
@@ -332,8 +374,12 @@ class _Recorder:
         self.keys.append(key)
 
     def captured(self, key, entry):
-        self.per_key[str(key)] = {"key": str(key), "bucket": key.num_tokens, "graph_mem_bytes": None,
-                                  "capture_s": entry.capture_s}
+        self.per_key[str(key)] = {
+            "key": str(key),
+            "bucket": key.num_tokens,
+            "graph_mem_bytes": None,
+            "capture_s": entry.capture_s,
+        }
 
     def measure(self):
         return {"graph_pool_bytes": 0, "physical_bytes": 0}
@@ -356,8 +402,15 @@ def test_memsweep_on_the_cpu_backend(mode, order):
     from gmtool.measure.sweep import Sweep
     from gmtool.memory.report import ShuffledReplayProbe, derive
 
-    cfg = SweepConfig(device="cpu", model="tiny-qwen3", buckets="1,2,4", modes=("eager", mode),
-                      num_iters=1, num_iters_warmup=0, max_kv_len=64)
+    cfg = SweepConfig(
+        device="cpu",
+        model="tiny-qwen3",
+        buckets="1,2,4",
+        modes=("eager", mode),
+        num_iters=1,
+        num_iters_warmup=0,
+        max_kv_len=64,
+    )
     rec = _Recorder(order)
     sweep = ShuffledReplayProbe(rec, cfg.seed)
     res = Sweep(cfg, None, lambda mode: rec, probes=(sweep,)).run()
@@ -366,13 +419,24 @@ def test_memsweep_on_the_cpu_backend(mode, order):
     assert rec.released
     assert len(sweep.shuffled) == sum(len(c) for c in cfg.compositions_by_bucket.values())
     assert all(s["status"] == "ok" for s in sweep.shuffled), sweep.shuffled
-    assert [s["composition"] for s in sweep.shuffled] != [c.label for b in sorted(cfg.compositions_by_bucket) for c in cfg.compositions_by_bucket[b]]
+    assert [s["composition"] for s in sweep.shuffled] != [
+        c.label for b in sorted(cfg.compositions_by_bucket) for c in cfg.compositions_by_bucket[b]
+    ]
     inputs = sweep.inputs[mode]
     assert 0 < inputs["input_per_shape_bytes"] and inputs["input_arena_bytes"] > 0
     assert bool(rec.held) == (mode == "piecewise")  # piecewise graphs own the tensors between pieces
-    row = derive({"strategy": "cpu", "mode": mode, "per_key": list(rec.per_key.values()),
-                  "shuffled": sweep.shuffled, "records": [r.to_dict() for r in res.records], "errors": res.errors,
-                  "measured": sweep.measured, "inputs": inputs})
+    row = derive(
+        {
+            "strategy": "cpu",
+            "mode": mode,
+            "per_key": list(rec.per_key.values()),
+            "shuffled": sweep.shuffled,
+            "records": [r.to_dict() for r in res.records],
+            "errors": res.errors,
+            "measured": sweep.measured,
+            "inputs": inputs,
+        }
+    )
     assert row.status == "ok" and row.replays == row.replays_ok > 0
 
 
@@ -395,8 +459,15 @@ def test_memsweep_shuffled_check_flags_a_broken_graph():
                 step.replay = lambda: None
             super().after_sweep(bench, executors, res)
 
-    cfg = SweepConfig(device="cpu", model="tiny-qwen3", buckets="1,2", modes=("eager", "full"), num_iters=1,
-                      num_iters_warmup=0, max_kv_len=64)
+    cfg = SweepConfig(
+        device="cpu",
+        model="tiny-qwen3",
+        buckets="1,2",
+        modes=("eager", "full"),
+        num_iters=1,
+        num_iters_warmup=0,
+        max_kv_len=64,
+    )
     rec = _Recorder()
     sweep = BreaksBucket2(rec, cfg.seed)
     res = Sweep(cfg, None, lambda mode: rec, probes=(sweep,)).run()
@@ -410,9 +481,18 @@ def test_memsweep_shuffled_check_flags_a_broken_graph():
             assert math.isnan(err) or err > 100 * limit, s
     for s in shuffled["d1"]:
         assert s["status"] == "ok" and s["max_rel_err_same_shape"] <= tol_same and s["max_rel_err"] <= tol, s
-    row = derive({"strategy": "cpu", "mode": "full", "per_key": list(rec.per_key.values()),
-                  "shuffled": sweep.shuffled, "records": [r.to_dict() for r in res.records], "errors": res.errors,
-                  "measured": sweep.measured, "inputs": sweep.inputs["full"]})
+    row = derive(
+        {
+            "strategy": "cpu",
+            "mode": "full",
+            "per_key": list(rec.per_key.values()),
+            "shuffled": sweep.shuffled,
+            "records": [r.to_dict() for r in res.records],
+            "errors": res.errors,
+            "measured": sweep.measured,
+            "inputs": sweep.inputs["full"],
+        }
+    )
     assert (row.status, row.shuffled_replays, row.shuffled_ok) == ("UNSAFE", 6, 3)
     assert "d2" in row.reason and exit_code([row]) == 3
 
@@ -435,37 +515,56 @@ def test_memreport_cli_keeps_results_and_fails_on_oom(monkeypatch, tmp_path):
         cfg.torch_device = torch.device("cuda")  # pretend: only the device check reads it before the stubs
         return cfg
 
-    rows = {"independent": derive(_raw("independent", 480 * MiB)),
-            "vmm": derive({"strategy": "vmm", "mode": "full", "status": "unavailable", "reason": "no cuda.h"}),
-            "shared": derive(_raw("shared", 272 * MiB, records=[
-                _rec("full", 8), _rec("full", 4, "oom", error="out of memory while capturing bucket d4")]))}
+    rows = {
+        "independent": derive(_raw("independent", 480 * MiB)),
+        "vmm": derive({"strategy": "vmm", "mode": "full", "status": "unavailable", "reason": "no cuda.h"}),
+        "shared": derive(
+            _raw(
+                "shared",
+                272 * MiB,
+                records=[_rec("full", 8), _rec("full", 4, "oom", error="out of memory while capturing bucket d4")],
+            )
+        ),
+    }
     result = SimpleNamespace(machine={"device": "cuda", "gpu": "stub"}, model={"name": "tiny-qwen3"})
     monkeypatch.setattr(cli, "build_config", build_on_cuda)
     monkeypatch.setattr(report, "run_strategy", lambda cfg, name, progress=None: (rows[name], result))
     out = tmp_path / "mem"
-    r = CliRunner().invoke(app, ["memreport", "-m", "tiny-qwen3", "-b", "1,2,4,8", "--strategies",
-                                 "independent,vmm,shared", "--out", str(out)])
+    r = CliRunner().invoke(
+        app,
+        ["memreport", "-m", "tiny-qwen3", "-b", "1,2,4,8", "--strategies", "independent,vmm,shared", "--out", str(out)],
+    )
     assert r.exit_code == 1, r.output
     assert "unavailable: no cuda.h" in r.output and "bucket d4" in r.output
     doc = json.loads((out / "memreport.json").read_text())
     assert [s["status"] for s in doc["strategies"]] == ["ok", "unavailable", "oom"]
     with (out / "memreport.csv").open() as f:
         table = list(csv.DictReader(f))
-    assert [(t["strategy"], t["status"]) for t in table] == [("independent", "ok"), ("vmm", "unavailable"),
-                                                              ("shared", "oom")]
+    assert [(t["strategy"], t["status"]) for t in table] == [
+        ("independent", "ok"),
+        ("vmm", "unavailable"),
+        ("shared", "oom"),
+    ]
     assert float(table[0]["physical_bytes"]) == 480 * MiB and "bucket d4" in table[2]["reason"]
     assert (out / "memreport.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = CliRunner().invoke(app, ["memreport", "-m", "tiny-qwen3", "--strategies", "independent", "--out", str(out)])
     assert isinstance(r.exception, GmtoolError) and "--force" in str(r.exception)  # never overwrites silently
-    r = CliRunner().invoke(app, ["memreport", "-m", "tiny-qwen3", "--strategies", "independent,vmm", "--out",
-                                 str(out), "--force"])
+    r = CliRunner().invoke(
+        app, ["memreport", "-m", "tiny-qwen3", "--strategies", "independent,vmm", "--out", str(out), "--force"]
+    )
     assert r.exit_code == 0, r.output
 
 
 def test_memreport_on_cpu_exits_with_one_clear_line():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    p = subprocess.run([sys.executable, "-m", "gmtool.cli.main", "memreport", "--device", "cpu", "-b", "1,2"],
-                       capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "gmtool.cli.main", "memreport", "--device", "cpu", "-b", "1,2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
     assert p.returncode != 0
     assert "memory strategies need CUDA" in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1

@@ -3,6 +3,7 @@
 
     PYTHONPATH=. python tools/bad_inputs.py > bad-inputs.md
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -24,12 +25,14 @@ def main() -> int:
             tmp = Path(d)
             make_inputs(tmp)
             argv = argv_of(args, tmp)
-            p = subprocess.run([sys.executable, "-m", "gmtool", *argv], capture_output=True, text=True, cwd=ROOT,
-                               timeout=600)
+            p = subprocess.run(
+                [sys.executable, "-m", "gmtool", *argv], capture_output=True, text=True, cwd=ROOT, timeout=600
+            )
             lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
             said = " / ".join(lines) if lines else "(nothing)"
-            shown = " ".join("gmtool" if i == 0 else a.replace(d, "$TMP") if a else "''"
-                             for i, a in enumerate(["gmtool", *argv]))
+            shown = " ".join(
+                "gmtool" if i == 0 else a.replace(d, "$TMP") if a else "''" for i, a in enumerate(["gmtool", *argv])
+            )
             cell = said.replace(d, "$TMP").replace("|", "\\|")
             print(f"| {name} | `{shown}` | {p.returncode} | {cell} |", flush=True)
     return 0

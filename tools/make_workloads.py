@@ -10,6 +10,7 @@ gives the same files). Each file is `num_tokens,num_seqs,count` per distinct ste
 
 Usage: python tools/make_workloads.py [OUT_DIR]
 """
+
 from __future__ import annotations
 
 import sys

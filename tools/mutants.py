@@ -15,6 +15,7 @@ Before the mutants, the same tests run once on an unmutated copy: a test that fa
     tools/mutants.py --list          # the list (and a check that every old text is still in the code)
     tools/mutants.py --markdown mutants.md
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,353 +61,622 @@ REPORT = "tests/test_report.py::"
 
 MUTANTS: list[Mutant] = [
     # -- copy-in: fields and padding (gmtool/core/inputs.py, gmtool/core/batch.py) -----------------------------------
-    M("inputs-inplace-pad-dead", "gmtool/core/inputs.py",
-      "        before = self._written if self._written_key is key else None\n"
-      "        self._written_key = None  # a write that raises part-way leaves nothing to trust\n",
-      "        self._written_key = None  # a write that raises part-way leaves nothing to trust\n"
-      "        before = self._written if self._written_key is key else None\n",
-      INPUTS + "test_staging_written_in_place_equals_a_fresh_write",
-      "copy-in's in-place padding branch is dead: every load pads in full"),
-    M("inputs-inplace-keeps-old-tokens", "gmtool/core/inputs.py",
-      "        if n0 > n:\n            tok[:, n:n0] = _TOKEN_PAD\n",
-      "        if n0 > n:\n            pass\n",
-      INPUTS + "test_staging_written_in_place_equals_a_fresh_write",
-      "in-place padding leaves the previous batch's tokens (and their slots) past the new batch"),
-    M("inputs-inplace-keeps-old-seqs", "gmtool/core/inputs.py",
-      "            seq[:, b:b0] = 0\n            bt[b:b0] = 0\n",
-      "            bt[b:b0] = 0\n",
-      INPUTS + "test_staging_written_in_place_equals_a_fresh_write",
-      "in-place padding leaves the previous batch's kv lens / logits indices in padded sequences"),
-    M("inputs-full-pad-keeps-wide-rows", "gmtool/core/inputs.py",
-      "            bt[:b, w:] = 0\n            bt[b:] = 0\n            return\n",
-      "            bt[b:] = 0\n            return\n",
-      INPUTS + "test_staging_written_in_place_equals_a_fresh_write",
-      "full padding leaves block-table entries past this batch's width"),
-    M("inputs-cu-tail-zero", "gmtool/core/inputs.py",
-      "            seq[:, b:] = 0\n            cu[b + 1:] = n\n",
-      "            seq[:, b:] = 0\n            cu[b + 1:] = 0\n",
-      KILLS + "test_copy_in_writes_every_field_and_pads_the_rest",
-      "cu_q's padded tail is 0 instead of the token count"),
-    M("inputs-failed-load-trusted", "gmtool/core/inputs.py",
-      "        self._written_key = None  # a write that raises part-way leaves nothing to trust\n", "",
-      INPUTS + "test_a_load_that_fails_part_way_is_not_trusted_for_padding",
-      "a load that raised part-way is still trusted by the next in-place padding"),
-    M("inputs-block-tables-not-copied", "gmtool/core/inputs.py",
-      "        end = tok.size + seq.size + cu.size + bt.size\n",
-      "        end = tok.size + seq.size + cu.size\n",
-      KILLS + "test_copy_in_writes_every_field_and_pads_the_rest",
-      "the host-to-device copy stops before the block tables"),
-    M("inputs-kv-lens-not-copied", "gmtool/core/inputs.py",
-      "        seq[:, :b] = batch.seq_fields\n",
-      "        seq[0, :b] = batch.seq_fields[0]\n",
-      KILLS + "test_copy_in_writes_every_field_and_pads_the_rest",
-      "copy-in writes logits indices but not kv lens"),
-    M("graph-without-copy-in", "gmtool/core/executor.py",
-      "            self.backend.begin()\n            self.inputs.copy_in(entry.key)\n",
-      "            self.backend.begin()\n",
-      EXEC + "test_graph_copies_its_own_inputs",
-      "the copy-in is not the graph's first node: replays read the capture batch's inputs"),
-    M("batch-slot-ignores-prefix", "gmtool/core/batch.py",
-      "* bs + np.arange(p, p + q) % bs",
-      "* bs + np.arange(q) % bs",
-      EXEC + "test_slot_mapping_follows_block_tables",
-      "slot mapping drops the prefix's offset inside its block"),
-    M("batch-logits-first-token", "gmtool/core/batch.py",
-      "self.logits_indices = self.cu_q[1:] - 1", "self.logits_indices = self.cu_q[:-1]",
-      KILLS + "test_gmtool_eager_matches_hf_attention_on_prefill",
-      "logits taken at each sequence's first token, not its last"),
-
+    M(
+        "inputs-inplace-pad-dead",
+        "gmtool/core/inputs.py",
+        "        before = self._written if self._written_key is key else None\n"
+        "        self._written_key = None  # a write that raises part-way leaves nothing to trust\n",
+        "        self._written_key = None  # a write that raises part-way leaves nothing to trust\n"
+        "        before = self._written if self._written_key is key else None\n",
+        INPUTS + "test_staging_written_in_place_equals_a_fresh_write",
+        "copy-in's in-place padding branch is dead: every load pads in full",
+    ),
+    M(
+        "inputs-inplace-keeps-old-tokens",
+        "gmtool/core/inputs.py",
+        "        if n0 > n:\n            tok[:, n:n0] = _TOKEN_PAD\n",
+        "        if n0 > n:\n            pass\n",
+        INPUTS + "test_staging_written_in_place_equals_a_fresh_write",
+        "in-place padding leaves the previous batch's tokens (and their slots) past the new batch",
+    ),
+    M(
+        "inputs-inplace-keeps-old-seqs",
+        "gmtool/core/inputs.py",
+        "            seq[:, b:b0] = 0\n            bt[b:b0] = 0\n",
+        "            bt[b:b0] = 0\n",
+        INPUTS + "test_staging_written_in_place_equals_a_fresh_write",
+        "in-place padding leaves the previous batch's kv lens / logits indices in padded sequences",
+    ),
+    M(
+        "inputs-full-pad-keeps-wide-rows",
+        "gmtool/core/inputs.py",
+        "            bt[:b, w:] = 0\n            bt[b:] = 0\n            return\n",
+        "            bt[b:] = 0\n            return\n",
+        INPUTS + "test_staging_written_in_place_equals_a_fresh_write",
+        "full padding leaves block-table entries past this batch's width",
+    ),
+    M(
+        "inputs-cu-tail-zero",
+        "gmtool/core/inputs.py",
+        "            seq[:, b:] = 0\n            cu[b + 1 :] = n\n",
+        "            seq[:, b:] = 0\n            cu[b + 1 :] = 0\n",
+        KILLS + "test_copy_in_writes_every_field_and_pads_the_rest",
+        "cu_q's padded tail is 0 instead of the token count",
+    ),
+    M(
+        "inputs-failed-load-trusted",
+        "gmtool/core/inputs.py",
+        "        self._written_key = None  # a write that raises part-way leaves nothing to trust\n",
+        "",
+        INPUTS + "test_a_load_that_fails_part_way_is_not_trusted_for_padding",
+        "a load that raised part-way is still trusted by the next in-place padding",
+    ),
+    M(
+        "inputs-block-tables-not-copied",
+        "gmtool/core/inputs.py",
+        "        end = tok.size + seq.size + cu.size + bt.size\n",
+        "        end = tok.size + seq.size + cu.size\n",
+        KILLS + "test_copy_in_writes_every_field_and_pads_the_rest",
+        "the host-to-device copy stops before the block tables",
+    ),
+    M(
+        "inputs-kv-lens-not-copied",
+        "gmtool/core/inputs.py",
+        "        seq[:, :b] = batch.seq_fields\n",
+        "        seq[0, :b] = batch.seq_fields[0]\n",
+        KILLS + "test_copy_in_writes_every_field_and_pads_the_rest",
+        "copy-in writes logits indices but not kv lens",
+    ),
+    M(
+        "graph-without-copy-in",
+        "gmtool/core/executor.py",
+        "            self.backend.begin()\n            self.inputs.copy_in(entry.key)\n",
+        "            self.backend.begin()\n",
+        EXEC + "test_graph_copies_its_own_inputs",
+        "the copy-in is not the graph's first node: replays read the capture batch's inputs",
+    ),
+    M(
+        "batch-slot-ignores-prefix",
+        "gmtool/core/batch.py",
+        "* bs + np.arange(p, p + q) % bs",
+        "* bs + np.arange(q) % bs",
+        EXEC + "test_slot_mapping_follows_block_tables",
+        "slot mapping drops the prefix's offset inside its block",
+    ),
+    M(
+        "batch-logits-first-token",
+        "gmtool/core/batch.py",
+        "self.logits_indices = self.cu_q[1:] - 1",
+        "self.logits_indices = self.cu_q[:-1]",
+        KILLS + "test_gmtool_eager_matches_hf_attention_on_prefill",
+        "logits taken at each sequence's first token, not its last",
+    ),
     # -- bucket key and graph lookup (gmtool/core/buckets.py, executor prepare/key_for) ------------------------
-    M("bucket-bisect-right", "gmtool/core/buckets.py",
-      "i = bisect.bisect_left(self.sizes, num_tokens)", "i = bisect.bisect_right(self.sizes, num_tokens)",
-      BUCKETS + "test_policy_picks_smallest_fitting_bucket",
-      "a batch that fills a bucket exactly goes to the next one"),
-    M("bucket-wide-key-dropped", "gmtool/core/buckets.py",
-      "return BucketKey(bucket, num_seqs if wide else None, decode)", "return BucketKey(bucket, None, decode)",
-      (BUCKETS + "test_wide_key_only_for_non_decode_batches", JUDGE + "test_keys_sharing_a_token_count_get_their_own_graphs"),
-      "the wide prefill key loses num_seqs"),
-    M("bucket-key-cache-ignores-seqs", "gmtool/core/buckets.py",
-      "asked = (num_tokens, num_seqs, decode, pinned)", "asked = (num_tokens, decode, pinned)",
-      JUDGE + "test_keys_sharing_a_token_count_get_their_own_graphs",
-      "the key cache answers by token count: every mix of a bucket gets the first key"),
-    M("bucket-wide-for-decode", "gmtool/core/buckets.py",
-      "wide = self.wide_key and not decode", "wide = self.wide_key",
-      BUCKETS + "test_wide_key_only_for_non_decode_batches",
-      "decode batches get the wide key too (a graph per sequence count)"),
-    M("lookup-by-num-tokens", "gmtool/core/executor.py",
-      "        entry = self.graphs.get(key)\n",
-      "        entry = next((g for k, g in self.graphs.items() if k.num_tokens == key.num_tokens), None)\n",
-      JUDGE + "test_keys_sharing_a_token_count_get_their_own_graphs",
-      "graph lookup by num_tokens only"),
-    M("full-mode-narrow-key", "gmtool/modes.py",
-      "        return self is GraphMode.FULL\n", "        return False\n",
-      JUDGE + "test_keys_sharing_a_token_count_get_their_own_graphs",
-      "full prefill graphs keyed by num_tokens alone (the classic bug, in the safe mode)"),
-    M("baked-plan-after-upload", "gmtool/core/executor.py",
-      "entry.baked_plans = planned", "entry.baked_plans = list(ctx.planned_with)",
-      EXEC + "test_the_upload_replay_at_capture_keeps_the_baked_plan",
-      "the baked plan is read after the upload replay re-prepared the context: narrow graphs go unflagged on CUDA"),
-    M("key-ignores-decode", "gmtool/core/executor.py",
-      "batch.num_tokens, batch.num_seqs, batch.is_decode, batch.composition.bucket",
-      "batch.num_tokens, batch.num_seqs, False, batch.composition.bucket",
-      EXEC + "test_full_decode_graph_matches_eager_for_many_compositions[tiny-qwen3]",
-      "decode batches take the prefill key (and its host-planned attention)"),
-    M("impl-masked-planned-swapped", "gmtool/core/executor.py",
-      'return "masked" if key.num_seqs is not None else "planned"',
-      'return "planned" if key.num_seqs is not None else "masked"',
-      EXEC + "test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe",
-      "the wide key gets the host-planned attention, the narrow one the masked"),
-
+    M(
+        "bucket-bisect-right",
+        "gmtool/core/buckets.py",
+        "i = bisect.bisect_left(self.sizes, num_tokens)",
+        "i = bisect.bisect_right(self.sizes, num_tokens)",
+        BUCKETS + "test_policy_picks_smallest_fitting_bucket",
+        "a batch that fills a bucket exactly goes to the next one",
+    ),
+    M(
+        "bucket-wide-key-dropped",
+        "gmtool/core/buckets.py",
+        "return BucketKey(bucket, num_seqs if wide else None, decode)",
+        "return BucketKey(bucket, None, decode)",
+        (
+            BUCKETS + "test_wide_key_only_for_non_decode_batches",
+            JUDGE + "test_keys_sharing_a_token_count_get_their_own_graphs",
+        ),
+        "the wide prefill key loses num_seqs",
+    ),
+    M(
+        "bucket-key-cache-ignores-seqs",
+        "gmtool/core/buckets.py",
+        "asked = (num_tokens, num_seqs, decode, pinned)",
+        "asked = (num_tokens, decode, pinned)",
+        JUDGE + "test_keys_sharing_a_token_count_get_their_own_graphs",
+        "the key cache answers by token count: every mix of a bucket gets the first key",
+    ),
+    M(
+        "bucket-wide-for-decode",
+        "gmtool/core/buckets.py",
+        "wide = self.wide_key and not decode",
+        "wide = self.wide_key",
+        BUCKETS + "test_wide_key_only_for_non_decode_batches",
+        "decode batches get the wide key too (a graph per sequence count)",
+    ),
+    M(
+        "lookup-by-num-tokens",
+        "gmtool/core/executor.py",
+        "        entry = self.graphs.get(key)\n",
+        "        entry = next((g for k, g in self.graphs.items() if k.num_tokens == key.num_tokens), None)\n",
+        JUDGE + "test_keys_sharing_a_token_count_get_their_own_graphs",
+        "graph lookup by num_tokens only",
+    ),
+    M(
+        "full-mode-narrow-key",
+        "gmtool/modes.py",
+        "        return self is GraphMode.FULL\n",
+        "        return False\n",
+        JUDGE + "test_keys_sharing_a_token_count_get_their_own_graphs",
+        "full prefill graphs keyed by num_tokens alone (the classic bug, in the safe mode)",
+    ),
+    M(
+        "baked-plan-after-upload",
+        "gmtool/core/executor.py",
+        "entry.baked_plans = planned",
+        "entry.baked_plans = list(ctx.planned_with)",
+        EXEC + "test_the_upload_replay_at_capture_keeps_the_baked_plan",
+        "the baked plan is read after the upload replay re-prepared the context: narrow graphs go unflagged on CUDA",
+    ),
+    M(
+        "key-ignores-decode",
+        "gmtool/core/executor.py",
+        "batch.num_tokens, batch.num_seqs, batch.is_decode, batch.composition.bucket",
+        "batch.num_tokens, batch.num_seqs, False, batch.composition.bucket",
+        EXEC + "test_full_decode_graph_matches_eager_for_many_compositions[tiny-qwen3]",
+        "decode batches take the prefill key (and its host-planned attention)",
+    ),
+    M(
+        "impl-masked-planned-swapped",
+        "gmtool/core/executor.py",
+        'return "masked" if key.num_seqs is not None else "planned"',
+        'return "planned" if key.num_seqs is not None else "masked"',
+        EXEC + "test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe",
+        "the wide key gets the host-planned attention, the narrow one the masked",
+    ),
     # -- runner metadata (CapturedGraph.replay, AttentionRunner, gmtool/model/attention.py) ---------------------
-    M("replay-keeps-capture-plan", "gmtool/core/executor.py",
-      "        if refresh_metadata:\n            self.ctx.prepare(batch.plan)\n",
-      "        if refresh_metadata:\n            pass\n",
-      (EXEC + "test_piecewise_matches_eager_for_prefill_mixes[tiny-qwen3]",
-       EXEC + "test_runner_with_stale_metadata_gives_wrong_result"),
-      "replay never refreshes ctx.plan: runners attend with the capture batch's plan"),
-    M("runner-frozen-context", "gmtool/core/forwards.py",
-      "AttentionRunner(layer, q_in, out, scale, entry.ctx, opts)",
-      'AttentionRunner(layer, q_in, out, scale, __import__("copy").copy(entry.ctx), opts)',
-      EXEC + "test_piecewise_matches_eager_for_prefill_mixes[tiny-qwen3]",
-      "runners hold a snapshot of the capture's context, not the live one"),
-    M("masked-attention-no-diagonal", "gmtool/model/attention.py",
-      "seen = kv_pos[None, :] <= positions[:, None]", "seen = kv_pos[None, :] < positions[:, None]",
-      EXEC + "test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe",
-      "masked varlen attention: a token does not attend to itself"),
-    M("decode-attention-one-past", "gmtool/model/attention.py",
-      "valid = pos[None, :] < lens", "valid = pos[None, :] <= lens",
-      "tests/test_compare.py::test_peer_static_cache_matches_gmtool_eager",
-      "decode attention reads one slot past kv_len (eager and graph alike: only HF can tell)"),
-
+    M(
+        "replay-keeps-capture-plan",
+        "gmtool/core/executor.py",
+        "        if refresh_metadata:\n            self.ctx.prepare(batch.plan)\n",
+        "        if refresh_metadata:\n            pass\n",
+        (
+            EXEC + "test_piecewise_matches_eager_for_prefill_mixes[tiny-qwen3]",
+            EXEC + "test_runner_with_stale_metadata_gives_wrong_result",
+        ),
+        "replay never refreshes ctx.plan: runners attend with the capture batch's plan",
+    ),
+    M(
+        "runner-frozen-context",
+        "gmtool/core/forwards.py",
+        "AttentionRunner(layer, q_in, out, scale, entry.ctx, opts)",
+        'AttentionRunner(layer, q_in, out, scale, __import__("copy").copy(entry.ctx), opts)',
+        EXEC + "test_piecewise_matches_eager_for_prefill_mixes[tiny-qwen3]",
+        "runners hold a snapshot of the capture's context, not the live one",
+    ),
+    M(
+        "masked-attention-no-diagonal",
+        "gmtool/model/attention.py",
+        "seen = kv_pos[None, :] <= positions[:, None]",
+        "seen = kv_pos[None, :] < positions[:, None]",
+        EXEC + "test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe",
+        "masked varlen attention: a token does not attend to itself",
+    ),
+    M(
+        "decode-attention-one-past",
+        "gmtool/model/attention.py",
+        "valid = pos[None, :] < lens",
+        "valid = pos[None, :] <= lens",
+        "tests/test_compare.py::test_peer_static_cache_matches_gmtool_eager",
+        "decode attention reads one slot past kv_len (eager and graph alike: only HF can tell)",
+    ),
     # -- per-layer attention options (attention.LayerOpts) --------------------------------------------------
-    M("window-one-too-wide", "gmtool/model/attention.py",
-      "seen &= kv_pos[None, :] > positions[:, None] - opts.window",
-      "seen &= kv_pos[None, :] >= positions[:, None] - opts.window",
-      FEAT + "test_chunked_prefill_reference[window-per_token]",
-      "sliding window: a token sees one position more than the model's window"),
-    M("decode-window-ignored", "gmtool/model/attention.py",
-      "valid &= pos[None, :] >= lens - opts.window", "valid &= pos[None, :] >= 0",
-      FEAT + "test_decode_reference[window]",
-      "decode attention reads the whole context of a sliding-window layer"),
-    M("sinks-dropped", "gmtool/model/attention.py",
-      "    if opts.sinks is None:\n        return torch.nan_to_num(", "    if True:\n        return torch.nan_to_num(",
-      FEAT + "test_decode_reference[sinks]",
-      "learned attention sinks left out of the softmax"),
-    M("softcap-ignored", "gmtool/model/attention.py",
-      "    if opts.softcap is None:\n        return scores", "    if True:\n        return scores",
-      FEAT + "test_chunked_prefill_reference[softcap-planned]",
-      "attention-logit soft-cap not applied"),
-    M("final-logit-softcap-dropped", "gmtool/model/families.py",
-      '"gemma2": Family(logits=_final_softcap)', '"gemma2": Family()',
-      "tests/test_architectures.py::test_gmtool_attention_computes_what_transformers_does[tiny-gemma2]",
-      "Gemma 2's final logit soft-cap not applied by gmtool's forward"),
-
+    M(
+        "window-one-too-wide",
+        "gmtool/model/attention.py",
+        "seen &= kv_pos[None, :] > positions[:, None] - opts.window",
+        "seen &= kv_pos[None, :] >= positions[:, None] - opts.window",
+        FEAT + "test_chunked_prefill_reference[window-per_token]",
+        "sliding window: a token sees one position more than the model's window",
+    ),
+    M(
+        "decode-window-ignored",
+        "gmtool/model/attention.py",
+        "valid &= pos[None, :] >= lens - opts.window",
+        "valid &= pos[None, :] >= 0",
+        FEAT + "test_decode_reference[window]",
+        "decode attention reads the whole context of a sliding-window layer",
+    ),
+    M(
+        "sinks-dropped",
+        "gmtool/model/attention.py",
+        "    if opts.sinks is None:\n        return torch.nan_to_num(",
+        "    if True:\n        return torch.nan_to_num(",
+        FEAT + "test_decode_reference[sinks]",
+        "learned attention sinks left out of the softmax",
+    ),
+    M(
+        "softcap-ignored",
+        "gmtool/model/attention.py",
+        "    if opts.softcap is None:\n        return scores",
+        "    if True:\n        return scores",
+        FEAT + "test_chunked_prefill_reference[softcap-planned]",
+        "attention-logit soft-cap not applied",
+    ),
+    M(
+        "final-logit-softcap-dropped",
+        "gmtool/model/families.py",
+        '"gemma2": Family(logits=_final_softcap)',
+        '"gemma2": Family()',
+        "tests/test_architectures.py::test_gmtool_attention_computes_what_transformers_does[tiny-gemma2]",
+        "Gemma 2's final logit soft-cap not applied by gmtool's forward",
+    ),
     # -- the KV write (attention.write_kv, check.poison_kv) -----------------------------------------------
-    M("kv-write-dropped", "gmtool/model/attention.py",
-      "    kc.index_copy_(0, slots, k)\n    vc.index_copy_(0, slots, v)\n", "",
-      JUDGE + "test_the_kv_comparison_itself_sees_a_missing_write",
-      "write_kv writes nothing"),
-    M("kv-write-v-gets-k", "gmtool/model/attention.py",
-      "    vc.index_copy_(0, slots, v)\n", "    vc.index_copy_(0, slots, k)\n",
-      KILLS + "test_gmtool_eager_matches_hf_attention_on_prefill",
-      "write_kv stores K in the V cache"),
-    M("poison-k-only", "gmtool/measure/check.py",
-      "    for t in cache.k + cache.v:\n        t.view(-1, *t.shape[2:])[slots] = float(\"nan\")\n",
-      "    for t in cache.k:\n        t.view(-1, *t.shape[2:])[slots] = float(\"nan\")\n",
-      JUDGE + "test_a_graph_that_writes_k_but_not_v_is_unsafe",
-      "the judge poisons K but not V"),
-
+    M(
+        "kv-write-dropped",
+        "gmtool/model/attention.py",
+        "    kc.index_copy_(0, slots, k)\n    vc.index_copy_(0, slots, v)\n",
+        "",
+        JUDGE + "test_the_kv_comparison_itself_sees_a_missing_write",
+        "write_kv writes nothing",
+    ),
+    M(
+        "kv-write-v-gets-k",
+        "gmtool/model/attention.py",
+        "    vc.index_copy_(0, slots, v)\n",
+        "    vc.index_copy_(0, slots, k)\n",
+        KILLS + "test_gmtool_eager_matches_hf_attention_on_prefill",
+        "write_kv stores K in the V cache",
+    ),
+    M(
+        "poison-k-only",
+        "gmtool/measure/check.py",
+        '    for t in cache.k + cache.v:\n        t.view(-1, *t.shape[2:])[slots] = float("nan")\n',
+        '    for t in cache.k:\n        t.view(-1, *t.shape[2:])[slots] = float("nan")\n',
+        JUDGE + "test_a_graph_that_writes_k_but_not_v_is_unsafe",
+        "the judge poisons K but not V",
+    ),
     # -- stale-metadata detection -------------------------------------------------------------------------
-    M("stale-never", "gmtool/core/executor.py",
-      "        return any(p != sig for p in self.baked_plans)\n", "        return False\n",
-      EXEC + "test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe",
-      "stale_metadata always says no"),
-    M("baked-plans-not-kept", "gmtool/core/executor.py",
-      "        if not self.mode.piecewise:  # runners read the plan at replay",
-      "        if self.mode.piecewise:  # runners read the plan at replay",
-      EXEC + "test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe",
-      "a full graph does not keep the host plans it froze"),
-    M("stale-ignores-batch", "gmtool/core/executor.py",
-      "        sig = self.ctx.plan_signature(batch.plan)\n", "        sig = self.ctx.plan_signature(self.ctx.plan)\n",
-      EXEC + "test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe",
-      "stale_metadata compares with the context's current plan, not the batch asked about"),
-    M("plan-signature-triton-no-max-q", "gmtool/kernels/__init__.py",
-      "        return (len(plan), max((q for q, _ in plan), default=0))\n",
-      "        return (len(plan),)\n",
-      KILLS + "test_triton_plan_signature_is_the_launch_grid",
-      "with Triton, a frozen max_q_len is not part of the plan signature"),
-
+    M(
+        "stale-never",
+        "gmtool/core/executor.py",
+        "        return any(p != sig for p in self.baked_plans)\n",
+        "        return False\n",
+        EXEC + "test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe",
+        "stale_metadata always says no",
+    ),
+    M(
+        "baked-plans-not-kept",
+        "gmtool/core/executor.py",
+        "        if not self.mode.piecewise:  # runners read the plan at replay",
+        "        if self.mode.piecewise:  # runners read the plan at replay",
+        EXEC + "test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe",
+        "a full graph does not keep the host plans it froze",
+    ),
+    M(
+        "stale-ignores-batch",
+        "gmtool/core/executor.py",
+        "        sig = self.ctx.plan_signature(batch.plan)\n",
+        "        sig = self.ctx.plan_signature(self.ctx.plan)\n",
+        EXEC + "test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe",
+        "stale_metadata compares with the context's current plan, not the batch asked about",
+    ),
+    M(
+        "plan-signature-triton-no-max-q",
+        "gmtool/kernels/__init__.py",
+        "        return (len(plan), max((q for q, _ in plan), default=0))\n",
+        "        return (len(plan),)\n",
+        KILLS + "test_triton_plan_signature_is_the_launch_grid",
+        "with Triton, a frozen max_q_len is not part of the plan signature",
+    ),
     # -- tolerances and error metrics (gmtool/measure/timing.py, gmtool/measure/check.py, gmtool/measure/sweep.py) ---------------
-    M("relerr-mean", "gmtool/measure/timing.py",
-      "    return float((num / den).max())\n", "    return float((num / den).mean())\n",
-      JUDGE + "test_one_wrong_sequence_of_eight_is_the_error",
-      "relative error: mean over sequences instead of max"),
-    M("relerr-vs-replay-norm", "gmtool/measure/timing.py",
-      "    den = r.norm(dim=-1).clamp_min(1e-30)\n", "    den = o.norm(dim=-1).clamp_min(1e-30)\n",
-      JUDGE + "test_one_wrong_sequence_of_eight_is_the_error",
-      "relative error divides by the replay's norm, not eager's"),
-    M("relerr-nan-not-inf", "gmtool/measure/timing.py",
-      "    if o.shape != r.shape or not torch.isfinite(o).all():\n", "    if o.shape != r.shape:\n",
-      JUDGE + "test_one_wrong_sequence_of_eight_is_the_error",
-      "a non-finite replay gives a NaN error instead of inf"),
-    M("summary-mean", "gmtool/measure/timing.py",
-      '"median": float(med),', '"median": float(a.mean()),',
-      JUDGE + "test_latency_summary_is_the_median_not_the_mean",
-      "latency summary uses the mean instead of the median"),
-    M("tolerance-fp32-loose", "gmtool/measure/timing.py",
-      "torch.float32: (1e-5, 1e-3)", "torch.float32: (1e-3, 1e-3)",
-      JUDGE + "test_a_replay_off_by_1e_4_is_unsafe_in_fp32",
-      "fp32 same-shape tolerance 1e-3 instead of 1e-5"),
-    M("sweep-tolerance-of-bf16", "gmtool/measure/sweep.py",
-      "tol_same, tol = tolerances_for(cfg.torch_dtype)", "tol_same, tol = tolerances_for(torch.bfloat16)",
-      JUDGE + "test_a_replay_off_by_1e_4_is_unsafe_in_fp32",
-      "the sweep judges every dtype with bf16's tolerances"),
-    M("failure-same-shape-loose", "gmtool/measure/check.py",
-      "        elif not self.max_rel_err_same_shape <= tol_same:\n",
-      "        elif not self.max_rel_err_same_shape <= tol:\n",
-      (JUDGE + "test_failure_applies_each_tolerance_to_its_own_comparison", JUDGE + "test_a_replay_off_by_1e_4_is_unsafe_in_fp32"),
-      "same-shape error judged with the loose (unpadded) tolerance"),
-    M("failure-unpadded-tight", "gmtool/measure/check.py",
-      "        elif not self.max_rel_err <= tol:\n", "        elif not self.max_rel_err <= tol_same:\n",
-      JUDGE + "test_failure_applies_each_tolerance_to_its_own_comparison",
-      "unpadded error judged with the tight (same-shape) tolerance"),
-    M("failure-kv-or", "gmtool/measure/check.py",
-      "not (self.kv_rel_err_same_shape <= tol_same and self.kv_rel_err <= tol)",
-      "not (self.kv_rel_err_same_shape <= tol_same or self.kv_rel_err <= tol)",
-      JUDGE + "test_failure_names_the_kv_when_only_the_kv_differs",
-      "K/V fails only when both its comparisons fail"),
-    M("failure-stale-ignored", "gmtool/measure/check.py",
-      "        if self.stale_metadata:\n", "        if False:\n",
-      JUDGE + "test_failure_names_the_kv_when_only_the_kv_differs",
-      "a graph that froze a host plan is not flagged by itself"),
-    M("failure-replay-error-ignored", "gmtool/measure/check.py",
-      "        if self.replay_error:\n", "        if False:\n",
-      JUDGE + "test_a_replay_that_raises_is_unsafe_not_a_crash",
-      "a replay that raised is judged on its (poisoned) outputs, its error unsaid"),
-    M("replay-error-crashes", "gmtool/measure/check.py",
-      "    except (RuntimeError, IndexError) as e:", "    except IndexError as e:",
-      JUDGE + "test_a_replay_that_raises_is_unsafe_not_a_crash",
-      "a replay that raises RuntimeError crashes the sweep"),
-    M("same-shape-is-second-replay", "gmtool/measure/check.py",
-      "    same = ex.eager_same_shape(batch).clone()\n",
-      "    entry.replay(batch, ex.refresh_runner_metadata)\n    same = ex.inputs.logits[: batch.num_seqs].clone()\n",
-      JUDGE + "test_same_shape_error_is_measured_against_eager_not_a_second_replay",
-      "the same-shape check compares the replay with a second replay"),
-    M("no-output-poison", "gmtool/measure/check.py",
-      '    ex.inputs.logits.fill_(float("nan"))  # every row: a replay must write its own\n', "",
-      JUDGE + "test_a_graph_that_never_writes_its_logits_is_unsafe",
-      "outputs are not poisoned before a checked replay"),
-    M("no-kv-poison", "gmtool/measure/check.py",
-      "    poison_kv(ex.cache, slots)\n    if before_replay", "    if before_replay",
-      JUDGE + "test_a_graph_that_never_writes_kv_is_unsafe_in_decode",
-      "the batch's KV slots are not poisoned before a checked replay"),
-    M("unsafe-gets-latency", "gmtool/measure/sweep.py",
-      "            return rec  # an unsafe replay gets no latency and no speedup\n", "",
-      JUDGE + "test_a_graph_that_is_never_replayed_is_unsafe",
-      "an UNSAFE replay is still timed and gets a speedup"),
-    M("exit-code-ignores-unsafe", "gmtool/records.py",
-      "        return 3 if self.unexpected_unsafe() else 0\n", "        return 0\n",
-      JUDGE + "test_a_graph_that_is_never_replayed_is_unsafe",
-      "a run with UNSAFE replays of a safe mode exits 0"),
-    M("tape-replay-noop", "gmtool/core/backends/cpu.py",
-      "    def replay(self) -> None:\n        with torch.no_grad():\n",
-      "    def replay(self) -> None:\n        return\n        with torch.no_grad():\n",
-      (EXEC + "test_tape_replay_reruns_over_the_same_tensors", JUDGE + "test_sanity_the_same_sweep_passes_with_a_working_replay"),
-      "the tape replay does nothing"),
-
+    M(
+        "relerr-mean",
+        "gmtool/measure/timing.py",
+        "    return float((num / den).max())\n",
+        "    return float((num / den).mean())\n",
+        JUDGE + "test_one_wrong_sequence_of_eight_is_the_error",
+        "relative error: mean over sequences instead of max",
+    ),
+    M(
+        "relerr-vs-replay-norm",
+        "gmtool/measure/timing.py",
+        "    den = r.norm(dim=-1).clamp_min(1e-30)\n",
+        "    den = o.norm(dim=-1).clamp_min(1e-30)\n",
+        JUDGE + "test_one_wrong_sequence_of_eight_is_the_error",
+        "relative error divides by the replay's norm, not eager's",
+    ),
+    M(
+        "relerr-nan-not-inf",
+        "gmtool/measure/timing.py",
+        "    if o.shape != r.shape or not torch.isfinite(o).all():\n",
+        "    if o.shape != r.shape:\n",
+        JUDGE + "test_one_wrong_sequence_of_eight_is_the_error",
+        "a non-finite replay gives a NaN error instead of inf",
+    ),
+    M(
+        "summary-mean",
+        "gmtool/measure/timing.py",
+        '"median": float(med),',
+        '"median": float(a.mean()),',
+        JUDGE + "test_latency_summary_is_the_median_not_the_mean",
+        "latency summary uses the mean instead of the median",
+    ),
+    M(
+        "tolerance-fp32-loose",
+        "gmtool/measure/timing.py",
+        "torch.float32: (1e-5, 1e-3)",
+        "torch.float32: (1e-3, 1e-3)",
+        JUDGE + "test_a_replay_off_by_1e_4_is_unsafe_in_fp32",
+        "fp32 same-shape tolerance 1e-3 instead of 1e-5",
+    ),
+    M(
+        "sweep-tolerance-of-bf16",
+        "gmtool/measure/sweep.py",
+        "tol_same, tol = tolerances_for(cfg.torch_dtype)",
+        "tol_same, tol = tolerances_for(torch.bfloat16)",
+        JUDGE + "test_a_replay_off_by_1e_4_is_unsafe_in_fp32",
+        "the sweep judges every dtype with bf16's tolerances",
+    ),
+    M(
+        "failure-same-shape-loose",
+        "gmtool/measure/check.py",
+        "        elif not self.max_rel_err_same_shape <= tol_same:\n",
+        "        elif not self.max_rel_err_same_shape <= tol:\n",
+        (
+            JUDGE + "test_failure_applies_each_tolerance_to_its_own_comparison",
+            JUDGE + "test_a_replay_off_by_1e_4_is_unsafe_in_fp32",
+        ),
+        "same-shape error judged with the loose (unpadded) tolerance",
+    ),
+    M(
+        "failure-unpadded-tight",
+        "gmtool/measure/check.py",
+        "        elif not self.max_rel_err <= tol:\n",
+        "        elif not self.max_rel_err <= tol_same:\n",
+        JUDGE + "test_failure_applies_each_tolerance_to_its_own_comparison",
+        "unpadded error judged with the tight (same-shape) tolerance",
+    ),
+    M(
+        "failure-kv-or",
+        "gmtool/measure/check.py",
+        "not (self.kv_rel_err_same_shape <= tol_same and self.kv_rel_err <= tol)",
+        "not (self.kv_rel_err_same_shape <= tol_same or self.kv_rel_err <= tol)",
+        JUDGE + "test_failure_names_the_kv_when_only_the_kv_differs",
+        "K/V fails only when both its comparisons fail",
+    ),
+    M(
+        "failure-stale-ignored",
+        "gmtool/measure/check.py",
+        "        if self.stale_metadata:\n",
+        "        if False:\n",
+        JUDGE + "test_failure_names_the_kv_when_only_the_kv_differs",
+        "a graph that froze a host plan is not flagged by itself",
+    ),
+    M(
+        "failure-replay-error-ignored",
+        "gmtool/measure/check.py",
+        "        if self.replay_error:\n",
+        "        if False:\n",
+        JUDGE + "test_a_replay_that_raises_is_unsafe_not_a_crash",
+        "a replay that raised is judged on its (poisoned) outputs, its error unsaid",
+    ),
+    M(
+        "replay-error-crashes",
+        "gmtool/measure/check.py",
+        "    except (RuntimeError, IndexError) as e:",
+        "    except IndexError as e:",
+        JUDGE + "test_a_replay_that_raises_is_unsafe_not_a_crash",
+        "a replay that raises RuntimeError crashes the sweep",
+    ),
+    M(
+        "same-shape-is-second-replay",
+        "gmtool/measure/check.py",
+        "    same = ex.eager_same_shape(batch).clone()\n",
+        "    entry.replay(batch, ex.refresh_runner_metadata)\n    same = ex.inputs.logits[: batch.num_seqs].clone()\n",
+        JUDGE + "test_same_shape_error_is_measured_against_eager_not_a_second_replay",
+        "the same-shape check compares the replay with a second replay",
+    ),
+    M(
+        "no-output-poison",
+        "gmtool/measure/check.py",
+        '    ex.inputs.logits.fill_(float("nan"))  # every row: a replay must write its own\n',
+        "",
+        JUDGE + "test_a_graph_that_never_writes_its_logits_is_unsafe",
+        "outputs are not poisoned before a checked replay",
+    ),
+    M(
+        "no-kv-poison",
+        "gmtool/measure/check.py",
+        "    poison_kv(ex.cache, slots)\n    if before_replay",
+        "    if before_replay",
+        JUDGE + "test_a_graph_that_never_writes_kv_is_unsafe_in_decode",
+        "the batch's KV slots are not poisoned before a checked replay",
+    ),
+    M(
+        "unsafe-gets-latency",
+        "gmtool/measure/sweep.py",
+        "            return rec  # an unsafe replay gets no latency and no speedup\n",
+        "",
+        JUDGE + "test_a_graph_that_is_never_replayed_is_unsafe",
+        "an UNSAFE replay is still timed and gets a speedup",
+    ),
+    M(
+        "exit-code-ignores-unsafe",
+        "gmtool/records.py",
+        "        return 3 if self.unexpected_unsafe() else 0\n",
+        "        return 0\n",
+        JUDGE + "test_a_graph_that_is_never_replayed_is_unsafe",
+        "a run with UNSAFE replays of a safe mode exits 0",
+    ),
+    M(
+        "tape-replay-noop",
+        "gmtool/core/backends/cpu.py",
+        "    def replay(self) -> None:\n        with torch.no_grad():\n",
+        "    def replay(self) -> None:\n        return\n        with torch.no_grad():\n",
+        (
+            EXEC + "test_tape_replay_reruns_over_the_same_tensors",
+            JUDGE + "test_sanity_the_same_sweep_passes_with_a_working_replay",
+        ),
+        "the tape replay does nothing",
+    ),
     # -- VMM mapping (gmtool/memory/vmm_allocator.cpp on the fake driver, vmm.py, strategies.py) ----------
-    M("vmm-chunks-at-base", "gmtool/memory/vmm_allocator.cpp",
-      "  u64 va = r.base + i * S.chunk;\n", "  u64 va = r.base;\n",
-      VMM + "test_chunks_grow_only_past_the_previous_max_and_every_range_maps_them_all",
-      "every chunk is mapped at the range's base"),
-    M("vmm-new-range-maps-nothing", "gmtool/memory/vmm_allocator.cpp",
-      "  for (size_t i = 0; i < S.chunks.size(); ++i) {\n    if (!map_chunk(r, i)) {\n",
-      "  for (size_t i = 0; i < S.chunks.size() && false; ++i) {\n    if (!map_chunk(r, i)) {\n",
-      VMM + "test_chunks_grow_only_past_the_previous_max_and_every_range_maps_them_all",
-      "a new range maps the existing chunks only later, during capture"),
-    M("vmm-physical-in-granules", "gmtool/memory/vmm_allocator.cpp",
-      "return S.chunks.size() * S.chunk; }", "return S.chunks.size() * S.gran; }",
-      KILLS + "test_vmm_physical_bytes_count_whole_chunks",
-      "physical bytes counted in granules, not in chunks"),
-    M("vmm-align-256", "gmtool/memory/vmm_allocator.cpp",
-      "const size_t ALIGN = 512;", "const size_t ALIGN = 256;",
-      VMM + "test_offsets_are_bumped_and_aligned",
-      "segments aligned to 256 bytes instead of 512"),
-    M("vmm-growth-not-relaxed", "gmtool/memory/vmm_allocator.cpp",
-      "    RelaxedCapture relaxed;\n    while (r.mapped < need)\n", "    while (r.mapped < need)\n",
-      VMM + "test_growth_runs_with_stream_capture_relaxed",
-      "chunks made during capture without the relaxed capture mode"),
-    M("vmm-shutdown-unmaps-live", "gmtool/memory/vmm_allocator.cpp",
-      "  if (!S.live.empty() && !force)\n", "  if (false)\n",
-      VMM + "test_shutdown_waits_for_torch_then_releases_everything",
-      "shutdown unmaps memory torch still holds"),
-    M("vmm-failed-map-keeps-chunk", "gmtool/memory/vmm_allocator.cpp",
-      "  if (created) {\n    DRIVER.release(S.chunks.back());\n    S.chunks.pop_back();\n  }\n", "",
-      VMM + "test_failed_map_releases_the_new_chunk",
-      "a chunk whose mapping failed stays allocated"),
-    M("vmm-stats-used-mapped-swapped", "gmtool/memory/vmm.py",
-      "L.gmtool_vmm_range_used(i), L.gmtool_vmm_range_mapped(i)",
-      "L.gmtool_vmm_range_mapped(i), L.gmtool_vmm_range_used(i)",
-      VMM + "test_one_range_per_begin",
-      "VmmLibrary.stats swaps a range's used and mapped bytes"),
-    M("vmm-check-flags-held", "gmtool/memory/strategies.py",
-      "                if any(lo < start + b[\"size\"] and start < hi for lo, hi in held):\n"
-      "                    continue  # a tensor a graph step reads and writes itself (piecewise attention inputs)\n",
-      "",
-      VMM + "test_check_flags_live_blocks_and_foreign_segments_in_the_shared_ranges",
-      "Vmm.check warns about tensors a graph step owns"),
-
+    M(
+        "vmm-chunks-at-base",
+        "gmtool/memory/vmm_allocator.cpp",
+        "  u64 va = r.base + i * S.chunk;\n",
+        "  u64 va = r.base;\n",
+        VMM + "test_chunks_grow_only_past_the_previous_max_and_every_range_maps_them_all",
+        "every chunk is mapped at the range's base",
+    ),
+    M(
+        "vmm-new-range-maps-nothing",
+        "gmtool/memory/vmm_allocator.cpp",
+        "  for (size_t i = 0; i < S.chunks.size(); ++i) {\n    if (!map_chunk(r, i)) {\n",
+        "  for (size_t i = 0; i < S.chunks.size() && false; ++i) {\n    if (!map_chunk(r, i)) {\n",
+        VMM + "test_chunks_grow_only_past_the_previous_max_and_every_range_maps_them_all",
+        "a new range maps the existing chunks only later, during capture",
+    ),
+    M(
+        "vmm-physical-in-granules",
+        "gmtool/memory/vmm_allocator.cpp",
+        "return S.chunks.size() * S.chunk; }",
+        "return S.chunks.size() * S.gran; }",
+        KILLS + "test_vmm_physical_bytes_count_whole_chunks",
+        "physical bytes counted in granules, not in chunks",
+    ),
+    M(
+        "vmm-align-256",
+        "gmtool/memory/vmm_allocator.cpp",
+        "const size_t ALIGN = 512;",
+        "const size_t ALIGN = 256;",
+        VMM + "test_offsets_are_bumped_and_aligned",
+        "segments aligned to 256 bytes instead of 512",
+    ),
+    M(
+        "vmm-growth-not-relaxed",
+        "gmtool/memory/vmm_allocator.cpp",
+        "    RelaxedCapture relaxed;\n    while (r.mapped < need)\n",
+        "    while (r.mapped < need)\n",
+        VMM + "test_growth_runs_with_stream_capture_relaxed",
+        "chunks made during capture without the relaxed capture mode",
+    ),
+    M(
+        "vmm-shutdown-unmaps-live",
+        "gmtool/memory/vmm_allocator.cpp",
+        "  if (!S.live.empty() && !force)\n",
+        "  if (false)\n",
+        VMM + "test_shutdown_waits_for_torch_then_releases_everything",
+        "shutdown unmaps memory torch still holds",
+    ),
+    M(
+        "vmm-failed-map-keeps-chunk",
+        "gmtool/memory/vmm_allocator.cpp",
+        "  if (created) {\n    DRIVER.release(S.chunks.back());\n    S.chunks.pop_back();\n  }\n",
+        "",
+        VMM + "test_failed_map_releases_the_new_chunk",
+        "a chunk whose mapping failed stays allocated",
+    ),
+    M(
+        "vmm-stats-used-mapped-swapped",
+        "gmtool/memory/vmm.py",
+        "L.gmtool_vmm_range_used(i), L.gmtool_vmm_range_mapped(i)",
+        "L.gmtool_vmm_range_mapped(i), L.gmtool_vmm_range_used(i)",
+        VMM + "test_one_range_per_begin",
+        "VmmLibrary.stats swaps a range's used and mapped bytes",
+    ),
+    M(
+        "vmm-check-flags-held",
+        "gmtool/memory/strategies.py",
+        '                if any(lo < start + b["size"] and start < hi for lo, hi in held):\n'
+        "                    continue  # a tensor a graph step reads and writes itself (piecewise attention inputs)\n",
+        "",
+        VMM + "test_check_flags_live_blocks_and_foreign_segments_in_the_shared_ranges",
+        "Vmm.check warns about tensors a graph step owns",
+    ),
     # -- memreport ----------------------------------------------------------------------------------------
-    M("memreport-shuffled-always-ok", "gmtool/memory/report.py",
-      '    rec["status"] = Status.UNSAFE if why else Status.OK\n', '    rec["status"] = Status.OK\n',
-      VMM + "test_memsweep_shuffled_check_flags_a_broken_graph",
-      "memreport's shuffled-replay check always says ok"),
-    M("memreport-status-ignores-shuffled", "gmtool/memory/report.py",
-      '        row["status"], row["reason"] = _status(graph, sh, row["errors"])\n',
-      '        row["status"], row["reason"] = _status(graph, [], row["errors"])\n',
-      VMM + "test_status_names_the_failure",
-      "a strategy whose shuffled replays failed is reported ok"),
-
+    M(
+        "memreport-shuffled-always-ok",
+        "gmtool/memory/report.py",
+        '    rec["status"] = Status.UNSAFE if why else Status.OK\n',
+        '    rec["status"] = Status.OK\n',
+        VMM + "test_memsweep_shuffled_check_flags_a_broken_graph",
+        "memreport's shuffled-replay check always says ok",
+    ),
+    M(
+        "memreport-status-ignores-shuffled",
+        "gmtool/memory/report.py",
+        '        row["status"], row["reason"] = _status(graph, sh, row["errors"])\n',
+        '        row["status"], row["reason"] = _status(graph, [], row["errors"])\n',
+        VMM + "test_status_names_the_failure",
+        "a strategy whose shuffled replays failed is reported ok",
+    ),
     # -- report rows (gmtool/report/*) --------------------------------------------------------------------
-    M("summary-unsafe-shows-latency", "gmtool/report/summary.py",
-      'replay = statistics.median(lat) if lat and status != Status.UNSAFE else None',
-      "replay = statistics.median(lat) if lat else None",
-      REPORT + "test_unsafe_buckets_show_no_latency_or_speedup_anywhere",
-      "a bucket UNSAFE for one mix shows the latency of the others"),
-    M("summary-best-status", "gmtool/records.py",
-      "    return max((Status(s) for s in statuses), key=lambda s: s.severity, default=Status.OK)\n",
-      "    return min((Status(s) for s in statuses), key=lambda s: s.severity, default=Status.OK)\n",
-      REPORT + "test_unsafe_buckets_show_no_latency_or_speedup_anywhere",
-      "a bucket's status is its best composition's, not its worst"),
-    M("summary-min-error", "gmtool/report/summary.py",
-      '"max_rel_err": max(errs) if errs else None,', '"max_rel_err": min(errs) if errs else None,',
-      KILLS + "test_bucket_summary_reports_the_worst_composition",
-      "a bucket's max rel err is its best composition's"),
-    M("markdown-unsafe-lists-errors", "gmtool/report/markdown.py",
-      'for r in records if r["status"] == Status.UNSAFE]', 'for r in records if r["status"] != Status.OK]',
-      REPORT + "test_markdown_sections",
-      "report.md's UNSAFE section lists error and skipped rows too"),
-    M("csv-flattening-loses-timings", "gmtool/records.py",
-      'row.update({f"{f.name}_{t.name}": getattr(v, t.name) if v else None for t in fields(Timing)})',
-      'row.update({f.name: getattr(v, t.name) if v else None for t in fields(Timing)})',
-      KILLS + "test_results_csv_flattens_every_timing",
-      "results.csv keeps one field of each timing dict under the dict's name"),
-    M("baseline-conflates-repeated-labels", "gmtool/report/summary.py",
-      "        keys.append(k + (seen[k],))\n", "        keys.append(k + (1,))\n",
-      REPORT + "test_baseline_matches_rows_by_occurrence",
-      "baseline rows matched by label only: repeated mixes collapse"),
-    M("baseline-delta-sign", "gmtool/report/baseline.py",
-      "(new - old) / old * 100.0", "(old - new) / old * 100.0",
-      REPORT + "test_baseline_matches_rows_by_occurrence",
-      "the baseline change has the wrong sign"),
-    M("tp-no-all-reduce", "gmtool/parallel/shard.py",
-      "y = torch.ops.gmtool.all_reduce(F.linear(x, self.weight))", "y = F.linear(x, self.weight)",
-      "tests/test_parallel.py::test_tp2_matches_tp1_eager_within_tolerance",
-      "--tp: a row-parallel layer's partial products are not summed over the ranks"),
-    M("tp-kv-cache-all-heads", "gmtool/core/kv_cache.py",
-      "t.copy_(full.normal_(generator=g).chunk(world, 2)[rank])", "t.copy_(full.normal_(generator=g).chunk(world, 2)[0])",
-      "tests/test_parallel.py::test_tp2_matches_tp1_eager_within_tolerance",
-      "--tp: every rank's cached prefixes hold rank 0's KV heads"),
+    M(
+        "summary-unsafe-shows-latency",
+        "gmtool/report/summary.py",
+        "replay = statistics.median(lat) if lat and status != Status.UNSAFE else None",
+        "replay = statistics.median(lat) if lat else None",
+        REPORT + "test_unsafe_buckets_show_no_latency_or_speedup_anywhere",
+        "a bucket UNSAFE for one mix shows the latency of the others",
+    ),
+    M(
+        "summary-best-status",
+        "gmtool/records.py",
+        "    return max((Status(s) for s in statuses), key=lambda s: s.severity, default=Status.OK)\n",
+        "    return min((Status(s) for s in statuses), key=lambda s: s.severity, default=Status.OK)\n",
+        REPORT + "test_unsafe_buckets_show_no_latency_or_speedup_anywhere",
+        "a bucket's status is its best composition's, not its worst",
+    ),
+    M(
+        "summary-min-error",
+        "gmtool/report/summary.py",
+        '"max_rel_err": max(errs) if errs else None,',
+        '"max_rel_err": min(errs) if errs else None,',
+        KILLS + "test_bucket_summary_reports_the_worst_composition",
+        "a bucket's max rel err is its best composition's",
+    ),
+    M(
+        "markdown-unsafe-lists-errors",
+        "gmtool/report/markdown.py",
+        '        if r["status"] == Status.UNSAFE\n    ]',
+        '        if r["status"] != Status.OK\n    ]',
+        REPORT + "test_markdown_sections",
+        "report.md's UNSAFE section lists error and skipped rows too",
+    ),
+    M(
+        "csv-flattening-loses-timings",
+        "gmtool/records.py",
+        'row.update({f"{f.name}_{t.name}": getattr(v, t.name) if v else None for t in fields(Timing)})',
+        "row.update({f.name: getattr(v, t.name) if v else None for t in fields(Timing)})",
+        KILLS + "test_results_csv_flattens_every_timing",
+        "results.csv keeps one field of each timing dict under the dict's name",
+    ),
+    M(
+        "baseline-conflates-repeated-labels",
+        "gmtool/report/summary.py",
+        "        keys.append(k + (seen[k],))\n",
+        "        keys.append(k + (1,))\n",
+        REPORT + "test_baseline_matches_rows_by_occurrence",
+        "baseline rows matched by label only: repeated mixes collapse",
+    ),
+    M(
+        "baseline-delta-sign",
+        "gmtool/report/baseline.py",
+        "(new - old) / old * 100.0",
+        "(old - new) / old * 100.0",
+        REPORT + "test_baseline_matches_rows_by_occurrence",
+        "the baseline change has the wrong sign",
+    ),
+    M(
+        "tp-no-all-reduce",
+        "gmtool/parallel/shard.py",
+        "y = torch.ops.gmtool.all_reduce(F.linear(x, self.weight))",
+        "y = F.linear(x, self.weight)",
+        "tests/test_parallel.py::test_tp2_matches_tp1_eager_within_tolerance",
+        "--tp: a row-parallel layer's partial products are not summed over the ranks",
+    ),
+    M(
+        "tp-kv-cache-all-heads",
+        "gmtool/core/kv_cache.py",
+        "t.copy_(full.normal_(generator=g).chunk(world, 2)[rank])",
+        "t.copy_(full.normal_(generator=g).chunk(world, 2)[0])",
+        "tests/test_parallel.py::test_tp2_matches_tp1_eager_within_tolerance",
+        "--tp: every rank's cached prefixes hold rank 0's KV heads",
+    ),
 ]
 
 
@@ -483,8 +753,15 @@ def run_pytest(tree: Path, tests: tuple[str, ...], timeout: float, jobs: int) ->
     ends it and anything it started."""
     cmd = [sys.executable, "-m", "pytest", *PYTEST_ARGS, *tests]
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, cwd=tree, env=child_env(tree, jobs), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        cmd,
+        cwd=tree,
+        env=child_env(tree, jobs),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     with _procs_lock:
         _procs.add(p)
     try:
@@ -505,7 +782,7 @@ def first_failure(output: str) -> tuple[str, str]:
     for line in output.splitlines():
         for tag in ("FAILED ", "ERROR "):
             if line.startswith(tag):
-                node, _, why = line[len(tag):].partition(" - ")
+                node, _, why = line[len(tag) :].partition(" - ")
                 return node.strip() + (" (error)" if tag == "ERROR " else ""), why.strip()
     return "", ""
 
@@ -524,11 +801,11 @@ def run_mutant(m: Mutant, timeout: float, jobs: int, keep: bool) -> Outcome:
         return Outcome(m, "survived", "", "", secs, out)
     if rc in (1, 2):  # 1: a test failed; 2: interrupted, e.g. the mutant broke an import at collection
         by, why = first_failure(out)
-        return Outcome(m, "killed", by or f"pytest exit {rc}", "collection error" if rc == 2 else "", secs, out,
-                       why)
+        return Outcome(m, "killed", by or f"pytest exit {rc}", "collection error" if rc == 2 else "", secs, out, why)
     # 3 internal error, 4 usage error (a node id that does not exist), 5 no tests: the list is wrong
-    return Outcome(m, "error", "", f"pytest exit {rc}: {out.strip().splitlines()[-1] if out.strip() else ''}",
-                   secs, out)
+    return Outcome(
+        m, "error", "", f"pytest exit {rc}: {out.strip().splitlines()[-1] if out.strip() else ''}", secs, out
+    )
 
 
 def baseline(mutants: list[Mutant], timeout: float, jobs: int) -> tuple[bool, str, float]:
@@ -536,8 +813,13 @@ def baseline(mutants: list[Mutant], timeout: float, jobs: int) -> tuple[bool, st
     tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
     tree = scratch_copy("baseline")
     try:
-        probe = subprocess.run([sys.executable, "-c", "import gmtool; print(gmtool.__file__)"], cwd=tree,
-                               env=child_env(tree, jobs), capture_output=True, text=True)
+        probe = subprocess.run(
+            [sys.executable, "-c", "import gmtool; print(gmtool.__file__)"],
+            cwd=tree,
+            env=child_env(tree, jobs),
+            capture_output=True,
+            text=True,
+        )
         where = probe.stdout.strip()
         if not where.startswith(str(tree)):
             return False, f"gmtool imports from {where or probe.stderr.strip()}, not from the scratch copy {tree}", 0.0
@@ -569,8 +851,14 @@ def rich_table(outcomes: list[Outcome]):
         t.add_column(col, justify="right" if col == "s" else "left", overflow="fold")
     style = {"killed": "green", "survived": "bold red", "error": "red"}
     for o in outcomes:
-        t.add_row(o.mutant.id, o.mutant.file.removeprefix("gmtool/"), esc(o.mutant.desc),
-                  f"[{style[o.status]}]{esc(result_cell(o))}[/]", esc(o.killed_by) or "-", f"{o.seconds:.1f}")
+        t.add_row(
+            o.mutant.id,
+            o.mutant.file.removeprefix("gmtool/"),
+            esc(o.mutant.desc),
+            f"[{style[o.status]}]{esc(result_cell(o))}[/]",
+            esc(o.killed_by) or "-",
+            f"{o.seconds:.1f}",
+        )
     return t
 
 
@@ -580,8 +868,10 @@ def markdown(outcomes: list[Outcome], score: str) -> str:
 
     lines = ["| mutant | file | description | result | killed by | s |", "|---|---|---|---|---|---|"]
     for o in outcomes:
-        lines.append(f"| `{o.mutant.id}` | {o.mutant.file} | {cell(o.mutant.desc)} | {cell(result_cell(o))} | "
-                     f"{'`' + cell(o.killed_by) + '`' if o.killed_by else '-'} | {o.seconds:.1f} |")
+        lines.append(
+            f"| `{o.mutant.id}` | {o.mutant.file} | {cell(o.mutant.desc)} | {cell(result_cell(o))} | "
+            f"{'`' + cell(o.killed_by) + '`' if o.killed_by else '-'} | {o.seconds:.1f} |"
+        )
     return "\n".join(lines + ["", score, ""])
 
 
@@ -631,8 +921,9 @@ def main(argv=None) -> int:
 
     t_start = time.perf_counter()
     if not args.no_baseline:
-        console.print(f"baseline: the {len({t for m in mutants for t in m.tests})} test selections on the "
-                      "unmutated tree ...")
+        console.print(
+            f"baseline: the {len({t for m in mutants for t in m.tests})} test selections on the unmutated tree ..."
+        )
         ok, why, secs = baseline(mutants, args.timeout, 1)
         if not ok:
             console.print(f"[bold red]baseline failed: the tests must pass before mutants mean anything[/]\n{why}")
@@ -648,8 +939,10 @@ def main(argv=None) -> int:
                 o = fut.result()
                 outcomes[o.mutant.id] = o
                 color = {"killed": "green", "survived": "bold red", "error": "red"}[o.status]
-                console.print(f"\\[{len(outcomes):>2}/{len(mutants)}] {o.mutant.id}: [{color}]{esc(result_cell(o))}[/]"
-                              f"{' by ' + esc(o.killed_by) if o.killed_by else ''} ({o.seconds:.1f} s)")
+                console.print(
+                    f"\\[{len(outcomes):>2}/{len(mutants)}] {o.mutant.id}: [{color}]{esc(result_cell(o))}[/]"
+                    f"{' by ' + esc(o.killed_by) if o.killed_by else ''} ({o.seconds:.1f} s)"
+                )
                 if o.why:
                     console.print(f"        {o.why[:200]}", markup=False, highlight=False)
                 if args.verbose or o.status == "error":
@@ -668,8 +961,11 @@ def main(argv=None) -> int:
     survived = sum(o.status == "survived" for o in ordered)
     errors = sum(o.status == "error" for o in ordered)
     wall = time.perf_counter() - t_start
-    score = (f"{killed} killed, {survived} survived of {len(ordered)}"
-             + (f" ({errors} could not run)" if errors else "") + f" in {wall / 60:.1f} min, -j {jobs}")
+    score = (
+        f"{killed} killed, {survived} survived of {len(ordered)}"
+        + (f" ({errors} could not run)" if errors else "")
+        + f" in {wall / 60:.1f} min, -j {jobs}"
+    )
     console.print(rich_table(ordered))
     console.print(score)
     if args.markdown:

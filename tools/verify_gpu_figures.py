@@ -15,6 +15,7 @@ the GPU machine). Exit 3 when a soak mismatched or a fault was not found within 
     PYTHONPATH=. python3 tools/verify_gpu_figures.py --steps 2000 --budget-s 200 --out $OUT
     PYTHONPATH=. python3 tools/verify_gpu_figures.py --device cpu --model tiny-qwen3 --strategy default --steps 40
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,9 @@ def main() -> None:
     p.add_argument("--strategy", default="vmm")
     p.add_argument("--steps", type=int, default=2000, help="steps per soak (the issue's figure: 10000)")
     p.add_argument("--check-every", type=int, default=10)
-    p.add_argument("--fault-steps", type=int, default=100, help="steps a faulty soak may run before it counts as missed")
+    p.add_argument(
+        "--fault-steps", type=int, default=100, help="steps a faulty soak may run before it counts as missed"
+    )
     p.add_argument("--fault-check-every", type=int, default=None, help="default: --check-every")
     p.add_argument("--budget-s", type=float, default=200.0, help="wall time for the whole run, model build included")
     p.add_argument("--fault-reserve-s", type=float, default=60.0, help="of the budget, kept for the fault runs")
@@ -68,8 +71,15 @@ def run(a, t_start: float) -> None:
     from gmtool.verify.soak import Soak, SoakOptions
     from gmtool.verify.taps import LayerTaps
 
-    cfg = VerifyConfig(model=a.model, device=a.device, modes=a.modes, strategy=a.strategy, steps=a.steps,
-                       check_every=a.check_every, seed=a.seed)
+    cfg = VerifyConfig(
+        model=a.model,
+        device=a.device,
+        modes=a.modes,
+        strategy=a.strategy,
+        steps=a.steps,
+        check_every=a.check_every,
+        seed=a.seed,
+    )
     bench = build_bench(cfg)
     taps = LayerTaps(bench.lm, bench.cfg.policy().largest, bench.device)
     memory = (lambda: None) if a.strategy == "default" else (lambda: make_strategy(a.strategy, bench.device))
@@ -88,12 +98,17 @@ def run(a, t_start: float) -> None:
     for i, mode in enumerate(cfg.graph_modes):
         left = a.budget_s - a.fault_reserve_s - (time.perf_counter() - t_start)
         share = max(left, 0) / (len(cfg.graph_modes) - i) * 0.9  # the rest: capture and release around each
-        r = Soak(bench, taps, mode, memory(), a.strategy, SoakOptions(a.steps, a.check_every, a.seed,
-                                                                      time_limit_s=share)).run()
+        r = Soak(
+            bench, taps, mode, memory(), a.strategy, SoakOptions(a.steps, a.check_every, a.seed, time_limit_s=share)
+        ).run()
         runs.append(r.to_dict())
-        print(f"soak {mode} under {a.strategy}: {r.steps} steps, {r.checks} checks, {r.steps_per_min:.0f} "
-              f"steps/min, {'no mismatch' if r.mismatch is None else f'MISMATCH at step {r.mismatch.step}'}"
-              + (f" ({r.notes[0]})" if r.notes else "") + f"; served by {r.served_by}", flush=True)
+        print(
+            f"soak {mode} under {a.strategy}: {r.steps} steps, {r.checks} checks, {r.steps_per_min:.0f} "
+            f"steps/min, {'no mismatch' if r.mismatch is None else f'MISMATCH at step {r.mismatch.step}'}"
+            + (f" ({r.notes[0]})" if r.notes else "")
+            + f"; served by {r.served_by}",
+            flush=True,
+        )
     out["runs"] = runs
 
     # 3. each fault, in the first mode, until found; last, because a fault may break the device context
@@ -101,21 +116,41 @@ def run(a, t_start: float) -> None:
     for name in FAULTS:
         fault = parse_fault(name, bench.lm.num_layers)
         try:
-            r = Soak(bench, taps, cfg.graph_modes[0], memory(), a.strategy,
-                     SoakOptions(a.fault_steps, every, a.seed, fault)).run()
+            r = Soak(
+                bench, taps, cfg.graph_modes[0], memory(), a.strategy, SoakOptions(a.fault_steps, every, a.seed, fault)
+            ).run()
         except Exception as e:  # a device-side fault the soak could not survive: said, and the next one tried
-            faults.append({"fault": str(fault), "found_at_step": None, "within_50": False,
-                           "suspect": f"the soak raised {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"})
+            faults.append(
+                {
+                    "fault": str(fault),
+                    "found_at_step": None,
+                    "within_50": False,
+                    "suspect": f"the soak raised {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}",
+                }
+            )
             print(f"fault {fault}: {faults[-1]['suspect']}", flush=True)
             continue
         m = r.mismatch
-        row = {"fault": str(fault), "mode": r.mode, "check_every": every, "found_at_step": m.step + 1 if m else None,
-               "within_50": bool(m and m.step < 50), "wall_s": round(r.wall_s, 1),
-               "layer output": (m.first_divergence or {}).get("module") if m else None,
-               "suspect": m.suspects[0] if m else f"not found in {r.steps} steps"}
+        row = {
+            "fault": str(fault),
+            "mode": r.mode,
+            "check_every": every,
+            "found_at_step": m.step + 1 if m else None,
+            "within_50": bool(m and m.step < 50),
+            "wall_s": round(r.wall_s, 1),
+            "layer output": (m.first_divergence or {}).get("module") if m else None,
+            "suspect": m.suspects[0] if m else f"not found in {r.steps} steps",
+        }
         faults.append(row)
-        print(f"fault {row['fault']}: " + (f"found at step {row['found_at_step']}, {row['layer output']}: "
-                                           f"{row['suspect']}" if m else row["suspect"]), flush=True)
+        print(
+            f"fault {row['fault']}: "
+            + (
+                f"found at step {row['found_at_step']}, {row['layer output']}: {row['suspect']}"
+                if m
+                else row["suspect"]
+            ),
+            flush=True,
+        )
     out["faults"], out["wall_s"] = faults, time.perf_counter() - t_start
     taps.remove()
 
@@ -124,13 +159,17 @@ def run(a, t_start: float) -> None:
     (d / "verify_figures.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
     import pandas as pd
 
-    text = [f"# gmtool verify figures: {cfg.model} on {bench.device}, {out['wall_s']:.0f} s\n",
-          "## Dynamic dimensions\n", md(dyndims_frame({"dynamic_dims": dd})),
-          f"\n## Soak under {a.strategy}, --check-every {a.check_every}\n", md(runs_frame({"runs": runs})),
-          "\n## Injected faults\n", md(pd.DataFrame(faults))]
+    text = [
+        f"# gmtool verify figures: {cfg.model} on {bench.device}, {out['wall_s']:.0f} s\n",
+        "## Dynamic dimensions\n",
+        md(dyndims_frame({"dynamic_dims": dd})),
+        f"\n## Soak under {a.strategy}, --check-every {a.check_every}\n",
+        md(runs_frame({"runs": runs})),
+        "\n## Injected faults\n",
+        md(pd.DataFrame(faults)),
+    ]
     (d / "verify_figures.md").write_text("\n".join(text) + "\n")
-    print(f"\n{md(pd.DataFrame(faults))}\nwritten: {d}/verify_figures.md, verify_figures.json "
-          f"({out['wall_s']:.0f} s)")
+    print(f"\n{md(pd.DataFrame(faults))}\nwritten: {d}/verify_figures.md, verify_figures.json ({out['wall_s']:.0f} s)")
     missed = [f["fault"] for f in faults if not f["within_50"]]
     bad = [r["mode"] for r in runs if r["mismatch"] is not None]
     if missed or bad:

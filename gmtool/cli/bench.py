@@ -1,4 +1,5 @@
 """gmtool bench: the peer and every gmtool mode on the same model and work, in one process (GPU only)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +15,8 @@ def bench(
     stages: Annotated[str, typer.Option("--stages", help=f"Comma list of {', '.join(STAGES)}.")] = ",".join(STAGES),
     iters: Annotated[int, typer.Option("--iters", help="Timed iterations per measurement.")] = 50,
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for bench-<stage>.json.")] = Path(
-        "gmtool-out/bench"),
+        "gmtool-out/bench"
+    ),
 ) -> None:
     """Benchmark stages on qwen3-0.6b: attention bandwidth, decode against hf-compiled, prefill, capture time and
     host time per replay. Reports figures; asserts nothing."""

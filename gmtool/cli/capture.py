@@ -1,4 +1,5 @@
 """gmtool capture: per token bucket, a captured graph checked against eager and timed."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,9 +28,15 @@ def capture(
     buckets: o.BucketsOpt = None,
     compositions: o.CompositionsOpt = None,
     scenario: o.ScenarioOpt = None,
-    mode: Annotated[Optional[str], typer.Option("--mode", help=" | ".join(CAPTURE_MODES) + " (full-narrow: num_tokens-only "
-                                                "key, unsafe for prefill: shown to be detected)",
-                                                show_default=o.shown_mode())] = None,
+    mode: Annotated[
+        Optional[str],
+        typer.Option(
+            "--mode",
+            help=" | ".join(CAPTURE_MODES) + " (full-narrow: num_tokens-only "
+            "key, unsafe for prefill: shown to be detected)",
+            show_default=o.shown_mode(),
+        ),
+    ] = None,
     piecewise_impl: o.PiecewiseImplOpt = None,
     attention: o.AttentionOpt = None,
     compile: o.CompileOpt = None,
@@ -47,7 +54,9 @@ def capture(
     tp: o.TpOpt = None,
     tp_timeout: o.TpTimeoutOpt = DEFAULT_TIMEOUT_S,
     profile: o.ProfileOpt = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/capture-<time>).")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/capture-<time>).")
+    ] = None,
     force: o.ForceOpt = False,
     fmt: o.FormatOpt = o.OutputFormat.HUMAN,
 ) -> None:
@@ -56,11 +65,29 @@ def capture(
     if mode is not None and mode not in CAPTURE_MODES:
         why = "captures nothing" if mode in tuple(GraphMode) else "is an unknown mode"
         raise GmtoolError(f"--mode {mode!r} {why}: choose from {', '.join(CAPTURE_MODES)} (compare runs eager)")
-    cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
-                       modes=("eager", mode) if mode else None, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
-                       max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
-                       kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
-                       num_iters_warmup=num_iters_warmup, seed=seed, tp=resolve_tp(tp))
+    cfg = build_config(
+        profile,
+        model=model,
+        buckets=buckets,
+        compositions=compositions,
+        scenario=scenario,
+        modes=("eager", mode) if mode else None,
+        piecewise_impl=piecewise_impl,
+        attention=attention,
+        compile=compile,
+        fuse=fuse,
+        device=device,
+        dtype=dtype,
+        max_kv_len=max_kv_len,
+        max_tokens=max_tokens,
+        max_num_seqs=max_num_seqs,
+        kv_cache_gb=kv_cache_gb,
+        block_size=block_size,
+        num_iters=num_iters,
+        num_iters_warmup=num_iters_warmup,
+        seed=seed,
+        tp=resolve_tp(tp),
+    )
     for note in cfg.notes:
         out_.note(note)
     with launch.out_dir_for(out or default_out_dir("capture"), force) as out_dir:

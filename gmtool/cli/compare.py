@@ -1,4 +1,5 @@
 """gmtool compare: several modes side by side over the same buckets and batch compositions, in one process."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,13 +43,20 @@ def _expected_model_name(spec: str) -> str:
 
 
 DEFAULT_MODES = "eager,full,piecewise"  # compare's own default (a sweep profile's "modes" comes first)
-ModesArg = Annotated[Optional[str], typer.Argument(help=f"Comma-separated modes: {', '.join(VALID_MODES)}.",
-                                                   show_default=DEFAULT_MODES)]
-OutOpt = Annotated[Optional[Path], typer.Option(
-    "--out", "-o", help="Output directory (default gmtool-out/compare-<time>).")]
-TraceOpt = Annotated[bool, typer.Option(
-    "--trace", help="Write trace-<mode>.json (torch.profiler, Chrome format) of a few replays of each mode's "
-    "largest bucket, each replay in an NVTX range on CUDA.")]
+ModesArg = Annotated[
+    Optional[str], typer.Argument(help=f"Comma-separated modes: {', '.join(VALID_MODES)}.", show_default=DEFAULT_MODES)
+]
+OutOpt = Annotated[
+    Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/compare-<time>).")
+]
+TraceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trace",
+        help="Write trace-<mode>.json (torch.profiler, Chrome format) of a few replays of each mode's "
+        "largest bucket, each replay in an NVTX range on CUDA.",
+    ),
+]
 
 
 def _peer_buckets(text: str | None, sweep_buckets: list[int]) -> list[int] | None:
@@ -89,13 +97,23 @@ def compare(
     fmt: o.FormatOpt = o.OutputFormat.HUMAN,
     trace: TraceOpt = False,
     baseline: BaselineOpt = None,
-    peer_buckets: Annotated[Optional[str], typer.Option(
-        "--peer-buckets", help="Buckets hf-compiled runs on (each compiles for ~40 s on an H200). "
-        "Default: every bucket of the sweep.")] = None,
-    peer_compile: Annotated[PeerCompile, typer.Option(
-        "--peer-compile", help="hf-compiled: 'shared' compiles once for all buckets (static, then one graph with "
-        "the batch symbolic, as users get it); 'per-bucket' compiles each bucket for its own shape (its fastest "
-        "kernels, ~40 s each on an H200).")] = PeerCompile.SHARED,
+    peer_buckets: Annotated[
+        Optional[str],
+        typer.Option(
+            "--peer-buckets",
+            help="Buckets hf-compiled runs on (each compiles for ~40 s on an H200). "
+            "Default: every bucket of the sweep.",
+        ),
+    ] = None,
+    peer_compile: Annotated[
+        PeerCompile,
+        typer.Option(
+            "--peer-compile",
+            help="hf-compiled: 'shared' compiles once for all buckets (static, then one graph with "
+            "the batch symbolic, as users get it); 'per-bucket' compiles each bucket for its own shape (its fastest "
+            "kernels, ~40 s each on an H200).",
+        ),
+    ] = PeerCompile.SHARED,
 ) -> None:
     """Run every mode over every bucket and composition in one process; write results and reports."""
     prof = load_sweep_profile(profile) if profile else {}
@@ -103,26 +121,56 @@ def compare(
     out_ = Output(fmt)
     base = load_baseline(baseline) if baseline else None
     sweep_modes = tuple(m for m in wanted if m.in_sweep) or (GraphMode.EAGER,)  # the peer's reference is gmtool eager
-    cfg = build_config(prof, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
-                       modes=sweep_modes, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
-                       max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
-                       kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
-                       num_iters_warmup=num_iters_warmup, seed=seed, tp=resolve_tp(tp))
+    cfg = build_config(
+        prof,
+        model=model,
+        buckets=buckets,
+        compositions=compositions,
+        scenario=scenario,
+        modes=sweep_modes,
+        piecewise_impl=piecewise_impl,
+        attention=attention,
+        compile=compile,
+        fuse=fuse,
+        device=device,
+        dtype=dtype,
+        max_kv_len=max_kv_len,
+        max_tokens=max_tokens,
+        max_num_seqs=max_num_seqs,
+        kv_cache_gb=kv_cache_gb,
+        block_size=block_size,
+        num_iters=num_iters,
+        num_iters_warmup=num_iters_warmup,
+        seed=seed,
+        tp=resolve_tp(tp),
+    )
     peer_list = _peer_buckets(peer_buckets, cfg.bucket_sizes)
     if base is not None:
         check_same_model(base, _expected_model_name(cfg.model), scenario=cfg.scenario)
     if GraphMode.HF_COMPILED in wanted and cfg.torch_device.type != "cuda":
         raise GmtoolError(NEEDS_CUDA.format(device=cfg.torch_device.type))
-    no_eager = [] if GraphMode.EAGER in sweep_modes else ["eager is not among the modes: the graph modes get no speedup"]
+    no_eager = (
+        [] if GraphMode.EAGER in sweep_modes else ["eager is not among the modes: the graph modes get no speedup"]
+    )
     for note in cfg.notes + no_eager:
         out_.note(note)
     if cfg.tp > 1 and (GraphMode.HF_COMPILED in wanted or trace):
-        raise GmtoolError(f"--tp runs gmtool's modes only: {'hf-compiled' if not trace else '--trace'} is "
-                          "single-device")
+        raise GmtoolError(
+            f"--tp runs gmtool's modes only: {'hf-compiled' if not trace else '--trace'} is single-device"
+        )
     with launch.out_dir_for(out or default_out_dir("compare"), force) as out_dir:
-        doc, files = launch.run(run_compare, cfg, wanted, out_dir, progress=progress_bars(out_.console), trace=trace,
-                                peer_buckets=peer_list, peer_compile=peer_compile,
-                                baseline=(base, baseline) if base is not None else None, timeout=tp_timeout)
+        doc, files = launch.run(
+            run_compare,
+            cfg,
+            wanted,
+            out_dir,
+            progress=progress_bars(out_.console),
+            trace=trace,
+            peer_buckets=peer_list,
+            peer_compile=peer_compile,
+            baseline=(base, baseline) if base is not None else None,
+            timeout=tp_timeout,
+        )
 
     data = doc.to_dict()
     out_.document(doc.to_json())

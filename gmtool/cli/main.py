@@ -1,4 +1,5 @@
 """gmtool: make CUDA graph mode for LLM inference visible and measurable."""
+
 from __future__ import annotations
 
 import sys
@@ -10,9 +11,13 @@ from rich.console import Console
 from gmtool.errors import GmtoolError, Interrupted, RunFailure
 
 app = typer.Typer(
-    name="gmtool", no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
+    name="gmtool",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
     help="Capture CUDA graphs of a Hugging Face causal LM per token bucket, check every replay against eager, "
-         "and measure memory and latency. Without CUDA, the CPU tape backend emulates capture/replay.")
+    "and measure memory and latency. Without CUDA, the CPU tape backend emulates capture/replay.",
+)
 err_console = Console(stderr=True)
 
 
@@ -25,8 +30,12 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: Annotated[Optional[bool], typer.Option(
-        "--version", callback=_version, is_eager=True, help="Print gmtool's version and exit.")] = None) -> None:
+def _root(
+    version: Annotated[
+        Optional[bool],
+        typer.Option("--version", callback=_version, is_eager=True, help="Print gmtool's version and exit."),
+    ] = None,
+) -> None:
     """gmtool: CUDA graph capture, replay and memory, measured against eager."""
 
 

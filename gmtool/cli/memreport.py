@@ -1,4 +1,5 @@
 """gmtool memreport: graph memory of every captured shape under each pool strategy, replays checked."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,9 +30,12 @@ def memreport(
     buckets: o.BucketsOpt = None,
     compositions: o.CompositionsOpt = None,
     scenario: o.ScenarioOpt = None,
-    strategies: Annotated[str, typer.Option("--strategies", help=f"Comma list of {', '.join(STRATEGIES)}.")]
-    = ",".join(STRATEGIES),
-    mode: Annotated[Optional[str], typer.Option("--mode", help=" | ".join(MEMREPORT_MODES), show_default=o.shown_mode())] = None,
+    strategies: Annotated[str, typer.Option("--strategies", help=f"Comma list of {', '.join(STRATEGIES)}.")] = ",".join(
+        STRATEGIES
+    ),
+    mode: Annotated[
+        Optional[str], typer.Option("--mode", help=" | ".join(MEMREPORT_MODES), show_default=o.shown_mode())
+    ] = None,
     piecewise_impl: o.PiecewiseImplOpt = None,
     attention: o.AttentionOpt = None,
     compile: o.CompileOpt = None,
@@ -49,16 +53,27 @@ def memreport(
     tp: o.TpOpt = None,
     tp_timeout: o.TpTimeoutOpt = DEFAULT_TIMEOUT_S,
     profile: o.ProfileOpt = None,
-    out: Annotated[Optional[Path], typer.Option(
-        "--out", "-o", help="Output directory (default gmtool-out/memreport-<time>).")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/memreport-<time>).")
+    ] = None,
     force: o.ForceOpt = False,
     fmt: o.FormatOpt = o.OutputFormat.HUMAN,
-    sample: Annotated[Optional[int], typer.Option(
-        "--sample", help="Capture only this many of the buckets (smallest, largest, evenly between) and predict "
-        "the whole list's memory per strategy.")] = None,
-    check: Annotated[bool, typer.Option(
-        "--check", help="Predict from the sampled buckets (--sample, default 4), then capture every bucket "
-        "and report the prediction's error per strategy.")] = False,
+    sample: Annotated[
+        Optional[int],
+        typer.Option(
+            "--sample",
+            help="Capture only this many of the buckets (smallest, largest, evenly between) and predict "
+            "the whole list's memory per strategy.",
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Predict from the sampled buckets (--sample, default 4), then capture every bucket "
+            "and report the prediction's error per strategy.",
+        ),
+    ] = False,
 ) -> None:
     """Capture every bucket under each memory strategy (independent pools, one shared pool largest or smallest
     first, VMM ranges over shared physical memory); replay all against eager, also in shuffled order; compare
@@ -66,13 +81,33 @@ def memreport(
     names = parse_strategies(strategies)
     if mode is not None and mode not in MEMREPORT_MODES:
         raise GmtoolError(f"--mode must be one of {', '.join(MEMREPORT_MODES)}, got {mode!r}")
-    cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario,
-                       modes=("eager", mode) if mode else None, piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse, device=device, dtype=dtype,
-                       max_kv_len=max_kv_len, max_tokens=max_tokens, max_num_seqs=max_num_seqs,
-                       kv_cache_gb=kv_cache_gb, block_size=block_size, num_iters=num_iters,
-                       num_iters_warmup=num_iters_warmup, seed=seed, tp=resolve_tp(tp))
+    cfg = build_config(
+        profile,
+        model=model,
+        buckets=buckets,
+        compositions=compositions,
+        scenario=scenario,
+        modes=("eager", mode) if mode else None,
+        piecewise_impl=piecewise_impl,
+        attention=attention,
+        compile=compile,
+        fuse=fuse,
+        device=device,
+        dtype=dtype,
+        max_kv_len=max_kv_len,
+        max_tokens=max_tokens,
+        max_num_seqs=max_num_seqs,
+        kv_cache_gb=kv_cache_gb,
+        block_size=block_size,
+        num_iters=num_iters,
+        num_iters_warmup=num_iters_warmup,
+        seed=seed,
+        tp=resolve_tp(tp),
+    )
     if cfg.graph_modes not in [[m] for m in MEMREPORT_MODES]:  # modes from a sweep profile
-        raise GmtoolError(f"memreport runs one graph mode ({', '.join(MEMREPORT_MODES)}), not {','.join(cfg.graph_modes) or 'none'}")
+        raise GmtoolError(
+            f"memreport runs one graph mode ({', '.join(MEMREPORT_MODES)}), not {','.join(cfg.graph_modes) or 'none'}"
+        )
     if sample is not None:
         sample_buckets(cfg.bucket_sizes, sample)  # refused before anything runs
     if cfg.torch_device.type != "cuda":
@@ -84,8 +119,17 @@ def memreport(
             out_.problems.print(f"[bold yellow]{row.strategy}:[/] {row.status}: {row.reason}", highlight=False)
 
     with launch.out_dir_for(out or default_out_dir("memreport"), force) as out_dir:
-        doc, paths = launch.run(run_memreport, cfg, names, out_dir, progress=progress_bars(out_.console),
-                                on_strategy=said, timeout=tp_timeout, sample=sample, check=check)
+        doc, paths = launch.run(
+            run_memreport,
+            cfg,
+            names,
+            out_dir,
+            progress=progress_bars(out_.console),
+            on_strategy=said,
+            timeout=tp_timeout,
+            sample=sample,
+            check=check,
+        )
     out_.document(doc.to_json())
     out_.show(memreport_table(doc))
     for table in (memreport_ledger_table(doc.to_dict()), prediction_table(doc.to_dict())):

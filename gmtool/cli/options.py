@@ -2,6 +2,7 @@
 
 Every sweep option defaults to None, meaning "not given": build_config then takes the sweep profile's value, else
 SweepConfig's default. --help shows that default, read from SweepConfig (show_default), so it is written once."""
+
 from __future__ import annotations
 
 from enum import StrEnum
@@ -44,36 +45,146 @@ def flag(name: str, help: str):
     return typer.Option(f"--{opt}/--no-{opt}", help=help, show_default=opt if option_default(name) else f"no-{opt}")
 
 
-ModelOpt = Annotated[Optional[str], typer.Option(
-    "--model", "-m", help=f"Built-in profile ({', '.join(model_profiles())}), a local HF checkpoint directory, "
-    f"or a config.json. Default: {GPU_DEFAULT_MODEL} on CUDA, {CPU_DEFAULT_MODEL} on the CPU backend.")]
-BucketsOpt = Annotated[Optional[str], typer.Option(
-    "--buckets", "-b", help="Token buckets: '1,2,4,8', ranges 'start:stop:step' (stop included). "
-    f"Default: the engines' decode list {_short(DEFAULT_DECODE_BUCKETS)} (prefill: {_short(DEFAULT_PREFILL_BUCKETS)}); "
-    f"on the CPU backend {_short(CPU_DEFAULT_BUCKETS['decode'])} (prefill: {_short(CPU_DEFAULT_BUCKETS['prefill'])}).")]
-CompositionsOpt = Annotated[Optional[str], typer.Option(
-    "--compositions", "-c", help="Batch compositions, e.g. '128=64+64,32*4,16*8,100+28@512': N*K is K requests of "
-    "N new tokens, @P a cached prefix of P tokens, B= pins a bucket. Default: 3 or more per bucket.")]
-ScenarioOpt = Annotated[Optional[Scenario], typer.Option("--scenario", "-s", help="What each step holds: decode tokens, prefill chunks, or both.", show_default=shown("scenario"))]
-DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto | cuda | cuda:N | cpu (the CPU backend, which records and replays the forward's operations in place of CUDA graphs)", show_default=shown("device"))]
-DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="bf16 | fp16 | fp32 (default bf16 on CUDA, fp32 on CPU)")]
-MaxKvLenOpt = Annotated[Optional[int], typer.Option("--max-kv-len", help="Longest context a sequence may have (block tables are sized for it).")]
-MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Configured maximum bucket (persistent buffers' size). Default: the largest bucket.")]
-MaxSeqsOpt = Annotated[Optional[int], typer.Option("--max-num-seqs", help="Most sequences in one step.", show_default=shown("max_num_seqs"))]
-KvCacheGbOpt = Annotated[Optional[float], typer.Option("--kv-cache-gb", help="KV cache memory budget in GiB (default: 40% of free GPU memory).")]
-BlockSizeOpt = Annotated[Optional[int], typer.Option("--block-size", help="KV cache block size in tokens.", show_default=shown("block_size"))]
-ItersOpt = Annotated[Optional[int], typer.Option("--num-iters", help="Timed iterations per measurement.", show_default=shown("num_iters"))]
-WarmupOpt = Annotated[Optional[int], typer.Option("--num-iters-warmup", help="Untimed iterations before timing.", show_default=shown("num_iters_warmup"))]
-PiecewiseImplOpt = Annotated[Optional[PiecewiseImpl], typer.Option("--piecewise-impl", help="breakable (end capture at each attention) | fx (torch.compile FX split)", show_default=shown("piecewise_impl"))]
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--model",
+        "-m",
+        help=f"Built-in profile ({', '.join(model_profiles())}), a local HF checkpoint directory, "
+        f"or a config.json. Default: {GPU_DEFAULT_MODEL} on CUDA, {CPU_DEFAULT_MODEL} on the CPU backend.",
+    ),
+]
+BucketsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--buckets",
+        "-b",
+        help="Token buckets: '1,2,4,8', ranges 'start:stop:step' (stop included). "
+        f"Default: the engines' decode list {_short(DEFAULT_DECODE_BUCKETS)} (prefill: {_short(DEFAULT_PREFILL_BUCKETS)}); "
+        f"on the CPU backend {_short(CPU_DEFAULT_BUCKETS['decode'])} (prefill: {_short(CPU_DEFAULT_BUCKETS['prefill'])}).",
+    ),
+]
+CompositionsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--compositions",
+        "-c",
+        help="Batch compositions, e.g. '128=64+64,32*4,16*8,100+28@512': N*K is K requests of "
+        "N new tokens, @P a cached prefix of P tokens, B= pins a bucket. Default: 3 or more per bucket.",
+    ),
+]
+ScenarioOpt = Annotated[
+    Optional[Scenario],
+    typer.Option(
+        "--scenario",
+        "-s",
+        help="What each step holds: decode tokens, prefill chunks, or both.",
+        show_default=shown("scenario"),
+    ),
+]
+DeviceOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--device",
+        help="auto | cuda | cuda:N | cpu (the CPU backend, which records and replays the forward's operations in place of CUDA graphs)",
+        show_default=shown("device"),
+    ),
+]
+DtypeOpt = Annotated[
+    Optional[str], typer.Option("--dtype", help="bf16 | fp16 | fp32 (default bf16 on CUDA, fp32 on CPU)")
+]
+MaxKvLenOpt = Annotated[
+    Optional[int],
+    typer.Option("--max-kv-len", help="Longest context a sequence may have (block tables are sized for it)."),
+]
+MaxTokensOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--max-tokens", help="Configured maximum bucket (persistent buffers' size). Default: the largest bucket."
+    ),
+]
+MaxSeqsOpt = Annotated[
+    Optional[int],
+    typer.Option("--max-num-seqs", help="Most sequences in one step.", show_default=shown("max_num_seqs")),
+]
+KvCacheGbOpt = Annotated[
+    Optional[float],
+    typer.Option("--kv-cache-gb", help="KV cache memory budget in GiB (default: 40% of free GPU memory)."),
+]
+BlockSizeOpt = Annotated[
+    Optional[int], typer.Option("--block-size", help="KV cache block size in tokens.", show_default=shown("block_size"))
+]
+ItersOpt = Annotated[
+    Optional[int],
+    typer.Option("--num-iters", help="Timed iterations per measurement.", show_default=shown("num_iters")),
+]
+WarmupOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--num-iters-warmup", help="Untimed iterations before timing.", show_default=shown("num_iters_warmup")
+    ),
+]
+PiecewiseImplOpt = Annotated[
+    Optional[PiecewiseImpl],
+    typer.Option(
+        "--piecewise-impl",
+        help="breakable (end capture at each attention) | fx (torch.compile FX split)",
+        show_default=shown("piecewise_impl"),
+    ),
+]
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory for results.json / results.csv and reports.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Write into an existing output directory.")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed for weights, token ids, contexts and block placement.", show_default=shown("seed"))]
-ProfileOpt = Annotated[Optional[str], typer.Option("--profile", "-p", help="A sweep profile from profiles/sweeps (or a path to a JSON file of option: value, names as in results.json's config): it sets what the command line leaves out; the defaults fill the rest.")]
-AttentionOpt = Annotated[Optional[AttentionChoice], typer.Option("--attention", help="Attention kernels: auto (Triton on CUDA when available) | torch (reference) | triton", show_default=shown("attention"))]
-FuseOpt = Annotated[Optional[bool], flag("fuse", help="Fuse the model's layers as engines do (one QKV and one gate/up GEMM; Triton RMSNorm, QK-norm+RoPE and SiLU-and-mul): fewer kernels per step. Eager and every graph mode run the fused model.")]
-CompileOpt = Annotated[Optional[bool], flag("compile", help="CUDA only. Compile the non-attention parts with Inductor before capture (piecewise: through the FX split); compile time is reported apart from capture time.")]
-TpOpt = Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel ranks: gmtool starts N processes (one per GPU; gloo on the CPU), each holding 1/N of the heads and MLP width, with an all-reduce captured in the graphs; rank 0 writes every rank's rows. Under torchrun: its WORLD_SIZE.", show_default=shown("tp"))]
-TpTimeoutOpt = Annotated[float, typer.Option("--tp-timeout", help="Seconds a rank waits for the others in a collective, and the others get to stop once one rank fails.")]
+SeedOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--seed", help="Seed for weights, token ids, contexts and block placement.", show_default=shown("seed")
+    ),
+]
+ProfileOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--profile",
+        "-p",
+        help="A sweep profile from profiles/sweeps (or a path to a JSON file of option: value, names as in results.json's config): it sets what the command line leaves out; the defaults fill the rest.",
+    ),
+]
+AttentionOpt = Annotated[
+    Optional[AttentionChoice],
+    typer.Option(
+        "--attention",
+        help="Attention kernels: auto (Triton on CUDA when available) | torch (reference) | triton",
+        show_default=shown("attention"),
+    ),
+]
+FuseOpt = Annotated[
+    Optional[bool],
+    flag(
+        "fuse",
+        help="Fuse the model's layers as engines do (one QKV and one gate/up GEMM; Triton RMSNorm, QK-norm+RoPE and SiLU-and-mul): fewer kernels per step. Eager and every graph mode run the fused model.",
+    ),
+]
+CompileOpt = Annotated[
+    Optional[bool],
+    flag(
+        "compile",
+        help="CUDA only. Compile the non-attention parts with Inductor before capture (piecewise: through the FX split); compile time is reported apart from capture time.",
+    ),
+]
+TpOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--tp",
+        help="Tensor-parallel ranks: gmtool starts N processes (one per GPU; gloo on the CPU), each holding 1/N of the heads and MLP width, with an all-reduce captured in the graphs; rank 0 writes every rank's rows. Under torchrun: its WORLD_SIZE.",
+        show_default=shown("tp"),
+    ),
+]
+TpTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--tp-timeout",
+        help="Seconds a rank waits for the others in a collective, and the others get to stop once one rank fails.",
+    ),
+]
 
 
 class OutputFormat(StrEnum):
@@ -82,6 +193,12 @@ class OutputFormat(StrEnum):
     QUIET = "quiet"  # errors (stderr) and the verdict line only
 
 
-FormatOpt = Annotated[OutputFormat, typer.Option(
-    "--format", "-f", help="human (tables) | json (the command's document on stdout, nothing else) | quiet "
-    "(errors and the verdict line only)")]
+FormatOpt = Annotated[
+    OutputFormat,
+    typer.Option(
+        "--format",
+        "-f",
+        help="human (tables) | json (the command's document on stdout, nothing else) | quiet "
+        "(errors and the verdict line only)",
+    ),
+]

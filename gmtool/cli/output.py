@@ -1,5 +1,6 @@
 """Where a command's output goes under --format: tables and notes for people, the document for programs, or
 only what went wrong and the verdict."""
+
 from __future__ import annotations
 
 import sys

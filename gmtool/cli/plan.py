@@ -1,5 +1,6 @@
 """gmtool plan: the capture sizes that minimize a workload's expected step time under memory, capture-time and
 graph-count budgets, from a results file or measured on the spot."""
+
 from __future__ import annotations
 
 import json
@@ -32,21 +33,52 @@ def _positive(value, name: str):
 
 
 def plan(
-    workload: Annotated[str, typer.Option("--workload", "-w", help="CSV or JSONL of step shapes num_tokens,num_seqs"
-                                          f"[,count], or a built-in workload ({', '.join(builtin_workloads())}).")],
-    from_: Annotated[Optional[Path], typer.Option("--from", help="A results.json (or its directory) of compare or "
-                                                  "capture to take per-bucket costs from; without it they are measured "
-                                                  "now.")] = None,
-    memory_budget: Annotated[Optional[float], typer.Option("--memory-budget", help="Graph memory allowed, GiB.")] = None,
-    capture_budget: Annotated[Optional[float], typer.Option("--capture-budget", help="Capture time allowed, s.")] = None,
+    workload: Annotated[
+        str,
+        typer.Option(
+            "--workload",
+            "-w",
+            help="CSV or JSONL of step shapes num_tokens,num_seqs"
+            f"[,count], or a built-in workload ({', '.join(builtin_workloads())}).",
+        ),
+    ],
+    from_: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--from",
+            help="A results.json (or its directory) of compare or "
+            "capture to take per-bucket costs from; without it they are measured "
+            "now.",
+        ),
+    ] = None,
+    memory_budget: Annotated[
+        Optional[float], typer.Option("--memory-budget", help="Graph memory allowed, GiB.")
+    ] = None,
+    capture_budget: Annotated[
+        Optional[float], typer.Option("--capture-budget", help="Capture time allowed, s.")
+    ] = None,
     max_graphs: Annotated[Optional[int], typer.Option("--max-graphs", help="Most graphs to capture.")] = None,
-    memory_sharing: Annotated[PoolSharing, typer.Option("--memory-sharing", help="shared: one pool, graph memory is "
-                              "the largest pool plus each graph's memory outside it; independent: the sum.")]
-    = PoolSharing.SHARED,
-    candidates: Annotated[Optional[str], typer.Option("--candidates", help="Sizes the plan may pick from (default: "
-                          "the measured buckets and the workload's sizes within them).")] = None,
-    mode: Annotated[Optional[str], typer.Option("--mode", help="full | piecewise: the graphs planned (default: full, "
-                    "or the results' one graph mode).")] = None,
+    memory_sharing: Annotated[
+        PoolSharing,
+        typer.Option(
+            "--memory-sharing",
+            help="shared: one pool, graph memory is "
+            "the largest pool plus each graph's memory outside it; independent: the sum.",
+        ),
+    ] = PoolSharing.SHARED,
+    candidates: Annotated[
+        Optional[str],
+        typer.Option(
+            "--candidates",
+            help="Sizes the plan may pick from (default: the measured buckets and the workload's sizes within them).",
+        ),
+    ] = None,
+    mode: Annotated[
+        Optional[str],
+        typer.Option(
+            "--mode", help="full | piecewise: the graphs planned (default: full, or the results' one graph mode)."
+        ),
+    ] = None,
     model: o.ModelOpt = None,
     buckets: o.BucketsOpt = None,
     compositions: o.CompositionsOpt = None,
@@ -66,7 +98,9 @@ def plan(
     num_iters_warmup: o.WarmupOpt = None,
     seed: o.SeedOpt = None,
     profile: o.ProfileOpt = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/plan-<time>).")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/plan-<time>).")
+    ] = None,
     force: o.ForceOpt = False,
     fmt: o.FormatOpt = o.OutputFormat.HUMAN,
 ) -> None:
@@ -74,8 +108,11 @@ def plan(
     included; steps above the largest graph run eager), and compare with the engines' default lists."""
     if mode is not None and mode not in PLAN_MODES:
         raise GmtoolError(f"--mode must be full or piecewise, got {mode!r}")
-    budgets = Budgets(_positive(memory_budget, "--memory-budget") and memory_budget * 2**30,
-                      _positive(capture_budget, "--capture-budget"), _positive(max_graphs, "--max-graphs"))
+    budgets = Budgets(
+        _positive(memory_budget, "--memory-budget") and memory_budget * 2**30,
+        _positive(capture_budget, "--capture-budget"),
+        _positive(max_graphs, "--max-graphs"),
+    )
     chosen = parse_buckets(candidates) if candidates is not None else None
     steps, path = load_workload(workload)
     out_ = Output(fmt)
@@ -87,23 +124,50 @@ def plan(
             raise GmtoolError(f"--model {model} but {from_} measured {name}")
         source = {"kind": "results file", "path": str(from_)}
     else:
-        cfg = build_config(profile, model=model, buckets=buckets, compositions=compositions, scenario=scenario or
-                           ("decode" if is_decode(steps) else "mixed"), modes=("eager", mode or "full"),
-                           piecewise_impl=piecewise_impl, attention=attention, compile=compile, fuse=fuse,
-                           device=device, dtype=dtype, max_kv_len=max_kv_len, max_tokens=max_tokens,
-                           max_num_seqs=max_num_seqs, kv_cache_gb=kv_cache_gb, block_size=block_size,
-                           num_iters=num_iters, num_iters_warmup=num_iters_warmup, seed=seed)
+        cfg = build_config(
+            profile,
+            model=model,
+            buckets=buckets,
+            compositions=compositions,
+            scenario=scenario or ("decode" if is_decode(steps) else "mixed"),
+            modes=("eager", mode or "full"),
+            piecewise_impl=piecewise_impl,
+            attention=attention,
+            compile=compile,
+            fuse=fuse,
+            device=device,
+            dtype=dtype,
+            max_kv_len=max_kv_len,
+            max_tokens=max_tokens,
+            max_num_seqs=max_num_seqs,
+            kv_cache_gb=kv_cache_gb,
+            block_size=block_size,
+            num_iters=num_iters,
+            num_iters_warmup=num_iters_warmup,
+            seed=seed,
+        )
         if buckets is None:  # only the buckets the workload reaches
-            cfg = build_config(profile, **{**cfg_opts(cfg), "buckets": ",".join(
-                map(str, needed_buckets(cfg.bucket_sizes, int(steps["num_tokens"].max()))))})
+            cfg = build_config(
+                profile,
+                **{
+                    **cfg_opts(cfg),
+                    "buckets": ",".join(map(str, needed_buckets(cfg.bucket_sizes, int(steps["num_tokens"].max())))),
+                },
+            )
         for note in cfg.notes:
             out_.note(note)
         source = {"kind": "measured now", "buckets": cfg.bucket_sizes}
         measured_doc = measure(cfg, progress_bars(out_.console))
         doc = measured_doc.to_dict()
     mixed = int(steps.loc[steps["num_tokens"] != steps["num_seqs"], "count"].sum())
-    notes = [f"{mixed} of {int(steps['count'].sum())} steps are not pure decode but the costs are of decode "
-             "graphs: they are costed by their token count"] if mixed and doc["config"].get("scenario") == "decode" else []
+    notes = (
+        [
+            f"{mixed} of {int(steps['count'].sum())} steps are not pure decode but the costs are of decode "
+            "graphs: they are costed by their token count"
+        ]
+        if mixed and doc["config"].get("scenario") == "decode"
+        else []
+    )
     inp = PlanInputs(steps, path, from_results(doc, mode), budgets, memory_sharing, chosen, max_tokens, notes)
     res = make_plan(inp)
     plan_doc = build_document(res, inp, source, doc["model"], doc["machine"])
@@ -116,8 +180,9 @@ def plan(
     for n in plan_doc["notes"]:
         out_.show(f"[yellow]note:[/] {n}", highlight=False)
     out_.show("wrote " + ", ".join(str(f) for f in files), highlight=False)
-    out_.verdict(f"{','.join(map(str, plan_doc['capture_sizes'])) or '(none: eager is faster)'}", True,
-                 label="capture sizes")
+    out_.verdict(
+        f"{','.join(map(str, plan_doc['capture_sizes'])) or '(none: eager is faster)'}", True, label="capture sizes"
+    )
 
 
 def cfg_opts(cfg) -> dict:

@@ -1,5 +1,6 @@
 """Progress of a sweep, driven through start(total) / advance(description): a rich bar on a terminal, one line
 per bucket with an ETA when the output is a pipe or a file (a bar would print nothing useful there)."""
+
 from __future__ import annotations
 
 import time
@@ -10,8 +11,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 class SweepProgress:
     def __init__(self, console: Console, title: str):
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=console, transient=False, disable=console.quiet)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+            disable=console.quiet,
+        )
         self.title, self.task = title, None
 
     def __enter__(self):
@@ -64,8 +72,11 @@ class LineProgress:
         spent = self.clock() - self.t0
         left = spent / done * (self.total - done) if done else 0.0
         eta = "done" if done >= self.total else f"ETA {_clock(left)}"
-        self.console.print(f"{self.title}: {bucket} done, {done}/{self.total} rows, {_clock(spent)} elapsed, {eta}",
-                           highlight=False, soft_wrap=True)
+        self.console.print(
+            f"{self.title}: {bucket} done, {done}/{self.total} rows, {_clock(spent)} elapsed, {eta}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def progress_bars(console: Console):

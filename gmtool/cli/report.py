@@ -1,4 +1,5 @@
 """gmtool report: render report.md / report.html (and the terminal table) again from a results.json."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,16 +15,22 @@ from gmtool.report.summary import verdict
 from gmtool.report.tables import compare_table, noise_warning
 
 
-BaselineOpt = Annotated[Optional[Path], typer.Option(
-    "--baseline", help="An older results.json (or its directory) of the same model: adds each row's latency "
-    "and error change.")]
+BaselineOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--baseline",
+        help="An older results.json (or its directory) of the same model: adds each row's latency and error change.",
+    ),
+]
 
 
 def report(
     results: Annotated[Path, typer.Argument(help="A results directory, or its results.json.")],
     baseline: BaselineOpt = None,
-    out: Annotated[Optional[Path], typer.Option(
-        "--out", "-o", help="Where to write report.md / report.html (default: next to the results).")] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option("--out", "-o", help="Where to write report.md / report.html (default: next to the results)."),
+    ] = None,
     force: o.ForceOpt = False,
     fmt: o.FormatOpt = o.OutputFormat.HUMAN,
 ) -> None:

@@ -1,4 +1,5 @@
 """What the sweep commands share: the config from command line, profile and defaults; problems and the exit code."""
+
 from __future__ import annotations
 
 import typer
@@ -28,8 +29,11 @@ def finish(doc: Document, console: Console, then=None) -> None:
     for e in errors:
         console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
     for r in doc.unexpected_unsafe():
-        console.print(f"[bold red]UNSAFE[/] {r.mode} bucket {r.bucket} {r.composition}: {r.error}",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"[bold red]UNSAFE[/] {r.mode} bucket {r.bucket} {r.composition}: {r.error}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if then:
         then()
     code = doc.exit_code()

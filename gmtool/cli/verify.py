@@ -1,5 +1,6 @@
 """gmtool verify: hunt for wrong replays (poisoned memory, a soak under a moving workload, the first diverging
 layer, capturability and dynamic-dimension analysis). Exit 0 clean, 3 when something is found, 2 bad input."""
+
 from __future__ import annotations
 
 import json
@@ -21,17 +22,37 @@ def _default(name: str) -> str:
 
 def verify(
     model: o.ModelOpt = None,
-    modes: Annotated[Optional[str], typer.Option("--modes", help="Graph modes to soak: full, piecewise, auto, full-narrow "
-                     "(full-narrow's wrong replays are the bug it exists to show).", show_default=_default("modes"))] = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", help="Engine steps per soak.",
-                                                 show_default=_default("steps"))] = None,
-    check_every: Annotated[Optional[int], typer.Option("--check-every", help="Check every K-th step against eager.",
-                                                       show_default=_default("check_every"))] = None,
-    strategy: Annotated[Optional[str], typer.Option("--strategy", help="Memory strategies, comma-separated: default "
-                        "(one graph pool), independent, shared, shared-ascending, vmm (CUDA).",
-                        show_default=_default("strategy"))] = None,
-    inject: Annotated[Optional[str], typer.Option("--inject", help=f"Inject a bug to see it caught: {', '.join(FAULTS)} "
-                                                  "(pad-read:LAYER).")] = None,
+    modes: Annotated[
+        Optional[str],
+        typer.Option(
+            "--modes",
+            help="Graph modes to soak: full, piecewise, auto, full-narrow "
+            "(full-narrow's wrong replays are the bug it exists to show).",
+            show_default=_default("modes"),
+        ),
+    ] = None,
+    steps: Annotated[
+        Optional[int], typer.Option("--steps", help="Engine steps per soak.", show_default=_default("steps"))
+    ] = None,
+    check_every: Annotated[
+        Optional[int],
+        typer.Option(
+            "--check-every", help="Check every K-th step against eager.", show_default=_default("check_every")
+        ),
+    ] = None,
+    strategy: Annotated[
+        Optional[str],
+        typer.Option(
+            "--strategy",
+            help="Memory strategies, comma-separated: default "
+            "(one graph pool), independent, shared, shared-ascending, vmm (CUDA).",
+            show_default=_default("strategy"),
+        ),
+    ] = None,
+    inject: Annotated[
+        Optional[str],
+        typer.Option("--inject", help=f"Inject a bug to see it caught: {', '.join(FAULTS)} (pad-read:LAYER)."),
+    ] = None,
     buckets: o.BucketsOpt = None,
     device: o.DeviceOpt = None,
     dtype: o.DtypeOpt = None,
@@ -40,7 +61,9 @@ def verify(
     block_size: o.BlockSizeOpt = None,
     attention: o.AttentionOpt = None,
     seed: o.SeedOpt = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/verify-<time>).")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/verify-<time>).")
+    ] = None,
     force: o.ForceOpt = False,
     fmt: o.FormatOpt = o.OutputFormat.HUMAN,
 ) -> None:
@@ -49,9 +72,22 @@ def verify(
     from gmtool.verify.run import run_verify
 
     out_ = Output(fmt)
-    given = dict(model=model, modes=modes, steps=steps, check_every=check_every, strategy=strategy, inject=inject,
-                 buckets=buckets, device=device, dtype=dtype, max_num_seqs=max_num_seqs, max_kv_len=max_kv_len,
-                 block_size=block_size, attention=attention, seed=seed)
+    given = dict(
+        model=model,
+        modes=modes,
+        steps=steps,
+        check_every=check_every,
+        strategy=strategy,
+        inject=inject,
+        buckets=buckets,
+        device=device,
+        dtype=dtype,
+        max_num_seqs=max_num_seqs,
+        max_kv_len=max_kv_len,
+        block_size=block_size,
+        attention=attention,
+        seed=seed,
+    )
     cfg = VerifyConfig(**{k: v for k, v in given.items() if v is not None})
     with output_dir(out or default_out_dir("verify"), force) as out_dir:
         doc = run_verify(cfg, lambda text: out_.console.print(f"[dim]{text}[/]", highlight=False))

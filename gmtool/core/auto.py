@@ -6,6 +6,7 @@ mix), and a batch above the largest bucket runs eagerly on its exact shape. The 
 arena and one graph backend; their keys never collide (decode keys are marked decode), so one memory strategy
 holds both sets of graphs and its per-key figures sum over the two.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -90,17 +91,21 @@ class AutoExecutor:
         if part is not None:
             return part.prepare(batch)
         if batch.num_tokens > self.inputs.max_tokens or batch.num_seqs > self.inputs.max_seqs:
-            raise GmtoolError(f"a batch of {batch.num_tokens} tokens and {batch.num_seqs} sequences is above "
-                              f"--max-tokens {self.inputs.max_tokens} / --max-num-seqs {self.inputs.max_seqs}")
+            raise GmtoolError(
+                f"a batch of {batch.num_tokens} tokens and {batch.num_seqs} sequences is above "
+                f"--max-tokens {self.inputs.max_tokens} / --max-num-seqs {self.inputs.max_seqs}"
+            )
         key = self.key_for(batch)
         views = self.inputs.load(batch, key)
         entry = self.eager.get(key)
         if entry is None:
             impl = "decode" if batch.is_decode else "planned"
-            ctx = ForwardContext(self.cache, views, impl, batch.plan, batch.num_seqs,
-                                 backend=self._decode_part.attention)
-            entry = self.eager[key] = EagerStep(key, GraphMode.EAGER, impl, [], ctx,
-                                                captured_with=batch.composition.label, executor=self._decode_part)
+            ctx = ForwardContext(
+                self.cache, views, impl, batch.plan, batch.num_seqs, backend=self._decode_part.attention
+            )
+            entry = self.eager[key] = EagerStep(
+                key, GraphMode.EAGER, impl, [], ctx, captured_with=batch.composition.label, executor=self._decode_part
+            )
         return entry
 
     @property

@@ -1,4 +1,5 @@
 """One engine step, described on the host: the requests, their tokens, positions and KV placement."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,12 +67,22 @@ def make_batch(comp: Composition, cache: PagedKVCache, vocab_size: int, max_num_
     positions = np.concatenate([np.arange(p, p + q) for p, q in zip(prefixes, q_lens)])
     bs = spec.block_size
     slots = np.concatenate(
-        [np.asarray(t, dtype=np.int64)[np.arange(p, p + q) // bs] * bs + np.arange(p, p + q) % bs
-         for t, p, q in zip(tables, prefixes, q_lens)]
+        [
+            np.asarray(t, dtype=np.int64)[np.arange(p, p + q) // bs] * bs + np.arange(p, p + q) % bs
+            for t, p, q in zip(tables, prefixes, q_lens)
+        ]
     )
     ids = torch.randint(0, vocab_size, (len(positions),), generator=g).numpy()
     table_array = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int64)
     for i, t in enumerate(tables):
-        table_array[i, :len(t)] = t
-    return Batch(comp, ids.astype(np.int64), positions.astype(np.int64), slots.astype(np.int64),
-                 q_lens, kv_lens, tables, table_array)
+        table_array[i, : len(t)] = t
+    return Batch(
+        comp,
+        ids.astype(np.int64),
+        positions.astype(np.int64),
+        slots.astype(np.int64),
+        q_lens,
+        kv_lens,
+        tables,
+        table_array,
+    )

@@ -1,4 +1,5 @@
 """Token buckets: which captured shape serves a batch, and how the bucket list is written."""
+
 from __future__ import annotations
 
 import bisect
@@ -72,9 +73,7 @@ class BucketPolicy:
             self.max_tokens = self.sizes[-1]
         over = [s for s in self.sizes if s > self.max_tokens]
         if over:
-            raise GmtoolError(
-                f"bucket {over[0]} is above the configured maximum of {self.max_tokens} tokens"
-            )
+            raise GmtoolError(f"bucket {over[0]} is above the configured maximum of {self.max_tokens} tokens")
 
     @property
     def largest(self) -> int:
@@ -83,9 +82,7 @@ class BucketPolicy:
     def bucket_for(self, num_tokens: int) -> int:
         i = bisect.bisect_left(self.sizes, num_tokens)
         if num_tokens <= 0 or i == len(self.sizes):
-            raise GmtoolError(
-                f"a batch of {num_tokens} tokens fits no bucket (largest is {self.largest})"
-            )
+            raise GmtoolError(f"a batch of {num_tokens} tokens fits no bucket (largest is {self.largest})")
         return self.sizes[i]
 
     def key_for(self, num_tokens: int, num_seqs: int, decode: bool, pinned: int | None = None) -> BucketKey:

@@ -6,6 +6,7 @@ Grammar (comma-separated compositions, '+' joins parts of one composition):
 Examples: '64+64', '32*4', '1*13' (thirteen decode requests), '100+28@512' (a chunk of 28 tokens after a
 512-token cached prefix). A one-token part without '@P' is a decode request with a random (seeded) context.
 """
+
 from __future__ import annotations
 
 import math
@@ -67,18 +68,14 @@ def parse_composition(text: str, seed: int = 0) -> Composition:
     for item in body.split("+"):
         m = _PART.match(item.strip())
         if not m:
-            raise GmtoolError(
-                f"bad composition {raw!r}: {item.strip()!r} is not N, N*K or N@P (e.g. 32*4, 28@512)"
-            )
+            raise GmtoolError(f"bad composition {raw!r}: {item.strip()!r} is not N, N*K or N@P (e.g. 32*4, 28@512)")
         n, k, p = int(m[1]), int(m[2] or 1), (int(m[3]) if m[3] is not None else None)
         if n <= 0 or k <= 0:
             raise GmtoolError(f"bad composition {raw!r}: token counts and request counts must be > 0")
         parts.append(Part(n, k, p))
     comp = Composition(tuple(parts), bucket, seed, body.strip())
     if bucket is not None and comp.num_tokens > bucket:
-        raise GmtoolError(
-            f"composition {raw!r} has {comp.num_tokens} tokens, more than its bucket {bucket}"
-        )
+        raise GmtoolError(f"composition {raw!r} has {comp.num_tokens} tokens, more than its bucket {bucket}")
     return comp
 
 

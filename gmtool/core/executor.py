@@ -3,6 +3,7 @@
 A captured entry is a list of steps replayed in order: one graph for a full graph; graph -> attention runner
 -> graph ... for a piecewise one. Runners read the current batch's metadata at replay, never the capture's.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,7 +21,6 @@ from gmtool.core.inputs import PersistentInputs, StepViews
 from gmtool.core.kv_cache import PagedKVCache
 from gmtool.model.loading import LoadedModel
 from gmtool.modes import GraphMode
-
 
 
 @dataclass
@@ -105,8 +105,18 @@ def _memory_of(entry: CapturedGraph, device: torch.device, upload=None):
 
 
 class GraphExecutor:
-    def __init__(self, lm: LoadedModel, cache: PagedKVCache, policy: BucketPolicy, mode: str,
-                 max_num_seqs: int, device: torch.device, memory=None, attention=None, forward=None):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        cache: PagedKVCache,
+        policy: BucketPolicy,
+        mode: str,
+        max_num_seqs: int,
+        device: torch.device,
+        memory=None,
+        attention=None,
+        forward=None,
+    ):
         """memory: a MemoryStrategy (gmtool.memory) choosing the pool of each capture; None: one shared pool.
         forward: how the forward runs and is cut into captured steps (gmtool.core.forwards); default: one whole
         graph, or the runtime split for piecewise."""
@@ -114,15 +124,20 @@ class GraphExecutor:
         if not mode.captures:
             raise GmtoolError(f"{mode} captures no graphs")
         self.lm, self.cache, self.policy, self.mode, self.device = lm, cache, policy, mode, device
-        self.inputs = PersistentInputs(policy.max_tokens, max_num_seqs, cache.spec.blocks_per_seq,
-                                       lm.vocab_size, lm.model.dtype, device)
+        self.inputs = PersistentInputs(
+            policy.max_tokens, max_num_seqs, cache.spec.blocks_per_seq, lm.vocab_size, lm.model.dtype, device
+        )
         # piecewise: one attention-output buffer (V's head dim) and one query buffer (K's) for every layer and
         # bucket (each piece consumes the output before the next runner overwrites it; each runner reads q before
         # the next piece writes it); under --tp, this rank's heads
-        self.attn_out = torch.zeros(policy.max_tokens, lm.rank_heads, cache.spec.v_dim, dtype=lm.model.dtype,
-                                    device=device)
-        self.attn_q = (torch.zeros(policy.max_tokens, lm.rank_heads, lm.head_dim, dtype=lm.model.dtype, device=device)
-                       if mode.piecewise else None)
+        self.attn_out = torch.zeros(
+            policy.max_tokens, lm.rank_heads, cache.spec.v_dim, dtype=lm.model.dtype, device=device
+        )
+        self.attn_q = (
+            torch.zeros(policy.max_tokens, lm.rank_heads, lm.head_dim, dtype=lm.model.dtype, device=device)
+            if mode.piecewise
+            else None
+        )
         self.backend = make_backend(device)
         self.memory = memory
         self.attention = attention or TORCH_ATTENTION  # the attention backend object (gmtool.kernels)
@@ -146,8 +161,9 @@ class GraphExecutor:
         self.forward_impl.run(self, views)
 
     def _context(self, key: BucketKey, views: StepViews, batch: Batch) -> ForwardContext:
-        return ForwardContext(self.cache, views, self.impl_for(key), batch.plan, key.num_seqs or 0,
-                              backend=self.attention)
+        return ForwardContext(
+            self.cache, views, self.impl_for(key), batch.plan, key.num_seqs or 0, backend=self.attention
+        )
 
     def capture(self, key: BucketKey, batch: Batch) -> CapturedGraph:
         """Warm up on the capture stream, then capture; piecewise ends a graph at every attention call."""

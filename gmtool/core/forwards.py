@@ -10,6 +10,7 @@ One strategy per way of cutting the forward into captured steps, chosen when the
 - Fallback(primary, secondary): the primary until its first warm-up fails (a model dynamo cannot trace), then
   the secondary, saying why.
 """
+
 from __future__ import annotations
 
 from gmtool.core.executor import AttentionRunner

@@ -4,6 +4,7 @@ Every field lives in one int64 device tensor, at offsets fixed per bucket key, s
 copy from a pinned staging arena (captured as the first node of each graph), and a graph captured for a bucket
 always reads the same addresses.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,8 +43,15 @@ class PersistentInputs:
     arena is sized for the largest key; a key's views never move, which is all a captured graph needs.
     """
 
-    def __init__(self, max_tokens: int, max_seqs: int, blocks_per_seq: int, vocab_size: int,
-                 logits_dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        max_tokens: int,
+        max_seqs: int,
+        blocks_per_seq: int,
+        vocab_size: int,
+        logits_dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.max_tokens, self.max_seqs, self.blocks_per_seq = max_tokens, max_seqs, blocks_per_seq
         self.device = device
         size = 4 * max_tokens + 3 * max_seqs + 1 + max_seqs * blocks_per_seq
@@ -73,14 +81,14 @@ class PersistentInputs:
         t, s, w = key.num_tokens, self.seq_slots(key), self.blocks_per_seq
         assert t <= self.max_tokens and s <= self.max_seqs, (key, self.max_tokens, self.max_seqs)
         a, b, c = 4 * t, 4 * t + 2 * s, 4 * t + 3 * s + 1
-        return buf[:a].reshape(4, t), buf[a:b].reshape(2, s), buf[b:c], buf[c:c + s * w].reshape(s, w)
+        return buf[:a].reshape(4, t), buf[a:b].reshape(2, s), buf[b:c], buf[c : c + s * w].reshape(s, w)
 
     def views(self, key: BucketKey) -> StepViews:
         """The same view objects every time for a key: a captured graph holds these addresses."""
         v = self._views.get(key)
         if v is None:
             tok, seq, cu, bt = self._layout(self.arena, key)
-            v = StepViews(*tok, *seq, cu, bt, self.logits[:seq.shape[1]])
+            v = StepViews(*tok, *seq, cu, bt, self.logits[: seq.shape[1]])
             self._views[key] = v
         return v
 
@@ -114,7 +122,7 @@ class PersistentInputs:
         self._written_key = None  # a write that raises part-way leaves nothing to trust
         tok[:, :n] = batch.token_fields
         seq[:, :b] = batch.seq_fields
-        cu[:b + 1] = batch.cu_q
+        cu[: b + 1] = batch.cu_q
         bt[:b, :w] = src
         self._pad(tok, seq, cu, bt, (n, b, w), before)
         self._written_key, self._written = key, (n, b, w)
@@ -131,7 +139,7 @@ class PersistentInputs:
         if before is None:
             tok[:, n:] = _TOKEN_PAD
             seq[:, b:] = 0
-            cu[b + 1:] = n
+            cu[b + 1 :] = n
             bt[:b, w:] = 0
             bt[b:] = 0
             return
@@ -142,9 +150,9 @@ class PersistentInputs:
             seq[:, b:b0] = 0
             bt[b:b0] = 0
         if b0 > b or n0 != n:  # cu_q's tail holds the token count; entries up to b0 held the old cu_q
-            cu[b + 1:] = n
+            cu[b + 1 :] = n
         if w0 > w:
-            bt[:min(b, b0), w:w0] = 0
+            bt[: min(b, b0), w:w0] = 0
 
     def staged(self, key: BucketKey) -> tuple:
         """The staging arena's host views of key's fields: (token block [4, T], sequence block [2, S],

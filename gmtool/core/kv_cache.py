@@ -3,6 +3,7 @@
 Block 0 is the null block: padding tokens write their K/V there and padded sequences read from it, so the
 padded tail of a bucket never touches a real sequence's memory.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,7 +51,9 @@ class PagedKVCache:
         self.spec, self.num_blocks, self.device = spec, num_blocks, device
         shape = (num_blocks, spec.block_size, spec.num_kv_heads)
         try:
-            self.k = [torch.empty(*shape, spec.head_dim, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)]
+            self.k = [
+                torch.empty(*shape, spec.head_dim, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)
+            ]
             self.v = [torch.empty(*shape, spec.v_dim, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)]
         except torch.OutOfMemoryError:
             raise OutOfMemory(
@@ -91,6 +94,6 @@ class PagedKVCache:
         perm = (torch.randperm(self.num_blocks - 1, generator=generator) + 1).tolist()
         tables, at = [], 0
         for n in need:
-            tables.append(perm[at:at + n])
+            tables.append(perm[at : at + n])
             at += n
         return tables

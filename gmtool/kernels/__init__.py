@@ -7,6 +7,7 @@ Both backends expose the same three ops (`AttentionOps`):
   asks for a launch shape fixed by (num_tokens, num_seqs) only (safe under a wide graph key).
 Nothing here imports triton until a triton op is asked for: CPU machines need not have it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,7 +43,7 @@ def _torch_varlen(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs, ma
     from gmtool.model.attention import masked_varlen_attention
 
     t = torch.arange(q.shape[0], device=q.device)
-    seq = torch.searchsorted(cu_q[1:num_seqs + 1].contiguous(), t, right=True)
+    seq = torch.searchsorted(cu_q[1 : num_seqs + 1].contiguous(), t, right=True)
     mine = seq.clamp(max=max(num_seqs - 1, 0))
     q_len = cu_q[mine + 1] - cu_q[mine]
     positions = kv_lens[mine] - q_len + (t - cu_q[mine])
@@ -73,15 +74,15 @@ class TritonAttention:
 
     def masked(self, ctx, q, kc, vc, scale, out, opts=None):
         v = ctx.views
-        return self._varlen_wide(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, ctx.num_seqs, scale, out=out,
-                                 **_kw(opts))
+        return self._varlen_wide(
+            q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, ctx.num_seqs, scale, out=out, **_kw(opts)
+        )
 
     def planned(self, ctx, q, kc, vc, scale, out, opts=None):
         sig = ctx.signature  # computed once per step (ForwardContext.prepare), not per layer
         ctx.planned_with.append(sig)
         v = ctx.views
-        return self._varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, sig[0], sig[1], scale, out=out,
-                            **_kw(opts))
+        return self._varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, sig[0], sig[1], scale, out=out, **_kw(opts))
 
 
 def _kw(opts) -> dict:
@@ -100,8 +101,9 @@ def attention_backend(name: str):
         return TORCH_ATTENTION
     if name == "triton":
         if not available():
-            raise GmtoolError("the triton attention backend needs a CUDA device and the triton package; "
-                              "use the torch backend")
+            raise GmtoolError(
+                "the triton attention backend needs a CUDA device and the triton package; use the torch backend"
+            )
         return TritonAttention()
     raise GmtoolError(f"unknown attention backend {name!r}: choose one of {', '.join(BACKENDS)}")
 
@@ -114,8 +116,9 @@ def get_attention_ops(backend: str) -> AttentionOps:
         return AttentionOps(write_kv, decode_attention, _torch_varlen)
     if backend == "triton":
         if not available():
-            raise GmtoolError("the triton attention backend needs a CUDA device and the triton package; "
-                              "use the torch backend")
+            raise GmtoolError(
+                "the triton attention backend needs a CUDA device and the triton package; use the torch backend"
+            )
         from gmtool.kernels.decode_attention import decode_attention
         from gmtool.kernels.kv_write import write_kv
         from gmtool.kernels.prefill_attention import varlen_attention, varlen_attention_wide

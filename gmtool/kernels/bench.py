@@ -4,6 +4,7 @@ Decode attention is memory-bound: the figure of merit is K/V bytes read per seco
 copy reaches on the same GPU in the same run (absolute numbers move with the shared machine's load).
 `python -m gmtool.kernels.bench` prints the default shape and a small sweep of the kernel's knobs.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -39,9 +40,20 @@ def median_ms(fn, warmup: int = 10, iters: int = 50) -> float:
     return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
-def decode_bandwidth(B: int = 32, kv_len: int = 4096, Hkv: int = 8, G: int = 2, D: int = 128,
-                     dtype: torch.dtype = torch.bfloat16, block_size: int = 16, warmup: int = 10,
-                     iters: int = 50, rounds: int = 3, window: int | None = None, **kernel_kw) -> DecodeBandwidth:
+def decode_bandwidth(
+    B: int = 32,
+    kv_len: int = 4096,
+    Hkv: int = 8,
+    G: int = 2,
+    D: int = 128,
+    dtype: torch.dtype = torch.bfloat16,
+    block_size: int = 16,
+    warmup: int = 10,
+    iters: int = 50,
+    rounds: int = 3,
+    window: int | None = None,
+    **kernel_kw,
+) -> DecodeBandwidth:
     """Every sequence at kv_len, blocks scattered over the cache; kernel_kw go to decode_attention
     (num_splits, block_n, num_warps, num_stages). With a sliding window the kernel must read only the window's
     tokens, and kv_bytes counts those. The kernel and the copy are timed back to back, `rounds` times: the round
@@ -61,8 +73,12 @@ def decode_bandwidth(B: int = 32, kv_len: int = 4096, Hkv: int = 8, G: int = 2, 
     out = torch.empty_like(q)
     seen = min(kv_len, window or kv_len)
     splits = kernel_kw.pop("num_splits", None) or choose_num_splits(B, Hkv, seen, num_sms(dev))
-    run = lambda: decode_attention(q, k_cache, v_cache, tables, kv_lens, D ** -0.5,  # noqa: E731
-                                   num_splits=splits, out=out, window=window, **kernel_kw)
+
+    def run():
+        return decode_attention(
+            q, k_cache, v_cache, tables, kv_lens, D**-0.5, num_splits=splits, out=out, window=window, **kernel_kw
+        )
+
     kv_bytes = 2 * B * seen * Hkv * D * k_cache.element_size()
     src = torch.empty(kv_bytes, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
@@ -70,17 +86,18 @@ def decode_bandwidth(B: int = 32, kv_len: int = 4096, Hkv: int = 8, G: int = 2, 
     for _ in range(max(1, rounds)):
         kernel_ms = median_ms(run, warmup, iters)
         copy_ms = median_ms(lambda: dst.copy_(src), warmup, iters)
-        r = DecodeBandwidth(kernel_ms, kv_bytes, kv_bytes / (kernel_ms * 1e-3), 2 * kv_bytes / (copy_ms * 1e-3),
-                            splits)
+        r = DecodeBandwidth(kernel_ms, kv_bytes, kv_bytes / (kernel_ms * 1e-3), 2 * kv_bytes / (copy_ms * 1e-3), splits)
         best = r if best is None or r.ratio > best.ratio else best
     return best
 
 
 def main() -> None:
     base = decode_bandwidth()
-    print(f"B=32 kv=4096 Hkv=8 G=2 D=128 bf16: {base.kernel_ms:.3f} ms, splits {base.num_splits}, "
-          f"K/V read {base.kernel_bytes_per_s / 1e12:.2f} TB/s, copy {base.copy_bytes_per_s / 1e12:.2f} TB/s, "
-          f"ratio {base.ratio:.2f}")
+    print(
+        f"B=32 kv=4096 Hkv=8 G=2 D=128 bf16: {base.kernel_ms:.3f} ms, splits {base.num_splits}, "
+        f"K/V read {base.kernel_bytes_per_s / 1e12:.2f} TB/s, copy {base.copy_bytes_per_s / 1e12:.2f} TB/s, "
+        f"ratio {base.ratio:.2f}"
+    )
     print("block_n stages splits  ms     ratio")
     for block_n in (32, 64, 128):
         for stages in (2, 3):

@@ -1,4 +1,5 @@
 """Host-side helpers shared by the kernel launchers (no triton import here)."""
+
 from __future__ import annotations
 
 import functools

@@ -12,6 +12,7 @@ Layer options (compile-time constants, static per layer): a sliding window reads
 pages, the splits dividing the window rather than the whole sequence; SOFTCAP caps the logits; learned sinks
 join the softmax's denominator once, where the splits are combined. V may have its own head dim (DV).
 """
+
 from __future__ import annotations
 
 import torch
@@ -46,17 +47,43 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, sms: int) 
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, sink_ptr,
-    qk_scale, scale,
-    stride_qb, stride_qh,
-    stride_kblk, stride_kt, stride_kh,
-    stride_vblk, stride_vt, stride_vh,
-    stride_btb, stride_btn,
-    stride_ob, stride_oh,
-    NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    DV: tl.constexpr, DV_PAD: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PREC: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    lens_ptr,
+    out_ptr,
+    part_ptr,
+    lse_ptr,
+    sink_ptr,
+    qk_scale,
+    scale,
+    stride_qb,
+    stride_qh,
+    stride_kblk,
+    stride_kt,
+    stride_kh,
+    stride_vblk,
+    stride_vt,
+    stride_vh,
+    stride_btb,
+    stride_btn,
+    stride_ob,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    DV: tl.constexpr,
+    DV_PAD: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    PREC: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -78,8 +105,9 @@ def _decode_split_kernel(
     d_ok = d < D
     dv_ok = dv < DV
     heads = kvh * G + g
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=g_ok[:, None] & d_ok[None, :], other=0.0
+    )
     q = q.to(k_ptr.dtype.element_ty)
 
     m_i = tl.full([G_PAD], _NEG, tl.float32)
@@ -113,11 +141,13 @@ def _decode_split_kernel(
     if NUM_SPLITS == 1:
         total = l_i
         if SINKS:  # the sink's column joins the denominator (its value row is zero)
-            total += tl.exp2(tl.load(sink_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-                             - m_i)
+            total += tl.exp2(tl.load(sink_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634 - m_i)
         o = acc / tl.where(total > 0, total, 1.0)[:, None]
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dv[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(
+            out_ptr + b * stride_ob + heads[:, None] * stride_oh + dv[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=out_mask,
+        )
     else:
         o = acc / tl.where(has, l_i, 1.0)[:, None]
         row = (b * NUM_HEADS + heads) * NUM_SPLITS + split
@@ -127,9 +157,18 @@ def _decode_split_kernel(
 
 @triton.jit
 def _combine_kernel(
-    part_ptr, lse_ptr, out_ptr, sink_ptr, stride_ob, stride_oh,
-    NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, SINKS: tl.constexpr,
+    part_ptr,
+    lse_ptr,
+    out_ptr,
+    sink_ptr,
+    stride_ob,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    S_PAD: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -150,9 +189,22 @@ def _combine_kernel(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
-def decode_attention(q, k_cache, v_cache, block_tables, kv_lens, scale, num_splits=None, out=None,
-                     block_n: int = BLOCK_N, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
-                     window: int | None = None, softcap: float | None = None, sinks=None):
+def decode_attention(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    kv_lens,
+    scale,
+    num_splits=None,
+    out=None,
+    block_n: int = BLOCK_N,
+    num_warps: int = NUM_WARPS,
+    num_stages: int = NUM_STAGES,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks=None,
+):
     """q [B, H, Dk] -> [B, H, Dv]; sequence b attends to its first kv_lens[b] tokens via block_tables[b], the
     last `window` of them with a window; softcap caps the logits; sinks [H] are per-head sink logits.
 
@@ -183,22 +235,60 @@ def decode_attention(q, k_cache, v_cache, block_tables, kv_lens, scale, num_spli
         part = lse = out  # unused by the one-split variant
     sink_arg = sinks if sinks is not None else lse
     _decode_split_kernel[(batch, kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, kv_lens, out, part, lse, sink_arg,
-        scale * LOG2E, scale,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), block_tables.stride(1),
-        out.stride(0), out.stride(1),
-        NUM_HEADS=heads, G=group, G_PAD=pow2(group, 16), D=dim, D_PAD=pow2(dim, 16), DV=dv, DV_PAD=dv_pad,
-        PAGE=page, BLOCK_N=block_n, NUM_SPLITS=num_splits, PREC=dot_precision(k_cache.dtype),
-        WINDOW=window or 0, SOFTCAP=float(softcap or 0.0), SINKS=sinks is not None,
-        num_warps=num_warps, num_stages=num_stages,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        kv_lens,
+        out,
+        part,
+        lse,
+        sink_arg,
+        scale * LOG2E,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        block_tables.stride(1),
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=heads,
+        G=group,
+        G_PAD=pow2(group, 16),
+        D=dim,
+        D_PAD=pow2(dim, 16),
+        DV=dv,
+        DV_PAD=dv_pad,
+        PAGE=page,
+        BLOCK_N=block_n,
+        NUM_SPLITS=num_splits,
+        PREC=dot_precision(k_cache.dtype),
+        WINDOW=window or 0,
+        SOFTCAP=float(softcap or 0.0),
+        SINKS=sinks is not None,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     if num_splits > 1:
         _combine_kernel[(batch, heads)](
-            part, lse, out, sink_arg, out.stride(0), out.stride(1),
-            NUM_HEADS=heads, D=dv, D_PAD=dv_pad, NUM_SPLITS=num_splits, S_PAD=pow2(num_splits),
-            SINKS=sinks is not None, num_warps=NUM_WARPS,
+            part,
+            lse,
+            out,
+            sink_arg,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=heads,
+            D=dv,
+            D_PAD=dv_pad,
+            NUM_SPLITS=num_splits,
+            S_PAD=pow2(num_splits),
+            SINKS=sinks is not None,
+            num_warps=NUM_WARPS,
         )
     return out

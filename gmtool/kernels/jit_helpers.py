@@ -1,4 +1,5 @@
 """Triton device functions shared by the attention kernels (this module imports triton; common.py does not)."""
+
 from __future__ import annotations
 
 import triton

@@ -3,6 +3,7 @@
 Grid (T,): one program per token, so the launch depends only on the bucket. Slots < 0 are skipped (padding
 that should not touch the cache); slot = block * block_size + offset, as gmtool's slot_mapping holds.
 """
+
 from __future__ import annotations
 
 import triton
@@ -13,11 +14,28 @@ from gmtool.kernels.common import check_cache, pow2
 
 @triton.jit
 def _write_kv_kernel(
-    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cblk, stride_ct, stride_ch, stride_vblk, stride_vct, stride_vch,
-    HKV: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    DV: tl.constexpr, DV_PAD: tl.constexpr, PAGE: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cblk,
+    stride_ct,
+    stride_ch,
+    stride_vblk,
+    stride_vct,
+    stride_vch,
+    HKV: tl.constexpr,
+    H_PAD: tl.constexpr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    DV: tl.constexpr,
+    DV_PAD: tl.constexpr,
+    PAGE: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)
@@ -47,15 +65,37 @@ def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
     if tokens == 0:
         return
     dv = v.shape[-1]
-    if tuple(k_cache.shape[2:]) != (kv_heads, dim) or tuple(v_cache.shape[2:]) != (kv_heads, dv) \
-            or v.shape[0] != tokens:
-        raise ValueError(f"k/v {tuple(k.shape)}/{tuple(v.shape)} do not fit cache blocks "
-                         f"{tuple(k_cache.shape[1:])}/{tuple(v_cache.shape[1:])}")
+    if (
+        tuple(k_cache.shape[2:]) != (kv_heads, dim)
+        or tuple(v_cache.shape[2:]) != (kv_heads, dv)
+        or v.shape[0] != tokens
+    ):
+        raise ValueError(
+            f"k/v {tuple(k.shape)}/{tuple(v.shape)} do not fit cache blocks "
+            f"{tuple(k_cache.shape[1:])}/{tuple(v_cache.shape[1:])}"
+        )
     _write_kv_kernel[(tokens,)](
-        k, v, k_cache, v_cache, slot_mapping,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        HKV=kv_heads, H_PAD=pow2(kv_heads), D=dim, D_PAD=pow2(dim), DV=dv, DV_PAD=pow2(dv), PAGE=k_cache.shape[1],
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        HKV=kv_heads,
+        H_PAD=pow2(kv_heads),
+        D=dim,
+        D_PAD=pow2(dim),
+        DV=dv,
+        DV_PAD=pow2(dv),
+        PAGE=k_cache.shape[1],
         num_warps=4,
     )

@@ -7,6 +7,7 @@ with the roundings Hugging Face's modules make kept where they change the result
 is rounded to the activation dtype before the weight multiply). gmtool.model.layers_ref holds the torch
 references these are checked against.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,8 +32,9 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, eps, H: tl.constexpr, BLOC
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, eps, H: tl.constexpr,
-                         BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(
+    x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, eps, H: tl.constexpr, BLOCK: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -50,9 +52,22 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride
 
 @triton.jit
 def _qk_norm_rope_kernel(
-    qkv_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_ptr, k_ptr,
-    stride_t, stride_cos, stride_sin, eps,
-    HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr, NORM: tl.constexpr,
+    qkv_ptr,
+    cos_ptr,
+    sin_ptr,
+    qw_ptr,
+    kw_ptr,
+    q_ptr,
+    k_ptr,
+    stride_t,
+    stride_cos,
+    stride_sin,
+    eps,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    NORM: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -110,40 +125,64 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if rows == 0:
         return out
     block = pow2(hidden)
-    _rms_norm_kernel[(rows,)](x, weight.contiguous(), out, x.stride(0), eps, H=hidden, BLOCK=block,
-                              num_warps=8 if block >= 2048 else 4)
+    _rms_norm_kernel[(rows,)](
+        x, weight.contiguous(), out, x.stride(0), eps, H=hidden, BLOCK=block, num_warps=8 if block >= 2048 else 4
+    )
     return out
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(residual + x), residual + x), both contiguous [N, H]: the residual add of one block and the
     norm of the next in one kernel (what engines call fused_add_rms_norm; out of place here)."""
     x, residual = _unit_last(x), _unit_last(residual)
     rows, hidden = x.shape
     if residual.shape != x.shape or residual.dtype != x.dtype or weight.shape != (hidden,):
-        raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} and weight {tuple(weight.shape)} "
-                         f"do not fit x {tuple(x.shape)} {x.dtype}")
+        raise ValueError(
+            f"residual {tuple(residual.shape)} {residual.dtype} and weight {tuple(weight.shape)} "
+            f"do not fit x {tuple(x.shape)} {x.dtype}"
+        )
     out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
     total = torch.empty_like(out)
     if rows == 0:
         return out, total
     block = pow2(hidden)
-    _add_rms_norm_kernel[(rows,)](x, residual, weight.contiguous(), out, total, x.stride(0), residual.stride(0),
-                                  eps, H=hidden, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    _add_rms_norm_kernel[(rows,)](
+        x,
+        residual,
+        weight.contiguous(),
+        out,
+        total,
+        x.stride(0),
+        residual.stride(0),
+        eps,
+        H=hidden,
+        BLOCK=block,
+        num_warps=8 if block >= 2048 else 4,
+    )
     return out, total
 
 
-def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, cos: torch.Tensor,
-                 sin: torch.Tensor, q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None,
-                 eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def qk_norm_rope(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q_weight: torch.Tensor | None = None,
+    k_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, Hq, D] and k [T, Hkv, D] from a fused qkv [T, (Hq + 2 Hkv) D]: optional per-head RMSNorm
     (Qwen3's q_norm/k_norm; None for Llama), then rotate_half RoPE with cos/sin [T, D]. v is not read."""
     qkv, cos, sin = _unit_last(qkv), _unit_last(cos), _unit_last(sin)
     tokens = qkv.shape[0]
     if head_dim % 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
-        raise ValueError(f"qkv {tuple(qkv.shape)} does not hold {num_heads}+2*{num_kv_heads} heads of even "
-                         f"dim {head_dim}")
+        raise ValueError(
+            f"qkv {tuple(qkv.shape)} does not hold {num_heads}+2*{num_kv_heads} heads of even dim {head_dim}"
+        )
     if cos.shape != (tokens, head_dim) or sin.shape != cos.shape:
         raise ValueError(f"cos/sin {tuple(cos.shape)}/{tuple(sin.shape)} must be [{tokens}, {head_dim}]")
     if (q_weight is None) != (k_weight is None):
@@ -157,9 +196,22 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim:
     kw = k_weight.to(qw.dtype).contiguous() if norm else qkv  # both branches of the kernel's `if` share a type
     half = head_dim // 2
     _qk_norm_rope_kernel[(tokens, num_heads + num_kv_heads)](
-        qkv, cos, sin, qw, kw, q, k,
-        qkv.stride(0), cos.stride(0), sin.stride(0), eps,
-        HQ=num_heads, HKV=num_kv_heads, HALF=half, HALF_PAD=pow2(half), NORM=norm,
+        qkv,
+        cos,
+        sin,
+        qw,
+        kw,
+        q,
+        k,
+        qkv.stride(0),
+        cos.stride(0),
+        sin.stride(0),
+        eps,
+        HQ=num_heads,
+        HKV=num_kv_heads,
+        HALF=half,
+        HALF_PAD=pow2(half),
+        NORM=norm,
         num_warps=1,  # a head is 64-128 elements: small programs, many resident per SM
     )
     return q, k
@@ -175,6 +227,7 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((tokens, inter), dtype=x.dtype, device=x.device)
     if tokens == 0:
         return out
-    _silu_mul_kernel[(tokens, triton.cdiv(inter, SILU_BLOCK))](x, out, x.stride(0), I=inter, BLOCK=SILU_BLOCK,
-                                                                num_warps=4)
+    _silu_mul_kernel[(tokens, triton.cdiv(inter, SILU_BLOCK))](
+        x, out, x.stride(0), I=inter, BLOCK=SILU_BLOCK, num_warps=4
+    )
     return out

@@ -17,6 +17,7 @@ leak into the rest of the forward.
 Layer options as in decode_attention: with a sliding window a tile reads only from its first row's window start
 on; SOFTCAP caps the logits; learned sinks join each row's denominator; V may have its own head dim (DV).
 """
+
 from __future__ import annotations
 
 import triton
@@ -34,15 +35,43 @@ NUM_STAGES = 2
 
 @triton.jit
 def _varlen_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, cu_ptr, lens_ptr, bt_ptr, sink_ptr,
-    qk_scale, scale, num_tokens, num_seqs,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kblk, stride_kt, stride_kh,
-    stride_vblk, stride_vt, stride_vh,
-    stride_btb, stride_btn,
-    G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, DV: tl.constexpr, DV_PAD: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WIDE: tl.constexpr, PREC: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    cu_ptr,
+    lens_ptr,
+    bt_ptr,
+    sink_ptr,
+    qk_scale,
+    scale,
+    num_tokens,
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kblk,
+    stride_kt,
+    stride_kh,
+    stride_vblk,
+    stride_vt,
+    stride_vh,
+    stride_btb,
+    stride_btn,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    DV: tl.constexpr,
+    DV_PAD: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    WIDE: tl.constexpr,
+    PREC: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     h = tl.program_id(2)
     d = tl.arange(0, D_PAD)
@@ -58,8 +87,11 @@ def _varlen_kernel(
     zeros = tl.zeros([BLOCK_M, DV_PAD], tl.float32).to(out_ptr.dtype.element_ty)
     for row0 in range(total + worker * BLOCK_M, num_tokens, workers * BLOCK_M):
         rows = row0 + r
-        tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + dv[None, :], zeros,
-                 mask=(rows < num_tokens)[:, None] & dv_ok[None, :])
+        tl.store(
+            out_ptr + rows[:, None] * stride_ot + h * stride_oh + dv[None, :],
+            zeros,
+            mask=(rows < num_tokens)[:, None] & dv_ok[None, :],
+        )
 
     if WIDE:
         tile = tl.program_id(0)
@@ -84,8 +116,11 @@ def _varlen_kernel(
     i = m_blk * BLOCK_M + r
     i_ok = i < q_len
     q_pos = kv_len - q_len + i
-    q = tl.load(q_ptr + (q_start + i)[:, None] * stride_qt + h * stride_qh + d[None, :],
-                mask=i_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + (q_start + i)[:, None] * stride_qt + h * stride_qh + d[None, :],
+        mask=i_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     q = q.to(k_ptr.dtype.element_ty)
 
     m_i = tl.full([BLOCK_M], _NEG, tl.float32)
@@ -125,12 +160,34 @@ def _varlen_kernel(
         l_i += tl.exp2(tl.load(sink_ptr + h).to(tl.float32) * 1.4426950408889634 - m_i)
     # A row with nothing to attend to (inconsistent metadata) gives zeros rather than NaN.
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + (q_start + i)[:, None] * stride_ot + h * stride_oh + dv[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=i_ok[:, None] & dv_ok[None, :])
+    tl.store(
+        out_ptr + (q_start + i)[:, None] * stride_ot + h * stride_oh + dv[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=i_ok[:, None] & dv_ok[None, :],
+    )
 
 
-def _launch(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs, scale, out, grid0, grid1, wide,
-            block_m, block_n, num_warps, num_stages, window, softcap, sinks):
+def _launch(
+    q,
+    k_cache,
+    v_cache,
+    cu_q,
+    kv_lens,
+    block_tables,
+    num_seqs,
+    scale,
+    out,
+    grid0,
+    grid1,
+    wide,
+    block_m,
+    block_n,
+    num_warps,
+    num_stages,
+    window,
+    softcap,
+    sinks,
+):
     check_cache(k_cache, v_cache)
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -146,35 +203,131 @@ def _launch(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs, scale, o
     if num_seqs == 0 or tokens == 0:
         return out.zero_()
     _varlen_kernel[(grid0, grid1, heads)](
-        q, k_cache, v_cache, out, cu_q, kv_lens, block_tables, sinks if sinks is not None else kv_lens,
-        scale * LOG2E, scale, tokens, num_seqs,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), block_tables.stride(1),
-        G=heads // kv_heads, D=dim, D_PAD=pow2(dim, 16), DV=dv, DV_PAD=pow2(dv, 16), PAGE=page,
-        BLOCK_M=block_m, BLOCK_N=block_n, WIDE=wide, PREC=dot_precision(k_cache.dtype),
-        WINDOW=window or 0, SOFTCAP=float(softcap or 0.0), SINKS=sinks is not None,
-        num_warps=num_warps, num_stages=num_stages,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        cu_q,
+        kv_lens,
+        block_tables,
+        sinks if sinks is not None else kv_lens,
+        scale * LOG2E,
+        scale,
+        tokens,
+        num_seqs,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        block_tables.stride(1),
+        G=heads // kv_heads,
+        D=dim,
+        D_PAD=pow2(dim, 16),
+        DV=dv,
+        DV_PAD=pow2(dv, 16),
+        PAGE=page,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        WIDE=wide,
+        PREC=dot_precision(k_cache.dtype),
+        WINDOW=window or 0,
+        SOFTCAP=float(softcap or 0.0),
+        SINKS=sinks is not None,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out
 
 
-def varlen_attention(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs: int, max_q_len: int, scale,
-                     out=None, block_m: int = BLOCK_M, block_n: int = BLOCK_N,
-                     num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
-                     window: int | None = None, softcap: float | None = None, sinks=None):
+def varlen_attention(
+    q,
+    k_cache,
+    v_cache,
+    cu_q,
+    kv_lens,
+    block_tables,
+    num_seqs: int,
+    max_q_len: int,
+    scale,
+    out=None,
+    block_m: int = BLOCK_M,
+    block_n: int = BLOCK_N,
+    num_warps: int = NUM_WARPS,
+    num_stages: int = NUM_STAGES,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks=None,
+):
     """q [T, H, Dk] -> [T, H, Dv]; grid from (num_seqs, max_q_len): max_q_len must bound every q_len."""
     m_tiles = max(1, triton.cdiv(max_q_len, block_m))
-    return _launch(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs, scale, out,
-                   num_seqs, m_tiles, False, block_m, block_n, num_warps, num_stages, window, softcap, sinks)
+    return _launch(
+        q,
+        k_cache,
+        v_cache,
+        cu_q,
+        kv_lens,
+        block_tables,
+        num_seqs,
+        scale,
+        out,
+        num_seqs,
+        m_tiles,
+        False,
+        block_m,
+        block_n,
+        num_warps,
+        num_stages,
+        window,
+        softcap,
+        sinks,
+    )
 
 
-def varlen_attention_wide(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs: int, scale, out=None,
-                          block_m: int = BLOCK_M, block_n: int = BLOCK_N,
-                          num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
-                          window: int | None = None, softcap: float | None = None, sinks=None):
+def varlen_attention_wide(
+    q,
+    k_cache,
+    v_cache,
+    cu_q,
+    kv_lens,
+    block_tables,
+    num_seqs: int,
+    scale,
+    out=None,
+    block_m: int = BLOCK_M,
+    block_n: int = BLOCK_N,
+    num_warps: int = NUM_WARPS,
+    num_stages: int = NUM_STAGES,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks=None,
+):
     """Like varlen_attention with a grid fixed by (num_tokens, num_seqs): any q_len mix replays correctly."""
     tiles = q.shape[0] // block_m + num_seqs
-    return _launch(q, k_cache, v_cache, cu_q, kv_lens, block_tables, num_seqs, scale, out,
-                   tiles, 1, True, block_m, block_n, num_warps, num_stages, window, softcap, sinks)
+    return _launch(
+        q,
+        k_cache,
+        v_cache,
+        cu_q,
+        kv_lens,
+        block_tables,
+        num_seqs,
+        scale,
+        out,
+        tiles,
+        1,
+        True,
+        block_m,
+        block_n,
+        num_warps,
+        num_stages,
+        window,
+        softcap,
+        sinks,
+    )

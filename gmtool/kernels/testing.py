@@ -3,6 +3,7 @@
 The oracle gathers each sequence's tokens explicitly and computes in float64 (or a given dtype), sharing no
 code with the kernels or with gmtool.model.attention, so it checks both.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,9 +38,24 @@ class PagedCase:
         return self.q.shape[0]
 
 
-def make_case(q_lens, kv_lens, *, num_slots=None, num_tokens=None, kv_heads=2, group=2, head_dim=32,
-              block_size=16, blocks_per_seq=None, dtype=torch.float32, device="cpu", seed=0,
-              pad_slot=-1, spare_blocks=3, num_blocks=None) -> PagedCase:
+def make_case(
+    q_lens,
+    kv_lens,
+    *,
+    num_slots=None,
+    num_tokens=None,
+    kv_heads=2,
+    group=2,
+    head_dim=32,
+    block_size=16,
+    blocks_per_seq=None,
+    dtype=torch.float32,
+    device="cpu",
+    seed=0,
+    pad_slot=-1,
+    spare_blocks=3,
+    num_blocks=None,
+) -> PagedCase:
     q_lens, kv_lens = list(q_lens), list(kv_lens)
     assert all(0 < q <= k for q, k in zip(q_lens, kv_lens)), "each real sequence has 1 <= q_len <= kv_len"
     n_slots = num_slots if num_slots is not None else len(q_lens)
@@ -62,26 +78,27 @@ def make_case(q_lens, kv_lens, *, num_slots=None, num_tokens=None, kv_heads=2, g
     tables = torch.zeros(n_slots, width, dtype=torch.int64)
     at = 0
     for i, n in enumerate(need):
-        tables[i, :n] = torch.tensor(perm[at:at + n])
+        tables[i, :n] = torch.tensor(perm[at : at + n])
         at += n
     lens = torch.zeros(n_slots, dtype=torch.int64)
-    lens[:len(kv_lens)] = torch.tensor(kv_lens)
+    lens[: len(kv_lens)] = torch.tensor(kv_lens)
     cu = torch.full((n_slots + 1,), total, dtype=torch.int64)
-    cu[:len(q_lens) + 1] = torch.tensor([0] + q_lens).cumsum(0)
+    cu[: len(q_lens) + 1] = torch.tensor([0] + q_lens).cumsum(0)
 
     slots = torch.full((tokens,), pad_slot, dtype=torch.int64)
     positions = torch.zeros(tokens, dtype=torch.int64)
     t = 0
     for i, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
         pos = torch.arange(kl - ql, kl)
-        positions[t:t + ql] = pos
-        slots[t:t + ql] = tables[i, pos // block_size] * block_size + pos % block_size
+        positions[t : t + ql] = pos
+        slots[t : t + ql] = tables[i, pos // block_size] * block_size + pos % block_size
         t += ql
     q = rand(tokens, kv_heads * group, head_dim)
     k_new, v_new = rand(tokens, kv_heads, head_dim), rand(tokens, kv_heads, head_dim)
     dev = lambda x: x.to(device)  # noqa: E731
-    return PagedCase(q_lens, kv_lens, k_cache, v_cache, dev(tables), dev(lens), dev(cu), dev(slots),
-                     dev(positions), q, k_new, v_new)
+    return PagedCase(
+        q_lens, kv_lens, k_cache, v_cache, dev(tables), dev(lens), dev(cu), dev(slots), dev(positions), q, k_new, v_new
+    )
 
 
 def poison_unused(case: PagedCase) -> None:
@@ -98,7 +115,7 @@ def poison_unused(case: PagedCase) -> None:
 
 def _gather(cache: torch.Tensor, table: torch.Tensor, n: int) -> torch.Tensor:
     bs = cache.shape[1]
-    return cache[table[:math.ceil(n / bs)]].flatten(0, 1)[:n]  # [n, Hkv, D]
+    return cache[table[: math.ceil(n / bs)]].flatten(0, 1)[:n]  # [n, Hkv, D]
 
 
 def _attend(q, k, v, positions, scale):
@@ -120,7 +137,7 @@ def naive_varlen(case: PagedCase, scale: float, q=None, dtype=torch.float64) -> 
         k = _gather(case.k_cache, case.block_tables[i], kl).to(dtype)
         v = _gather(case.v_cache, case.block_tables[i], kl).to(dtype)
         pos = torch.arange(kl - ql, kl, device=q.device)
-        out[t:t + ql] = _attend(q[t:t + ql], k, v, pos, scale)
+        out[t : t + ql] = _attend(q[t : t + ql], k, v, pos, scale)
         t += ql
     return out
 
@@ -132,7 +149,7 @@ def naive_decode(case: PagedCase, q: torch.Tensor, scale: float, dtype=torch.flo
         k = _gather(case.k_cache, case.block_tables[i], kl).to(dtype)
         v = _gather(case.v_cache, case.block_tables[i], kl).to(dtype)
         pos = torch.tensor([kl - 1], device=q.device)
-        out[i] = _attend(q[i:i + 1].to(dtype), k, v, pos, scale)[0]
+        out[i] = _attend(q[i : i + 1].to(dtype), k, v, pos, scale)[0]
     return out
 
 
@@ -159,6 +176,5 @@ def compile_for_hopper(jit_fn, consts: dict, arg_type):
         sig[name] = arg_type(name)
         if name.endswith("_ptr") or name.startswith("stride"):
             attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(jit_fn, sig, constexprs={(jit_fn.arg_names.index(k),): v for k, v in consts.items()},
-                    attrs=attrs)
+    src = ASTSource(jit_fn, sig, constexprs={(jit_fn.arg_names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})

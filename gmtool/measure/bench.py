@@ -17,6 +17,7 @@ Stages (each writes bench-<stage>.json into --out; the table is built from whate
            and the kernels one replay runs (with and without --fuse)
 The benchmark reports; it asserts nothing. GPU only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,12 +32,27 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-STAGES = ("kernel", "window", "decode", "fused", "compile", "compile-fused", "peer", "prefill", "capture", "lean", "host")
+STAGES = (
+    "kernel",
+    "window",
+    "decode",
+    "fused",
+    "compile",
+    "compile-fused",
+    "peer",
+    "prefill",
+    "capture",
+    "lean",
+    "host",
+)
 LEAN_TOKENS = (128, 512)
 # decode stages: (stage, label, --compile, --fuse, goal against hf-compiled)
-DECODE_VARIANTS = (("decode", "full", False, False, 1.2), ("fused", "full --fuse", False, True, 1.2),
-                   ("compile", "full --compile", True, False, 1.5),
-                   ("compile-fused", "full --compile --fuse", True, True, 1.5))
+DECODE_VARIANTS = (
+    ("decode", "full", False, False, 1.2),
+    ("fused", "full --fuse", False, True, 1.2),
+    ("compile", "full --compile", True, False, 1.5),
+    ("compile-fused", "full --compile --fuse", True, True, 1.5),
+)
 MODEL = "qwen3-0.6b"
 KV_LENS = (1024, 4096)
 BATCHES = (1, 32)
@@ -46,9 +62,19 @@ def _decode_cfg(compile_: bool, iters: int, fuse: bool = False):
     from gmtool.config import SweepConfig
 
     comps = ",".join(f"{b}=1*{b}@{kv - 1}" for b in BATCHES for kv in KV_LENS)
-    return SweepConfig(model=MODEL, device="cuda", buckets=",".join(map(str, BATCHES)), compositions=comps,
-                       modes=("eager", "full"), compile=compile_, fuse=fuse, max_kv_len=max(KV_LENS) + 128,
-                       kv_cache_gb=24, num_iters=iters, num_iters_warmup=10)
+    return SweepConfig(
+        model=MODEL,
+        device="cuda",
+        buckets=",".join(map(str, BATCHES)),
+        compositions=comps,
+        modes=("eager", "full"),
+        compile=compile_,
+        fuse=fuse,
+        max_kv_len=max(KV_LENS) + 128,
+        kv_cache_gb=24,
+        num_iters=iters,
+        num_iters_warmup=10,
+    )
 
 
 def _jsonable(o):
@@ -57,18 +83,44 @@ def _jsonable(o):
 
 
 def _rows(records, mode):
-    return [{k: getattr(r, k) for k in ("mode", "bucket", "composition", "status", "max_rel_err", "capture_s",
-                                        "compile_s", "latency_ms", "eager_latency_ms", "host_us", "host_copy_us",
-                                        "host_steady_us", "pieces", "runners", "error")}
-            for r in records if r.mode == mode]
+    return [
+        {
+            k: getattr(r, k)
+            for k in (
+                "mode",
+                "bucket",
+                "composition",
+                "status",
+                "max_rel_err",
+                "capture_s",
+                "compile_s",
+                "latency_ms",
+                "eager_latency_ms",
+                "host_us",
+                "host_copy_us",
+                "host_steady_us",
+                "pieces",
+                "runners",
+                "error",
+            )
+        }
+        for r in records
+        if r.mode == mode
+    ]
 
 
 def stage_kernel(args) -> dict:
     from gmtool.kernels.bench import decode_bandwidth
 
     bw = decode_bandwidth(B=32, kv_len=4096)
-    return {"kernel_ms": bw.kernel_ms, "kv_bytes": bw.kv_bytes, "kernel_GBps": bw.kernel_bytes_per_s / 1e9,
-            "copy_GBps": bw.copy_bytes_per_s / 1e9, "ratio": bw.ratio, "num_splits": bw.num_splits}
+    return {
+        "kernel_ms": bw.kernel_ms,
+        "kv_bytes": bw.kv_bytes,
+        "kernel_GBps": bw.kernel_bytes_per_s / 1e9,
+        "copy_GBps": bw.copy_bytes_per_s / 1e9,
+        "ratio": bw.ratio,
+        "num_splits": bw.num_splits,
+    }
 
 
 WINDOW_SHAPE = dict(B=32, kv_len=8192, Hkv=4, G=2, D=256)  # gemma-2-2b: 8 heads over 4 kv heads of dim 256
@@ -81,8 +133,14 @@ def stage_window(args) -> dict:
     out = {"shape": WINDOW_SHAPE, "window_tokens": GEMMA2_WINDOW}
     for name, window in (("windowed", GEMMA2_WINDOW), ("full", None)):
         bw = decode_bandwidth(**WINDOW_SHAPE, window=window)
-        out[name] = {"kernel_ms": bw.kernel_ms, "kv_bytes": bw.kv_bytes, "kernel_GBps": bw.kernel_bytes_per_s / 1e9,
-                     "copy_GBps": bw.copy_bytes_per_s / 1e9, "ratio": bw.ratio, "num_splits": bw.num_splits}
+        out[name] = {
+            "kernel_ms": bw.kernel_ms,
+            "kv_bytes": bw.kv_bytes,
+            "kernel_GBps": bw.kernel_bytes_per_s / 1e9,
+            "copy_GBps": bw.copy_bytes_per_s / 1e9,
+            "ratio": bw.ratio,
+            "num_splits": bw.num_splits,
+        }
     return out
 
 
@@ -101,25 +159,48 @@ def stage_peer(args) -> dict:
     rows = []
     for kv in KV_LENS:
         # the workbench holds the model and the paged cache the peer copies its K/V from
-        cfg = SweepConfig(model=MODEL, device="cuda", buckets=",".join(map(str, BATCHES)), modes=("eager",),
-                          max_kv_len=kv + 128, kv_cache_gb=24, num_iters=args.iters, num_iters_warmup=10,
-                          compositions=",".join(f"{b}=1*{b}@{kv - 1}" for b in BATCHES))
+        cfg = SweepConfig(
+            model=MODEL,
+            device="cuda",
+            buckets=",".join(map(str, BATCHES)),
+            modes=("eager",),
+            max_kv_len=kv + 128,
+            kv_cache_gb=24,
+            num_iters=args.iters,
+            num_iters_warmup=10,
+            compositions=",".join(f"{b}=1*{b}@{kv - 1}" for b in BATCHES),
+        )
         bench = Workbench.build(cfg)
         peer = HfCompiled(bench, compile_how="per-bucket")  # the peer at its fastest
         peer.context = kv  # every sequence at context kv, as gmtool's decode rows
         rows += [{**r.to_dict(), "kv_len": kv} for r in peer.run()]
         del bench, peer
         torch.cuda.empty_cache()
-    return {"rows": [{k: r.get(k) for k in ("bucket", "kv_len", "status", "max_rel_err", "compile_s",
-                                            "latency_ms", "host_us", "error")} for r in rows]}
+    return {
+        "rows": [
+            {
+                k: r.get(k)
+                for k in ("bucket", "kv_len", "status", "max_rel_err", "compile_s", "latency_ms", "host_us", "error")
+            }
+            for r in rows
+        ]
+    }
 
 
 def stage_prefill(args) -> dict:
     from gmtool.config import SweepConfig
     from gmtool.measure.sweep import Sweep
 
-    cfg = SweepConfig(model=MODEL, device="cuda", scenario="prefill", buckets="512,2048",
-                      modes=("eager", "full", "piecewise"), kv_cache_gb=24, num_iters=args.iters, num_iters_warmup=5)
+    cfg = SweepConfig(
+        model=MODEL,
+        device="cuda",
+        scenario="prefill",
+        buckets="512,2048",
+        modes=("eager", "full", "piecewise"),
+        kv_cache_gb=24,
+        num_iters=args.iters,
+        num_iters_warmup=5,
+    )
     res = Sweep(cfg).run()
     return {m: _rows(res.records, m) for m in ("eager", "full", "piecewise")} | {"errors": res.errors}
 
@@ -130,8 +211,14 @@ def _executor(buckets: list[int], max_kv_len: int, num_blocks: int, fuse: bool =
     from gmtool.modes import GraphMode
     from gmtool.measure.workbench import Workbench
 
-    cfg = SweepConfig(model=MODEL, device="cuda", buckets=",".join(map(str, buckets)), modes=("full",),
-                      max_kv_len=max_kv_len, fuse=fuse)
+    cfg = SweepConfig(
+        model=MODEL,
+        device="cuda",
+        buckets=",".join(map(str, buckets)),
+        modes=("full",),
+        max_kv_len=max_kv_len,
+        fuse=fuse,
+    )
     return Workbench.build(cfg, num_blocks=num_blocks).executor(GraphMode.FULL)
 
 
@@ -165,8 +252,15 @@ def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda")
     from gmtool.measure.workbench import Workbench
     from gmtool.modes import GraphMode
 
-    cfg = SweepConfig(model=model, device=device, scenario="prefill", buckets=str(tokens),
-                      modes=("eager", "full", "piecewise"), kv_cache_gb=4, num_iters=iters)
+    cfg = SweepConfig(
+        model=model,
+        device=device,
+        scenario="prefill",
+        buckets=str(tokens),
+        modes=("eager", "full", "piecewise"),
+        kv_cache_gb=4,
+        num_iters=iters,
+    )
     bench = Workbench.build(cfg)
     batch = bench.batch(parse_composition(f"{tokens // 2}+{tokens // 4}*2", seed=0))
     out = {}
@@ -184,9 +278,14 @@ def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda")
             per_runner.append((time.perf_counter() - t0) * 1e6 / max(1, len(runners)))
         ex.backend.synchronize()
         mem = entry.graph_mem_bytes if bench.device.type == "cuda" else pool_bytes(entry.steps)
-        out[mode.value] = {"graph_mem_bytes": mem, "pool_growth_bytes": entry.pool_growth_bytes,
-                           "host_steady_us": summarize(steady).median, "pieces": entry.pieces,
-                           "runners": len(runners), "runner_us": statistics.median(per_runner) if runners else None}
+        out[mode.value] = {
+            "graph_mem_bytes": mem,
+            "pool_growth_bytes": entry.pool_growth_bytes,
+            "host_steady_us": summarize(steady).median,
+            "pieces": entry.pieces,
+            "runners": len(runners),
+            "runner_us": statistics.median(per_runner) if runners else None,
+        }
         ex.release()
     full, pw = out["full"], out["piecewise"]
     out["mem_ratio"] = pw["graph_mem_bytes"] / full["graph_mem_bytes"] if full["graph_mem_bytes"] else None
@@ -225,8 +324,10 @@ def stage_host(args) -> dict:
         name = "full --fuse" if fuse else "full"
         ex = _executor([1], 1152, 1024, fuse)
         cache, lm = ex.cache, ex.lm
-        batches = [make_batch(parse_composition(c, seed), cache, lm.vocab_size, 256)
-                   for seed, c in enumerate(("1*1@1023", "1*1@700"))]
+        batches = [
+            make_batch(parse_composition(c, seed), cache, lm.vocab_size, 256)
+            for seed, c in enumerate(("1*1@1023", "1*1@700"))
+        ]
         entry = ex.prepare(batches[0])
         turn = itertools.cycle(batches)
         step = host_us(lambda: ex.step(next(turn)), 200, ex.device)
@@ -248,8 +349,13 @@ def stage_host(args) -> dict:
             entry.replay(batch)
             busy.append((time.perf_counter() - t0) * 1e6)
         torch.cuda.synchronize()
-        out[name] = {"steady_us": summarize(steady), "step_us": summarize(step), "copy_in_us": summarize(copy),
-                     "launch_idle_us": summarize(idle), "launch_busy_us": summarize(busy)}
+        out[name] = {
+            "steady_us": summarize(steady),
+            "step_us": summarize(step),
+            "copy_in_us": summarize(copy),
+            "launch_idle_us": summarize(idle),
+            "launch_busy_us": summarize(busy),
+        }
         replays[name] = (ex, entry, batch)
     for name, (ex, entry, batch) in replays.items():
         out[name]["kernels_per_replay"] = kernels_per_replay(lambda e=entry, b=batch: e.replay(b), ex.device)
@@ -264,6 +370,7 @@ def _med(r, field="latency_ms"):
 
 def summary(out: Path, console: Console) -> list[tuple]:
     """Goal rows: (what, measured, goal, met?) from the stage files present."""
+
     def load(stage):
         p = out / f"bench-{stage}.json"
         return json.loads(p.read_text()) if p.exists() else None
@@ -276,40 +383,83 @@ def summary(out: Path, console: Console) -> list[tuple]:
             if r["status"] != "ok":
                 rows.append((f"hf-compiled B={r['bucket']} kv={r['kv_len']}", r["status"], "", r.get("error")))
                 continue
-            rows.append((f"hf-compiled B={r['bucket']} kv={r['kv_len']} (compile {r['compile_s']:.0f} s)",
-                         f"{_med(r):.3f} ms", "", ""))
+            rows.append(
+                (
+                    f"hf-compiled B={r['bucket']} kv={r['kv_len']} (compile {r['compile_s']:.0f} s)",
+                    f"{_med(r):.3f} ms",
+                    "",
+                    "",
+                )
+            )
             for name, stage, goal in variants:
                 if not stage:
                     continue
-                mine = [x for x in stage["rows"] if x["bucket"] == r["bucket"]
-                        and x["composition"].endswith(f"@{r['kv_len'] - 1}") and x["status"] == "ok"]
+                mine = [
+                    x
+                    for x in stage["rows"]
+                    if x["bucket"] == r["bucket"]
+                    and x["composition"].endswith(f"@{r['kv_len'] - 1}")
+                    and x["status"] == "ok"
+                ]
                 if mine:
                     ratio = _med(r) / _med(mine[0])
-                    rows.append((f"  gmtool {name}: {_med(mine[0]):.3f} ms, hf-compiled / gmtool", f"{ratio:.2f}x",
-                                 f">= {goal}x", "met" if ratio >= goal else "NOT met"))
+                    rows.append(
+                        (
+                            f"  gmtool {name}: {_med(mine[0]):.3f} ms, hf-compiled / gmtool",
+                            f"{ratio:.2f}x",
+                            f">= {goal}x",
+                            "met" if ratio >= goal else "NOT met",
+                        )
+                    )
     elif dec:
         for x in dec["rows"]:
-            rows.append((f"gmtool full B={x['bucket']} {x['composition']}", f"{_med(x):.3f} ms" if _med(x) else x["status"], "", ""))
+            rows.append(
+                (
+                    f"gmtool full B={x['bucket']} {x['composition']}",
+                    f"{_med(x):.3f} ms" if _med(x) else x["status"],
+                    "",
+                    "",
+                )
+            )
     for name, stage, _ in variants:
         for x in (stage or {}).get("rows", []):
             h, steady = _med(x, "host_us"), _med(x, "host_steady_us")
             if steady is not None and x["composition"].endswith(f"@{KV_LENS[0] - 1}"):
-                what = (f"host time per replay, {name} B={x['bucket']}: device busy with the previous step "
-                        f"(idle device {h:.0f} us, copy-in {_med(x, 'host_copy_us'):.0f} us)")
-                rows.append((what, f"{steady:.1f} us ({steady / 10 / _med(x):.1f}% of replay)", "< 30 us",
-                             "met" if steady < 30 else "NOT met"))
+                what = (
+                    f"host time per replay, {name} B={x['bucket']}: device busy with the previous step "
+                    f"(idle device {h:.0f} us, copy-in {_med(x, 'host_copy_us'):.0f} us)"
+                )
+                rows.append(
+                    (
+                        what,
+                        f"{steady:.1f} us ({steady / 10 / _med(x):.1f}% of replay)",
+                        "< 30 us",
+                        "met" if steady < 30 else "NOT met",
+                    )
+                )
     k = load("kernel")
     if k:
-        rows.append((f"decode attention B=32 kv=4096: {k['kernel_GBps']:.0f} GB/s vs copy {k['copy_GBps']:.0f} GB/s",
-                     f"{100 * k['ratio']:.0f}%", ">= 70%", "met" if k["ratio"] >= 0.7 else "NOT met"))
+        rows.append(
+            (
+                f"decode attention B=32 kv=4096: {k['kernel_GBps']:.0f} GB/s vs copy {k['copy_GBps']:.0f} GB/s",
+                f"{100 * k['ratio']:.0f}%",
+                ">= 70%",
+                "met" if k["ratio"] >= 0.7 else "NOT met",
+            )
+        )
     w = load("window")
     if w and "windowed" in w:
         win, full = w["windowed"], w["full"]
-        rows.append((f"sliding-window decode, gemma-2-2b shapes B=32 kv 8192 window {w['window_tokens']}: "
-                     f"{win['kernel_ms']:.3f} ms ({win['kv_bytes'] / 2**20:.0f} MiB read, {win['kernel_GBps']:.0f} GB/s) vs "
-                     f"full {full['kernel_ms']:.3f} ms ({full['kv_bytes'] / 2**20:.0f} MiB, {full['kernel_GBps']:.0f} GB/s)",
-                     f"{win['kernel_ms'] / full['kernel_ms']:.2f}x the time", "<= 0.6x",
-                     "met" if win["kernel_ms"] <= 0.6 * full["kernel_ms"] else "NOT met"))
+        rows.append(
+            (
+                f"sliding-window decode, gemma-2-2b shapes B=32 kv 8192 window {w['window_tokens']}: "
+                f"{win['kernel_ms']:.3f} ms ({win['kv_bytes'] / 2**20:.0f} MiB read, {win['kernel_GBps']:.0f} GB/s) vs "
+                f"full {full['kernel_ms']:.3f} ms ({full['kv_bytes'] / 2**20:.0f} MiB, {full['kernel_GBps']:.0f} GB/s)",
+                f"{win['kernel_ms'] / full['kernel_ms']:.2f}x the time",
+                "<= 0.6x",
+                "met" if win["kernel_ms"] <= 0.6 * full["kernel_ms"] else "NOT met",
+            )
+        )
     pf = load("prefill")
     if pf:
         for b in (512, 2048):
@@ -318,40 +468,80 @@ def summary(out: Path, console: Console) -> list[tuple]:
             ea = [r["eager_latency_ms"] for r in pf["piecewise"] if r["bucket"] == b and r["eager_latency_ms"]]
             if pw and ea:
                 ratio = statistics.median(ea) / statistics.median(pw)
-                rows.append((f"prefill {b}: eager / piecewise", f"{ratio:.2f}x", "> 1x", "met" if ratio > 1 else "NOT met"))
+                rows.append(
+                    (f"prefill {b}: eager / piecewise", f"{ratio:.2f}x", "> 1x", "met" if ratio > 1 else "NOT met")
+                )
             if pw and fu:
                 ratio = statistics.median(pw) / statistics.median(fu)
-                rows.append((f"prefill {b}: piecewise / full (wide key)", f"{ratio:.2f}x", "<= 1.1x",
-                             "met" if ratio <= 1.1 else "NOT met"))
+                rows.append(
+                    (
+                        f"prefill {b}: piecewise / full (wide key)",
+                        f"{ratio:.2f}x",
+                        "<= 1.1x",
+                        "met" if ratio <= 1.1 else "NOT met",
+                    )
+                )
     host = load("host")
     for name, h in (host or {}).items():
         if isinstance(h, dict) and "steady_us" in h:
             steady = h["steady_us"]
-            what = (f"host time per replay, {name} B=1, bench host stage ({h['kernels_per_replay']} kernels "
-                    f"per replay): device busy with the previous step; idle device {h['step_us']['median']:.1f} us "
-                    f"(p90 {h['step_us']['p90']:.0f}) = copy-in {h['copy_in_us']['median']:.0f} us + launch "
-                    f"{h['launch_idle_us']['median']:.0f} us")
-            rows.append((what, f"{steady['median']:.1f} us (p90 {steady['p90']:.0f})", "< 30 us",
-                         "met" if steady["median"] < 30 else "NOT met"))
+            what = (
+                f"host time per replay, {name} B=1, bench host stage ({h['kernels_per_replay']} kernels "
+                f"per replay): device busy with the previous step; idle device {h['step_us']['median']:.1f} us "
+                f"(p90 {h['step_us']['p90']:.0f}) = copy-in {h['copy_in_us']['median']:.0f} us + launch "
+                f"{h['launch_idle_us']['median']:.0f} us"
+            )
+            rows.append(
+                (
+                    what,
+                    f"{steady['median']:.1f} us (p90 {steady['p90']:.0f})",
+                    "< 30 us",
+                    "met" if steady["median"] < 30 else "NOT met",
+                )
+            )
     if host:
-        rows.append(("this host: one small numpy slice write (copy-in makes 4 to 9)",
-                     f"{host['numpy_write_us']:.2f} us", "", ""))
+        rows.append(
+            (
+                "this host: one small numpy slice write (copy-in makes 4 to 9)",
+                f"{host['numpy_write_us']:.2f} us",
+                "",
+                "",
+            )
+        )
     lean = load("lean")
     for t, x in (lean or {}).items():
         if not isinstance(x, dict) or "mem_ratio" not in x:
             continue
         full, pw = x["full"], x["piecewise"]
-        rows.append((f"prefill {t}: graph memory piecewise / full ({pw['graph_mem_bytes'] / 2**20:.1f} vs "
-                     f"{full['graph_mem_bytes'] / 2**20:.1f} MiB)", f"{x['mem_ratio']:.2f}x", "<= 1.1x",
-                     "met" if x["mem_ratio"] <= 1.1 else "NOT met"))
-        rows.append((f"prefill {t}: host time per step piecewise vs full ({pw['host_steady_us']:.0f} vs "
-                     f"{full['host_steady_us']:.0f} us, {pw['runners']} runners; a runner alone "
-                     f"{pw['runner_us']:.1f} us)", f"+{x['host_extra_us_per_runner']:.1f} us per runner",
-                     "<= 5 us", "met" if x["host_extra_us_per_runner"] <= 5 else "NOT met"))
+        rows.append(
+            (
+                f"prefill {t}: graph memory piecewise / full ({pw['graph_mem_bytes'] / 2**20:.1f} vs "
+                f"{full['graph_mem_bytes'] / 2**20:.1f} MiB)",
+                f"{x['mem_ratio']:.2f}x",
+                "<= 1.1x",
+                "met" if x["mem_ratio"] <= 1.1 else "NOT met",
+            )
+        )
+        rows.append(
+            (
+                f"prefill {t}: host time per step piecewise vs full ({pw['host_steady_us']:.0f} vs "
+                f"{full['host_steady_us']:.0f} us, {pw['runners']} runners; a runner alone "
+                f"{pw['runner_us']:.1f} us)",
+                f"+{x['host_extra_us_per_runner']:.1f} us per runner",
+                "<= 5 us",
+                "met" if x["host_extra_us_per_runner"] <= 5 else "NOT met",
+            )
+        )
     cap = load("capture")
     if cap:
-        rows.append((f"capture {cap['buckets']} default decode buckets (capture alone {cap['capture_only_s']:.2f} s)",
-                     f"{cap['total_s']:.2f} s", "< 10 s", "met" if cap["total_s"] < 10 else "NOT met"))
+        rows.append(
+            (
+                f"capture {cap['buckets']} default decode buckets (capture alone {cap['capture_only_s']:.2f} s)",
+                f"{cap['total_s']:.2f} s",
+                "< 10 s",
+                "met" if cap["total_s"] < 10 else "NOT met",
+            )
+        )
     t = Table(title=f"gmtool bench: {MODEL} on {torch.cuda.get_device_name() if torch.cuda.is_available() else '-'}")
     for c in ("what", "measured", "goal", ""):
         t.add_column(c)
@@ -372,8 +562,15 @@ def main(argv=None) -> int:
         console.print("[red]error:[/] make bench needs CUDA (run it on the GPU machine)")
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    fns = {"kernel": stage_kernel, "window": stage_window, "peer": stage_peer, "prefill": stage_prefill, "capture": stage_capture,
-           "lean": stage_lean, "host": stage_host}
+    fns = {
+        "kernel": stage_kernel,
+        "window": stage_window,
+        "peer": stage_peer,
+        "prefill": stage_prefill,
+        "capture": stage_capture,
+        "lean": stage_lean,
+        "host": stage_host,
+    }
     for stage, _, compile_, fuse, _ in DECODE_VARIANTS:
         fns[stage] = lambda a, c=compile_, f=fuse: stage_decode(a, c, f)
     # host counts kernels with the profiler, which slows every later CUDA call of the process: it goes last
@@ -389,7 +586,9 @@ def main(argv=None) -> int:
             data = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
         data["wall_s"] = time.perf_counter() - t0
         (args.out / f"bench-{stage}.json").write_text(json.dumps(data, indent=1, default=_jsonable))
-        console.print(f"stage {stage}: {data['wall_s']:.1f} s" + (f" [red]{data['error']}[/]" if "error" in data else ""))
+        console.print(
+            f"stage {stage}: {data['wall_s']:.1f} s" + (f" [red]{data['error']}[/]" if "error" in data else "")
+        )
         torch.cuda.empty_cache()
     summary(args.out, console)
     return 0

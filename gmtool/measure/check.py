@@ -7,6 +7,7 @@ must rewrite every byte the check reads. Logits and the K/V written are compared
 unpadded batch (the reference, loose tolerance: other GEMM shapes round differently) and the same padded
 computation without a graph (tight: identical kernels, so anything above rounding is stale data).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,7 @@ def written_kv(cache: PagedKVCache, batch: Batch, slots: torch.Tensor | None = N
     slots = _slots(cache, batch) if slots is None else slots
     rows = [t.view(-1, *t.shape[2:])[slots].flatten(1) for t in cache.k + cache.v]
     width = max(r.shape[1] for r in rows)
-    return torch.cat([r if r.shape[1] == width else torch.nn.functional.pad(r, (0, width - r.shape[1]))
-                      for r in rows])
+    return torch.cat([r if r.shape[1] == width else torch.nn.functional.pad(r, (0, width - r.shape[1])) for r in rows])
 
 
 def poison_kv(cache: PagedKVCache, slots: torch.Tensor) -> None:
@@ -77,9 +77,11 @@ class ReplayCheck:
             why = "the K/V the replay wrote differs from eager's"
         else:
             return None
-        return (f"{why}: max relative error {self.max_rel_err_same_shape:.3g} vs same-shape eager (tolerance "
-                f"{tol_same:g}), {self.max_rel_err:.3g} vs unpadded eager (tolerance {tol:g}); K/V "
-                f"{self.kv_rel_err_same_shape:.3g} and {self.kv_rel_err:.3g}")
+        return (
+            f"{why}: max relative error {self.max_rel_err_same_shape:.3g} vs same-shape eager (tolerance "
+            f"{tol_same:g}), {self.max_rel_err:.3g} vs unpadded eager (tolerance {tol:g}); K/V "
+            f"{self.kv_rel_err_same_shape:.3g} and {self.kv_rel_err:.3g}"
+        )
 
 
 def checked_replay(ex, batch: Batch, ref: EagerReference, before_replay=None, after_replay=None):
@@ -106,6 +108,12 @@ def checked_replay(ex, batch: Batch, ref: EagerReference, before_replay=None, af
     out, kv = out.clone(), written_kv(ex.cache, batch, slots)
     same = ex.eager_same_shape(batch).clone()
     kv_same = written_kv(ex.cache, batch, slots)
-    check = ReplayCheck(rel_err_per_seq(out, ref.logits), rel_err_per_seq(out, same),
-                        rel_err_per_seq(kv, ref.kv), rel_err_per_seq(kv, kv_same), entry.stale_metadata(batch), replay_error)
+    check = ReplayCheck(
+        rel_err_per_seq(out, ref.logits),
+        rel_err_per_seq(out, same),
+        rel_err_per_seq(kv, ref.kv),
+        rel_err_per_seq(kv, kv_same),
+        entry.stale_metadata(batch),
+        replay_error,
+    )
     return entry, check, out

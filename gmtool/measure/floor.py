@@ -12,6 +12,7 @@ later CUDA call of the process, so a run that measures the hf-compiled peer afte
 out), on the CPU as the ATen ops one replay dispatches. Under --trace, the traced replays' time is split by
 kernel class (time_by_class).
 """
+
 from __future__ import annotations
 
 import json
@@ -161,8 +162,10 @@ class FloorProbe:
         res.machine.update(copy_bytes_per_s=dev.copy_bytes_per_s, graph_node_us=dev.node_us)
         count = self.count_kernels or device.type != "cuda"
         if not count:
-            res.notes.append("floor: the launch floor is left out (counting kernels attaches the profiler, which "
-                             "would slow the hf-compiled rows measured after)")
+            res.notes.append(
+                "floor: the launch floor is left out (counting kernels attaches the profiler, which "
+                "would slow the hf-compiled rows measured after)"
+            )
         counted: dict[tuple, int | None] = {}
         for rec, batch in _rows_with_batches(bench, res.records):
             if rec.mode not in executors and rec.mode is not GraphMode.EAGER:
@@ -220,8 +223,14 @@ KERNEL_CLASSES = (  # first match wins: attention kernels may name a GEMM inside
     ("attention", re.compile(r"attention|attn|sdpa|flash|fmha|decode_split|combine_kernel|varlen|write_kv", re.I)),
     ("GEMM", re.compile(r"gemm|gemv|matmul|\bmm\b|aten::mm|addmm|bmm|linear|cutlass|xmma|cublas|nvjet|sm\d+_", re.I)),
     ("norm", re.compile(r"norm|rsqrt", re.I)),
-    ("elementwise", re.compile(r"elementwise|vectorized|silu|sigmoid|mul|add|sub|div|neg|exp|pow|copy|fill|"
-                               r"cat|index|embedding|where|mean|softmax|rotary|rope", re.I)),
+    (
+        "elementwise",
+        re.compile(
+            r"elementwise|vectorized|silu|sigmoid|mul|add|sub|div|neg|exp|pow|copy|fill|"
+            r"cat|index|embedding|where|mean|softmax|rotary|rope",
+            re.I,
+        ),
+    ),
 )
 
 

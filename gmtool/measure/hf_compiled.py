@@ -18,6 +18,7 @@ transformers moved between versions: the cache argument is `past_key_values` (5.
 write position is either a `cache_position` argument or a counter kept in each cache layer. Both are read off
 the forward signature and the cache layers.
 """
+
 from __future__ import annotations
 
 import copy
@@ -37,14 +38,18 @@ from gmtool.measure.timing import rel_err_per_seq, summarize, time_ms, tolerance
 from gmtool.measure.trace import profile_steps, trace_path
 
 COMPILE_CALLS = 3  # reduce-overhead compiles on the 1st call, records its CUDA graph on the 2nd, replays after
+
+
 class PeerCompile(StrEnum):
     SHARED = "shared"  # once for the whole sweep, as users get it
     PER_BUCKET = "per-bucket"  # each bucket for its own shape: the peer's fastest kernels
 
 
 PEER_COMPILES = tuple(PeerCompile)
-NEEDS_CUDA = ("hf-compiled needs CUDA: torch.compile(mode='reduce-overhead') is measured by the CUDA graphs it "
-              "captures; not run on the {device} backend")
+NEEDS_CUDA = (
+    "hf-compiled needs CUDA: torch.compile(mode='reduce-overhead') is measured by the CUDA graphs it "
+    "captures; not run on the {device} backend"
+)
 
 
 def sdpa_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -69,11 +74,16 @@ class HFDecode:
         tables = [torch.as_tensor(t, device=dev) for t in batch.block_tables]
         for layer in range(paged.spec.num_layers):
             # [B, Hkv, L, D], the layout HF caches keep; update() allocates the static tensors on first use
-            k, v = (torch.stack([c[layer][t].flatten(0, 1)[:context].transpose(0, 1) for t in tables])
-                    for c in (paged.k, paged.v))
+            k, v = (
+                torch.stack([c[layer][t].flatten(0, 1)[:context].transpose(0, 1) for t in tables])
+                for c in (paged.k, paged.v)
+            )
             self.cache.update(k, v, layer, positions)
-        self.counters = [lay.cumulative_length for lay in getattr(self.cache, "layers", [])
-                         if isinstance(getattr(lay, "cumulative_length", None), torch.Tensor)]
+        self.counters = [
+            lay.cumulative_length
+            for lay in getattr(self.cache, "layers", [])
+            if isinstance(getattr(lay, "cumulative_length", None), torch.Tensor)
+        ]
         params = inspect.signature(model.forward).parameters
         self.kwargs = {("cache" if "cache" in params else "past_key_values"): self.cache, "use_cache": True}
         if "cache_position" in params:
@@ -126,11 +136,13 @@ def _host_us(step, rewind, iters: int, device) -> list[float]:
 
 
 def _note(context: int, max_len: int, how: str) -> str:
-    return (f"hf-compiled: HF StaticCache + torch.compile(mode='reduce-overhead'), {how} compile, sdpa attention, "
-            "on its own copy "
-            f"of the weights; every sequence at context {context} (max_kv_len/2) in a {max_len}-token static cache "
-            "holding gmtool's K/V, compared with gmtool eager on the same tokens; compile_s is the first calls of "
-            "a bucket (compile, if that bucket caused one, and graph recording); host_us is the compiled call alone (its inputs already on the device)")
+    return (
+        f"hf-compiled: HF StaticCache + torch.compile(mode='reduce-overhead'), {how} compile, sdpa attention, "
+        "on its own copy "
+        f"of the weights; every sequence at context {context} (max_kv_len/2) in a {max_len}-token static cache "
+        "holding gmtool's K/V, compared with gmtool eager on the same tokens; compile_s is the first calls of "
+        "a bucket (compile, if that bucket caused one, and graph recording); host_us is the compiled call alone (its inputs already on the device)"
+    )
 
 
 class HfCompiled:
@@ -148,10 +160,19 @@ class HfCompiled:
         self.tol = tolerances_for(self.cfg.torch_dtype)[1]
 
     def row(self, bucket: int, status: Status, **kw) -> Record:
-        return Record(mode=GraphMode.HF_COMPILED, bucket=bucket, composition=f"1*{bucket}@{self.context}",
-                      num_tokens=bucket, num_seqs=bucket, status=status, served_by=GraphMode.HF_COMPILED.served_by,
-                      impl=f"hf-static-sdpa ({self.compile_how} compile)", tolerance=self.tol,
-                      notes=_note(self.context, self.cfg.max_kv_len, self.compile_how), **kw)
+        return Record(
+            mode=GraphMode.HF_COMPILED,
+            bucket=bucket,
+            composition=f"1*{bucket}@{self.context}",
+            num_tokens=bucket,
+            num_seqs=bucket,
+            status=status,
+            served_by=GraphMode.HF_COMPILED.served_by,
+            impl=f"hf-static-sdpa ({self.compile_how} compile)",
+            tolerance=self.tol,
+            notes=_note(self.context, self.cfg.max_kv_len, self.compile_how),
+            **kw,
+        )
 
     @property
     def runnable(self) -> bool:
@@ -177,14 +198,17 @@ class HfCompiled:
             yield from (self.row(b, Status.SKIPPED, error=why) for b in buckets)
             return
         if self.context < 1:
-            yield from (self.row(b, Status.ERROR, error="hf-compiled needs --max-kv-len of at least 2") for b in buckets)
+            yield from (
+                self.row(b, Status.ERROR, error="hf-compiled needs --max-kv-len of at least 2") for b in buckets
+            )
             return
         try:
             with unfused(self.lm.fused):  # the peer runs the Hugging Face layers as users have them
                 model = sdpa_copy(self.lm.model)
         except torch.OutOfMemoryError:
-            yield from (self.row(b, Status.OOM, error="hf-compiled: no memory for its copy of the weights")
-                        for b in buckets)
+            yield from (
+                self.row(b, Status.OOM, error="hf-compiled: no memory for its copy of the weights") for b in buckets
+            )
             return
         if progress:
             progress.start(len(buckets))
@@ -259,14 +283,32 @@ class HfCompiled:
             hf.rewind()
             err = rel_err_per_seq(step().clone(), ref)
             if not err <= self.tol:  # NaN fails too
-                return self.row(bucket, Status.UNSAFE, max_rel_err=err, compile_s=compile_s,
-                                error=f"differs from gmtool eager: max relative error {err:.3g} "
-                                      f"(tolerance {self.tol:g})")
+                return self.row(
+                    bucket,
+                    Status.UNSAFE,
+                    max_rel_err=err,
+                    compile_s=compile_s,
+                    error=f"differs from gmtool eager: max relative error {err:.3g} (tolerance {self.tol:g})",
+                )
             lat = summarize(_device_ms(step, hf.rewind, cfg.num_iters, cfg.num_iters_warmup, dev))
             host = summarize(_host_us(step, hf.rewind, max(5, cfg.num_iters // 2), dev))
             if trace and self.trace_dir is not None:
-                self.trace_files.append(profile_steps(step, trace_path(self.trace_dir, GraphMode.HF_COMPILED),
-                                                      f"{GraphMode.HF_COMPILED} bucket {bucket}", dev, before=hf.rewind))
-        return self.row(bucket, Status.OK, max_rel_err=err, compile_s=compile_s, latency_ms=lat,
-                        eager_latency_ms=eager_ms.median, host_us=host,
-                        speedup=eager_ms.median / lat.median if lat.median > 0 else None)
+                self.trace_files.append(
+                    profile_steps(
+                        step,
+                        trace_path(self.trace_dir, GraphMode.HF_COMPILED),
+                        f"{GraphMode.HF_COMPILED} bucket {bucket}",
+                        dev,
+                        before=hf.rewind,
+                    )
+                )
+        return self.row(
+            bucket,
+            Status.OK,
+            max_rel_err=err,
+            compile_s=compile_s,
+            latency_ms=lat,
+            eager_latency_ms=eager_ms.median,
+            host_us=host,
+            speedup=eager_ms.median / lat.median if lat.median > 0 else None,
+        )

@@ -5,6 +5,7 @@ with order "ascending" reverses it). For every composition, eager runs the exact
 reference; each graph mode replays the padded bucket and is judged against it (gmtool.measure.check). Probes run once
 every row is measured, while every graph is still alive: tracing, memreport's shuffled replays and metering.
 """
+
 from __future__ import annotations
 
 import platform
@@ -43,8 +44,16 @@ class SweepResult:
             self.on_record(self, rec)
 
     def document(self, command: str) -> Document:
-        return Document(command=command, wall_s=self.wall_s, machine=self.machine, model=self.model,
-                        config=self.config, notes=self.notes, errors=self.errors, records=self.records)
+        return Document(
+            command=command,
+            wall_s=self.wall_s,
+            machine=self.machine,
+            model=self.model,
+            config=self.config,
+            notes=self.notes,
+            errors=self.errors,
+            records=self.records,
+        )
 
 
 def planned_rows(cfg: SweepConfig) -> int:
@@ -60,9 +69,17 @@ class Probe(Protocol):
 def machine_info(device: torch.device) -> dict:
     import transformers
 
-    info = {"device": device.type, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "host": platform.node(), "backend": "cpu-tape",
-            "gpu": None, "driver": None, "cuda": None}
+    info = {
+        "device": device.type,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "backend": "cpu-tape",
+        "gpu": None,
+        "driver": None,
+        "cuda": None,
+    }
     if device.type == "cuda":
         info.update(backend="cuda", gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
         try:
@@ -76,8 +93,9 @@ def machine_info(device: torch.device) -> dict:
 
 
 class Sweep:
-    def __init__(self, cfg: SweepConfig, progress=None, memory_factory=None, probes: tuple[Probe, ...] = (),
-                 on_record=None):
+    def __init__(
+        self, cfg: SweepConfig, progress=None, memory_factory=None, probes: tuple[Probe, ...] = (), on_record=None
+    ):
         """memory_factory(mode) -> a MemoryStrategy for that mode's executor (None: one shared pool);
         on_record(result, record): told of each row the moment it is measured (the journal)."""
         self.cfg, self.progress, self.memory_factory, self.probes = cfg, progress, memory_factory, probes
@@ -91,12 +109,16 @@ class Sweep:
         self.bench = bench = bench or Workbench.build(cfg)
         if cfg.graph_modes and (why := bench.capture_refusal()):
             raise CaptureError(why)  # instead of the capture error each bucket would meet
-        self.result = res = SweepResult(cfg.to_dict(), machine_info(self.device), bench.model_info(),
-                                        notes=list(cfg.notes) + bench.lm.notes
-                                        + ([bench.lm.fused.summary] if bench.lm.fused else []),
-                                        on_record=self.on_record)
-        executors = {m: bench.executor(m, self.memory_factory(m) if self.memory_factory else None)
-                     for m in cfg.graph_modes}
+        self.result = res = SweepResult(
+            cfg.to_dict(),
+            machine_info(self.device),
+            bench.model_info(),
+            notes=list(cfg.notes) + bench.lm.notes + ([bench.lm.fused.summary] if bench.lm.fused else []),
+            on_record=self.on_record,
+        )
+        executors = {
+            m: bench.executor(m, self.memory_factory(m) if self.memory_factory else None) for m in cfg.graph_modes
+        }
         try:
             self._measure(bench, executors, res)
             for probe in self.probes:
@@ -118,8 +140,14 @@ class Sweep:
         ascending = any(getattr(ex.memory, "order", None) == "ascending" for ex in executors.values())
         for bucket in sorted(cfg.compositions_by_bucket, reverse=not ascending):
             for comp in cfg.compositions_by_bucket[bucket]:
-                base = {"bucket": bucket, "composition": comp.label, "num_tokens": comp.num_tokens,
-                        "num_seqs": comp.num_seqs, "tolerance": tol, "tolerance_same_shape": tol_same}
+                base = {
+                    "bucket": bucket,
+                    "composition": comp.label,
+                    "num_tokens": comp.num_tokens,
+                    "num_seqs": comp.num_seqs,
+                    "tolerance": tol,
+                    "tolerance_same_shape": tol_same,
+                }
                 try:
                     batch = bench.batch(comp)
                     ref, eager_fn = bench.reference(batch)
@@ -132,10 +160,19 @@ class Sweep:
                 if GraphMode.EAGER in cfg.modes:
                     eager_ms = summarize(time_ms(eager_fn, cfg.num_iters, cfg.num_iters_warmup, self.device))
                     eager_med = eager_ms.median
-                    res.add(Record(**base, mode=GraphMode.EAGER, served_by=GraphMode.EAGER.served_by,
-                                   status=Status.OK, max_rel_err=0.0,
-                                   max_rel_err_same_shape=0.0, latency_ms=eager_ms, eager_latency_ms=eager_med,
-                                   speedup=1.0))
+                    res.add(
+                        Record(
+                            **base,
+                            mode=GraphMode.EAGER,
+                            served_by=GraphMode.EAGER.served_by,
+                            status=Status.OK,
+                            max_rel_err=0.0,
+                            max_rel_err_same_shape=0.0,
+                            latency_ms=eager_ms,
+                            eager_latency_ms=eager_med,
+                            speedup=1.0,
+                        )
+                    )
                 for mode, ex in executors.items():
                     if mode in dead:
                         res.add(Record(**base, mode=mode, status=Status.SKIPPED, error=dead[mode]))
@@ -166,18 +203,29 @@ class Sweep:
             return Record(**base, mode=mode, status=Status.OOM, key=str(key), error=error)
         except GmtoolError as e:
             return Record(**base, mode=mode, status=Status.ERROR, key=str(key), error=str(e))
-        rec = Record(**base, mode=mode, status=Status.OK, key=str(entry.key), impl=entry.impl,
-                     max_rel_err=check.max_rel_err, max_rel_err_same_shape=check.max_rel_err_same_shape,
-                     kv_rel_err=check.kv_rel_err, kv_rel_err_same_shape=check.kv_rel_err_same_shape,
-                     capture_s=entry.capture_s if fresh else None,
-                     compile_s=entry.compile_s if fresh else None,
-                     graph_mem_bytes=entry.graph_mem_bytes if fresh else None,
-                     pool_growth_bytes=entry.pool_growth_bytes if fresh else None,
-                     outside_pool_bytes=entry.outside_pool_bytes if fresh else None,
-                     pieces=entry.pieces, runners=entry.runners, stale_metadata=check.stale_metadata,
-                     piecewise_impl=entry.piecewise_impl,
-                     captured_with=entry.captured_with, served_by=entry.mode.served_by,
-                     **(capture_ledger(ex, entry) if fresh else {}))
+        rec = Record(
+            **base,
+            mode=mode,
+            status=Status.OK,
+            key=str(entry.key),
+            impl=entry.impl,
+            max_rel_err=check.max_rel_err,
+            max_rel_err_same_shape=check.max_rel_err_same_shape,
+            kv_rel_err=check.kv_rel_err,
+            kv_rel_err_same_shape=check.kv_rel_err_same_shape,
+            capture_s=entry.capture_s if fresh else None,
+            compile_s=entry.compile_s if fresh else None,
+            graph_mem_bytes=entry.graph_mem_bytes if fresh else None,
+            pool_growth_bytes=entry.pool_growth_bytes if fresh else None,
+            outside_pool_bytes=entry.outside_pool_bytes if fresh else None,
+            pieces=entry.pieces,
+            runners=entry.runners,
+            stale_metadata=check.stale_metadata,
+            piecewise_impl=entry.piecewise_impl,
+            captured_with=entry.captured_with,
+            served_by=entry.mode.served_by,
+            **(capture_ledger(ex, entry) if fresh else {}),
+        )
         why = agree(check.failure(tol_same, tol))  # under --tp, every rank's verdict (its own K/V differ)
         if why:
             rec.status, rec.error = Status.UNSAFE, why

@@ -1,4 +1,5 @@
 """Timing: CUDA events after warm-up on the GPU (host clock on the CPU backend), medians and spread."""
+
 from __future__ import annotations
 
 import time
@@ -71,11 +72,17 @@ def summarize(samples: list[float]) -> Timing | None:
     if a.size == 0:
         return None
     q1, med, q3 = np.percentile(a, [25, 50, 75])
-    return Timing(**{
-        "median": float(med), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)),
-        "min": float(a.min()), "iqr": float(q3 - q1), "n": int(a.size),
-        "noisy": bool(med > 0 and (q3 - q1) / med > NOISY_IQR_FRACTION),
-    })
+    return Timing(
+        **{
+            "median": float(med),
+            "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99)),
+            "min": float(a.min()),
+            "iqr": float(q3 - q1),
+            "n": int(a.size),
+            "noisy": bool(med > 0 and (q3 - q1) / med > NOISY_IQR_FRACTION),
+        }
+    )
 
 
 def rel_err_per_seq(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -4,6 +4,7 @@ an NVTX range on CUDA so that Nsight Systems shows it by name.
 The replays are re-run outside the sweep's timed loop, through the executors while their graphs are still
 alive (a sweep probe): profiling never perturbs the figures the sweep reports.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,8 +35,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def profile_steps(fn, path: Path, label: str, device: torch.device, before=None,
-                  replays: int = TRACE_REPLAYS) -> Path:
+def profile_steps(fn, path: Path, label: str, device: torch.device, before=None, replays: int = TRACE_REPLAYS) -> Path:
     """before(): untraced set-up run ahead of every replay (a cache position to rewind, say)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -72,8 +72,9 @@ class TraceProbe:
             bucket = max(cfg.compositions_by_bucket)
             try:
                 fn, _ = bench.eager_fn(bench.batch(cfg.compositions_by_bucket[bucket][0]))
-                self.trace_files.append(profile_steps(fn, trace_path(self.out_dir, GraphMode.EAGER),
-                                                      f"eager bucket {bucket}", device))
+                self.trace_files.append(
+                    profile_steps(fn, trace_path(self.out_dir, GraphMode.EAGER), f"eager bucket {bucket}", device)
+                )
                 _split(self.trace_files[-1], res, GraphMode.EAGER, bucket)
             except GmtoolError as e:
                 res.notes.append(f"--trace: no eager trace: {e}")
@@ -87,8 +88,14 @@ class TraceProbe:
             try:
                 batch = bench.batch(comp)
                 entry = ex.prepare(batch)  # copy-in only: the graph for this key already exists
-                self.trace_files.append(profile_steps(lambda: entry.replay(batch), trace_path(self.out_dir, mode),
-                                                      f"{mode} bucket {key.num_tokens}", device))
+                self.trace_files.append(
+                    profile_steps(
+                        lambda: entry.replay(batch),
+                        trace_path(self.out_dir, mode),
+                        f"{mode} bucket {key.num_tokens}",
+                        device,
+                    )
+                )
                 _split(self.trace_files[-1], res, mode, key.num_tokens)
             except GmtoolError as e:
                 res.notes.append(f"--trace: no {mode} trace: {e}")

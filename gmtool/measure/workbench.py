@@ -4,6 +4,7 @@ The model (fused when asked), its paged KV cache filled with random prefixes, th
 reference, and a factory for graph executors. The sweep, memreport, the hf-compiled peer, the benchmark and
 the tests all build through it.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,9 @@ def _tp_rank(cfg: SweepConfig) -> int:
     from gmtool.parallel.comm import place
 
     if cfg.tp != place().world:
-        raise GmtoolError(f"--tp {cfg.tp} in a process group of {place().world}: start it with "
-                          "gmtool.parallel.launch.run")
+        raise GmtoolError(
+            f"--tp {cfg.tp} in a process group of {place().world}: start it with gmtool.parallel.launch.run"
+        )
     return place().rank
 
 
@@ -72,8 +74,10 @@ class Workbench:
             from gmtool.parallel.shard import shard_model
 
             if any(o.sinks is not None for o in lm.layout.layers):  # [heads] parameters the split leaves whole
-                raise GmtoolError(f"--tp {cfg.tp}: {lm.name} has learned per-head attention sinks, which gmtool's "
-                                  "tensor-parallel split does not shard: run it with --tp 1")
+                raise GmtoolError(
+                    f"--tp {cfg.tp}: {lm.name} has learned per-head attention sinks, which gmtool's "
+                    "tensor-parallel split does not shard: run it with --tp 1"
+                )
 
             lm.notes.append(shard_model(lm.model, rank, cfg.tp))
             lm.tp = cfg.tp
@@ -81,8 +85,15 @@ class Workbench:
             from gmtool.model.fused import fuse_layers
 
             lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout)
-        spec = KVCacheSpec(lm.num_layers, lm.rank_kv_heads, lm.head_dim, cfg.block_size, cfg.max_kv_len,
-                           cfg.torch_dtype, v_head_dim=lm.layout.v_head_dim)
+        spec = KVCacheSpec(
+            lm.num_layers,
+            lm.rank_kv_heads,
+            lm.head_dim,
+            cfg.block_size,
+            cfg.max_kv_len,
+            cfg.torch_dtype,
+            v_head_dim=lm.layout.v_head_dim,
+        )
         if num_blocks is not None:
             cache = PagedKVCache(spec, num_blocks, device)
         else:
@@ -96,8 +107,9 @@ class Workbench:
             cache = PagedKVCache.from_budget(spec, budget, worst, device)
         cache.fill_random(cfg.seed, rank, cfg.tp)
         # up to --max-tokens: auto runs a batch above the largest bucket eagerly, and checks it against this
-        eager_inputs = PersistentInputs(cfg.policy().max_tokens, cfg.max_num_seqs, spec.blocks_per_seq,
-                                        lm.vocab_size, lm.model.dtype, device)
+        eager_inputs = PersistentInputs(
+            cfg.policy().max_tokens, cfg.max_num_seqs, spec.blocks_per_seq, lm.vocab_size, lm.model.dtype, device
+        )
         return cls(cfg, lm, cache, eager_inputs)
 
     @property
@@ -113,10 +125,19 @@ class Workbench:
 
     def model_info(self) -> dict:
         lm = self.lm
-        return {"name": lm.name, "source": lm.source, "params": lm.num_params, "layers": lm.num_layers,
-                "heads": lm.num_heads, "kv_heads": lm.num_kv_heads, "head_dim": lm.head_dim, "vocab": lm.vocab_size,
-                "kv_cache_blocks": self.cache.num_blocks, "kv_cache_bytes": self.cache.nbytes,
-                "kv_bytes_per_token": self.cache.spec.bytes_per_token}
+        return {
+            "name": lm.name,
+            "source": lm.source,
+            "params": lm.num_params,
+            "layers": lm.num_layers,
+            "heads": lm.num_heads,
+            "kv_heads": lm.num_kv_heads,
+            "head_dim": lm.head_dim,
+            "vocab": lm.vocab_size,
+            "kv_cache_blocks": self.cache.num_blocks,
+            "kv_cache_bytes": self.cache.nbytes,
+            "kv_bytes_per_token": self.cache.spec.bytes_per_token,
+        }
 
     def capture_refusal(self) -> str | None:
         """Why the model's forward cannot be captured faithfully (gmtool.verify.capturable), or None."""
@@ -136,17 +157,31 @@ class Workbench:
             from gmtool.core.auto import AutoExecutor
 
             return AutoExecutor(mode, {kind: self.executor(m, memory) for kind, m in mode.composed_of.items()})
-        return GraphExecutor(self.lm, self.cache, cfg.policy(wide_key=mode.wide_key), mode, cfg.max_num_seqs,
-                             self.device, memory, self.attention,
-                             forward_for(mode, self.lm, cfg.piecewise_impl, cfg.compile))
+        return GraphExecutor(
+            self.lm,
+            self.cache,
+            cfg.policy(wide_key=mode.wide_key),
+            mode,
+            cfg.max_num_seqs,
+            self.device,
+            memory,
+            self.attention,
+            forward_for(mode, self.lm, cfg.piecewise_impl, cfg.compile),
+        )
 
     def eager_fn(self, batch: Batch):
         """gmtool's eager forward of the exact batch (no padding): the reference. Returns the callable and the
         logits view it writes."""
         key = BucketKey(batch.num_tokens, batch.num_seqs, batch.is_decode)
         views = self.eager_inputs.load(batch, key)
-        ctx = ForwardContext(self.cache, views, "decode" if batch.is_decode else "planned", batch.plan,
-                             batch.num_seqs, backend=self.attention)
+        ctx = ForwardContext(
+            self.cache,
+            views,
+            "decode" if batch.is_decode else "planned",
+            batch.plan,
+            batch.num_seqs,
+            backend=self.attention,
+        )
         lm = self.lm
 
         def fn():

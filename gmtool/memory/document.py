@@ -1,5 +1,6 @@
 """memreport.json typed: one row per memory strategy, the document they make, and the exit code it earns.
 gmtool.memory.report measures and derives the rows; this says what they hold."""
+
 from __future__ import annotations
 
 import json

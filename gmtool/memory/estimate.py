@@ -6,6 +6,7 @@ mode and one for the eager reference: their block tables grow with --max-kv-len 
 largest forward's working set (attention reads every block-table entry of a sequence), and what the captured
 graphs keep (on the CPU the tapes' op records, per graph; on CUDA the shared pool is the working set).
 """
+
 from __future__ import annotations
 
 import math
@@ -98,8 +99,9 @@ def estimate(cfg: SweepConfig, config) -> Estimate:
     kv_heads, head_dim = g("num_key_value_heads", heads), g("head_dim", hidden // heads)
     inter = g("intermediate_size", 4 * hidden)
     elem = torch.empty((), dtype=cfg.torch_dtype).element_size()
-    params = _meta_params(full_config) or vocab * hidden * (1 if getattr(config, "tie_word_embeddings", False) else 2) + \
-        layers * (hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * inter)
+    params = _meta_params(full_config) or vocab * hidden * (
+        1 if getattr(config, "tie_word_embeddings", False) else 2
+    ) + layers * (hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * inter)
 
     width = math.ceil(cfg.max_kv_len / cfg.block_size)  # block-table entries per sequence
     length = width * cfg.block_size
@@ -129,9 +131,13 @@ def estimate(cfg: SweepConfig, config) -> Estimate:
     if cfg.torch_device.type != "cuda":
         graphs = sum(len({c.num_seqs for c in cs}) for cs in cfg.compositions_by_bucket.values()) * graph_modes
         parts["graph tapes"] = graphs * (layers * TAPE_OPS_PER_LAYER + 50) * TAPE_BYTES_PER_OP
-    options = {"weights": "--model or --dtype", "KV cache": "--max-kv-len or the compositions' prefixes",
-               "input buffers": "--max-kv-len or --max-num-seqs", "working set": "--buckets (the largest) or --max-kv-len",
-               "graph tapes": "--buckets (fewer buckets)"}
+    options = {
+        "weights": "--model or --dtype",
+        "KV cache": "--max-kv-len or the compositions' prefixes",
+        "input buffers": "--max-kv-len or --max-num-seqs",
+        "working set": "--buckets (the largest) or --max-kv-len",
+        "graph tapes": "--buckets (fewer buckets)",
+    }
     return Estimate(parts, options)
 
 
@@ -157,6 +163,8 @@ def check_fits(cfg: SweepConfig) -> Estimate | None:
     have = available_bytes(cfg.torch_device)
     if est.total > have:
         where = "the CPU" if cfg.torch_device.type != "cuda" else str(cfg.torch_device)
-        raise GmtoolError(f"this run needs about {est.total / GiB:.1f} GiB ({est.describe()} GiB), {where} has "
-                          f"{have / GiB:.1f} GiB available: lower {est.options[est.largest]}")
+        raise GmtoolError(
+            f"this run needs about {est.total / GiB:.1f} GiB ({est.describe()} GiB), {where} has "
+            f"{have / GiB:.1f} GiB available: lower {est.options[est.largest]}"
+        )
     return est

@@ -17,6 +17,7 @@ The predictor captures a few buckets under each strategy: the first capture's po
 each later capture added is fitted as a line in bucket size (least squares) and summed over the rest of the
 list; `check_prediction` compares the prediction with a capture of every bucket.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,13 +78,21 @@ def capture_ledger(ex, entry) -> dict:
     workspace belongs to the executor's capture stream, made by its first warm-up: charged to its first graph."""
     cuda = ex.device.type == "cuda"
     first = len(ex.graphs) == 1
-    parts = {"pool_bytes": entry.pool_growth_bytes, "outside_pool_bytes": entry.outside_pool_bytes,
-             "inputs_bytes": inputs_bytes(ex, entry.key),
-             "workspace_bytes": (cublas_workspace_bytes(torch.cuda.get_device_capability(ex.device)) if first else 0)
-             if cuda else None}
+    parts = {
+        "pool_bytes": entry.pool_growth_bytes,
+        "outside_pool_bytes": entry.outside_pool_bytes,
+        "inputs_bytes": inputs_bytes(ex, entry.key),
+        "workspace_bytes": (cublas_workspace_bytes(torch.cuda.get_device_capability(ex.device)) if first else 0)
+        if cuda
+        else None,
+    }
     row = ledger(pd.DataFrame([parts]), ex.cache.spec.bytes_per_token).iloc[0]
-    return {"inputs_bytes": parts["inputs_bytes"], "workspace_bytes": parts["workspace_bytes"],
-            "ledger_total_bytes": _int(row["total_bytes"]), "kv_tokens_given_up": _int(row["kv_tokens_given_up"])}
+    return {
+        "inputs_bytes": parts["inputs_bytes"],
+        "workspace_bytes": parts["workspace_bytes"],
+        "ledger_total_bytes": _int(row["total_bytes"]),
+        "kv_tokens_given_up": _int(row["kv_tokens_given_up"]),
+    }
 
 
 def _int(x) -> int | None:
@@ -97,15 +106,21 @@ def ledger_from_records(records: list[dict], strategy: str = "shared") -> pd.Dat
     """The ledger of a sweep's captured rows (those carrying capture_s: the capture of their bucket), read
     from the fields the sweep set on them (gmtool.records.Record)."""
     rows = [r for r in records if r.get("capture_s") is not None and r["mode"] != "hf-compiled"]
-    df = pd.DataFrame({"bucket": [r["bucket"] for r in rows], "key": [r.get("key") for r in rows],
-                       "mode": [str(r["mode"]) for r in rows],
-                       "strategy": strategy,
-                       "pool_bytes": [r.get("pool_growth_bytes") for r in rows],
-                       "outside_pool_bytes": [r.get("outside_pool_bytes") for r in rows],
-                       "inputs_bytes": [r.get("inputs_bytes") for r in rows],
-                       "workspace_bytes": [r.get("workspace_bytes") for r in rows],
-                       "total_bytes": [r.get("ledger_total_bytes") for r in rows],
-                       "kv_tokens_given_up": [r.get("kv_tokens_given_up") for r in rows]}, columns=LEDGER_COLUMNS)
+    df = pd.DataFrame(
+        {
+            "bucket": [r["bucket"] for r in rows],
+            "key": [r.get("key") for r in rows],
+            "mode": [str(r["mode"]) for r in rows],
+            "strategy": strategy,
+            "pool_bytes": [r.get("pool_growth_bytes") for r in rows],
+            "outside_pool_bytes": [r.get("outside_pool_bytes") for r in rows],
+            "inputs_bytes": [r.get("inputs_bytes") for r in rows],
+            "workspace_bytes": [r.get("workspace_bytes") for r in rows],
+            "total_bytes": [r.get("ledger_total_bytes") for r in rows],
+            "kv_tokens_given_up": [r.get("kv_tokens_given_up") for r in rows],
+        },
+        columns=LEDGER_COLUMNS,
+    )
     return df.astype({c: float for c in LEDGER_COLUMNS[4:]}).sort_values(["mode", "bucket"]).reset_index(drop=True)
 
 
@@ -163,11 +178,21 @@ def predict(sampled: pd.DataFrame, buckets, first: dict[str, int]) -> pd.DataFra
         f = fit(rest).iloc[0] if len(rest) else pd.Series({"slope": 0.0, "intercept": 0.0})
         others = np.asarray([b for b in buckets if b != first[strategy]], float)
         per = np.maximum(0.0, f["slope"] * others + f["intercept"])
-        rows.append({"strategy": strategy, "first_bucket": first[strategy], "first_bytes": head,
-                     "slope": float(f["slope"]), "intercept": float(f["intercept"]),
-                     "sample_bytes": float(g["pool_bytes"].sum()), "predicted_bytes": head + float(per.sum())})
-    return pd.DataFrame(rows, columns=["strategy", "first_bucket", "first_bytes", "slope", "intercept",
-                                       "sample_bytes", "predicted_bytes"]).set_index("strategy")
+        rows.append(
+            {
+                "strategy": strategy,
+                "first_bucket": first[strategy],
+                "first_bytes": head,
+                "slope": float(f["slope"]),
+                "intercept": float(f["intercept"]),
+                "sample_bytes": float(g["pool_bytes"].sum()),
+                "predicted_bytes": head + float(per.sum()),
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=["strategy", "first_bucket", "first_bytes", "slope", "intercept", "sample_bytes", "predicted_bytes"],
+    ).set_index("strategy")
 
 
 def check_prediction(predicted: pd.DataFrame, measured: dict[str, float]) -> pd.DataFrame:

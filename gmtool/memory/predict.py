@@ -6,6 +6,7 @@ segments, or VMM's physical chunks). It is the sum of the ledger's pool column, 
 the order they ran: the first capture's as measured on the sample, each other bucket's from the line through
 the other sampled buckets' additions.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,13 +29,17 @@ def sampled_config(cfg, k: int | None):
 def predict_document(sampled: MemDocument, buckets: list[int]) -> list[Prediction]:
     """Per strategy measured on the sample: its predicted memory over `buckets`."""
     ok = [r for r in sampled.strategies if r.status == "ok" and r.ledger and r.per_key]
-    rows = pd.DataFrame([{"strategy": r.strategy, "bucket": x["bucket"], "pool_bytes": x["pool_bytes"]}
-                         for r in ok for x in r.ledger], columns=["strategy", "bucket", "pool_bytes"])
+    rows = pd.DataFrame(
+        [{"strategy": r.strategy, "bucket": x["bucket"], "pool_bytes": x["pool_bytes"]} for r in ok for x in r.ledger],
+        columns=["strategy", "bucket", "pool_bytes"],
+    )
     if rows["pool_bytes"].isna().all():
         raise GmtoolError("no strategy captured the sampled buckets cleanly: nothing to predict from")
     pred = predict(rows, buckets, {r.strategy: r.per_key[0]["bucket"] for r in ok})  # per_key: capture order
-    return [Prediction(strategy=s, **{k: float(v) if k != "first_bucket" else int(v) for k, v in p.items()})
-            for s, p in pred.iterrows()]
+    return [
+        Prediction(strategy=s, **{k: float(v) if k != "first_bucket" else int(v) for k, v in p.items()})
+        for s, p in pred.iterrows()
+    ]
 
 
 def check_document(predicted: list[Prediction], full: MemDocument) -> list[Prediction]:
@@ -46,6 +51,7 @@ def check_document(predicted: list[Prediction], full: MemDocument) -> list[Predi
     out = []
     for p in predicted:
         m, e = df.loc[p.strategy, "measured_bytes"], df.loc[p.strategy, "error_pct"]
-        out.append(dataclasses.replace(p, measured_bytes=None if m != m else float(m),
-                                       error_pct=None if e != e else float(e)))
+        out.append(
+            dataclasses.replace(p, measured_bytes=None if m != m else float(m), error_pct=None if e != e else float(e))
+        )
     return out

@@ -4,6 +4,7 @@ A shape's need is the peak memory its capture allocated (graph_mem_bytes). The h
 strategy holds for all shapes over max(shape) (the floor any sharing can reach) and over sum(shape) (no
 sharing at all).
 """
+
 from __future__ import annotations
 
 import csv
@@ -55,8 +56,16 @@ class ShuffledReplayProbe:
 
 def _replay_checked(bench, ex, mode, comp, order, tols) -> dict:
     """One replay, right after graphs of other shapes ran, judged as the sweep judges (gmtool.measure.check)."""
-    rec = {"mode": mode, "order": order, "composition": comp.label, "key": None, "status": Status.SKIPPED,
-           "max_rel_err": None, "max_rel_err_same_shape": None, "error": None}
+    rec = {
+        "mode": mode,
+        "order": order,
+        "composition": comp.label,
+        "key": None,
+        "status": Status.SKIPPED,
+        "max_rel_err": None,
+        "max_rel_err_same_shape": None,
+        "error": None,
+    }
     try:
         batch = bench.batch(comp)
         key = rec["key"] = str(ex.key_for(batch))
@@ -118,13 +127,23 @@ def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[StrategyRow
         strategy.release()  # no-op when the executors released it; else the failure came before them
         oom = isinstance(e, (OutOfMemory, torch.OutOfMemoryError))
         first = (str(e).splitlines() or [type(e).__name__])[0]
-        raw.update(status="oom" if oom else "error",
-                   reason=first if isinstance(e, GmtoolError) else f"{type(e).__name__}: {first}")
-    raw.update(per_key=list(strategy.per_key.values()), shuffled=probe.shuffled, measured=probe.measured,
-               inputs=probe.inputs.get(mode, {}), warnings=list(strategy.warnings))
+        raw.update(
+            status="oom" if oom else "error",
+            reason=first if isinstance(e, GmtoolError) else f"{type(e).__name__}: {first}",
+        )
+    raw.update(
+        per_key=list(strategy.per_key.values()),
+        shuffled=probe.shuffled,
+        measured=probe.measured,
+        inputs=probe.inputs.get(mode, {}),
+        warnings=list(strategy.warnings),
+    )
     if res is not None:
-        raw.update(records=[r.to_dict() for r in res.records if r.mode in (mode, GraphMode.EAGER)], errors=res.errors,
-                   wall_s=res.wall_s)
+        raw.update(
+            records=[r.to_dict() for r in res.records if r.mode in (mode, GraphMode.EAGER)],
+            errors=res.errors,
+            wall_s=res.wall_s,
+        )
         raw["kv_bytes_per_token"] = res.model.get("kv_bytes_per_token")
     del sweep, probe, strategy
     gc.collect()
@@ -178,8 +197,9 @@ def derive(raw: dict) -> StrategyRow:
     sherr = [s["max_rel_err"] for s in sh if s.get("max_rel_err") is not None]
     row["shuffled_max_rel_err"] = max(sherr) if sherr else None
     led = strategy_ledger(row["strategy"], row["records"], pk, raw.get("kv_bytes_per_token"))
-    row["ledger"] = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
-                     for r in led.to_dict("records")]
+    row["ledger"] = [
+        {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in led.to_dict("records")
+    ]
     total = led["total_bytes"].sum(min_count=1)
     row["ledger_total_bytes"] = None if total != total else int(total)
     kv = led["kv_tokens_given_up"].sum(min_count=1)
@@ -203,9 +223,15 @@ def _status(graph: list[dict], shuffled: list[dict], errors: list[str]) -> tuple
 
 # -- the document and its files ----------------------------------------------------------------------
 def build_document(cfg, rows: list[StrategyRow], result=None) -> MemDocument:
-    doc = MemDocument(machine=result.machine if result else machine_info(cfg.torch_device),
-                      model=result.model if result else {"name": cfg.model}, config=cfg.to_dict(),
-                      mode=cfg.graph_modes[0], scenario=cfg.scenario, strategies=rows, notes=list(cfg.notes))
+    doc = MemDocument(
+        machine=result.machine if result else machine_info(cfg.torch_device),
+        model=result.model if result else {"name": cfg.model},
+        config=cfg.to_dict(),
+        mode=cfg.graph_modes[0],
+        scenario=cfg.scenario,
+        strategies=rows,
+        notes=list(cfg.notes),
+    )
     ref = next((r for r in rows if r.sum_shape_bytes), None)
     doc.sum_shape_bytes = ref.sum_shape_bytes if ref else None
     doc.max_shape_bytes = ref.max_shape_bytes if ref else None
@@ -247,14 +273,19 @@ def write_chart(path: Path, doc: dict) -> None:
             ax.bar(i - w / 2, held / mib, w, color="C0", label="held by the graphs (physical)")
         if dev is not None:
             ax.bar(i + w / 2, dev / mib, w, color="C1", label="device memory the captures took")
-    for key, style, color, label in (("sum_shape_bytes", "--", "C3", "sum(shape)"),
-                                     ("max_shape_bytes", ":", "C2", "max(shape)")):
+    for key, style, color, label in (
+        ("sum_shape_bytes", "--", "C3", "sum(shape)"),
+        ("max_shape_bytes", ":", "C2", "max(shape)"),
+    ):
         if doc.get(key):
             ax.axhline(doc[key] / mib, ls=style, color=color, label=f"{label} = {fmt_bytes(doc[key])}")
     ax.set_xticks(range(len(rows)), [r["strategy"] for r in rows])
     ax.set_ylabel("MiB")
-    ax.set_title(f"CUDA graph memory per strategy: {doc['model'].get('name')}, {doc['mode']}, "
-                 f"{max((r['captures'] for r in rows), default=0)} shapes", fontsize=10)
+    ax.set_title(
+        f"CUDA graph memory per strategy: {doc['model'].get('name')}, {doc['mode']}, "
+        f"{max((r['captures'] for r in rows), default=0)} shapes",
+        fontsize=10,
+    )
     handles, labels = ax.get_legend_handles_labels()
     if handles:  # every bar carries its label: show each once
         seen = dict(zip(labels, handles))
@@ -264,42 +295,69 @@ def write_chart(path: Path, doc: dict) -> None:
 
 
 MEM_COLUMNS = [
-    Column("strategy", justify="left"), Column("status", justify="left"), Column("shapes", rank=6),
-    Column("pool (alloc.)", rank=5), Column("physical", rank=1), Column("VA mapped", rank=7),
-    Column("device Δ", rank=7), Column("NVML Δ", rank=8),
+    Column("strategy", justify="left"),
+    Column("status", justify="left"),
+    Column("shapes", rank=6),
+    Column("pool (alloc.)", rank=5),
+    Column("physical", rank=1),
+    Column("VA mapped", rank=7),
+    Column("device Δ", rank=7),
+    Column("NVML Δ", rank=8),
     Column("phys/max", rank=2, legend="physical memory over the largest shape's own need (1.00: perfect sharing)"),
-    Column("phys/max pool", rank=8), Column("phys/sum", rank=5), Column("inputs arena/per-shape", rank=9),
-    Column("capture s", rank=4), Column("replay ms", rank=3),
+    Column("phys/max pool", rank=8),
+    Column("phys/sum", rank=5),
+    Column("inputs arena/per-shape", rank=9),
+    Column("capture s", rank=4),
+    Column("replay ms", rank=3),
     Column("shuffled ok", rank=2, legend="replays in shuffled bucket order that matched eager"),
-    Column("warn", rank=6)]
+    Column("warn", rank=6),
+]
 
 
 def memreport_table(document: MemDocument) -> FittedTable:
     doc = document.to_dict()
-    title = (f"gmtool memreport: {doc['model'].get('name')}, {doc['mode']} graphs, sum(shape) "
-             f"{fmt_bytes(doc.get('sum_shape_bytes'))}, max(shape) {fmt_bytes(doc.get('max_shape_bytes'))}")
+    title = (
+        f"gmtool memreport: {doc['model'].get('name')}, {doc['mode']} graphs, sum(shape) "
+        f"{fmt_bytes(doc.get('sum_shape_bytes'))}, max(shape) {fmt_bytes(doc.get('max_shape_bytes'))}"
+    )
     rows = []
     for r in doc["strategies"]:
         style = style_of(r["status"])
-        inputs = "-" if r.get("input_arena_bytes") is None else \
-            f"{fmt_bytes(r['input_arena_bytes'])} / {fmt_bytes(r['input_per_shape_bytes'])}"
-        rows.append([r["strategy"], f"[{style}]{r['status']}[/]", str(r.get("captures") or "-"),
-                     fmt_bytes(r.get("graph_pool_bytes")), fmt_bytes(r.get("physical_bytes")),
-                     fmt_bytes(r.get("virtual_mapped_bytes")), fmt_bytes(r.get("device_used_bytes")),
-                     fmt_bytes(r.get("nvml_used_bytes")), _f(r.get("physical_over_max"), ".2f"),
-                     _f(r.get("physical_over_max_pool"), ".3f"),
-                     _f(r.get("physical_over_sum"), ".2f"), inputs, _f(r.get("capture_s"), ".2f"),
-                     _f(r.get("replay_ms_median"), ".3f"),
-                     f"{r['shuffled_ok']}/{r['shuffled_replays']}" if r.get("shuffled_replays") else "-",
-                     str(r.get("warnings") or 0)])
+        inputs = (
+            "-"
+            if r.get("input_arena_bytes") is None
+            else f"{fmt_bytes(r['input_arena_bytes'])} / {fmt_bytes(r['input_per_shape_bytes'])}"
+        )
+        rows.append(
+            [
+                r["strategy"],
+                f"[{style}]{r['status']}[/]",
+                str(r.get("captures") or "-"),
+                fmt_bytes(r.get("graph_pool_bytes")),
+                fmt_bytes(r.get("physical_bytes")),
+                fmt_bytes(r.get("virtual_mapped_bytes")),
+                fmt_bytes(r.get("device_used_bytes")),
+                fmt_bytes(r.get("nvml_used_bytes")),
+                _f(r.get("physical_over_max"), ".2f"),
+                _f(r.get("physical_over_max_pool"), ".3f"),
+                _f(r.get("physical_over_sum"), ".2f"),
+                inputs,
+                _f(r.get("capture_s"), ".2f"),
+                _f(r.get("replay_ms_median"), ".3f"),
+                f"{r['shuffled_ok']}/{r['shuffled_replays']}" if r.get("shuffled_replays") else "-",
+                str(r.get("warnings") or 0),
+            ]
+        )
     return FittedTable(title, MEM_COLUMNS, rows)
 
 
 def memreport_verdict(document: MemDocument) -> str:
     """memreport in one line, per strategy: "N ok, M UNSAFE, K errors", and those this machine cannot run."""
     statuses = [r.status for r in document.strategies]
-    line = (f"{statuses.count(Status.OK)} ok, {statuses.count(Status.UNSAFE)} UNSAFE, "
-            f"{statuses.count(Status.ERROR) + statuses.count(Status.OOM)} errors ({len(statuses)} strategies")
+    line = (
+        f"{statuses.count(Status.OK)} ok, {statuses.count(Status.UNSAFE)} UNSAFE, "
+        f"{statuses.count(Status.ERROR) + statuses.count(Status.OOM)} errors ({len(statuses)} strategies"
+    )
     line += f"; {statuses.count(UNAVAILABLE)} unavailable here" if UNAVAILABLE in statuses else ""
     partial = document.partial
     return line + (f"; partial run: {partial.summary})" if partial else ")")

@@ -7,6 +7,7 @@ The executor calls `pool_for(key)` before a capture (every piece of a piecewise 
 - shared-ascending: the same pool captured smallest first: each larger shape mostly needs fresh blocks.
 - vmm: a virtual range per shape, all mapped onto one growing set of physical chunks: max(shape).
 """
+
 from __future__ import annotations
 
 import os
@@ -118,12 +119,16 @@ class MemoryStrategy:
         (free0, nv0), (free1, nv1) = self._before, self.meter.read()
         segs = pool_segments([self.pool_ids[key]], self.meter.index)[tuple(self.pool_ids[key])]
         self.per_key[str(key)] = {
-            "key": str(key), "bucket": key.num_tokens, "capture_s": entry.capture_s,
-            "graph_mem_bytes": entry.graph_mem_bytes, "pool_growth_bytes": entry.pool_growth_bytes,
+            "key": str(key),
+            "bucket": key.num_tokens,
+            "capture_s": entry.capture_s,
+            "graph_mem_bytes": entry.graph_mem_bytes,
+            "pool_growth_bytes": entry.pool_growth_bytes,
             "pool_bytes": sum(s["total_size"] for s in segs),  # the key's pool after this capture
             "device_delta_bytes": free0 - free1,
             "nvml_delta_bytes": (nv1 - nv0) if nv0 is not None and nv1 is not None else None,
-            **self._key_extra(key)}
+            **self._key_extra(key),
+        }
 
     def release(self) -> None:
         self.pool_ids.clear()  # torch frees a handle's pool once its graphs are gone
@@ -133,8 +138,14 @@ class MemoryStrategy:
     def measure(self) -> dict:
         pools = pool_segments(set(map(tuple, self.pool_ids.values())), self.meter.index)
         total = sum(s["total_size"] for segs in pools.values() for s in segs)
-        return {"pools": len(pools), "graph_pool_bytes": total, "physical_bytes": total,
-                "virtual_reserved_bytes": None, "virtual_mapped_bytes": None, "nvml_source": self.meter.nvml_source}
+        return {
+            "pools": len(pools),
+            "graph_pool_bytes": total,
+            "physical_bytes": total,
+            "virtual_reserved_bytes": None,
+            "virtual_mapped_bytes": None,
+            "nvml_source": self.meter.nvml_source,
+        }
 
     def check(self, held=()) -> list[str]:
         """Allocations that shared memory could corrupt; none when no pool aliases another."""
@@ -194,14 +205,22 @@ class Vmm(MemoryStrategy):
     def _key_extra(self, key) -> dict:
         i = self.vmm.range_of[key]
         st = self.vmm.lib.stats()
-        return {"range": i, "range_used_bytes": st.ranges[i].used_bytes,
-                "range_mapped_bytes": st.ranges[i].mapped_bytes, "physical_after_bytes": st.physical_bytes}
+        return {
+            "range": i,
+            "range_used_bytes": st.ranges[i].used_bytes,
+            "range_mapped_bytes": st.ranges[i].mapped_bytes,
+            "physical_after_bytes": st.physical_bytes,
+        }
 
     def measure(self) -> dict:
         m = super().measure()
         st = self.vmm.lib.stats()
-        m.update(physical_bytes=st.physical_bytes, virtual_reserved_bytes=st.virtual_reserved_bytes,
-                 virtual_mapped_bytes=st.virtual_mapped_bytes, vmm=st.to_dict())
+        m.update(
+            physical_bytes=st.physical_bytes,
+            virtual_reserved_bytes=st.virtual_reserved_bytes,
+            virtual_mapped_bytes=st.virtual_mapped_bytes,
+            vmm=st.to_dict(),
+        )
         return m
 
     def check(self, held=()) -> list[str]:
@@ -219,8 +238,10 @@ class Vmm(MemoryStrategy):
                 continue
             pid = tuple(seg.get("segment_pool_id") or ())
             if pid not in ours:
-                out.append(f"a {seg['total_size']}-byte segment of pool {pid} (not a graph pool) lies in "
-                           f"shared range {rng} at {addr:#x}: graphs of other shapes will overwrite it")
+                out.append(
+                    f"a {seg['total_size']}-byte segment of pool {pid} (not a graph pool) lies in "
+                    f"shared range {rng} at {addr:#x}: graphs of other shapes will overwrite it"
+                )
                 continue
             at = addr
             for b in seg.get("blocks", []):
@@ -230,9 +251,11 @@ class Vmm(MemoryStrategy):
                     continue
                 if any(lo < start + b["size"] and start < hi for lo, hi in held):
                     continue  # a tensor a graph step reads and writes itself (piecewise attention inputs)
-                out.append(f"a {b['size']}-byte allocation at {start:#x} (range {rng}) outlives its capture "
-                           "and shares physical memory with other shapes' graphs: they will overwrite it "
-                           "(a cuBLAS workspace made during capture is the usual cause: warm up on the capture stream)")
+                out.append(
+                    f"a {b['size']}-byte allocation at {start:#x} (range {rng}) outlives its capture "
+                    "and shares physical memory with other shapes' graphs: they will overwrite it "
+                    "(a cuBLAS workspace made during capture is the usual cause: warm up on the capture stream)"
+                )
         self.warnings.extend(w for w in out if w not in self.warnings)
         return out
 

@@ -4,6 +4,7 @@ The .so is compiled at run time with g++ (cached under ~/.cache/gmtool by source
 process-wide: one VmmPools at a time. Everything that can be missing (CUDA, g++, cuda.h, driver support)
 raises GmtoolError, so a caller can mark the strategy unavailable and go on.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -26,7 +27,8 @@ MALLOC, FREE = "gmtool_vmm_malloc", "gmtool_vmm_free"
 
 def cache_dir() -> Path:
     base = os.environ.get("GMTOOL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gmtool")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gmtool"
+    )
     return Path(base)
 
 
@@ -42,8 +44,12 @@ def cuda_include_dir() -> Path | None:
 def _lib_dirs() -> list[str]:
     """Where a libcuda to link against may be: toolkit stubs, the driver's own directories."""
     roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    dirs = [os.path.join(r, sub) for r in roots if r for sub in ("lib64/stubs", "lib/stubs",
-                                                               "targets/x86_64-linux/lib/stubs")]
+    dirs = [
+        os.path.join(r, sub)
+        for r in roots
+        if r
+        for sub in ("lib64/stubs", "lib/stubs", "targets/x86_64-linux/lib/stubs")
+    ]
     dirs += ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64"]
     return [d for d in dirs if os.path.isdir(d)]
 
@@ -69,8 +75,10 @@ def build_library(fake: bool = False) -> Path:
     else:
         inc = cuda_include_dir()
         if inc is None:
-            raise GmtoolError("the VMM allocator needs cuda.h: set CUDA_HOME (looked in CUDA_HOME, CUDA_PATH, "
-                              "/usr/local/cuda/include and the nvidia pip packages)")
+            raise GmtoolError(
+                "the VMM allocator needs cuda.h: set CUDA_HOME (looked in CUDA_HOME, CUDA_PATH, "
+                "/usr/local/cuda/include and the nvidia pip packages)"
+            )
         flags.append(f"-I{inc}")
         # -lcuda needs an unversioned libcuda.so (toolkit stubs); without one, leave the symbols to be
         # resolved at load time from the driver's libcuda.so.1 (VmmLibrary makes it global first)
@@ -82,8 +90,9 @@ def build_library(fake: bool = False) -> Path:
     key = h.hexdigest()[:16]
     out_dir = _writable_dir(cache_dir()) or _writable_dir(Path(tempfile.gettempdir()) / "gmtool-cache")
     if out_dir is None:
-        raise GmtoolError(f"no writable directory for the VMM allocator build (tried {cache_dir()}): "
-                          "set GMTOOL_CACHE_DIR")
+        raise GmtoolError(
+            f"no writable directory for the VMM allocator build (tried {cache_dir()}): set GMTOOL_CACHE_DIR"
+        )
     target = out_dir / f"vmm-{'fake' if fake else 'cuda'}-{key}.so"
     if target.is_file():
         return target
@@ -129,8 +138,16 @@ class VmmStats:
 class VmmLibrary:
     """ctypes view of the .so: control and statistics (torch calls malloc/free itself)."""
 
-    _SIZE_GETTERS = ("granularity", "chunk_bytes", "range_bytes", "physical_bytes", "virtual_reserved_bytes",
-                     "virtual_mapped_bytes", "live_segments", "current_used")
+    _SIZE_GETTERS = (
+        "granularity",
+        "chunk_bytes",
+        "range_bytes",
+        "physical_bytes",
+        "virtual_reserved_bytes",
+        "virtual_mapped_bytes",
+        "live_segments",
+        "current_used",
+    )
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -145,20 +162,31 @@ class VmmLibrary:
         except OSError as e:
             raise GmtoolError(f"the VMM allocator {self.path} cannot be loaded: {e}") from None
         c = ctypes
-        sigs = {"gmtool_vmm_init": (c.c_int, [c.c_int, c.c_size_t, c.c_size_t]),
-                "gmtool_vmm_begin_range": (c.c_int, []), "gmtool_vmm_shutdown": (c.c_int, [c.c_int]),
-                "gmtool_vmm_last_error": (c.c_char_p, []), "gmtool_vmm_num_ranges": (c.c_int, []),
-                "gmtool_vmm_num_mallocs": (c.c_ulonglong, []), "gmtool_vmm_num_frees": (c.c_ulonglong, []),
-                "gmtool_vmm_range_used": (c.c_size_t, [c.c_int]), "gmtool_vmm_range_mapped": (c.c_size_t, [c.c_int]),
-                "gmtool_vmm_range_base": (c.c_ulonglong, [c.c_int]),
-                MALLOC: (c.c_void_p, [c.c_ssize_t, c.c_int, c.c_void_p]),
-                FREE: (None, [c.c_void_p, c.c_ssize_t, c.c_int, c.c_void_p])}
+        sigs = {
+            "gmtool_vmm_init": (c.c_int, [c.c_int, c.c_size_t, c.c_size_t]),
+            "gmtool_vmm_begin_range": (c.c_int, []),
+            "gmtool_vmm_shutdown": (c.c_int, [c.c_int]),
+            "gmtool_vmm_last_error": (c.c_char_p, []),
+            "gmtool_vmm_num_ranges": (c.c_int, []),
+            "gmtool_vmm_num_mallocs": (c.c_ulonglong, []),
+            "gmtool_vmm_num_frees": (c.c_ulonglong, []),
+            "gmtool_vmm_range_used": (c.c_size_t, [c.c_int]),
+            "gmtool_vmm_range_mapped": (c.c_size_t, [c.c_int]),
+            "gmtool_vmm_range_base": (c.c_ulonglong, [c.c_int]),
+            MALLOC: (c.c_void_p, [c.c_ssize_t, c.c_int, c.c_void_p]),
+            FREE: (None, [c.c_void_p, c.c_ssize_t, c.c_int, c.c_void_p]),
+        }
         sigs.update({f"gmtool_vmm_{n}": (c.c_size_t, []) for n in self._SIZE_GETTERS})
         if self.fake:
-            sigs.update({"gmtool_fake_configure": (None, [c.c_size_t, c.c_int, c.c_int, c.c_int]),
-                         "gmtool_fake_log": (c.c_char_p, []), "gmtool_fake_live_mappings": (c.c_size_t, []),
-                         "gmtool_fake_live_handles": (c.c_size_t, []),
-                         "gmtool_fake_live_reservations": (c.c_size_t, [])})
+            sigs.update(
+                {
+                    "gmtool_fake_configure": (None, [c.c_size_t, c.c_int, c.c_int, c.c_int]),
+                    "gmtool_fake_log": (c.c_char_p, []),
+                    "gmtool_fake_live_mappings": (c.c_size_t, []),
+                    "gmtool_fake_live_handles": (c.c_size_t, []),
+                    "gmtool_fake_live_reservations": (c.c_size_t, []),
+                }
+            )
         for name, (res, args) in sigs.items():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
@@ -191,8 +219,10 @@ class VmmLibrary:
     def stats(self) -> VmmStats:
         L = self.lib
         n = L.gmtool_vmm_num_ranges()
-        ranges = [RangeStats(L.gmtool_vmm_range_base(i), L.gmtool_vmm_range_used(i), L.gmtool_vmm_range_mapped(i))
-                  for i in range(n)]
+        ranges = [
+            RangeStats(L.gmtool_vmm_range_base(i), L.gmtool_vmm_range_used(i), L.gmtool_vmm_range_mapped(i))
+            for i in range(n)
+        ]
         g = {k: getattr(L, f"gmtool_vmm_{k}")() for k in self._SIZE_GETTERS if k != "current_used"}
         return VmmStats(mallocs=L.gmtool_vmm_num_mallocs(), ranges=ranges, **g)
 

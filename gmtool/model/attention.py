@@ -13,6 +13,7 @@ Each layer's options (`LayerOpts`: sliding window, logit soft-cap, learned sinks
 its attention function; they are static per layer, so a graph bakes them in while positions stay data. K and V
 may have different head dims (DeepSeek's MLA as transformers computes it): the output has V's.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,8 +52,9 @@ class LayerOpts:
 PLAIN = LayerOpts()
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slots: torch.Tensor) -> None:
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
+) -> None:
     """Scatter new K/V ([T, Hkv, D]) by slot; padding slots point into the null block."""
     kc = k_cache.view(-1, *k_cache.shape[2:])
     vc = v_cache.view(-1, *v_cache.shape[2:])
@@ -122,8 +124,9 @@ def _row_weighted(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 MASKED_CHUNK_BYTES = 32 << 20  # per-token masked attention: fp32 K gathered this many bytes at a time
 
 
-def masked_varlen_attention(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale,
-                            opts: LayerOpts = PLAIN) -> torch.Tensor:
+def masked_varlen_attention(
+    q, k_cache, v_cache, views: StepViews, num_seqs: int, scale, opts: LayerOpts = PLAIN
+) -> torch.Tensor:
     """Varlen causal attention with a launch shape fixed by (num_tokens, num_seqs); metadata from device.
     Two exact ways, picked from those two numbers alone: a pass per sequence over every token (num_seqs x
     num_tokens x heads x kv length), or each token reading its own sequence's blocks (num_tokens x kv length x
@@ -136,14 +139,15 @@ def masked_varlen_attention(q, k_cache, v_cache, views: StepViews, num_seqs: int
     return _masked_per_token(q, k_cache, v_cache, views, num_seqs, scale, kv_pos, opts)
 
 
-def _masked_per_sequence(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale, kv_pos,
-                         opts: LayerOpts) -> torch.Tensor:
+def _masked_per_sequence(
+    q, k_cache, v_cache, views: StepViews, num_seqs: int, scale, kv_pos, opts: LayerOpts
+) -> torch.Tensor:
     t, h, _ = q.shape
     dv = v_cache.shape[-1]
     out = torch.zeros(t, h, dv, dtype=torch.float32, device=q.device)
     for s in range(num_seqs):
-        k = _gather(k_cache, views.block_tables[s:s + 1])[0]  # [L, Hkv, D]
-        v = _gather(v_cache, views.block_tables[s:s + 1])[0]
+        k = _gather(k_cache, views.block_tables[s : s + 1])[0]  # [L, Hkv, D]
+        v = _gather(v_cache, views.block_tables[s : s + 1])[0]
         qg = q.unflatten(1, (k.shape[1], h // k.shape[1])).float()
         scores = _logits(torch.einsum("thgd,lhd->thgl", qg, k.float()) * scale, opts)  # [T, Hkv, G, L]
         mine = views.token_seq == s
@@ -153,8 +157,9 @@ def _masked_per_sequence(q, k_cache, v_cache, views: StepViews, num_seqs: int, s
     return out.to(q.dtype)
 
 
-def _masked_per_token(q, k_cache, v_cache, views: StepViews, num_seqs: int, scale, kv_pos,
-                      opts: LayerOpts) -> torch.Tensor:
+def _masked_per_token(
+    q, k_cache, v_cache, views: StepViews, num_seqs: int, scale, kv_pos, opts: LayerOpts
+) -> torch.Tensor:
     t, h, d = q.shape
     hkv, dv = k_cache.shape[2], v_cache.shape[-1]
     mine = (views.token_seq >= 0) & (views.token_seq < num_seqs)  # padding tokens belong to no sequence
@@ -174,8 +179,9 @@ def _masked_per_token(q, k_cache, v_cache, views: StepViews, num_seqs: int, scal
     return out
 
 
-def planned_varlen_attention(q, k_cache, v_cache, views: StepViews, plan, scale,
-                             opts: LayerOpts = PLAIN) -> torch.Tensor:
+def planned_varlen_attention(
+    q, k_cache, v_cache, views: StepViews, plan, scale, opts: LayerOpts = PLAIN
+) -> torch.Tensor:
     """Varlen causal attention split on the host by `plan` = ((q_len, kv_len), ...)."""
     t, h, _ = q.shape
     bs = k_cache.shape[1]
@@ -186,7 +192,7 @@ def planned_varlen_attention(q, k_cache, v_cache, views: StepViews, plan, scale,
         k = k_cache[views.block_tables[i, :nb]].flatten(0, 1)[:kv_len]
         v = v_cache[views.block_tables[i, :nb]].flatten(0, 1)[:kv_len]
         rep = h // k.shape[1]
-        qs = q[start:start + q_len].transpose(0, 1)  # [H, n, D]
+        qs = q[start : start + q_len].transpose(0, 1)  # [H, n, D]
         ks = k.repeat_interleave(rep, 1).transpose(0, 1)
         vs = v.repeat_interleave(rep, 1).transpose(0, 1)
         prefix = kv_len - q_len
@@ -200,7 +206,7 @@ def planned_varlen_attention(q, k_cache, v_cache, views: StepViews, plan, scale,
             scores = scores.masked_fill(~mask, float("-inf")).transpose(0, 1).unflatten(1, (k.shape[1], rep))
             p = _softmax(scores, opts).flatten(1, 2).transpose(0, 1)  # [n, Hkv, G, L] there, [H, n, L] back
             o = torch.matmul(p, vs.float()).to(q.dtype)
-        out[start:start + q_len] = o.transpose(0, 1)
+        out[start : start + q_len] = o.transpose(0, 1)
         start += q_len
     return out
 
@@ -271,13 +277,15 @@ class ForwardContext:
     def write_kv(self, layer: int, k, v) -> None:
         self.backend.write_kv(self.cache.k[layer], self.cache.v[layer], k, v, self.views.slot_mapping)
 
-    def attend_cached(self, layer: int, q, scale, out: torch.Tensor | None = None,
-                      opts: LayerOpts = PLAIN) -> torch.Tensor:
+    def attend_cached(
+        self, layer: int, q, scale, out: torch.Tensor | None = None, opts: LayerOpts = PLAIN
+    ) -> torch.Tensor:
         """Attention of q over the cache, the step's new K/V already written."""
         return self._run(self, q, self.cache.k[layer], self.cache.v[layer], scale, out, opts)
 
-    def attend(self, layer: int, q, k, v, scale, out: torch.Tensor | None = None,
-               opts: LayerOpts = PLAIN) -> torch.Tensor:
+    def attend(
+        self, layer: int, q, k, v, scale, out: torch.Tensor | None = None, opts: LayerOpts = PLAIN
+    ) -> torch.Tensor:
         self.write_kv(layer, k, v)
         return self.attend_cached(layer, q, scale, out, opts)
 
@@ -343,8 +351,7 @@ def attend_tokens(layer: int, q, k, v, scale: float, opts: LayerOpts = PLAIN) ->
     attention."""
     if _opaque:
         out = q.new_empty(*q.shape[:2], v.shape[-1])
-        torch.ops.gmtool.attention(q, k, v, out, layer, float(scale), opts.window or 0, opts.softcap or 0.0,
-                                   opts.sinks)
+        torch.ops.gmtool.attention(q, k, v, out, layer, float(scale), opts.window or 0, opts.softcap or 0.0, opts.sinks)
         return out
     ctx = current_context()
     if ctx.breaker is not None:

@@ -4,6 +4,7 @@ transformers' from_pretrained needs accelerate to place weights on a device; gmt
 runs (as for a profile) and copies each stored tensor into it, one at a time, so the device never holds a
 second copy of the weights. Safetensors files (one, or shards named by model.safetensors.index.json) and
 PyTorch .bin files are read."""
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,10 @@ def load_weights(model: torch.nn.Module, files: list[Path], device: torch.device
                         unused.append(key)
                         continue
                     if tensor.shape != params[name].shape:
-                        raise GmtoolError(f"{file}: {key} has shape {tuple(tensor.shape)}, but the config gives "
-                                          f"{tuple(params[name].shape)}")
+                        raise GmtoolError(
+                            f"{file}: {key} has shape {tuple(tensor.shape)}, but the config gives "
+                            f"{tuple(params[name].shape)}"
+                        )
                     params[name].copy_(tensor)
                     loaded.add(name)
             except torch.OutOfMemoryError:
@@ -79,8 +82,9 @@ def load_weights(model: torch.nn.Module, files: list[Path], device: torch.device
     written = {params[n].data_ptr() for n in loaded}
     missing = [n for n, p in model.named_parameters() if n not in loaded and p.data_ptr() not in written]
     if missing:
-        raise GmtoolError(f"{files[0].parent}: {len(missing)} weights of the model are in no weight file "
-                          f"(first: {missing[0]})")
+        raise GmtoolError(
+            f"{files[0].parent}: {len(missing)} weights of the model are in no weight file (first: {missing[0]})"
+        )
     if unused:
         return [f"{len(unused)} stored tensors have no place in the model and were left out (first: {unused[0]})"]
     return []

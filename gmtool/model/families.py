@@ -11,6 +11,7 @@
 Everything else about attention (windows, soft-caps, sinks, head dims) is read from the model itself
 (gmtool.model.probe), not from this table.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ def _scaled(attr: str, divide: bool = False) -> Callable:
         if s is None or s == 1:
             return logits
         return logits / s if divide else logits * s
+
     return scale
 
 
@@ -58,8 +60,11 @@ FAMILIES: dict[str, Family] = {
 NO_FAMILY = Family()
 
 # base model class -> its decoder layer class, for gmtool.model.fused
-FUSED_RESIDUAL = {f.fused_residual.removesuffix("DecoderLayer") + "Model": f.fused_residual
-                  for f in FAMILIES.values() if f.fused_residual}
+FUSED_RESIDUAL = {
+    f.fused_residual.removesuffix("DecoderLayer") + "Model": f.fused_residual
+    for f in FAMILIES.values()
+    if f.fused_residual
+}
 
 
 def family(config) -> Family:

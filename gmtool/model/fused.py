@@ -13,6 +13,7 @@ modules still hold their weights and `unfused()` gives the Hugging Face forwards
 copies the model that way). Under torch.compile the fused forwards run plain torch ops (gmtool.model.layers_ref),
 which Inductor fuses itself; otherwise they run gmtool's Triton kernels on CUDA, torch ops elsewhere.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,8 +46,13 @@ class LayerOps:
         return _REF
 
 
-_REF = SimpleNamespace(rms_norm=layers_ref.rms_norm_ref, add_rms_norm=layers_ref.add_rms_norm_ref,
-                       qk_norm_rope=layers_ref.qk_norm_rope_ref, silu_mul=layers_ref.silu_mul_ref)
+_REF = SimpleNamespace(
+    rms_norm=layers_ref.rms_norm_ref,
+    add_rms_norm=layers_ref.add_rms_norm_ref,
+    qk_norm_rope=layers_ref.qk_norm_rope_ref,
+    silu_mul=layers_ref.silu_mul_ref,
+)
+
 
 def _concat_as_views(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One weight (and bias) for several Linears; each Linear keeps a view of its rows, so no copy remains."""
@@ -58,16 +64,19 @@ def _concat_as_views(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torc
     at = 0
     for m in linears:
         n = m.out_features
-        m.weight = torch.nn.Parameter(w[at:at + n], requires_grad=False)
+        m.weight = torch.nn.Parameter(w[at : at + n], requires_grad=False)
         if b is not None:
-            m.bias = torch.nn.Parameter(b[at:at + n], requires_grad=False)
+            m.bias = torch.nn.Parameter(b[at : at + n], requires_grad=False)
         at += n
     return w, b
 
 
 def _is_rmsnorm(m) -> bool:
-    return (type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor)
-            and hasattr(m, "variance_epsilon"))
+    return (
+        type(m).__name__.endswith("RMSNorm")
+        and isinstance(getattr(m, "weight", None), torch.Tensor)
+        and hasattr(m, "variance_epsilon")
+    )
 
 
 def _rmsnorm_forward(m, ops: LayerOps):
@@ -76,6 +85,7 @@ def _rmsnorm_forward(m, ops: LayerOps):
     def forward(hidden_states):
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
         return ops(x).rms_norm(x, w, eps).view(hidden_states.shape)
+
     return forward
 
 
@@ -98,6 +108,7 @@ def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
         v = qkv[:, v_at:].view(t, kv_heads, dim)
         out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling, opts)  # the layer's window, cap, sinks
         return m.o_proj(out.reshape(*hidden_states.shape[:-1], heads * dim)), None
+
     return forward
 
 
@@ -106,8 +117,8 @@ def _mlp_forward(m, ops: LayerOps):
     down = m.down_proj
 
     def forward(x):
-        return down(ops(x).silu_mul(F.linear(x.reshape(-1, x.shape[-1]), w)).view(
-            *x.shape[:-1], -1))
+        return down(ops(x).silu_mul(F.linear(x.reshape(-1, x.shape[-1]), w)).view(*x.shape[:-1], -1))
+
     return forward
 
 
@@ -124,8 +135,9 @@ def _residual_stream_forward(base, ops: LayerOps):
         # gmtool's call only (LoadedModel.forward_logits): no HF cache, embeddings or hidden-state outputs
         extra = [k for k, v in kwargs.items() if v is not None and v is not False]
         if use_cache or extra:
-            raise ValueError(f"--fuse's base forward takes input_ids and position_ids only, got use_cache="
-                             f"{use_cache} {extra}")
+            raise ValueError(
+                f"--fuse's base forward takes input_ids and position_ids only, got use_cache={use_cache} {extra}"
+            )
         h = base.embed_tokens(input_ids)
         pos = base.rotary_emb(h, position_ids)
         shape = h.shape
@@ -140,9 +152,13 @@ def _residual_stream_forward(base, ops: LayerOps):
             a, _ = layer.self_attn(hidden_states=x.view(shape), position_embeddings=pos)
             x, residual = kern.add_rms_norm(a.reshape(h.shape), residual, post.weight, post.variance_epsilon)
             h = layer.mlp(x.view(shape)).reshape(h.shape)
-        h = (kern.add_rms_norm(h, residual, final.weight, final.variance_epsilon)[0] if residual is not None
-             else kern.rms_norm(h, final.weight, final.variance_epsilon))
+        h = (
+            kern.add_rms_norm(h, residual, final.weight, final.variance_epsilon)[0]
+            if residual is not None
+            else kern.rms_norm(h, final.weight, final.variance_epsilon)
+        )
         return BaseModelOutputWithPast(last_hidden_state=h.view(shape))
+
     return forward
 
 
@@ -209,9 +225,11 @@ class FusedLayers:
     @property
     def summary(self) -> str:
         c = self.counts
-        s = (f"--fuse: {c['attention']} attention blocks (one QKV GEMM, QK-norm+RoPE in one kernel), {c['mlp']} MLPs "
-             f"(one gate/up GEMM, SiLU-and-mul in one kernel), {c['rmsnorm']} RMSNorms in one kernel each, "
-             f"{c['residual_adds']} residual adds inside the RMSNorm after them")
+        s = (
+            f"--fuse: {c['attention']} attention blocks (one QKV GEMM, QK-norm+RoPE in one kernel), {c['mlp']} MLPs "
+            f"(one gate/up GEMM, SiLU-and-mul in one kernel), {c['rmsnorm']} RMSNorms in one kernel each, "
+            f"{c['residual_adds']} residual adds inside the RMSNorm after them"
+        )
         return s + (f"; left as they are: {'; '.join(sorted(set(self.skipped)))}" if self.skipped else "")
 
 
@@ -233,8 +251,9 @@ def fuse_layers(model: torch.nn.Module, attention_backend: str, layout=None) -> 
                 fused.patched.append((m, _attention_forward(m, ops, opts)))
                 fused.counts["attention"] += 1
                 fused_attention.add(id(m))
-        elif name.endswith("mlp") and all(isinstance(getattr(m, n, None), torch.nn.Linear)
-                                          for n in ("gate_proj", "up_proj", "down_proj")):
+        elif name.endswith("mlp") and all(
+            isinstance(getattr(m, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")
+        ):
             if silu:
                 fused.patched.append((m, _mlp_forward(m, ops)))
                 fused.counts["mlp"] += 1

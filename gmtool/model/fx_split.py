@@ -9,6 +9,7 @@
 Shapes are static per bucket (dynamic=False): each bucket is traced (and compiled) once; that time is
 reported as compile_s, apart from capture_s.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,8 +23,17 @@ ATTENTION_OPS = {"gmtool.attention", "gmtool.attention.default"}  # dynamo recor
 
 
 @torch.library.custom_op("gmtool::attention", mutates_args=("out",))
-def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer: int,
-                 scale: float, window: int, softcap: float, sinks: torch.Tensor | None) -> None:
+def attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    layer: int,
+    scale: float,
+    window: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
+) -> None:
     """Opaque to the compiler: it reads the live forward context (this batch's metadata) when it runs. The
     layer's options travel as arguments (0: none), baked into the traced graph as the layer's own."""
     opts = attention.LayerOpts(window or None, softcap or None, sinks)
@@ -58,8 +68,7 @@ class _Piece(torch.nn.Module):
     def __init__(self, fx: "FxPiecewise", inner):
         super().__init__()
         self.fx = fx
-        self.inner = (torch.compile(inner, backend="inductor", fullgraph=True, dynamic=False)
-                      if fx.inductor else inner)
+        self.inner = torch.compile(inner, backend="inductor", fullgraph=True, dynamic=False) if fx.inductor else inner
 
     def forward(self, *args):
         steps = self.fx.recording

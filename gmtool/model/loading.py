@@ -1,5 +1,6 @@
 """Build the Hugging Face causal LM that gmtool runs: a built-in profile with random weights, a local
 checkpoint directory, or a config.json. Never a network access."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,14 @@ from gmtool.profiles import load_model_profile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-          "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+}
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -119,18 +126,26 @@ def _build(cfg, dtype: torch.dtype):
     except KeyError as e:
         if e.args != (attention.ATTN_NAME,):
             raise GmtoolError(f"{families.architecture(cfg)} cannot be built from this config: KeyError: {e}") from None
-        raise GmtoolError(f"{families.architecture(cfg)}: its attention classes are picked by name (eager, sdpa, "
-                          "flash), not through transformers' AttentionInterface, so gmtool cannot route them to "
-                          "its paged KV cache") from None
+        raise GmtoolError(
+            f"{families.architecture(cfg)}: its attention classes are picked by name (eager, sdpa, "
+            "flash), not through transformers' AttentionInterface, so gmtool cannot route them to "
+            "its paged KV cache"
+        ) from None
     except ValueError as e:
         if "Unrecognized configuration class" in str(e):
-            raise GmtoolError(f"{type(cfg).__name__} ({cfg.model_type}) is not a causal language model that "
-                              "transformers can build (AutoModelForCausalLM does not take it)") from None
-        raise GmtoolError(f"{families.architecture(cfg)} cannot be built with gmtool's attention: "
-                          f"{(str(e).strip().splitlines() or [''])[0]}") from None
+            raise GmtoolError(
+                f"{type(cfg).__name__} ({cfg.model_type}) is not a causal language model that "
+                "transformers can build (AutoModelForCausalLM does not take it)"
+            ) from None
+        raise GmtoolError(
+            f"{families.architecture(cfg)} cannot be built with gmtool's attention: "
+            f"{(str(e).strip().splitlines() or [''])[0]}"
+        ) from None
     except Exception as e:  # noqa: BLE001 (a foreign model's constructor: any failure is said in one line)
-        raise GmtoolError(f"{families.architecture(cfg)} cannot be built from this config: {type(e).__name__}: "
-                          f"{(str(e).strip().splitlines() or [''])[0]}") from None
+        raise GmtoolError(
+            f"{families.architecture(cfg)} cannot be built from this config: {type(e).__name__}: "
+            f"{(str(e).strip().splitlines() or [''])[0]}"
+        ) from None
 
 
 def _check_supported(cfg) -> None:
@@ -170,8 +185,10 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 
         weights = checkpoint.weight_files(path)
         source = "checkpoint" if weights else "config"
         if not weights:
-            notes.append(f"{path.name} holds a config and no weights ({', '.join(checkpoint.SINGLE_FILES)}): "
-                         "random weights, as for a built-in profile")
+            notes.append(
+                f"{path.name} holds a config and no weights ({', '.join(checkpoint.SINGLE_FILES)}): "
+                "random weights, as for a built-in profile"
+            )
         if raw.get("quantization_config"):
             raise GmtoolError(f"{spec} is a quantized checkpoint: gmtool builds models in --dtype, not quantized")
     elif path.suffix == ".json":

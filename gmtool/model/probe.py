@@ -6,6 +6,7 @@ may ignore.
 - `probe_layout(lm)`: one tiny forward with every attention call recorded instead of computed: the KV layout the
   cache needs (kv heads, K and V head dims) and each layer's options (window, soft-cap, sinks).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -20,9 +21,24 @@ from gmtool.model.attention import LayerOpts
 # what transformers passes an attention function that gmtool reads, or may ignore because gmtool's attention
 # computes it another way (positions and lengths come from gmtool's own metadata)
 READ_KWARGS = {"sliding_window", "softcap", "s_aux"}
-IGNORED_KWARGS = {"position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "use_cache",
-                  "cache_position", "output_attentions", "is_causal", "layer_idx", "dropout", "head_mask",
-                  "position_embeddings", "past_key_values", "cache", "return_dict"}
+IGNORED_KWARGS = {
+    "position_ids",
+    "cu_seq_lens_q",
+    "cu_seq_lens_k",
+    "max_length_q",
+    "max_length_k",
+    "use_cache",
+    "cache_position",
+    "output_attentions",
+    "is_causal",
+    "layer_idx",
+    "dropout",
+    "head_mask",
+    "position_embeddings",
+    "past_key_values",
+    "cache",
+    "return_dict",
+}
 
 
 @dataclass(frozen=True)
@@ -42,8 +58,11 @@ class KVLayout:
         out = []
         windows = sorted({w for w in self.windows if w is not None})
         if windows:
-            which = "every layer" if None not in self.windows else f"{sum(w is not None for w in self.windows)} of " \
-                                                                     f"{len(self.layers)} layers"
+            which = (
+                "every layer"
+                if None not in self.windows
+                else f"{sum(w is not None for w in self.windows)} of {len(self.layers)} layers"
+            )
             out.append(f"sliding window {'/'.join(map(str, windows))} on {which}")
         if any(o.softcap is not None for o in self.layers):
             out.append("logit soft-cap")
@@ -61,34 +80,58 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 # Module class names of layers that carry a recurrent state (or a convolution's window) across steps: gmtool's
 # paged KV cache holds none of it, so eager and graphs would agree on something the model does not compute.
-STATEFUL_LAYERS = ("Mamba", "Mixer", "DeltaNet", "LinearAttention", "ShortConv", "Rwkv", "RWKV", "xLSTM",
-                   "RecurrentBlock", "Rglru", "Lightning")
+STATEFUL_LAYERS = (
+    "Mamba",
+    "Mixer",
+    "DeltaNet",
+    "LinearAttention",
+    "ShortConv",
+    "Rwkv",
+    "RWKV",
+    "xLSTM",
+    "RecurrentBlock",
+    "Rglru",
+    "Lightning",
+)
 
 
 def attention_refusal(arch: str, model: torch.nn.Module) -> str | None:
     """Why gmtool's attention would not be the model's (read from the attention classes' source)."""
-    stateful = sorted({type(m).__name__ for m in model.modules()  # a causal conv keeps its last inputs as state
-                       if any(w in type(m).__name__ for w in STATEFUL_LAYERS) or isinstance(m, torch.nn.Conv1d)})
+    stateful = sorted(
+        {
+            type(m).__name__
+            for m in model.modules()  # a causal conv keeps its last inputs as state
+            if any(w in type(m).__name__ for w in STATEFUL_LAYERS) or isinstance(m, torch.nn.Conv1d)
+        }
+    )
     if stateful:
-        return (f"{arch} has recurrent or convolutional layers ({', '.join(stateful[:3])}) whose state gmtool's "
-                "paged KV cache does not hold")
+        return (
+            f"{arch} has recurrent or convolutional layers ({', '.join(stateful[:3])}) whose state gmtool's "
+            "paged KV cache does not hold"
+        )
     mods = _attention_modules(model)
     if not mods:
         classes = sorted({type(m).__name__ for m in model.modules() if "Attention" in type(m).__name__})
-        return (f"{arch}: its attention ({', '.join(classes) or 'no attention module'}) does not go through "
-                "transformers' AttentionInterface, so gmtool cannot route it to its paged KV cache")
+        return (
+            f"{arch}: its attention ({', '.join(classes) or 'no attention module'}) does not go through "
+            "transformers' AttentionInterface, so gmtool cannot route it to its paged KV cache"
+        )
     for cls in {type(m) for m in mods}:
         try:
             src = inspect.getsource(cls.forward)
         except (OSError, TypeError):
             continue
         if "ALL_ATTENTION_FUNCTIONS" not in src and "attention_interface" not in src:
-            return (f"{arch}: its attention ({cls.__name__}) does not go through transformers' AttentionInterface, "
-                    "so gmtool cannot route it to its paged KV cache")
+            return (
+                f"{arch}: its attention ({cls.__name__}) does not go through transformers' AttentionInterface, "
+                "so gmtool cannot route it to its paged KV cache"
+            )
     noncausal = sorted({type(m).__name__ for m in mods if getattr(m, "is_causal", True) is False})
     if noncausal:
-        return (f"{arch} has non-causal attention ({', '.join(noncausal)}: an encoder's or cross-attention), and "
-                "gmtool's paged attention is causal")
+        return (
+            f"{arch} has non-causal attention ({', '.join(noncausal)}: an encoder's or cross-attention), and "
+            "gmtool's paged attention is causal"
+        )
     return None
 
 
@@ -102,28 +145,45 @@ def probe_layout(lm, arch: str) -> KVLayout:
         try:
             lm.forward_logits(ids, pos, pos[-1:])
         except Exception as e:  # noqa: BLE001 (any failure of a foreign model's forward is said in one line)
-            raise GmtoolError(f"{arch}: its forward failed on a 2-token probe: {type(e).__name__}: "
-                              f"{(str(e).splitlines() or [''])[0]}") from None
+            raise GmtoolError(
+                f"{arch}: its forward failed on a 2-token probe: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+            ) from None
     layers = [m.layer_idx for m, *_ in calls]
     if sorted(layers) != list(range(lm.num_layers)):
         missing = sorted(set(range(lm.num_layers)) - set(layers))
-        raise GmtoolError(f"{arch}: " + (f"layers {missing} have no attention that goes through transformers' "
-                                         "AttentionInterface" if missing else
-                                         f"each layer calls its attention {len(layers) // lm.num_layers} times (on "
-                                         "one token stream), which gmtool's one KV cache per layer cannot hold"))
+        raise GmtoolError(
+            f"{arch}: "
+            + (
+                f"layers {missing} have no attention that goes through transformers' AttentionInterface"
+                if missing
+                else f"each layer calls its attention {len(layers) // lm.num_layers} times (on "
+                "one token stream), which gmtool's one KV cache per layer cannot hold"
+            )
+        )
     shapes = {(q[1], k[1], q[2], k[2], v[2]) for _, q, k, v, _, _ in calls}
     if len(shapes) != 1:
-        raise GmtoolError(f"{arch}: its layers differ in attention shape ({sorted(shapes)}): gmtool's KV cache "
-                          "has one layout for every layer")
+        raise GmtoolError(
+            f"{arch}: its layers differ in attention shape ({sorted(shapes)}): gmtool's KV cache "
+            "has one layout for every layer"
+        )
     heads, kv_heads, qd, kd, vd = shapes.pop()
     if qd != kd or heads % kv_heads:
-        raise GmtoolError(f"{arch}: {heads} query heads of dim {qd} against {kv_heads} kv heads of dim {kd}: "
-                          "gmtool's attention needs whole query groups over K of the query's dim")
-    unknown = sorted({k for *_, kw in calls for k, v in kw.items()
-                      if k not in READ_KWARGS | IGNORED_KWARGS and v is not None and v is not False})
+        raise GmtoolError(
+            f"{arch}: {heads} query heads of dim {qd} against {kv_heads} kv heads of dim {kd}: "
+            "gmtool's attention needs whole query groups over K of the query's dim"
+        )
+    unknown = sorted(
+        {
+            k
+            for *_, kw in calls
+            for k, v in kw.items()
+            if k not in READ_KWARGS | IGNORED_KWARGS and v is not None and v is not False
+        }
+    )
     if unknown:
-        raise GmtoolError(f"{arch}: its attention asks for {', '.join(unknown)}, which gmtool's attention does "
-                          "not implement")
+        raise GmtoolError(
+            f"{arch}: its attention asks for {', '.join(unknown)}, which gmtool's attention does not implement"
+        )
     opts = [None] * lm.num_layers
     for m, *_, kw in calls:
         opts[m.layer_idx] = LayerOpts.from_kwargs(kw)

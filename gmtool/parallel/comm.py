@@ -2,6 +2,7 @@
 
 A run without --tp has no group: rank 0 of 1, and nothing here communicates.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -9,6 +9,7 @@ seconds to finish or fail on their own (a collective waiting for the dead rank t
 stops them and reports the failed rank. NCCL_NVLS_ENABLE stays as the machine sets it, 0 when unset: NVLink
 multicast is never switched on.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,9 +39,11 @@ def torchrun_world() -> int | None:
         return None
     missing = [k for k in RENDEZVOUS_ENV if not os.environ.get(k)]
     if missing:
-        raise GmtoolError(f"incomplete rendezvous: {', '.join(missing)} not set while "
-                          f"{', '.join(k for k in RENDEZVOUS_ENV + ('LOCAL_RANK',) if k in os.environ)} set; "
-                          "start gmtool under torchrun, or unset them and give --tp")
+        raise GmtoolError(
+            f"incomplete rendezvous: {', '.join(missing)} not set while "
+            f"{', '.join(k for k in RENDEZVOUS_ENV + ('LOCAL_RANK',) if k in os.environ)} set; "
+            "start gmtool under torchrun, or unset them and give --tp"
+        )
     for k in ("RANK", "WORLD_SIZE"):
         if not os.environ[k].isdigit():
             raise GmtoolError(f"incomplete rendezvous: {k}={os.environ[k]!r} is not a number")
@@ -124,9 +127,14 @@ def _as_rank(place: Place, init_method: str, fn, cfg_kwargs: dict, args, kwargs,
             raise GmtoolError(f"rank {place.rank} wants cuda:{place.local_rank}, {torch.cuda.device_count()} visible")
         cfg = SweepConfig(**{**cfg_kwargs, "device": f"cuda:{place.local_rank}"})
         torch.cuda.set_device(cfg.torch_device)
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=place.rank,
-                            world_size=place.world, timeout=datetime.timedelta(seconds=timeout),
-                            **({"device_id": cfg.torch_device} if cuda else {}))
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=init_method,
+        rank=place.rank,
+        world_size=place.world,
+        timeout=datetime.timedelta(seconds=timeout),
+        **({"device_id": cfg.torch_device} if cuda else {}),
+    )
     set_place(place)
     if os.environ.get(FAIL_ENV) == str(place.rank):
         raise RunFailure(f"injected failure ({FAIL_ENV}={place.rank})")
@@ -167,8 +175,7 @@ def _torchrun_rank(fn, cfg, args, kwargs, timeout: float):
 
 def _worker(rank: int, world: int, port: int, fn, cfg_kwargs, args, kwargs, timeout, messages) -> None:
     try:
-        result = _as_rank(Place(rank, world, rank), f"tcp://127.0.0.1:{port}", fn, cfg_kwargs, args, kwargs,
-                          timeout)
+        result = _as_rank(Place(rank, world, rank), f"tcp://127.0.0.1:{port}", fn, cfg_kwargs, args, kwargs, timeout)
         # plain pickle: torch's queue would share tensors by memory this process takes with it when it exits
         messages.put((rank, 0, pickle.dumps(result) if rank == 0 else None))
     except BaseException as e:  # everything becomes the parent's one line; no traceback from a rank
@@ -190,8 +197,14 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
     world, port = cfg.tp, _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, _init_kwargs(cfg), args, kwargs, timeout,
-                                               messages), name=f"gmtool-rank{r}") for r in range(world)]
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(r, world, port, fn, _init_kwargs(cfg), args, kwargs, timeout, messages),
+            name=f"gmtool-rank{r}",
+        )
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     done: dict[int, tuple[int, object]] = {}

@@ -1,6 +1,7 @@
 """What a tensor-parallel step's collectives cost alone: the all-reduces of one forward (two per decoder layer,
 after o_proj and down_proj, each [num_tokens, hidden]) captured in one CUDA graph and replayed, per bucket.
 Set against the step's replay time, it is the collective's share of the step. On the CPU they run eagerly."""
+
 from __future__ import annotations
 
 import statistics
@@ -46,10 +47,14 @@ class CollectiveShare:
         mode = next(iter(executors), None)
         parts = []
         for bucket, t in ms.items():
-            lat = [r.latency_ms.median for r in res.records
-                   if r.mode == mode and r.bucket == bucket and r.latency_ms is not None]
+            lat = [
+                r.latency_ms.median
+                for r in res.records
+                if r.mode == mode and r.bucket == bucket and r.latency_ms is not None
+            ]
             share = f" ({100 * t / statistics.median(lat):.0f}% of {mode}'s replay)" if lat else ""
             parts.append(f"{bucket}: {t:.3f} ms{share}")
-        res.notes.append(f"--tp {bench.cfg.tp}: the {calls} all-reduces of a step, timed alone "
-                         f"({'in one CUDA graph' if bench.device.type == 'cuda' else 'eagerly'}), per bucket: "
-                         + ", ".join(parts))
+        res.notes.append(
+            f"--tp {bench.cfg.tp}: the {calls} all-reduces of a step, timed alone "
+            f"({'in one CUDA graph' if bench.device.type == 'cuda' else 'eagerly'}), per bucket: " + ", ".join(parts)
+        )

@@ -8,6 +8,7 @@ pattern; anything else there, the norms' "replicated_with_grad_allreduce" say, s
 projection names every supported family uses. Embeddings, norms and the LM head stay whole on every rank, so
 each rank computes the same logits.
 """
+
 from __future__ import annotations
 
 import re
@@ -18,10 +19,15 @@ import torch.nn.functional as F
 from gmtool.errors import GmtoolError
 from gmtool.parallel import comm
 
-OWN_PLAN = {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
-            "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
-            "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
-            "layers.*.mlp.down_proj": "rowwise"}
+OWN_PLAN = {
+    "layers.*.self_attn.q_proj": "colwise",
+    "layers.*.self_attn.k_proj": "colwise",
+    "layers.*.self_attn.v_proj": "colwise",
+    "layers.*.self_attn.o_proj": "rowwise",
+    "layers.*.mlp.gate_proj": "colwise",
+    "layers.*.mlp.up_proj": "colwise",
+    "layers.*.mlp.down_proj": "rowwise",
+}
 
 
 class RowParallelLinear(torch.nn.Linear):
@@ -74,5 +80,7 @@ def shard_model(model: torch.nn.Module, rank: int, world: int) -> str:
     if not counts["rowwise"]:
         raise GmtoolError(f"--tp {world}: {type(model).__name__} has no projection {source} splits by rows")
     comm.all_reduce  # noqa: B018 (imported for the op's registration: torch.ops.gmtool.all_reduce)
-    return (f"--tp {world}: rank {rank} of {world}, {counts['colwise']} column- and {counts['rowwise']} "
-            f"row-parallel projections ({source}), an all-reduce after each row-parallel one")
+    return (
+        f"--tp {world}: rank {rank} of {world}, {counts['colwise']} column- and {counts['rowwise']} "
+        f"row-parallel projections ({source}), an all-reduce after each row-parallel one"
+    )

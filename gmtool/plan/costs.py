@@ -8,6 +8,7 @@ labelled so the plan can say which figures it measured and which it guessed. Lat
 linearly with the batch in the range where graphs pay off (weights are read once per step, activations grow
 with the batch), which is what makes a straight line a fair estimate between measured buckets.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,8 +42,10 @@ def estimate(known: pd.Series, at) -> tuple[np.ndarray, list[Source]]:
         vals[lo] = np.minimum(y[0], np.maximum(0.0, y[0] + slope * (at[lo] - x[0])))
         vals[hi] = np.maximum(y[-1], y[-1] + slope * (at[hi] - x[-1]))
     measured = set(x)
-    how = [Source.MEASURED if a in measured else Source.INTERPOLATED if x[0] < a < x[-1] else Source.EXTRAPOLATED
-           for a in at]
+    how = [
+        Source.MEASURED if a in measured else Source.INTERPOLATED if x[0] < a < x[-1] else Source.EXTRAPOLATED
+        for a in at
+    ]
     return vals, how
 
 
@@ -95,9 +98,15 @@ def _graph_mode(df: pd.DataFrame, mode: str | None) -> str:
 
 def _flat(records: list[dict]) -> pd.DataFrame:
     """One row per record of a results document's plain form; timings become latency_ms_median, ..."""
-    return pd.DataFrame([{**{k: v for k, v in r.items() if not isinstance(v, dict)},
-                          **{f"{k}_{sk}": sv for k, v in r.items() if isinstance(v, dict) for sk, sv in v.items()}}
-                         for r in records])
+    return pd.DataFrame(
+        [
+            {
+                **{k: v for k, v in r.items() if not isinstance(v, dict)},
+                **{f"{k}_{sk}": sv for k, v in r.items() if isinstance(v, dict) for sk, sv in v.items()},
+            }
+            for r in records
+        ]
+    )
 
 
 def from_results(doc: dict, mode: str | None = None) -> CostTable:
@@ -118,16 +127,22 @@ def from_results(doc: dict, mode: str | None = None) -> CostTable:
     for col in ("graph_mem_bytes", "capture_s", "outside_pool_bytes"):
         if col not in rows:
             rows = rows.assign(**{col: np.nan})
-    g = rows.groupby("bucket").agg(graph_ms=("latency_ms_median", "median"), pool_bytes=("graph_mem_bytes", "max"),
-                                   overhead_bytes=("outside_pool_bytes", "max"), capture_s=("capture_s", "sum"))
+    g = rows.groupby("bucket").agg(
+        graph_ms=("latency_ms_median", "median"),
+        pool_bytes=("graph_mem_bytes", "max"),
+        overhead_bytes=("outside_pool_bytes", "max"),
+        capture_s=("capture_s", "sum"),
+    )
     g.index = g.index.astype(int)
     if g["overhead_bytes"].isna().all():
         g["overhead_bytes"] = 0.0
     g = g.astype(float)
     eager = df[(df["mode"] == GraphMode.EAGER) & (df["status"] == Status.OK)]
     if eager.empty:
-        raise GmtoolError("the results have no eager rows: steps above the largest graph run eager, so the plan "
-                          "needs them (run compare with eager among the modes)")
+        raise GmtoolError(
+            "the results have no eager rows: steps above the largest graph run eager, so the plan "
+            "needs them (run compare with eager among the modes)"
+        )
     e = eager.groupby("num_tokens")["latency_ms_median"].median()
     e.index = e.index.astype(int)
     return CostTable(str(mode), g, e.astype(float), notes)

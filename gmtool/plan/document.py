@@ -1,4 +1,5 @@
 """plan.json, plan.md, plan.png and the terminal table of a plan."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -23,40 +24,86 @@ def build_document(res, inp, source: dict, model: dict, machine: dict) -> dict:
     p, b = res.plan, inp.budgets
     steps = inp.steps
     return {
-        "schema_version": 1, "tool": "gmtool", "command": "plan",
+        "schema_version": 1,
+        "tool": "gmtool",
+        "command": "plan",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "model": model, "machine": machine, "source": source, "mode": inp.costs.mode,
-        "workload": {"path": str(inp.workload_path), "steps": int(steps["count"].sum()),
-                     "shapes": len(steps), "sizes": int(steps["num_tokens"].nunique()),
-                     "largest_step": int(steps["num_tokens"].max())},
+        "model": model,
+        "machine": machine,
+        "source": source,
+        "mode": inp.costs.mode,
+        "workload": {
+            "path": str(inp.workload_path),
+            "steps": int(steps["count"].sum()),
+            "shapes": len(steps),
+            "sizes": int(steps["num_tokens"].nunique()),
+            "largest_step": int(steps["num_tokens"].max()),
+        },
         "budgets": {"memory_bytes": b.memory_bytes, "capture_s": b.capture_s, "max_graphs": b.max_graphs},
         "memory_sharing": str(inp.sharing),
-        "capture_sizes": list(p.sizes), "num_graphs": len(p.sizes),
-        "expected_ms_per_step": p.ms_per_step, "eager_ms_per_step": res.all_eager.ms_per_step,
-        "graph_memory_bytes": p.graph_memory_bytes, "capture_s": p.capture_s, "eager_steps": p.eager_steps,
+        "capture_sizes": list(p.sizes),
+        "num_graphs": len(p.sizes),
+        "expected_ms_per_step": p.ms_per_step,
+        "eager_ms_per_step": res.all_eager.ms_per_step,
+        "graph_memory_bytes": p.graph_memory_bytes,
+        "capture_s": p.capture_s,
+        "eager_steps": p.eager_steps,
         "flags": flags(p.sizes),
         "lazy_capture": res.lazy,
-        "defaults": [{"engine": d.name, "setting": d.setting, "padding": d.padding, "num_graphs": len(c.sizes),
-                      "expected_ms_per_step": c.ms_per_step, "graph_memory_bytes": c.graph_memory_bytes,
-                      "capture_s": c.capture_s, "eager_steps": c.eager_steps, "plan_gain_pct": _gain(p, c),
-                      "plan_uses_less_memory": None if c.graph_memory_bytes is None or p.graph_memory_bytes is None
-                      else p.graph_memory_bytes <= c.graph_memory_bytes,
-                      "capture_sizes": list(c.sizes)} for d, c in res.defaults],
-        "curve": [{"capture_sizes": list(c.sizes), "expected_ms_per_step": c.ms_per_step,
-                   "graph_memory_bytes": c.graph_memory_bytes, "num_graphs": len(c.sizes)} for c in res.curve],
-        "candidates": [{"size": int(s), **{k: (None if v != v else v) for k, v in row.items()}}
-                       for s, row in res.costs.to_dict("index").items()],
+        "defaults": [
+            {
+                "engine": d.name,
+                "setting": d.setting,
+                "padding": d.padding,
+                "num_graphs": len(c.sizes),
+                "expected_ms_per_step": c.ms_per_step,
+                "graph_memory_bytes": c.graph_memory_bytes,
+                "capture_s": c.capture_s,
+                "eager_steps": c.eager_steps,
+                "plan_gain_pct": _gain(p, c),
+                "plan_uses_less_memory": None
+                if c.graph_memory_bytes is None or p.graph_memory_bytes is None
+                else p.graph_memory_bytes <= c.graph_memory_bytes,
+                "capture_sizes": list(c.sizes),
+            }
+            for d, c in res.defaults
+        ],
+        "curve": [
+            {
+                "capture_sizes": list(c.sizes),
+                "expected_ms_per_step": c.ms_per_step,
+                "graph_memory_bytes": c.graph_memory_bytes,
+                "num_graphs": len(c.sizes),
+            }
+            for c in res.curve
+        ],
+        "candidates": [
+            {"size": int(s), **{k: (None if v != v else v) for k, v in row.items()}}
+            for s, row in res.costs.to_dict("index").items()
+        ],
         "notes": res.notes,
     }
 
 
 def _rows(doc: dict) -> list[dict]:
-    plan = {"engine": "plan", "num_graphs": doc["num_graphs"], "expected_ms_per_step": doc["expected_ms_per_step"],
-            "graph_memory_bytes": doc["graph_memory_bytes"], "capture_s": doc["capture_s"],
-            "eager_steps": doc["eager_steps"], "plan_gain_pct": None}
-    eager = {"engine": "all eager", "num_graphs": 0, "expected_ms_per_step": doc["eager_ms_per_step"],
-             "graph_memory_bytes": 0, "capture_s": 0.0, "eager_steps": doc["workload"]["steps"],
-             "plan_gain_pct": 100.0 * (doc["eager_ms_per_step"] - doc["expected_ms_per_step"]) / doc["eager_ms_per_step"]}
+    plan = {
+        "engine": "plan",
+        "num_graphs": doc["num_graphs"],
+        "expected_ms_per_step": doc["expected_ms_per_step"],
+        "graph_memory_bytes": doc["graph_memory_bytes"],
+        "capture_s": doc["capture_s"],
+        "eager_steps": doc["eager_steps"],
+        "plan_gain_pct": None,
+    }
+    eager = {
+        "engine": "all eager",
+        "num_graphs": 0,
+        "expected_ms_per_step": doc["eager_ms_per_step"],
+        "graph_memory_bytes": 0,
+        "capture_s": 0.0,
+        "eager_steps": doc["workload"]["steps"],
+        "plan_gain_pct": 100.0 * (doc["eager_ms_per_step"] - doc["expected_ms_per_step"]) / doc["eager_ms_per_step"],
+    }
     return [plan] + doc["defaults"] + [eager]
 
 
@@ -64,15 +111,23 @@ HEAD = ("capture list", "graphs", "ms / step", "plan faster by", "graph memory",
 
 
 def _cells(r: dict, steps: int) -> list[str]:
-    return [r["engine"], str(r["num_graphs"]), _f(r["expected_ms_per_step"], ".4f"),
-            "-" if r["plan_gain_pct"] is None else f"{r['plan_gain_pct']:+.1f}%", fmt_bytes(r["graph_memory_bytes"]),
-            _f(r["capture_s"], ".2f"), f"{100 * r['eager_steps'] / steps:.1f}%"]
+    return [
+        r["engine"],
+        str(r["num_graphs"]),
+        _f(r["expected_ms_per_step"], ".4f"),
+        "-" if r["plan_gain_pct"] is None else f"{r['plan_gain_pct']:+.1f}%",
+        fmt_bytes(r["graph_memory_bytes"]),
+        _f(r["capture_s"], ".2f"),
+        f"{100 * r['eager_steps'] / steps:.1f}%",
+    ]
 
 
 def plan_table(doc: dict) -> Table:
     w = doc["workload"]
-    t = Table(title=f"gmtool plan: {doc['model'].get('name')} ({doc['mode']} graphs), workload "
-                    f"{Path(w['path']).name} ({w['steps']} steps, {w['sizes']} sizes)")
+    t = Table(
+        title=f"gmtool plan: {doc['model'].get('name')} ({doc['mode']} graphs), workload "
+        f"{Path(w['path']).name} ({w['steps']} steps, {w['sizes']} sizes)"
+    )
     for c in HEAD:
         t.add_column(c, justify="left" if c == "capture list" else "right")
     for i, r in enumerate(_rows(doc)):
@@ -83,19 +138,36 @@ def plan_table(doc: dict) -> Table:
 
 def render_markdown(doc: dict) -> str:
     w, b = doc["workload"], doc["budgets"]
-    budgets = ", ".join(f"{k} {v}" for k, v in (("memory", fmt_bytes(b["memory_bytes"]) if b["memory_bytes"] else None),
-                                                 ("capture", f"{b['capture_s']} s" if b["capture_s"] else None),
-                                                 ("graphs", b["max_graphs"])) if v) or "none"
-    lines = [f"# gmtool plan: {doc['model'].get('name')}", "",
-             f"Workload `{w['path']}`: {w['steps']} steps, {w['sizes']} distinct sizes, largest {w['largest_step']} "
-             f"tokens. Costs: {doc['source'].get('kind')} ({doc['mode']} graphs). Budgets: {budgets}; memory "
-             f"sharing: {doc['memory_sharing']}.", "",
-             f"**Capture sizes** ({doc['num_graphs']}): `{', '.join(map(str, doc['capture_sizes']))}`", "",
-             f"Expected {doc['expected_ms_per_step']:.4f} ms per step (all eager: {doc['eager_ms_per_step']:.4f} ms), "
-             f"graph memory {fmt_bytes(doc['graph_memory_bytes'])}, capture {doc['capture_s']:.2f} s.", "",
-             *lazy_line(doc.get("lazy_capture")),
-             "## Plan against the engines' defaults", "",
-             "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    budgets = (
+        ", ".join(
+            f"{k} {v}"
+            for k, v in (
+                ("memory", fmt_bytes(b["memory_bytes"]) if b["memory_bytes"] else None),
+                ("capture", f"{b['capture_s']} s" if b["capture_s"] else None),
+                ("graphs", b["max_graphs"]),
+            )
+            if v
+        )
+        or "none"
+    )
+    lines = [
+        f"# gmtool plan: {doc['model'].get('name')}",
+        "",
+        f"Workload `{w['path']}`: {w['steps']} steps, {w['sizes']} distinct sizes, largest {w['largest_step']} "
+        f"tokens. Costs: {doc['source'].get('kind')} ({doc['mode']} graphs). Budgets: {budgets}; memory "
+        f"sharing: {doc['memory_sharing']}.",
+        "",
+        f"**Capture sizes** ({doc['num_graphs']}): `{', '.join(map(str, doc['capture_sizes']))}`",
+        "",
+        f"Expected {doc['expected_ms_per_step']:.4f} ms per step (all eager: {doc['eager_ms_per_step']:.4f} ms), "
+        f"graph memory {fmt_bytes(doc['graph_memory_bytes'])}, capture {doc['capture_s']:.2f} s.",
+        "",
+        *lazy_line(doc.get("lazy_capture")),
+        "## Plan against the engines' defaults",
+        "",
+        "| " + " | ".join(HEAD) + " |",
+        "|" + "---|" * len(HEAD),
+    ]
     lines += ["| " + " | ".join(_cells(r, w["steps"])) + " |" for r in _rows(doc)]
     lines += ["", "## Flags", ""]
     for engine, forms in doc["flags"].items():
@@ -110,10 +182,15 @@ def lazy_line(lazy: dict | None) -> list[str]:
     if not lazy or not lazy["captures"]:
         return []
     worst = max(lazy["first_hits"], key=lambda h: h["spike_ms"])
-    never = f"; {len(lazy['never_captured'])} sizes no step reaches are never captured" if lazy["never_captured"] else ""
-    return [f"Captured lazily (on the first miss, in the workload's order) instead: {lazy['captures']} captures "
-            f"take {lazy['capture_s_in_serving']:.2f} s inside serving; the worst first-hit step takes "
-            f"{worst['spike_ms']:.1f} ms (size {worst['size']}, step {worst['at_step']}){never}.", ""]
+    never = (
+        f"; {len(lazy['never_captured'])} sizes no step reaches are never captured" if lazy["never_captured"] else ""
+    )
+    return [
+        f"Captured lazily (on the first miss, in the workload's order) instead: {lazy['captures']} captures "
+        f"take {lazy['capture_s_in_serving']:.2f} s inside serving; the worst first-hit step takes "
+        f"{worst['spike_ms']:.1f} ms (size {worst['size']}, step {worst['at_step']}){never}.",
+        "",
+    ]
 
 
 def write_plot(path: Path, doc: dict) -> None:
@@ -125,8 +202,13 @@ def write_plot(path: Path, doc: dict) -> None:
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
     curve = sorted(doc["curve"], key=x_of)
-    ax.step([x_of(c) for c in curve], [c["expected_ms_per_step"] for c in curve], where="post", color="C0",
-            label="best set under each budget")
+    ax.step(
+        [x_of(c) for c in curve],
+        [c["expected_ms_per_step"] for c in curve],
+        where="post",
+        color="C0",
+        label="best set under each budget",
+    )
     ax.scatter([x_of(doc)], [doc["expected_ms_per_step"]], color="C3", zorder=3, label="plan")
     for i, d in enumerate(doc["defaults"]):
         ax.scatter([x_of(d)], [d["expected_ms_per_step"]], marker="x", color=f"C{(i + 4) % 10}", label=d["engine"])

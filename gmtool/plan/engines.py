@@ -17,6 +17,7 @@ produces them):
 SGLang and TensorRT-LLM count sequences, vLLM counts tokens: for decode steps (one token per sequence) they are
 the same number; the plan is made on num_tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,10 +47,15 @@ ENGINE_DEFAULTS = (
     EngineDefault("vllm", _vllm(256), setting="max_num_seqs 128 (max capture size 256)"),
     EngineDefault("vllm-512", _vllm(512), setting="max_num_seqs 256 (max capture size 512)"),
     EngineDefault("sglang", _sglang(256), setting="--cuda-graph-max-bs 256"),
-    EngineDefault("trtllm", tuple(list(range(1, 32)) + [32, 64, 128]), padding=False,
-                  setting="max_batch_size 128, enable_padding false"),
-    EngineDefault("trtllm-padded", tuple([1, 2, 4] + list(range(8, 129, 8))),
-                  setting="max_batch_size 128, enable_padding true"),
+    EngineDefault(
+        "trtllm",
+        tuple(list(range(1, 32)) + [32, 64, 128]),
+        padding=False,
+        setting="max_batch_size 128, enable_padding false",
+    ),
+    EngineDefault(
+        "trtllm-padded", tuple([1, 2, 4] + list(range(8, 129, 8))), setting="max_batch_size 128, enable_padding true"
+    ),
     EngineDefault("gmtool", tuple(DEFAULT_DECODE_BUCKETS), setting="gmtool's default decode buckets"),
 )
 
@@ -58,13 +64,18 @@ def flags(sizes) -> dict:
     """Ready-to-paste settings for a capture set."""
     sizes = sorted(int(s) for s in sizes)
     if not sizes:  # eager beats every graph on this workload
-        return {"vllm": {"cli": "--enforce-eager"}, "sglang": {"cli": "--disable-cuda-graph"},
-                "trtllm": {"yaml": "cuda_graph_config: null"}}
+        return {
+            "vllm": {"cli": "--enforce-eager"},
+            "sglang": {"cli": "--disable-cuda-graph"},
+            "trtllm": {"yaml": "cuda_graph_config: null"},
+        }
     spaced = " ".join(map(str, sizes))
     return {
-        "vllm": {"cli": f"--cudagraph-capture-sizes {spaced}",
-                 "compilation_config": f"--compilation-config '{json.dumps({'cudagraph_capture_sizes': sizes})}'",
-                 "python": f"compilation_config={{'cudagraph_capture_sizes': {sizes}}}"},
+        "vllm": {
+            "cli": f"--cudagraph-capture-sizes {spaced}",
+            "compilation_config": f"--compilation-config '{json.dumps({'cudagraph_capture_sizes': sizes})}'",
+            "python": f"compilation_config={{'cudagraph_capture_sizes': {sizes}}}",
+        },
         "sglang": {"cli": f"--cuda-graph-bs {spaced}"},
         "trtllm": {"yaml": f"cuda_graph_config:\n  batch_sizes: {sizes}\n  enable_padding: true"},
     }

@@ -2,6 +2,7 @@
 trace, each captured size that some step reaches is captured when the first such step arrives: that step pays
 a warm-up forward (an eager step of the size), the capture and the replay (the first-hit spike), and the
 captures together are the time spent capturing inside serving. Sizes no step reaches are never captured."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,10 +25,19 @@ def lazy_capture(steps: pd.DataFrame, sizes, costs: pd.DataFrame, eager_ms: pd.S
     for s, step in sorted(hits.items(), key=lambda kv: kv[1]):
         c = costs.loc[s]
         spike = 1000.0 * c["capture_s"] + eager_ms.loc[s] + c["graph_ms"]
-        first_hits.append({"size": s, "at_step": step, "capture_s": float(c["capture_s"]), "spike_ms": float(spike),
-                           "source": str(c["source"])})
-    return {"captures": len(first_hits),
-            "capture_s_in_serving": float(sum(h["capture_s"] for h in first_hits)),
-            "max_spike_ms": max((h["spike_ms"] for h in first_hits), default=None),
-            "never_captured": [s for s in sizes if s not in hits],
-            "first_hits": first_hits}
+        first_hits.append(
+            {
+                "size": s,
+                "at_step": step,
+                "capture_s": float(c["capture_s"]),
+                "spike_ms": float(spike),
+                "source": str(c["source"]),
+            }
+        )
+    return {
+        "captures": len(first_hits),
+        "capture_s_in_serving": float(sum(h["capture_s"] for h in first_hits)),
+        "max_spike_ms": max((h["spike_ms"] for h in first_hits), default=None),
+        "never_captured": [s for s in sizes if s not in hits],
+        "first_hits": first_hits,
+    }

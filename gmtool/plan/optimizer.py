@@ -17,6 +17,7 @@ once per cap P (sizes whose pool exceeds P are left out, P + the additive memory
 because the optimum is found at the cap equal to its own largest pool. Without per-graph overhead only the
 largest cap that fits is needed.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -64,8 +65,9 @@ class Problem:
     costs: per size (index) graph_ms, pool_bytes, overhead_bytes, capture_s, for every size that a set to
     optimize or evaluate may hold."""
 
-    def __init__(self, workload: pd.Series, eager_ms: pd.Series, costs: pd.DataFrame,
-                 sharing: PoolSharing = PoolSharing.SHARED):
+    def __init__(
+        self, workload: pd.Series, eager_ms: pd.Series, costs: pd.DataFrame, sharing: PoolSharing = PoolSharing.SHARED
+    ):
         self.n = workload.index.to_numpy(dtype=np.int64)
         self.w = workload.to_numpy(dtype=float)
         self.e = eager_ms.reindex(workload.index).to_numpy(dtype=float)
@@ -98,15 +100,22 @@ class Problem:
         if not padding:
             fits &= np.isin(self.n, arr)
         per = np.where(fits, g[np.minimum(at, max(len(arr) - 1, 0))] if len(arr) else 0.0, self.e)
-        return Choice(sizes, float((per * self.w).sum()), self.steps, self.memory(sizes),
-                      float(self.costs.loc[list(sizes), "capture_s"].sum()), int(self.w[~fits].sum()))
+        return Choice(
+            sizes,
+            float((per * self.w).sum()),
+            self.steps,
+            self.memory(sizes),
+            float(self.costs.loc[list(sizes), "capture_s"].sum()),
+            int(self.w[~fits].sum()),
+        )
 
     # -- the optimum -----------------------------------------------------------------------------------
     def optimize(self, budgets: Budgets = Budgets(), among=None) -> Choice:
         cand = self.costs.loc[sorted({int(s) for s in (among if among is not None else self.costs.index)})]
         if budgets.memory_bytes is not None and cand["pool_bytes"].isna().any():
-            raise GmtoolError("a memory budget needs graph memory figures: plan from a CUDA results file or "
-                              "measure on CUDA")
+            raise GmtoolError(
+                "a memory budget needs graph memory figures: plan from a CUDA results file or measure on CUDA"
+            )
         best = self.evaluate(())
         m_left = budgets.memory_bytes
         if m_left is not None and self.sharing is PoolSharing.SHARED:
@@ -135,8 +144,11 @@ class Problem:
         cap = cand["capture_s"].to_numpy(dtype=float)
         upto = np.searchsorted(self.n, sizes, side="right")  # steps with n <= size: indices < upto
         W, tail = self._cum_w[upto], self._tail_e[upto]
-        dims = (budgets.max_graphs is not None, budgets.capture_s is not None,
-                mem_left is not None and bool(add_mem.any()))
+        dims = (
+            budgets.max_graphs is not None,
+            budgets.capture_s is not None,
+            mem_left is not None and bool(add_mem.any()),
+        )
         limits = (budgets.max_graphs, budgets.capture_s, mem_left)
 
         def fits(res) -> bool:
@@ -167,8 +179,11 @@ class Problem:
 
 def _better(a: Choice, b: Choice) -> bool:
     """Faster, then fewer graphs, then less memory."""
-    return (round(a.total_ms, 9), len(a.sizes), a.graph_memory_bytes or 0) < \
-        (round(b.total_ms, 9), len(b.sizes), b.graph_memory_bytes or 0)
+    return (round(a.total_ms, 9), len(a.sizes), a.graph_memory_bytes or 0) < (
+        round(b.total_ms, 9),
+        len(b.sizes),
+        b.graph_memory_bytes or 0,
+    )
 
 
 def _pareto(labels: list[tuple], dims: tuple[bool, ...]) -> list[tuple]:

@@ -1,5 +1,6 @@
 """gmtool plan's work: a workload and per-bucket costs in, the chosen capture set and its comparison with the
 engines' defaults out."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -51,9 +52,11 @@ def candidate_sizes(inp: PlanInputs, sizes: pd.Series) -> tuple[list[int], list[
     notes = []
     room = MAX_CANDIDATES - len(measured)
     if len(extra) > room:
-        notes.append(f"{len(extra)} step sizes within the measured range: the {max(room, 0)} most frequent are "
-                     f"candidates (give --candidates to choose them)")
-        extra = extra.sort_values(ascending=False).iloc[:max(room, 0)]
+        notes.append(
+            f"{len(extra)} step sizes within the measured range: the {max(room, 0)} most frequent are "
+            f"candidates (give --candidates to choose them)"
+        )
+        extra = extra.sort_values(ascending=False).iloc[: max(room, 0)]
     return sorted(set(measured) | {int(s) for s in extra.index}), notes
 
 
@@ -61,8 +64,7 @@ def make_plan(inp: PlanInputs) -> PlanResult:
     sizes = by_size(inp.steps)
     notes = list(inp.costs.notes) + list(inp.notes)
     if inp.max_tokens is not None and sizes.index.max() > inp.max_tokens:
-        raise GmtoolError(f"the workload has a step of {sizes.index.max()} tokens, above --max-tokens "
-                          f"{inp.max_tokens}")
+        raise GmtoolError(f"the workload has a step of {sizes.index.max()} tokens, above --max-tokens {inp.max_tokens}")
     cands, more = candidate_sizes(inp, sizes)
     notes += more
     every = sorted(set(cands) | {s for d in ENGINE_DEFAULTS for s in d.sizes})
@@ -70,13 +72,16 @@ def make_plan(inp: PlanInputs) -> PlanResult:
     est = costs.loc[cands, "source"]
     n_est = int((est != "measured").sum())
     if n_est:
-        notes.append(f"{n_est} of {len(cands)} candidate sizes were not measured: their latency, memory and "
-                     f"capture time are estimated linearly from the measured buckets "
-                     f"({int((est == 'extrapolated').sum())} beyond them)")
+        notes.append(
+            f"{n_est} of {len(cands)} candidate sizes were not measured: their latency, memory and "
+            f"capture time are estimated linearly from the measured buckets "
+            f"({int((est == 'extrapolated').sum())} beyond them)"
+        )
     eager_est = inp.costs.eager_estimated(sizes.index)
     if eager_est:
-        notes.append(f"eager latency of {eager_est} of {len(sizes)} step sizes estimated linearly from the "
-                     "measured eager rows")
+        notes.append(
+            f"eager latency of {eager_est} of {len(sizes)} step sizes estimated linearly from the measured eager rows"
+        )
     if not inp.costs.has_memory:
         notes.append("no graph memory in these costs (the CPU backend measures none): memory is not planned")
     elif not costs["overhead_bytes"].any():
@@ -87,11 +92,14 @@ def make_plan(inp: PlanInputs) -> PlanResult:
     for d, _ in defaults:
         n = int((costs.loc[list(d.sizes), "source"] == "extrapolated").sum())
         if n:
-            notes.append(f"{d.name}: {n} of its {len(d.sizes)} sizes lie beyond the measured buckets "
-                         f"(largest {max(inp.costs.buckets)}): their figures are extrapolated")
+            notes.append(
+                f"{d.name}: {n} of its {len(d.sizes)} sizes lie beyond the measured buckets "
+                f"(largest {max(inp.costs.buckets)}): their figures are extrapolated"
+            )
     lazy = lazy_capture(inp.steps, plan.sizes, costs, inp.costs.eager_at(list(plan.sizes)))
-    return PlanResult(plan, problem.evaluate(()), defaults, _curve(problem, inp.budgets, cands),
-                      costs.loc[cands], cands, notes, lazy)
+    return PlanResult(
+        plan, problem.evaluate(()), defaults, _curve(problem, inp.budgets, cands), costs.loc[cands], cands, notes, lazy
+    )
 
 
 def _curve(problem: Problem, budgets: Budgets, cands: list[int], points: int = 40) -> list[Choice]:
@@ -117,7 +125,7 @@ def measure(cfg, progress=None):
     """Run the sweep (eager and the plan's graph mode) on the config's buckets: a results document."""
     from gmtool.measure.sweep import Sweep
 
-    with (progress("plan: measure") if progress else _null()) as p:
+    with progress("plan: measure") if progress else _null() as p:
         result = Sweep(cfg, p).run()
     return result.document("compare")
 

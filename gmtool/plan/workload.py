@@ -3,6 +3,7 @@
 `count` is optional (each row is then one step, so a log of steps can be pasted as it is). Rows with the same
 shape are summed. A built-in workload is named by its file's stem under profiles/workloads.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,9 @@ def _read(path: Path) -> pd.DataFrame:
     except (OSError, UnicodeDecodeError) as e:
         raise GmtoolError(f"cannot read workload {path}: {getattr(e, 'strerror', None) or e}") from None
     except (ValueError, pd.errors.ParserError) as e:
-        raise GmtoolError(f"workload {path} is not valid {'JSONL' if path.suffix != '.csv' else 'CSV'}: "
-                          f"{str(e).splitlines()[0]}") from None
+        raise GmtoolError(
+            f"workload {path} is not valid {'JSONL' if path.suffix != '.csv' else 'CSV'}: {str(e).splitlines()[0]}"
+        ) from None
 
 
 def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
@@ -69,23 +71,31 @@ def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
     bad = numeric.isna() | (numeric != numeric.round())
     if bad.any().any():
         row, col = next((r, c) for r in range(len(df)) for c in COLUMNS if bad.iloc[r][c])
-        raise GmtoolError(f"workload {path}, row {row + 1}: {col} must be a whole number, got {str(df.iloc[row][col])!r}")
+        raise GmtoolError(
+            f"workload {path}, row {row + 1}: {col} must be a whole number, got {str(df.iloc[row][col])!r}"
+        )
     df = numeric.astype("int64")
     for col, low in (("num_tokens", 1), ("num_seqs", 1), ("count", 0)):
         below = df.index[df[col] < low]
         if len(below):
             r = below[0]
-            raise GmtoolError(f"workload {path}, row {r + 1}: {col} must be {'positive' if low else '0 or more'}, "
-                              f"got {df.at[r, col]}")
+            raise GmtoolError(
+                f"workload {path}, row {r + 1}: {col} must be {'positive' if low else '0 or more'}, got {df.at[r, col]}"
+            )
     over = df.index[df["num_seqs"] > df["num_tokens"]]
     if len(over):
         r = over[0]
-        raise GmtoolError(f"workload {path}, row {r + 1}: {df.at[r, 'num_seqs']} sequences cannot share "
-                          f"{df.at[r, 'num_tokens']} tokens (each sequence has at least one)")
+        raise GmtoolError(
+            f"workload {path}, row {r + 1}: {df.at[r, 'num_seqs']} sequences cannot share "
+            f"{df.at[r, 'num_tokens']} tokens (each sequence has at least one)"
+        )
     # where in the trace (the file's order, counts expanded) each shape first appears: lazy capture's first hits
     df["first_step"] = df["count"].cumsum() - df["count"]
-    steps = df[df["count"] > 0].groupby(["num_tokens", "num_seqs"], as_index=False).agg(
-        count=("count", "sum"), first_step=("first_step", "min"))
+    steps = (
+        df[df["count"] > 0]
+        .groupby(["num_tokens", "num_seqs"], as_index=False)
+        .agg(count=("count", "sum"), first_step=("first_step", "min"))
+    )
     steps = steps[steps["count"] > 0].sort_values(["num_tokens", "num_seqs"]).reset_index(drop=True)
     if steps.empty:
         raise GmtoolError(f"workload {path} has no steps (every count is 0)")

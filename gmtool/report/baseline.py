@@ -1,4 +1,5 @@
 """Change against an older run of the same model: rows matched on mode, bucket and composition."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,15 +22,17 @@ def check_same_model(base: Document, name: str, params: int | None = None, scena
     refuse rather than print noise (or match no row without a word)."""
     old_scenario = base.config.get("scenario")
     if scenario is not None and old_scenario is not None and old_scenario != scenario:
-        raise GmtoolError(f"--baseline is a {old_scenario} run, this run is {scenario}: compare runs of the same "
-                          "scenario")
+        raise GmtoolError(
+            f"--baseline is a {old_scenario} run, this run is {scenario}: compare runs of the same scenario"
+        )
     old = base.model
     same = old.get("name") == name and (params is None or old.get("params") in (None, params))
     if not same:
         old_desc = f"{old.get('name')!r}" + (f" ({old['params']:,} parameters)" if old.get("params") else "")
         new_desc = f"{name!r}" + (f" ({params:,} parameters)" if params else "")
-        raise GmtoolError(f"--baseline is a run of model {old_desc}, this run is {new_desc}: "
-                          "compare runs of the same model")
+        raise GmtoolError(
+            f"--baseline is a run of model {old_desc}, this run is {new_desc}: compare runs of the same model"
+        )
 
 
 def _pct(new, old):
@@ -57,17 +60,33 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
             continue
         matched += 1
         rec.baseline = {
-            "status": o["status"], "latency_ms": _median(o), "latency_delta_pct": _pct(_median(r), _median(o)),
-            "max_rel_err": o.get("max_rel_err"), "err_delta": _diff(r.get("max_rel_err"), o.get("max_rel_err")),
+            "status": o["status"],
+            "latency_ms": _median(o),
+            "latency_delta_pct": _pct(_median(r), _median(o)),
+            "max_rel_err": o.get("max_rel_err"),
+            "err_delta": _diff(r.get("max_rel_err"), o.get("max_rel_err")),
         }
     old_buckets = {(s["mode"], s["bucket"]): s for s in bucket_summary(old_rows)}
     buckets = []
     for s in bucket_summary(rows):
         o = old_buckets.get((s["mode"], s["bucket"]))
         if o is not None:
-            buckets.append({"mode": s["mode"], "bucket": s["bucket"], "old_status": o["status"],
-                            "old_replay_ms": o["replay_ms"], "replay_delta_pct": _pct(s["replay_ms"], o["replay_ms"]),
-                            "old_max_rel_err": o["max_rel_err"],
-                            "err_delta": _diff(s["max_rel_err"], o["max_rel_err"])})
-    doc.baseline = {"path": str(path), "created": base.created, "machine": base.machine,
-                    "matched": matched, "unmatched": len(rows) - matched, "buckets": buckets}
+            buckets.append(
+                {
+                    "mode": s["mode"],
+                    "bucket": s["bucket"],
+                    "old_status": o["status"],
+                    "old_replay_ms": o["replay_ms"],
+                    "replay_delta_pct": _pct(s["replay_ms"], o["replay_ms"]),
+                    "old_max_rel_err": o["max_rel_err"],
+                    "err_delta": _diff(s["max_rel_err"], o["max_rel_err"]),
+                }
+            )
+    doc.baseline = {
+        "path": str(path),
+        "created": base.created,
+        "machine": base.machine,
+        "matched": matched,
+        "unmatched": len(rows) - matched,
+        "buckets": buckets,
+    }

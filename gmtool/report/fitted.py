@@ -3,6 +3,7 @@
 
 A FittedTable is a rich renderable: it is laid out at print time for the console's width (80 on a small
 terminal, wide when the output goes to a file), so the table functions need not know where they print."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,8 +39,7 @@ class FittedTable:
 
     def widths(self) -> list[int]:
         body = [r for r in self.rows if r is not None]
-        return [max([_header_width(c.header)] + [_cell_width(r[i]) for r in body])
-                for i, c in enumerate(self.columns)]
+        return [max([_header_width(c.header)] + [_cell_width(r[i]) for r in body]) for i, c in enumerate(self.columns)]
 
     def shown(self, width: int) -> list[int]:
         """Indices of the columns kept at this width: while the table is too wide, drop the columns that show

@@ -1,5 +1,6 @@
 """report.html: the Markdown report's sections as HTML tables, with the plots embedded as data URIs, in one
 file that opens anywhere (no scripts, no external stylesheet or image)."""
+
 from __future__ import annotations
 
 from html import escape
@@ -33,16 +34,23 @@ def _cell(header: str, value: str) -> str:
 
 def render_html(doc: dict) -> str:
     title = f"gmtool {doc.get('command', '')}: {doc['model']['name']}"
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{escape(title)}</title>",
-           f"<style>{_CSS}</style></head><body>", f"<h1>{escape(title)}</h1>", "<ul>"]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{escape(title)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>{escape(title)}</h1>",
+        "<ul>",
+    ]
     out += [f"<li><b>{escape(k)}</b>: {escape(v)}</li>" for k, v in overview(doc)]
     out.append("</ul><h2>Plots</h2>")
     for caption, uri in all_plots(doc):
         if uri is None:
             out.append(f'<p class="note">{escape(caption)}: nothing measured on this backend.</p>')
         else:
-            out.append(f'<figure><img src="{uri}" alt="{escape(caption)}"><figcaption>{escape(caption)}'
-                       "</figcaption></figure>")
+            out.append(
+                f'<figure><img src="{uri}" alt="{escape(caption)}"><figcaption>{escape(caption)}</figcaption></figure>'
+            )
     for sec in sections(doc):
         out.append(f"<h2>{escape(sec.title)}</h2>")
         if sec.intro:

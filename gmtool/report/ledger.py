@@ -1,5 +1,6 @@
 """The graph memory ledger and memreport's prediction as tables: cells shared by the terminal, report.md and
 report.html ('-' where the backend measures no such memory: the CPU tape has no pool, no driver figures)."""
+
 from __future__ import annotations
 
 from gmtool.memory.ledger import ledger_from_records
@@ -7,10 +8,12 @@ from gmtool.report.fitted import Column, FittedTable
 from gmtool.report.tables import _f, fmt_bytes
 
 HEADERS = ["mode", "bucket", "pool", "outside pool", "inputs", "cuBLAS ws", "total", "KV tokens"]
-INTRO = ("What each captured bucket costs the device: the allocator pool its capture added, memory the driver "
-         "took outside the pool (graph instantiation and upload), the bucket's slice of the persistent inputs, "
-         "the capture stream's cuBLAS workspace (charged to the first graph), the total, and the KV-cache tokens "
-         "that total could have held.")
+INTRO = (
+    "What each captured bucket costs the device: the allocator pool its capture added, memory the driver "
+    "took outside the pool (graph instantiation and upload), the bucket's slice of the persistent inputs, "
+    "the capture stream's cuBLAS workspace (charged to the first graph), the total, and the KV-cache tokens "
+    "that total could have held."
+)
 
 
 def _n(x) -> float | None:
@@ -19,10 +22,19 @@ def _n(x) -> float | None:
 
 def ledger_cells(rows: list[dict]) -> list[list[str]]:
     """rows: ledger rows (gmtool.memory.ledger: bucket, mode, the parts, total_bytes, kv_tokens_given_up)."""
-    return [[str(r["mode"]), str(int(r["bucket"])), fmt_bytes(_n(r["pool_bytes"])),
-             fmt_bytes(_n(r["outside_pool_bytes"])), fmt_bytes(_n(r["inputs_bytes"])),
-             fmt_bytes(_n(r["workspace_bytes"])), fmt_bytes(_n(r["total_bytes"])),
-             _f(_n(r["kv_tokens_given_up"]), ",.0f")] for r in rows]
+    return [
+        [
+            str(r["mode"]),
+            str(int(r["bucket"])),
+            fmt_bytes(_n(r["pool_bytes"])),
+            fmt_bytes(_n(r["outside_pool_bytes"])),
+            fmt_bytes(_n(r["inputs_bytes"])),
+            fmt_bytes(_n(r["workspace_bytes"])),
+            fmt_bytes(_n(r["total_bytes"])),
+            _f(_n(r["kv_tokens_given_up"]), ",.0f"),
+        ]
+        for r in rows
+    ]
 
 
 def records_ledger(doc: dict) -> list[dict]:
@@ -31,15 +43,26 @@ def records_ledger(doc: dict) -> list[dict]:
 
 
 # at 80 columns the parts go first (the results files keep them); total and KV tokens stay
-_RANK = {"outside pool": 3, "inputs": 4, "cuBLAS ws": 5, "pool": 2, "sample": 3, "each later bucket adds": 2,
-         "first capture": 1}
-_LEGEND = {"outside pool": "driver memory beyond the pool (instantiation, upload)",
-           "KV tokens": "KV-cache tokens the total could have held"}
+_RANK = {
+    "outside pool": 3,
+    "inputs": 4,
+    "cuBLAS ws": 5,
+    "pool": 2,
+    "sample": 3,
+    "each later bucket adds": 2,
+    "first capture": 1,
+}
+_LEGEND = {
+    "outside pool": "driver memory beyond the pool (instantiation, upload)",
+    "KV tokens": "KV-cache tokens the total could have held",
+}
 
 
 def _table(title: str, headers: list[str], rows: list[list[str]]) -> FittedTable:
-    cols = [Column(h, rank=_RANK.get(h, 0), justify="left" if h in ("mode", "strategy") else "right",
-                   legend=_LEGEND.get(h)) for h in headers]
+    cols = [
+        Column(h, rank=_RANK.get(h, 0), justify="left" if h in ("mode", "strategy") else "right", legend=_LEGEND.get(h))
+        for h in headers
+    ]
     return FittedTable(title, cols, rows)
 
 
@@ -61,9 +84,20 @@ def prediction_table(doc: dict) -> FittedTable | None:
     if not pred:
         return None
     sampled = ", ".join(map(str, doc.get("sampled_buckets") or []))
-    rows = [[p["strategy"], f"{p['first_bucket']}: {fmt_bytes(p['first_bytes'])}",
-             f"{fmt_bytes(p['intercept'])} + {fmt_bytes(p['slope'])}/token", fmt_bytes(p["sample_bytes"]),
-             fmt_bytes(p["predicted_bytes"]), fmt_bytes(p["measured_bytes"]),
-             "-" if p["error_pct"] is None else f"{p['error_pct']:+.1f}%"] for p in pred]
-    return _table(f"predicted from buckets {sampled}", ["strategy", "first capture", "each later bucket adds",
-                                                         "sample", "predicted", "measured", "error"], rows)
+    rows = [
+        [
+            p["strategy"],
+            f"{p['first_bucket']}: {fmt_bytes(p['first_bytes'])}",
+            f"{fmt_bytes(p['intercept'])} + {fmt_bytes(p['slope'])}/token",
+            fmt_bytes(p["sample_bytes"]),
+            fmt_bytes(p["predicted_bytes"]),
+            fmt_bytes(p["measured_bytes"]),
+            "-" if p["error_pct"] is None else f"{p['error_pct']:+.1f}%",
+        ]
+        for p in pred
+    ]
+    return _table(
+        f"predicted from buckets {sampled}",
+        ["strategy", "first capture", "each later bucket adds", "sample", "predicted", "measured", "error"],
+        rows,
+    )

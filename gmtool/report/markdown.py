@@ -1,4 +1,5 @@
 """report.md, and the sections it shares with report.html (each renderer only escapes and lays them out)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,7 +8,6 @@ from gmtool.records import Status
 from gmtool.report import ledger
 from gmtool.report.summary import bucket_summary, mode_order, safety_matrix
 from gmtool.report.tables import fmt_bytes, noise_warning
-
 
 
 @dataclass
@@ -30,17 +30,26 @@ def _pct(x) -> str:
 def overview(doc: dict) -> list[tuple[str, str]]:
     m, c, mod = doc["machine"], doc["config"], doc["model"]
     gpu = m.get("gpu") or f"{m['backend']} (no GPU: timings are not GPU figures)"
-    items = [("model", f"{mod['name']} ({mod['source']}, {mod.get('params') or 0:,} parameters)"),
-             ("machine", f"{gpu}; torch {m['torch']}, transformers {m['transformers']}"
-                         + (f", CUDA {m['cuda']}, driver {m['driver']}" if m.get("cuda") else "")),
-             ("sweep", f"{c['scenario']}, {c['dtype']}, buckets {', '.join(map(str, c['bucket_sizes']))}, "
-                       f"modes {', '.join(mode_order(doc))}, {c['num_iters']} timed iterations after "
-                       f"{c['num_iters_warmup']} warm-up, max_kv_len {c['max_kv_len']}"),
-             ("run", f"{doc.get('command')} at {doc.get('created')}, {doc.get('wall_s', 0):.1f} s")]
+    items = [
+        ("model", f"{mod['name']} ({mod['source']}, {mod.get('params') or 0:,} parameters)"),
+        (
+            "machine",
+            f"{gpu}; torch {m['torch']}, transformers {m['transformers']}"
+            + (f", CUDA {m['cuda']}, driver {m['driver']}" if m.get("cuda") else ""),
+        ),
+        (
+            "sweep",
+            f"{c['scenario']}, {c['dtype']}, buckets {', '.join(map(str, c['bucket_sizes']))}, "
+            f"modes {', '.join(mode_order(doc))}, {c['num_iters']} timed iterations after "
+            f"{c['num_iters_warmup']} warm-up, max_kv_len {c['max_kv_len']}",
+        ),
+        ("run", f"{doc.get('command')} at {doc.get('created')}, {doc.get('wall_s', 0):.1f} s"),
+    ]
     if doc.get("baseline"):
         b = doc["baseline"]
-        items.append(("baseline", f"{b['path']} ({b.get('created')}): {b['matched']} rows matched, "
-                                  f"{b['unmatched']} new"))
+        items.append(
+            ("baseline", f"{b['path']} ({b.get('created')}): {b['matched']} rows matched, {b['unmatched']} new")
+        )
     return items
 
 
@@ -51,18 +60,47 @@ def _comp_label(row_or_rec: dict, dup: bool) -> str:
 def sections(doc: dict) -> list[Section]:
     records, order = doc["records"], {m: i for i, m in enumerate(mode_order(doc))}
     deltas = {(d["mode"], d["bucket"]): d for d in (doc.get("baseline") or {}).get("buckets", [])}
-    summary = Section("Summary (mode x bucket)",
-                      ["bucket", "mode", "mixes", "status", "replay ms", "eager ms", "speedup", "max rel err",
-                       "capture s", "compile s", "graph mem", "served by", "x floor", "noisy"] + (["vs baseline"] if deltas else []),
-                      intro="Medians over each bucket's compositions; max rel err is the worst sequence of any "
-                            "composition. A bucket that is UNSAFE for any composition shows no latency or speedup. served by: "
-                            "what ran the batches (auto picks per batch); x floor: median latency over the "
-                            "hardware floor (gmtool.measure.floor).")
+    summary = Section(
+        "Summary (mode x bucket)",
+        [
+            "bucket",
+            "mode",
+            "mixes",
+            "status",
+            "replay ms",
+            "eager ms",
+            "speedup",
+            "max rel err",
+            "capture s",
+            "compile s",
+            "graph mem",
+            "served by",
+            "x floor",
+            "noisy",
+        ]
+        + (["vs baseline"] if deltas else []),
+        intro="Medians over each bucket's compositions; max rel err is the worst sequence of any "
+        "composition. A bucket that is UNSAFE for any composition shows no latency or speedup. served by: "
+        "what ran the batches (auto picks per batch); x floor: median latency over the "
+        "hardware floor (gmtool.measure.floor).",
+    )
     for s in sorted(bucket_summary(records), key=lambda s: (s["bucket"], order.get(s["mode"], 99))):
-        row = [str(s["bucket"]), s["mode"], str(s["compositions"]), s["status"], _num(s["replay_ms"], ".3f"),
-               _num(s["eager_ms"], ".3f"), _num(s["speedup"], ".2f", "x"), _num(s["max_rel_err"], ".2e"),
-               _num(s["capture_s"], ".3f"), _num(s["compile_s"], ".1f"), fmt_bytes(s["graph_mem_bytes"]),
-               s["served_by"] or "-", _num(s["replay_over_floor"], ".1f", "x"), "yes" if s["noisy"] else ""]
+        row = [
+            str(s["bucket"]),
+            s["mode"],
+            str(s["compositions"]),
+            s["status"],
+            _num(s["replay_ms"], ".3f"),
+            _num(s["eager_ms"], ".3f"),
+            _num(s["speedup"], ".2f", "x"),
+            _num(s["max_rel_err"], ".2e"),
+            _num(s["capture_s"], ".3f"),
+            _num(s["compile_s"], ".1f"),
+            fmt_bytes(s["graph_mem_bytes"]),
+            s["served_by"] or "-",
+            _num(s["replay_over_floor"], ".1f", "x"),
+            "yes" if s["noisy"] else "",
+        ]
         if deltas:
             row.append(_pct((deltas.get((s["mode"], s["bucket"])) or {}).get("replay_delta_pct")))
         summary.rows.append(row)
@@ -70,41 +108,85 @@ def sections(doc: dict) -> list[Section]:
     if noise:
         summary.intro += f" Warning: {noise}."
 
-    unsafe = Section("UNSAFE replays", ["mode", "bucket", "composition", "key", "max rel err", "error"],
-                     intro="Replays that differ from eager (or froze a host plan from capture). full-narrow's are "
-                           "the expected finding: a num_tokens-only key is wrong for prefill.")
-    unsafe.rows = [[r["mode"], str(r["bucket"]), r["composition"], str(r.get("key") or "-"),
-                    _num(r.get("max_rel_err"), ".2e"), r.get("error") or ""]
-                   for r in records if r["status"] == Status.UNSAFE]
+    unsafe = Section(
+        "UNSAFE replays",
+        ["mode", "bucket", "composition", "key", "max rel err", "error"],
+        intro="Replays that differ from eager (or froze a host plan from capture). full-narrow's are "
+        "the expected finding: a num_tokens-only key is wrong for prefill.",
+    )
+    unsafe.rows = [
+        [
+            r["mode"],
+            str(r["bucket"]),
+            r["composition"],
+            str(r.get("key") or "-"),
+            _num(r.get("max_rel_err"), ".2e"),
+            r.get("error") or "",
+        ]
+        for r in records
+        if r["status"] == Status.UNSAFE
+    ]
     problems = Section("Errors and skipped rows", ["mode", "bucket", "composition", "status", "error"])
-    problems.rows = [[r["mode"], str(r["bucket"]), r["composition"], r["status"], r.get("error") or ""]
-                     for r in records if Status(r["status"]) in (Status.ERROR, Status.OOM, Status.SKIPPED)]
+    problems.rows = [
+        [r["mode"], str(r["bucket"]), r["composition"], r["status"], r.get("error") or ""]
+        for r in records
+        if Status(r["status"]) in (Status.ERROR, Status.OOM, Status.SKIPPED)
+    ]
 
     modes, matrix = safety_matrix(doc)
     labels = [(m["bucket"], m["composition"]) for m in matrix]
-    safety = Section("Safety per composition", ["bucket", "composition"] + modes,
-                     intro="Which modes replay each batch composition correctly (ok), and which do not (UNSAFE); "
-                           "'-': the mode did not run this composition.")
+    safety = Section(
+        "Safety per composition",
+        ["bucket", "composition"] + modes,
+        intro="Which modes replay each batch composition correctly (ok), and which do not (UNSAFE); "
+        "'-': the mode did not run this composition.",
+    )
     for m in matrix:
         dup = labels.count((m["bucket"], m["composition"])) > 1
         safety.rows.append([str(m["bucket"]), _comp_label(m, dup)] + [m["statuses"].get(x, "-") for x in modes])
 
-    memory = Section("Graph memory ledger", ledger.HEADERS, ledger.ledger_cells(ledger.records_ledger(doc)),
-                     intro=ledger.INTRO, empty="no graph was captured")
+    memory = Section(
+        "Graph memory ledger",
+        ledger.HEADERS,
+        ledger.ledger_cells(ledger.records_ledger(doc)),
+        intro=ledger.INTRO,
+        empty="no graph was captured",
+    )
     out = [summary, memory, unsafe, problems, safety]
     if doc.get("baseline"):
-        base = Section("Change vs baseline", ["mode", "bucket", "composition", "status", "latency ms", "baseline ms",
-                                              "latency change", "max rel err", "err change"],
-                       intro=f"Against {doc['baseline']['path']}, rows matched on mode, bucket and composition.")
+        base = Section(
+            "Change vs baseline",
+            [
+                "mode",
+                "bucket",
+                "composition",
+                "status",
+                "latency ms",
+                "baseline ms",
+                "latency change",
+                "max rel err",
+                "err change",
+            ],
+            intro=f"Against {doc['baseline']['path']}, rows matched on mode, bucket and composition.",
+        )
         for r in records:
             b = r.get("baseline")
             if b is None:
                 continue
             status = r["status"] if b["status"] == r["status"] else f"{b['status']} -> {r['status']}"
-            base.rows.append([r["mode"], str(r["bucket"]), r["composition"], status,
-                              _num((r.get("latency_ms") or {}).get("median"), ".3f"), _num(b["latency_ms"], ".3f"),
-                              _pct(b["latency_delta_pct"]), _num(r.get("max_rel_err"), ".2e"),
-                              _num(b["err_delta"], "+.2e")])
+            base.rows.append(
+                [
+                    r["mode"],
+                    str(r["bucket"]),
+                    r["composition"],
+                    status,
+                    _num((r.get("latency_ms") or {}).get("median"), ".3f"),
+                    _num(b["latency_ms"], ".3f"),
+                    _pct(b["latency_delta_pct"]),
+                    _num(r.get("max_rel_err"), ".2e"),
+                    _num(b["err_delta"], "+.2e"),
+                ]
+            )
         out.append(base)
     return out
 

@@ -2,6 +2,7 @@
 
 matplotlib's Figure is used without pyplot: no global state and no GUI backend, whatever MPLBACKEND says.
 """
+
 from __future__ import annotations
 
 import base64
@@ -15,8 +16,18 @@ from gmtool.report.summary import bucket_summary, mode_order
 
 # one colour per mode in every plot of a report, whichever modes a plot leaves out (the speedup plot has no eager)
 # (in GraphMode's order, so a new mode gets the next colour without an edit here)
-_PALETTE = ("#7f7f7f", "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-            "#bcbd22")
+_PALETTE = (
+    "#7f7f7f",
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#ff7f0e",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+)
 MODE_COLOURS = dict(zip(GraphMode, _PALETTE))
 
 
@@ -81,14 +92,17 @@ def memory_figure(doc: dict) -> Figure | None:
 def floor_figure(doc: dict) -> Figure | None:
     floors = [v for _, ys in _series(doc, "floor_ms").values() for v in ys]
     span = f" (floor {min(floors):.3g} to {max(floors):.3g} ms)" if floors else ""  # the ratio's denominator
-    return figure(_series(doc, "replay_over_floor"), f"median latency / hardware floor{span}", "x floor",
-                  hline=1.0)
+    return figure(_series(doc, "replay_over_floor"), f"median latency / hardware floor{span}", "x floor", hline=1.0)
 
 
 def all_figures(doc: dict) -> list[tuple[str, Figure | None]]:
     """(caption, figure or None when nothing was measured)."""
-    return [("Latency vs bucket", latency_figure(doc)), ("Speedup vs bucket", speedup_figure(doc)),
-            ("Graph memory per mode", memory_figure(doc)), ("Distance to the floor", floor_figure(doc))]
+    return [
+        ("Latency vs bucket", latency_figure(doc)),
+        ("Speedup vs bucket", speedup_figure(doc)),
+        ("Graph memory per mode", memory_figure(doc)),
+        ("Distance to the floor", floor_figure(doc)),
+    ]
 
 
 def all_plots(doc: dict) -> list[tuple[str, str | None]]:

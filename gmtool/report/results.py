@@ -1,5 +1,6 @@
 """results.json / results.csv and the records.jsonl journal: the stable files every command writes and
 `gmtool report` reads back."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,21 @@ RESULTS_JSON, RESULTS_CSV, JOURNAL = "results.json", "results.csv", "records.jso
 
 
 # what gmtool writes into an output directory: --force clears these, so no file of an older run stays behind
-OUTPUT_FILES = ("results.json", "results.csv", "records.jsonl", "report.md", "report.html", "memreport.json",
-                "memreport.csv", "memreport.png", "trace-*.json", "plan.json", "plan.md", "plan.png", "verify.json")
+OUTPUT_FILES = (
+    "results.json",
+    "results.csv",
+    "records.jsonl",
+    "report.md",
+    "report.html",
+    "memreport.json",
+    "memreport.csv",
+    "memreport.png",
+    "trace-*.json",
+    "plan.json",
+    "plan.md",
+    "plan.png",
+    "verify.json",
+)
 
 
 def prepare_out_dir(out: Path, force: bool) -> Path:
@@ -31,8 +45,9 @@ def prepare_out_dir(out: Path, force: bool) -> Path:
         raise GmtoolError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
         if not force:
-            raise GmtoolError(f"output directory {out} exists and is not empty: pass --force to overwrite, or "
-                              "another --out")
+            raise GmtoolError(
+                f"output directory {out} exists and is not empty: pass --force to overwrite, or another --out"
+            )
         try:
             for pattern in OUTPUT_FILES:
                 for f in out.glob(pattern):
@@ -83,8 +98,9 @@ def write_results(out: Path, doc: Document) -> list[Path]:
     (out / RESULTS_JSON).write_text(doc.to_json())
     table = pd.DataFrame([r.flat() for r in doc.records])
     columns = _csv_columns()
-    table.reindex(columns=columns + [c for c in table.columns if c not in columns]).to_csv(out / RESULTS_CSV,
-                                                                                          index=False)
+    table.reindex(columns=columns + [c for c in table.columns if c not in columns]).to_csv(
+        out / RESULTS_CSV, index=False
+    )
     return [out / RESULTS_JSON, out / RESULTS_CSV]
 
 
@@ -131,8 +147,10 @@ def _read_journal(path: Path) -> dict:
         raise GmtoolError(f"{path} is not a gmtool journal")
     doc["records"] = records
     doc["partial"]["measured"] = len(records)
-    doc.setdefault("notes", []).append(f"partial run: {len(records)} of {doc['partial'].get('planned')} rows "
-                                       "measured (read from the journal: the run wrote no results.json)")
+    doc.setdefault("notes", []).append(
+        f"partial run: {len(records)} of {doc['partial'].get('planned')} rows "
+        "measured (read from the journal: the run wrote no results.json)"
+    )
     return doc
 
 

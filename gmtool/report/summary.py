@@ -1,4 +1,5 @@
 """Aggregations of result records shared by the terminal, Markdown and HTML reports."""
+
 from __future__ import annotations
 
 import statistics
@@ -30,23 +31,32 @@ def bucket_summary(records: list[dict], by_rank: bool = False) -> list[dict]:
         # a bucket that is unsafe for one mix shows no latency, even from the mixes it served correctly
         replay = statistics.median(lat) if lat and status != Status.UNSAFE else None
         eager_ms = statistics.median(eager) if eager else None
-        out.append({
-            "mode": mode, "bucket": bucket, "rank": rank if by_rank else None, "status": status,
-            "compositions": sum(1 for r in rs if r.get("rank", 0) == first),
-            "capture_s": sum(caps) if caps else None, "graph_mem_bytes": max(mems) if mems else None,
-            "replay_ms": replay, "eager_ms": eager_ms,
-            "speedup": (eager_ms / replay) if (replay and eager_ms and status == Status.OK) else None,
-            "host_us": statistics.median(host) if host and status != Status.UNSAFE else None,
-            "host_steady_us": statistics.median(steady) if steady and status != Status.UNSAFE else None,
-            "max_rel_err": max(errs) if errs else None,
-            "pieces": max((r["pieces"] or 0) for r in rs) or None,
-            "runners": max((r["runners"] or 0) for r in rs) if any(r.get("runners") is not None for r in rs) else None,
-            "compile_s": sum(comps) if comps else None,
-            "replay_over_floor": statistics.median(over) if over and status != Status.UNSAFE else None,
-            "floor_ms": statistics.median(floors) if floors else None,
-            "served_by": "/".join(dict.fromkeys(r["served_by"] for r in rs if r.get("served_by"))) or None,
-            "noisy": any((r.get("latency_ms") or {}).get("noisy") for r in rs),
-        })
+        out.append(
+            {
+                "mode": mode,
+                "bucket": bucket,
+                "rank": rank if by_rank else None,
+                "status": status,
+                "compositions": sum(1 for r in rs if r.get("rank", 0) == first),
+                "capture_s": sum(caps) if caps else None,
+                "graph_mem_bytes": max(mems) if mems else None,
+                "replay_ms": replay,
+                "eager_ms": eager_ms,
+                "speedup": (eager_ms / replay) if (replay and eager_ms and status == Status.OK) else None,
+                "host_us": statistics.median(host) if host and status != Status.UNSAFE else None,
+                "host_steady_us": statistics.median(steady) if steady and status != Status.UNSAFE else None,
+                "max_rel_err": max(errs) if errs else None,
+                "pieces": max((r["pieces"] or 0) for r in rs) or None,
+                "runners": max((r["runners"] or 0) for r in rs)
+                if any(r.get("runners") is not None for r in rs)
+                else None,
+                "compile_s": sum(comps) if comps else None,
+                "replay_over_floor": statistics.median(over) if over and status != Status.UNSAFE else None,
+                "floor_ms": statistics.median(floors) if floors else None,
+                "served_by": "/".join(dict.fromkeys(r["served_by"] for r in rs if r.get("served_by"))) or None,
+                "noisy": any((r.get("latency_ms") or {}).get("noisy") for r in rs),
+            }
+        )
     return out
 
 
@@ -89,7 +99,10 @@ def verdict(doc: dict) -> str:
         extra.append(f"{expected} UNSAFE of full-narrow, as expected")
     partial = doc.get("partial")
     if partial:
-        extra.append(f"partial run: {partial['reason']} after {partial['measured']} of {partial['planned']} "
-                     f"{partial['unit']}")
-    return (f"{count[Status.OK]} ok, {count[Status.UNSAFE]} UNSAFE, {count[Status.ERROR] + count[Status.OOM]} "
-            f"errors ({'; '.join([f'{len(checked)} replays checked against eager'] + extra)})")
+        extra.append(
+            f"partial run: {partial['reason']} after {partial['measured']} of {partial['planned']} {partial['unit']}"
+        )
+    return (
+        f"{count[Status.OK]} ok, {count[Status.UNSAFE]} UNSAFE, {count[Status.ERROR] + count[Status.OOM]} "
+        f"errors ({'; '.join([f'{len(checked)} replays checked against eager'] + extra)})"
+    )

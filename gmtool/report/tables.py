@@ -1,4 +1,5 @@
 """Terminal tables (rich)."""
+
 from __future__ import annotations
 
 from gmtool.modes import GraphMode
@@ -24,8 +25,11 @@ def _f(x, spec: str, none: str = "-") -> str:
 MIXES = Column("mixes", rank=6, legend="batch compositions replayed per bucket")
 PIECES = Column("pieces/runners", rank=8, legend="captured graph pieces / attention calls run between them")
 TP_RANK = Column("rank", legend="--tp: the rank that measured the row")
-HOST = Column("host us idle/steady", rank=7, legend="host time per step (copy-in + launch), from an idle device / "
-              "issued behind the previous step")
+HOST = Column(
+    "host us idle/steady",
+    rank=7,
+    legend="host time per step (copy-in + launch), from an idle device / issued behind the previous step",
+)
 
 
 def _replay(s: dict) -> str:
@@ -45,19 +49,43 @@ def capture_table(doc: dict) -> FittedTable:
     """One row per mode x bucket: capture, memory, replay vs eager, worst error over the compositions."""
     title = f"gmtool capture: {doc['model']['name']} on {doc['machine'].get('gpu') or doc['machine']['backend']}"
     by_rank = (doc.get("config") or {}).get("tp", 1) > 1  # --tp: a row per rank (its graphs, memory, timings)
-    cols = [Column("mode", justify="left"), Column("bucket")] + ([TP_RANK] if by_rank else []) + [
-            MIXES, Column("capture s", rank=5),
-            Column("graph mem", rank=4), Column("replay ms", rank=1), Column("eager ms", rank=3),
-            Column("speedup", rank=1), HOST, Column("max rel err", rank=2), PIECES,
-            Column("status", justify="left")]
+    cols = (
+        [Column("mode", justify="left"), Column("bucket")]
+        + ([TP_RANK] if by_rank else [])
+        + [
+            MIXES,
+            Column("capture s", rank=5),
+            Column("graph mem", rank=4),
+            Column("replay ms", rank=1),
+            Column("eager ms", rank=3),
+            Column("speedup", rank=1),
+            HOST,
+            Column("max rel err", rank=2),
+            PIECES,
+            Column("status", justify="left"),
+        ]
+    )
     rows = []
     for s in bucket_summary(doc["records"], by_rank):
         if s["mode"] == GraphMode.EAGER:
             continue
-        rows.append([s["mode"], str(s["bucket"]), *([str(s["rank"])] if by_rank else []), str(s["compositions"]), _f(s["capture_s"], ".3f"),
-                     fmt_bytes(s["graph_mem_bytes"]), _replay(s), _f(s["eager_ms"], ".3f"), _speedup(s),
-                     _f(s["host_us"], ".0f") + "/" + _f(s["host_steady_us"], ".0f"), _f(s["max_rel_err"], ".2e"),
-                     f"{s['pieces'] or '-'}/{s['runners'] if s['runners'] is not None else '-'}", _status(s)])
+        rows.append(
+            [
+                s["mode"],
+                str(s["bucket"]),
+                *([str(s["rank"])] if by_rank else []),
+                str(s["compositions"]),
+                _f(s["capture_s"], ".3f"),
+                fmt_bytes(s["graph_mem_bytes"]),
+                _replay(s),
+                _f(s["eager_ms"], ".3f"),
+                _speedup(s),
+                _f(s["host_us"], ".0f") + "/" + _f(s["host_steady_us"], ".0f"),
+                _f(s["max_rel_err"], ".2e"),
+                f"{s['pieces'] or '-'}/{s['runners'] if s['runners'] is not None else '-'}",
+                _status(s),
+            ]
+        )
     return FittedTable(title, cols, rows)
 
 
@@ -71,22 +99,43 @@ def compare_table(doc: dict) -> FittedTable:
     title = f"gmtool {doc.get('command', 'compare')}: {doc['model']['name']} on {machine}"
     deltas = {(d["mode"], d["bucket"]): d for d in (doc.get("baseline") or {}).get("buckets", [])}
     by_rank = (doc.get("config") or {}).get("tp", 1) > 1  # --tp: a row per rank
-    cols = [Column("bucket"), Column("mode", justify="left")] + ([TP_RANK] if by_rank else []) + [
-            MIXES, Column("replay ms", rank=1),
-            Column("eager ms", rank=3), Column("speedup", rank=1), Column("max rel err", rank=2),
-            Column("capture/compile s", rank=5), Column("graph mem", rank=4), Column("status", justify="left")]
+    cols = (
+        [Column("bucket"), Column("mode", justify="left")]
+        + ([TP_RANK] if by_rank else [])
+        + [
+            MIXES,
+            Column("replay ms", rank=1),
+            Column("eager ms", rank=3),
+            Column("speedup", rank=1),
+            Column("max rel err", rank=2),
+            Column("capture/compile s", rank=5),
+            Column("graph mem", rank=4),
+            Column("status", justify="left"),
+        ]
+    )
     cols += [Column("vs baseline", rank=2)] if deltas else []
     order = {m: i for i, m in enumerate(mode_order(doc))}
-    summary = sorted(bucket_summary(doc["records"], by_rank),
-                     key=lambda s: (s["bucket"], order.get(s["mode"], 99), s["rank"] or 0))
+    summary = sorted(
+        bucket_summary(doc["records"], by_rank), key=lambda s: (s["bucket"], order.get(s["mode"], 99), s["rank"] or 0)
+    )
     rows: list[list[str] | None] = []
     for i, s in enumerate(summary):
         if i and s["bucket"] != summary[i - 1]["bucket"]:
             rows.append(None)
         setup = s["compile_s"] if s["compile_s"] is not None else s["capture_s"]
-        cells = [str(s["bucket"]), s["mode"], *([str(s["rank"])] if by_rank else []), str(s["compositions"]), _replay(s), _f(s["eager_ms"], ".3f"),
-                 _speedup(s), _f(s["max_rel_err"], ".2e"), _f(setup, ".2f"), fmt_bytes(s["graph_mem_bytes"]),
-                 _status(s)]
+        cells = [
+            str(s["bucket"]),
+            s["mode"],
+            *([str(s["rank"])] if by_rank else []),
+            str(s["compositions"]),
+            _replay(s),
+            _f(s["eager_ms"], ".3f"),
+            _speedup(s),
+            _f(s["max_rel_err"], ".2e"),
+            _f(setup, ".2f"),
+            fmt_bytes(s["graph_mem_bytes"]),
+            _status(s),
+        ]
         if deltas:
             cells.append(_signed_pct((deltas.get((s["mode"], s["bucket"])) or {}).get("replay_delta_pct")))
         rows.append(cells)
@@ -97,5 +146,7 @@ def noise_warning(doc: dict) -> str | None:
     noisy = [r for r in doc["records"] if (r.get("latency_ms") or {}).get("noisy")]
     if not noisy:
         return None
-    return (f"{len(noisy)} of {sum(1 for r in doc['records'] if r.get('latency_ms'))} timings are noisy (IQR above "
-            "10% of the median, marked '!'): raise --num-iters or run on an idle machine before trusting them")
+    return (
+        f"{len(noisy)} of {sum(1 for r in doc['records'] if r.get('latency_ms'))} timings are noisy (IQR above "
+        "10% of the median, marked '!'): raise --num-iters or run on an idle machine before trusting them"
+    )

@@ -5,6 +5,7 @@ and a TorchDispatchMode (ATen ops: `_local_scalar_dense`, `nonzero`, RNG, tensor
 global module hooks keep the path of the module running. Nothing is refused during the run: every finding is
 collected, so one pass names them all.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,14 +43,37 @@ class Finding:
         return asdict(self)
 
 
-_METHOD_SYNCS = {"item": Hazard.HOST_SYNC, "tolist": Hazard.HOST_SYNC, "numpy": Hazard.HOST_SYNC,
-                 "cpu": Hazard.HOST_SYNC, "__bool__": Hazard.BRANCH, "__int__": Hazard.HOST_SYNC,
-                 "__float__": Hazard.HOST_SYNC, "__index__": Hazard.HOST_SYNC}
+_METHOD_SYNCS = {
+    "item": Hazard.HOST_SYNC,
+    "tolist": Hazard.HOST_SYNC,
+    "numpy": Hazard.HOST_SYNC,
+    "cpu": Hazard.HOST_SYNC,
+    "__bool__": Hazard.BRANCH,
+    "__int__": Hazard.HOST_SYNC,
+    "__float__": Hazard.HOST_SYNC,
+    "__index__": Hazard.HOST_SYNC,
+}
 _ATEN_SYNCS = {"_local_scalar_dense", "is_nonzero", "equal", "allclose"}
 _DATA_SHAPES = {"nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim"}
-_RNG = {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli",
-        "normal", "uniform", "multinomial", "native_dropout", "exponential", "geometric", "cauchy",
-        "log_normal", "random"}
+_RNG = {
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "bernoulli",
+    "normal",
+    "uniform",
+    "multinomial",
+    "native_dropout",
+    "exponential",
+    "geometric",
+    "cauchy",
+    "log_normal",
+    "random",
+}
 
 
 class ModuleTracker:
@@ -165,8 +189,11 @@ def refusal(model_name: str, findings: list[Finding]) -> str | None:
     bad = [f for f in findings if f.hazard.breaks_capture]
     if not bad:
         return None
-    return (f"{model_name} cannot be captured as a CUDA graph: " + "; ".join(map(str, bad))
-            + " (gmtool verify lists every op that would break capture or freeze host state)")
+    return (
+        f"{model_name} cannot be captured as a CUDA graph: "
+        + "; ".join(map(str, bad))
+        + " (gmtool verify lists every op that would break capture or freeze host state)"
+    )
 
 
 def model_hazards(bench, compositions: tuple[str, ...] | None = None) -> list[Finding]:

@@ -8,6 +8,7 @@ these), with the module that issued it. On CUDA the captured graphs themselves a
 (gmtool.verify.graphnodes, nodediff): kernel names, grids, blocks and scalar arguments, Triton launches included,
 which no ATen hook sees.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -85,8 +86,9 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-def recorded_ops(bench, mode, batch: Batch, make_executor=None, reader=None,
-                 held: list | None = None) -> tuple[list[Op], str, list | None]:
+def recorded_ops(
+    bench, mode, batch: Batch, make_executor=None, reader=None, held: list | None = None
+) -> tuple[list[Op], str, list | None]:
     """The ops a capture of batch's bucket records, in a fresh executor (released after, or appended to held for
     the caller to release). Returns (ops, key, nodes): with a graphnodes.NodeReader (CUDA), the captured graphs'
     nodes, attributed to modules; else None."""

@@ -12,6 +12,7 @@ one executor only: verify must catch every one and name where it is.
 - pad-read[:L]: under capture only, decoder layer L's MLP output adds the bucket's last row to every row: a
   graph that reads a padding lane (L defaults to 0).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,15 @@ from dataclasses import dataclass, replace
 
 from gmtool.errors import GmtoolError
 
-FAULTS = ("stale-positions", "stale-slot-mapping", "skip-pad-zero", "stale-block-table", "freeze-block-tables",
-          "freeze-seq-lens", "pad-read")
+FAULTS = (
+    "stale-positions",
+    "stale-slot-mapping",
+    "skip-pad-zero",
+    "stale-block-table",
+    "freeze-block-tables",
+    "freeze-seq-lens",
+    "pad-read",
+)
 
 
 @dataclass(frozen=True)

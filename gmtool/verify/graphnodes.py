@@ -13,6 +13,7 @@
   the previous reading were issued under the module that was running. Triton launches, which no ATen hook sees,
   are attributed this way too. This relies on cuGraphGetNodes listing nodes in the order capture added them.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -141,13 +142,20 @@ class NodeReader:
             func, getter = p.func, "cuFunc"
             if not int(func) and int(getattr(p, "kern", 0) or 0):  # a library kernel, not a context's function
                 func, getter = p.kern, "cuKernel"
-            return Node(kind, self._name(func, getter), module, (p.gridDimX, p.gridDimY, p.gridDimZ),
-                        (p.blockDimX, p.blockDimY, p.blockDimZ), int(p.sharedMemBytes),
-                        self._args(func, getter, int(p.kernelParams or 0)))
+            return Node(
+                kind,
+                self._name(func, getter),
+                module,
+                (p.gridDimX, p.gridDimY, p.gridDimZ),
+                (p.blockDimX, p.blockDimY, p.blockDimZ),
+                int(p.sharedMemBytes),
+                self._args(func, getter, int(p.kernelParams or 0)),
+            )
         if kind == "memset":
             p = _call(d, "cuGraphMemsetNodeGetParams", handle)
-            return Node(kind, "", module, args=((int(p.value),), (int(p.elementSize),), (int(p.width),),
-                                                (int(p.height),)))
+            return Node(
+                kind, "", module, args=((int(p.value),), (int(p.elementSize),), (int(p.width),), (int(p.height),))
+            )
         if kind == "memcpy":
             p = _call(d, "cuGraphMemcpyNodeGetParams", handle)
             return Node(kind, "", module, args=((int(p.WidthInBytes),), (int(p.Height),), (int(p.Depth),)))
@@ -184,8 +192,10 @@ class NodeReader:
     def _args(self, func, getter: str, params: int) -> tuple[tuple, ...]:
         sizes = self._param_sizes(func, getter)
         if sizes is None:
-            self.notes.add("scalar kernel arguments not compared: argument sizes need cuFuncGetParamInfo "
-                           "(CUDA 12.4+ driver and cuda-bindings); grids, blocks and kernels still are")
+            self.notes.add(
+                "scalar kernel arguments not compared: argument sizes need cuFuncGetParamInfo "
+                "(CUDA 12.4+ driver and cuda-bindings); grids, blocks and kernels still are"
+            )
             return ()
         if not params:
             self.notes.add("a kernel launched with packed 'extra' arguments: its arguments are not compared")
@@ -197,9 +207,8 @@ class NodeReader:
         """An argument's bytes as little-endian 8-byte words, device addresses replaced by PTR."""
         out = []
         for off in range(0, len(raw), 8):
-            w = int.from_bytes(raw[off:off + 8], "little")
-            out.append(PTR if len(raw) - off >= 8 and (_HOST_ADDRESS <= w < _ADDRESS_END or self._is_device(w))
-                       else w)
+            w = int.from_bytes(raw[off : off + 8], "little")
+            out.append(PTR if len(raw) - off >= 8 and (_HOST_ADDRESS <= w < _ADDRESS_END or self._is_device(w)) else w)
         return tuple(out)
 
     def _is_device(self, value: int) -> bool:
@@ -210,8 +219,9 @@ class NodeReader:
         if hit is None:
             d = self.driver
             try:
-                res = d.cuPointerGetAttribute(d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                              d.CUdeviceptr(value))
+                res = d.cuPointerGetAttribute(
+                    d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, d.CUdeviceptr(value)
+                )
                 hit = int(res[0]) == 0
             except Exception:
                 hit = False

@@ -8,6 +8,7 @@ capture, of the first composition again, is the control: an argument word that d
 same batch (struct padding never written, an address the pointer test missed) is not the composition's doing; it
 is left out and counted.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -71,8 +72,10 @@ class NodeDiff:
         rows: dict[tuple, dict] = {}
         for c in self.changes:
             label = short_name(c.name) or c.kind
-            row = rows.setdefault((label, fold_layers(c.module)),
-                                  {"kernel": label, "module": fold_layers(c.module), "nodes": set(), "fields": set()})
+            row = rows.setdefault(
+                (label, fold_layers(c.module)),
+                {"kernel": label, "module": fold_layers(c.module), "nodes": set(), "fields": set()},
+            )
             row["nodes"].add((c.index, c.index_b))
             row["fields"].add(re.sub(r" word \d+$", "", c.field))
         return [{**r, "nodes": len(r["nodes"]), "fields": sorted(r["fields"])} for r in rows.values()]
@@ -93,7 +96,7 @@ def short_name(name: str) -> str:
     while i < len(name) and name[i].isdigit():
         n = re.match(r"\d+", name[i:]).group()
         i += len(n)
-        parts.append(name[i:i + int(n)])
+        parts.append(name[i : i + int(n)])
         i += int(n)
         if not m.group(1):  # not nested: one name only
             break
@@ -130,8 +133,10 @@ def diff_nodes(a: list[Node], b: list[Node], control: list[Node] | None = None) 
         pairs, only_a, only_c = _align(a, control)
         unstable = {(i, f) for i, j in pairs for f, _, _ in _field_changes(a[i], control[j])}
         if only_a or only_c:
-            res.notes.append(f"the same batch captured twice gave different nodes ({len(only_a)} vs {len(only_c)} "
-                             "unmatched): the graphs are not deterministic, read the differences with care")
+            res.notes.append(
+                f"the same batch captured twice gave different nodes ({len(only_a)} vs {len(only_c)} "
+                "unmatched): the graphs are not deterministic, read the differences with care"
+            )
     pairs, only_a, only_b = _align(a, b)
     for i, j in pairs:
         for f, u, v in _field_changes(a[i], b[j]):

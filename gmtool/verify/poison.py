@@ -10,6 +10,7 @@ whole blocks and masks past each sequence's length, so the null block and the sl
 are read and multiplied by zero (NaN times zero is NaN). Index fields hold valid but wrong indices (a
 sentinel out of range would crash a CUDA context instead of naming the buffer).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -44,9 +45,10 @@ class Poisoner:
         self.ex, self.cache, self.seed = ex, ex.cache, seed
         self.persistent = {t.untyped_storage().data_ptr() for t in persistent}
         self.parts = parts_of(ex)  # auto: full and piecewise executors over one arena, each its own attn_out
-        self.persistent |= {t.untyped_storage().data_ptr() for t in
-                            (ex.inputs.arena, ex.inputs.logits, *(p.attn_out for p in self.parts), *ex.cache.k,
-                             *ex.cache.v)}
+        self.persistent |= {
+            t.untyped_storage().data_ptr()
+            for t in (ex.inputs.arena, ex.inputs.logits, *(p.attn_out for p in self.parts), *ex.cache.k, *ex.cache.v)
+        }
         self.skipped: dict[str, str] = {}  # buffer -> why it is not poisoned here
         self._intermediates: dict[int, list[torch.Tensor]] = {}
         self._memset = None
@@ -75,7 +77,7 @@ class Poisoner:
             if not entry.copies_inputs:
                 self.ex.inputs.copy_in(entry.key)
         if want(Buffer.ARENA_TAIL):
-            self.ex.inputs.arena[self._arena_end(entry.key):] = 1  # a valid index of every kind, and wrong
+            self.ex.inputs.arena[self._arena_end(entry.key) :] = 1  # a valid index of every kind, and wrong
         attn_out = self._attn_out(entry)
         if want(Buffer.ATTN_OUT_TAIL) and attn_out is not None and entry.mode.piecewise:
             attn_out[t:] = float("nan")
@@ -93,10 +95,10 @@ class Poisoner:
     def clean(self, entry, live) -> None:
         """Back to harmless values: memory nobody owns holds zeros, the next load rewrites the padding."""
         self.ex.inputs.invalidate()
-        self.ex.inputs.arena[self._arena_end(entry.key):] = 0
+        self.ex.inputs.arena[self._arena_end(entry.key) :] = 0
         attn_out = self._attn_out(entry)
         if attn_out is not None:
-            attn_out[entry.key.num_tokens:] = 0
+            attn_out[entry.key.num_tokens :] = 0
         unused, tails = self._kv_spans(live)
         for kv in self.cache.k + self.cache.v:
             if len(unused):
@@ -146,8 +148,12 @@ class Poisoner:
             for step in entry.steps:
                 for op in getattr(step, "ops", ()):
                     for t in tree_flatten(op[3])[0]:
-                        if (isinstance(t, torch.Tensor) and t.is_floating_point() and id(t) not in seen
-                                and t.untyped_storage().data_ptr() not in self.persistent):
+                        if (
+                            isinstance(t, torch.Tensor)
+                            and t.is_floating_point()
+                            and id(t) not in seen
+                            and t.untyped_storage().data_ptr() not in self.persistent
+                        ):
                             seen.add(id(t))
                             got.append(t)
             self._intermediates[id(entry)] = got
@@ -156,7 +162,9 @@ class Poisoner:
     def _fill_free_pool_blocks(self, byte: int) -> None:
         """CUDA: every free block of the executor's graph pools set to one byte (0xFF: NaN in fp32/bf16/fp16)."""
         ex = self.ex
-        pools = set(map(tuple, ex.memory.pool_ids.values())) if ex.memory is not None else {tuple(ex.backend.pool or ())}
+        pools = (
+            set(map(tuple, ex.memory.pool_ids.values())) if ex.memory is not None else {tuple(ex.backend.pool or ())}
+        )
         try:
             memset = self._memset or _driver_memset()
             self._memset = memset
@@ -185,8 +193,16 @@ def _driver_memset():
 
 
 # -- what the replay left behind ---------------------------------------------------------------------------
-_INPUT_FIELDS = ("input_ids", "positions", "slot_mapping", "token_seq", "logits_indices", "kv_lens", "cu_q",
-                 "block_tables")
+_INPUT_FIELDS = (
+    "input_ids",
+    "positions",
+    "slot_mapping",
+    "token_seq",
+    "logits_indices",
+    "kv_lens",
+    "cu_q",
+    "block_tables",
+)
 
 
 def input_faults(ex, key, batch: Batch, staged: bool = False) -> list[str]:
@@ -201,16 +217,19 @@ def input_faults(ex, key, batch: Batch, staged: bool = False) -> list[str]:
     else:
         v = ex.inputs.views(key)
         got = {name: getattr(v, name).cpu().numpy() for name in _INPUT_FIELDS}
-    checks = [("input_ids", got["input_ids"][:n], batch.input_ids),
-              ("positions", got["positions"][:n], batch.positions),
-              ("slot_mapping", got["slot_mapping"][:n], batch.slot_mapping),
-              ("token_seq", got["token_seq"][:n], batch.token_seq),
-              ("logits_indices", got["logits_indices"][:b], batch.logits_indices),
-              ("kv_lens", got["kv_lens"][:b], batch.kv_len_array),
-              ("cu_q", got["cu_q"][:b + 1], batch.cu_q),
-              ("block_tables", got["block_tables"][:b, :w], batch.block_table_array)]
-    out = [f"{name} holds other values than this batch's" for name, have, want in checks
-           if not np.array_equal(have, want)]
+    checks = [
+        ("input_ids", got["input_ids"][:n], batch.input_ids),
+        ("positions", got["positions"][:n], batch.positions),
+        ("slot_mapping", got["slot_mapping"][:n], batch.slot_mapping),
+        ("token_seq", got["token_seq"][:n], batch.token_seq),
+        ("logits_indices", got["logits_indices"][:b], batch.logits_indices),
+        ("kv_lens", got["kv_lens"][:b], batch.kv_len_array),
+        ("cu_q", got["cu_q"][: b + 1], batch.cu_q),
+        ("block_tables", got["block_tables"][:b, :w], batch.block_table_array),
+    ]
+    out = [
+        f"{name} holds other values than this batch's" for name, have, want in checks if not np.array_equal(have, want)
+    ]
     pad = got["slot_mapping"][n:]
     if ((pad < 0) | (pad >= bs)).any():
         out.append("slot_mapping padding lanes point outside the null block (padding writes K/V into live blocks)")
@@ -218,7 +237,7 @@ def input_faults(ex, key, batch: Batch, staged: bool = False) -> list[str]:
         out.append("token_seq padding lanes name a sequence")
     if got["kv_lens"][b:].any():
         out.append("kv_lens padding lanes are not 0")
-    if (got["cu_q"][b + 1:] != n).any():
+    if (got["cu_q"][b + 1 :] != n).any():
         out.append("cu_q padding lanes do not hold the token count")
     if got["block_tables"][:b, w:].any() or got["block_tables"][b:].any():
         out.append("block_tables padding lanes point to blocks other than the null block")
@@ -230,16 +249,22 @@ class LiveSlots:
 
     def __init__(self, cache, live, batch: Batch):
         bs = cache.spec.block_size
-        held = [(np.asarray(blocks, dtype=np.int64)[:, None] * bs + np.arange(bs)).reshape(-1)[:length]
-                for blocks, length in live]
+        held = [
+            (np.asarray(blocks, dtype=np.int64)[:, None] * bs + np.arange(bs)).reshape(-1)[:length]
+            for blocks, length in live
+        ]
         slots = np.setdiff1d(np.concatenate(held) if held else np.zeros(0, np.int64), batch.slot_mapping)
         self.cache = cache
         self.slots = torch.from_numpy(slots).to(cache.device)
         self.before = self._digest()
 
     def _digest(self) -> torch.Tensor:
-        return torch.stack([kv.view(-1, kv[0, 0].numel()).index_select(0, self.slots).double().sum(-1)
-                            for kv in self.cache.k + self.cache.v])
+        return torch.stack(
+            [
+                kv.view(-1, kv[0, 0].numel()).index_select(0, self.slots).double().sum(-1)
+                for kv in self.cache.k + self.cache.v
+            ]
+        )
 
     def changed(self) -> int:
         """How many of those slots the replay changed (in any layer)."""

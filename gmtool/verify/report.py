@@ -4,6 +4,7 @@ Exit codes: 0 nothing found; 3 a wrong replay, a baked-in composition-dependent 
 capture, in a mode that should be safe (full-narrow's findings are the bug it exists to show); 2 bad input
 (raised before anything runs).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,15 +30,21 @@ def _baked_what(d: dict) -> str:
 
 def _findings(doc: dict) -> list[str]:
     out = [f"capture: {f['text']}" for f in doc["capturability"] if f["breaks_capture"]]
-    out += [f"{d['mode']} {d['kind']} bucket {d['key']}: composition-dependent value baked into the graph: "
-            + _baked_what(d) for d in doc["dynamic_dims"] if not d["clean"] and not d["expected_unsafe"]]
+    out += [
+        f"{d['mode']} {d['kind']} bucket {d['key']}: composition-dependent value baked into the graph: "
+        + _baked_what(d)
+        for d in doc["dynamic_dims"]
+        if not d["clean"] and not d["expected_unsafe"]
+    ]
     for r in doc["runs"]:
         m = r["mismatch"]
         if m is None or r["expected_unsafe"]:
             continue
         where = m["first_divergence"]["tensor"] if m["first_divergence"] else "no layer output differs"
-        out.append(f"{r['mode']} under {r['strategy']}: wrong replay at step {m['step']} (bucket {m['key']}, "
-                   f"{m['composition']}): {where}; suspected: {m['suspects'][0]}; reproduce: {m['repro']}")
+        out.append(
+            f"{r['mode']} under {r['strategy']}: wrong replay at step {m['step']} (bucket {m['key']}, "
+            f"{m['composition']}): {where}; suspected: {m['suspects'][0]}; reproduce: {m['repro']}"
+        )
     return out
 
 
@@ -50,8 +57,10 @@ def finish_document(doc: dict, cfg, wall_s: float) -> dict:
     if doc["findings"]:
         doc["verdict"] = f"verify: WRONG REPLAY FOUND ({len(doc['findings'])}): {doc['findings'][0]}"
     else:
-        doc["verdict"] = (f"verify: clean: {steps} steps, {checks} checked replays against eager, "
-                          f"{len(doc['runs'])} soak(s), no op that breaks capture, no baked-in value")
+        doc["verdict"] = (
+            f"verify: clean: {steps} steps, {checks} checked replays against eager, "
+            f"{len(doc['runs'])} soak(s), no op that breaks capture, no baked-in value"
+        )
     return doc
 
 
@@ -59,12 +68,26 @@ def runs_frame(doc: dict) -> pd.DataFrame:
     rows = []
     for r in doc["runs"]:
         m = r["mismatch"]
-        result = "clean" if m is None else (
-            f"step {m['step']}: " + (m["first_divergence"]["tensor"] if m["first_divergence"] else m["reason"][:60]))
-        rows.append({"mode": r["mode"], "strategy": r["strategy"], "steps": r["steps"], "checks": r["checks"],
-                     "graphs": r["graphs"], "requests done": r["finished_requests"],
-                     "blocks reused": r["blocks_reused"], "steps/min": round(r["steps_per_min"], 1),
-                     "result": result + (" (expected)" if m is not None and r["expected_unsafe"] else "")})
+        result = (
+            "clean"
+            if m is None
+            else (
+                f"step {m['step']}: " + (m["first_divergence"]["tensor"] if m["first_divergence"] else m["reason"][:60])
+            )
+        )
+        rows.append(
+            {
+                "mode": r["mode"],
+                "strategy": r["strategy"],
+                "steps": r["steps"],
+                "checks": r["checks"],
+                "graphs": r["graphs"],
+                "requests done": r["finished_requests"],
+                "blocks reused": r["blocks_reused"],
+                "steps/min": round(r["steps_per_min"], 1),
+                "result": result + (" (expected)" if m is not None and r["expected_unsafe"] else ""),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -75,19 +98,28 @@ def dyndims_frame(doc: dict) -> pd.DataFrame:
     for d in doc["dynamic_dims"]:
         g = d.get("graph_nodes")
         if g:
-            dep = "; ".join(f"{r['kernel']} in {r['module'] or '<root>'} x{r['nodes']} ({', '.join(r['fields'])})"
-                            for r in g["dependent"][:4]) + (" ..." if len(g["dependent"]) > 4 else "")
+            dep = "; ".join(
+                f"{r['kernel']} in {r['module'] or '<root>'} x{r['nodes']} ({', '.join(r['fields'])})"
+                for r in g["dependent"][:4]
+            ) + (" ..." if len(g["dependent"]) > 4 else "")
         elif d["baked"]:
             b = d["baked"][0]
             dep = f"{b['op']} in {fold_layers(b['module']) or '<root>'}: {b['value_a']} vs {b['value_b']}"
         else:
             dep = d["diverged_at"] or ""
         result = "clean" if d["clean"] else "BAKED IN" + (" (expected)" if d["expected_unsafe"] else "")
-        rows.append({"mode": d["mode"], "kind": d["kind"], "bucket": d["key"],
-                     "compositions": " vs ".join(d["compositions"]),
-                     "aten ops": f"{d['ops'][0]}: " + ("diverged" if d["diverged_at"] else f"{len(d['baked'])} baked"),
-                     "graph nodes": f"{g['kernels'][0]} kernels, {g['changes_total']} changed" if g else "-",
-                     "depends on the composition": dep or "-", "result": result})
+        rows.append(
+            {
+                "mode": d["mode"],
+                "kind": d["kind"],
+                "bucket": d["key"],
+                "compositions": " vs ".join(d["compositions"]),
+                "aten ops": f"{d['ops'][0]}: " + ("diverged" if d["diverged_at"] else f"{len(d['baked'])} baked"),
+                "graph nodes": f"{g['kernels'][0]} kernels, {g['changes_total']} changed" if g else "-",
+                "depends on the composition": dep or "-",
+                "result": result,
+            }
+        )
     return pd.DataFrame(rows)
 
 

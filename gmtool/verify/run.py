@@ -1,5 +1,6 @@
 """gmtool verify, from its options to its document: capturability, dynamic dimensions, then a soak per mode and
 memory strategy. No terminal here (gmtool.cli.verify prints)."""
+
 from __future__ import annotations
 
 import time
@@ -43,8 +44,9 @@ class VerifyConfig:
         names = [m.strip() for m in str(self.modes).split(",") if m.strip()]
         bad = [m for m in names if m not in CAPTURE_MODES]
         if bad or not names:
-            raise GmtoolError(f"--modes: {bad[0] if bad else '(none)'!r} is not a graph mode: choose from "
-                              f"{', '.join(CAPTURE_MODES)}")
+            raise GmtoolError(
+                f"--modes: {bad[0] if bad else '(none)'!r} is not a graph mode: choose from {', '.join(CAPTURE_MODES)}"
+            )
         self.graph_modes = tuple(dict.fromkeys(GraphMode(m) for m in names))
         if self.steps <= 0 or self.check_every <= 0:
             raise GmtoolError("--steps and --check-every must be positive")
@@ -53,15 +55,26 @@ class VerifyConfig:
         self.strategies = tuple(dict.fromkeys(s.strip() for s in str(self.strategy).split(",") if s.strip()))
         unknown = [s for s in self.strategies if s not in (DEFAULT_STRATEGY, *STRATEGIES)]
         if unknown or not self.strategies:
-            raise GmtoolError(f"--strategy: unknown {unknown[0] if unknown else '(none)'!r}: choose from "
-                              f"{', '.join((DEFAULT_STRATEGY, *STRATEGIES))}")
-        opts = dict(model=self.model, device=self.device, dtype=self.dtype, scenario="decode",
-                    modes=("eager", *self.graph_modes), seed=self.seed, attention=self.attention)
+            raise GmtoolError(
+                f"--strategy: unknown {unknown[0] if unknown else '(none)'!r}: choose from "
+                f"{', '.join((DEFAULT_STRATEGY, *STRATEGIES))}"
+            )
+        opts = dict(
+            model=self.model,
+            device=self.device,
+            dtype=self.dtype,
+            scenario="decode",
+            modes=("eager", *self.graph_modes),
+            seed=self.seed,
+            attention=self.attention,
+        )
         probe = SweepConfig(**opts, buckets="1")  # resolves the device before the defaults that depend on it
         cuda = probe.torch_device.type == "cuda"
         if not cuda and any(s != DEFAULT_STRATEGY for s in self.strategies):
-            raise GmtoolError("--strategy: memory strategies choose CUDA graph pools; on the CPU backend only "
-                              f"{DEFAULT_STRATEGY!r} runs")
+            raise GmtoolError(
+                "--strategy: memory strategies choose CUDA graph pools; on the CPU backend only "
+                f"{DEFAULT_STRATEGY!r} runs"
+            )
         dflt = GPU_DEFAULTS if cuda else CPU_DEFAULTS
         for name in ("max_num_seqs", "max_kv_len", "block_size"):
             value = getattr(self, name)
@@ -70,25 +83,44 @@ class VerifyConfig:
             elif value <= 0:
                 raise GmtoolError(f"--{name.replace('_', '-')} must be positive")
         self.buckets = self.buckets or dflt["buckets"]
-        self.sweep = SweepConfig(**opts, buckets=self.buckets, max_num_seqs=self.max_num_seqs,
-                                 max_kv_len=self.max_kv_len, block_size=self.block_size)
+        self.sweep = SweepConfig(
+            **opts,
+            buckets=self.buckets,
+            max_num_seqs=self.max_num_seqs,
+            max_kv_len=self.max_kv_len,
+            block_size=self.block_size,
+        )
         self.model = self.sweep.model
         self.fault = parse_fault(self.inject)  # the layer is checked once the model is loaded
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in ("sweep", "fault")}
-        d.update(modes=list(map(str, self.graph_modes)), strategies=list(self.strategies),
-                 device=str(self.sweep.torch_device), dtype=str(self.sweep.torch_dtype).replace("torch.", ""),
-                 inject=str(self.fault) if self.fault else None)
+        d.update(
+            modes=list(map(str, self.graph_modes)),
+            strategies=list(self.strategies),
+            device=str(self.sweep.torch_device),
+            dtype=str(self.sweep.torch_dtype).replace("torch.", ""),
+            inject=str(self.fault) if self.fault else None,
+        )
         return d
 
     def repro(self, mode: str, strategy: str, steps: int) -> str:
         """The command that re-runs one soak up to a step (the workload depends on the seed alone)."""
-        parts = ["gmtool verify", f"--model {self.model}", f"--modes {mode}", f"--strategy {strategy}",
-                 f"--seed {self.seed}", f"--steps {steps}", f"--check-every {self.check_every}",
-                 f"--device {self.sweep.torch_device.type}", f"--dtype {self.to_dict()['dtype']}",
-                 f"--buckets {self.buckets}", f"--max-num-seqs {self.max_num_seqs}",
-                 f"--max-kv-len {self.max_kv_len}", f"--block-size {self.block_size}"]
+        parts = [
+            "gmtool verify",
+            f"--model {self.model}",
+            f"--modes {mode}",
+            f"--strategy {strategy}",
+            f"--seed {self.seed}",
+            f"--steps {steps}",
+            f"--check-every {self.check_every}",
+            f"--device {self.sweep.torch_device.type}",
+            f"--dtype {self.to_dict()['dtype']}",
+            f"--buckets {self.buckets}",
+            f"--max-num-seqs {self.max_num_seqs}",
+            f"--max-kv-len {self.max_kv_len}",
+            f"--block-size {self.block_size}",
+        ]
         if self.fault:
             parts.append(f"--inject {self.fault}")
         return " ".join(parts)
@@ -142,8 +174,16 @@ def run_verify(cfg: VerifyConfig, say=lambda text: None) -> dict:
 
     t0 = time.perf_counter()
     bench = build_bench(cfg)
-    doc = {"command": "verify", "config": cfg.to_dict(), "machine": machine_info(bench.device),
-           "model": bench.model_info(), "capturability": [], "dynamic_dims": [], "runs": [], "notes": []}
+    doc = {
+        "command": "verify",
+        "config": cfg.to_dict(),
+        "machine": machine_info(bench.device),
+        "model": bench.model_info(),
+        "capturability": [],
+        "dynamic_dims": [],
+        "runs": [],
+        "notes": [],
+    }
     say("capturability check")
     hazards = model_hazards(bench, ("1*2", "3+2"))
     doc["capturability"] = [f.to_dict() | {"breaks_capture": f.hazard.breaks_capture, "text": str(f)} for f in hazards]

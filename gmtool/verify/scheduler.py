@@ -5,6 +5,7 @@ Each step is one Batch: decodes first, then prefill chunks, within a token budge
 sequence cap. Token ids are drawn from the seed, not sampled from logits, so the workload does not depend on
 the graph under test: the same seed gives the same steps.
 """
+
 from __future__ import annotations
 
 import math
@@ -96,8 +97,14 @@ class Scheduler:
     def _arrive(self) -> None:
         w = self.work
         n = int(self.rng.integers(1, w.max_prompt + 1))
-        self.waiting.append(Request(self.next_id, [int(t) for t in self.rng.integers(self.vocab, size=n)], n,
-                                    int(self.rng.integers(1, w.max_new + 1))))
+        self.waiting.append(
+            Request(
+                self.next_id,
+                [int(t) for t in self.rng.integers(self.vocab, size=n)],
+                n,
+                int(self.rng.integers(1, w.max_new + 1)),
+            )
+        )
         self.next_id += 1
 
     def _schedule(self) -> list[tuple[Request, int]]:
@@ -143,7 +150,7 @@ class Scheduler:
         ids, pos, slots, q_lens, kv_lens, tables, parts = [], [], [], [], [], [], []
         for r, q in self.scheduled:
             p = np.arange(r.computed, r.computed + q)
-            ids.append(np.asarray(r.tokens[r.computed:r.computed + q], dtype=np.int64))
+            ids.append(np.asarray(r.tokens[r.computed : r.computed + q], dtype=np.int64))
             pos.append(p)
             slots.append(np.asarray(r.blocks, dtype=np.int64)[p // bs] * bs + p % bs)
             q_lens.append(q)
@@ -153,10 +160,18 @@ class Scheduler:
         width = max(len(t) for t in tables)
         table_array = np.zeros((len(tables), width), dtype=np.int64)
         for i, t in enumerate(tables):
-            table_array[i, :len(t)] = t
+            table_array[i, : len(t)] = t
         comp = Composition(tuple(parts), text=_label(q_lens))
-        return Batch(comp, np.concatenate(ids), np.concatenate(pos).astype(np.int64),
-                     np.concatenate(slots).astype(np.int64), q_lens, kv_lens, tables, table_array)
+        return Batch(
+            comp,
+            np.concatenate(ids),
+            np.concatenate(pos).astype(np.int64),
+            np.concatenate(slots).astype(np.int64),
+            q_lens,
+            kv_lens,
+            tables,
+            table_array,
+        )
 
 
 def _label(q_lens: list[int]) -> str:

@@ -7,6 +7,7 @@ the batch, and the K/V live requests held with what they held before. The first 
 and is localized: which poisoned buffer changes the result on its own, and the first layer output where the
 replay leaves eager.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -78,8 +79,13 @@ class Soak:
         persistent = [*lm.model.parameters(), *lm.model.buffers(), *taps.buffers, bench.eager_inputs.arena]
         self.poisoner = Poisoner(self.ex, persistent, opts.seed)
         cfg = bench.cfg
-        self.sched = Scheduler(Workload(self.ex.policy.largest, cfg.max_num_seqs, cfg.max_kv_len),
-                               bench.cache.num_blocks, cfg.block_size, lm.vocab_size, opts.seed)
+        self.sched = Scheduler(
+            Workload(self.ex.policy.largest, cfg.max_num_seqs, cfg.max_kv_len),
+            bench.cache.num_blocks,
+            cfg.block_size,
+            lm.vocab_size,
+            opts.seed,
+        )
         self.tols = tolerances_for(cfg.torch_dtype)
 
     def run(self) -> SoakResult:
@@ -125,13 +131,26 @@ class Soak:
             graphs = len(ex.graphs)
         finally:
             ex.release()
-        res = SoakResult(str(self.mode), self.strategy, step + 1, checks, graphs, list(keys), sched.finished,
-                         sched.reused_blocks, wall, 60 * (step + 1) / wall if wall > 0 else 0.0,
-                         {str(k): v for k, v in self.poisoner.skipped.items()}, self.mode.expected_unsafe, mismatch,
-                         served)
+        res = SoakResult(
+            str(self.mode),
+            self.strategy,
+            step + 1,
+            checks,
+            graphs,
+            list(keys),
+            sched.finished,
+            sched.reused_blocks,
+            wall,
+            60 * (step + 1) / wall if wall > 0 else 0.0,
+            {str(k): v for k, v in self.poisoner.skipped.items()},
+            self.mode.expected_unsafe,
+            mismatch,
+            served,
+        )
         if mismatch is None and step + 1 < opts.steps:
-            res.notes.append(f"stopped at the time limit ({opts.time_limit_s:.0f} s) after {step + 1} of "
-                             f"{opts.steps} steps")
+            res.notes.append(
+                f"stopped at the time limit ({opts.time_limit_s:.0f} s) after {step + 1} of {opts.steps} steps"
+            )
         return res
 
     # -- one checked step ------------------------------------------------------------------------------
@@ -158,8 +177,18 @@ class Soak:
             key = ex.key_for(batch)
             if key not in ex.graphs:  # its capture's warm-up raised: no graph to replay, the inputs are the clue
                 faults = input_faults(ex, key, batch)
-                return Mismatch(step, str(key), batch.composition.label, "", f"{reason} (capturing the bucket)",
-                                faults, 0, [], None, faults or ["the capture's eager warm-up on these inputs raised"])
+                return Mismatch(
+                    step,
+                    str(key),
+                    batch.composition.label,
+                    "",
+                    f"{reason} (capturing the bucket)",
+                    faults,
+                    0,
+                    [],
+                    None,
+                    faults or ["the capture's eager warm-up on these inputs raised"],
+                )
             entry, stale = ex.prepare(batch), False
             seen.setdefault("inputs", input_faults(ex, entry.key, batch))
             seen.setdefault("changed", 0)
@@ -187,8 +216,11 @@ class Soak:
         except (RuntimeError, IndexError) as e:
             return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         n = batch.num_tokens
-        return (ex.inputs.logits[: batch.num_seqs].clone(), written_kv(ex.cache, batch),
-                self.taps.graph_buf[:, :n].clone())
+        return (
+            ex.inputs.logits[: batch.num_seqs].clone(),
+            written_kv(ex.cache, batch),
+            self.taps.graph_buf[:, :n].clone(),
+        )
 
     def _buffers_read(self, batch, live, step: int) -> list[str]:
         """Each buffer poisoned alone against a clean replay: those that change the result are read."""
@@ -229,10 +261,22 @@ class Soak:
         if seen["changed"]:
             suspects.append(f"K/V slots live requests hold: {seen['changed']} overwritten by this replay")
         if not suspects:
-            suspects.append("no buffer identified: the device inputs hold this batch and no poisoned buffer changes "
-                            "the result, so the graph computes from something else (a value frozen at capture?)")
-        return Mismatch(step, str(entry.key), batch.composition.label, entry.captured_with, reason, seen["inputs"],
-                        seen["changed"], read, first, suspects)
+            suspects.append(
+                "no buffer identified: the device inputs hold this batch and no poisoned buffer changes "
+                "the result, so the graph computes from something else (a value frozen at capture?)"
+            )
+        return Mismatch(
+            step,
+            str(entry.key),
+            batch.composition.label,
+            entry.captured_with,
+            reason,
+            seen["inputs"],
+            seen["changed"],
+            read,
+            first,
+            suspects,
+        )
 
 
 def _differs(a: tuple, b: tuple, tol: float) -> bool:

@@ -6,6 +6,7 @@ captured while the hooks are on (a kernel on CUDA, an op on the CPU tape), so a 
 per-layer values behind; an eager run with the other buffer as target leaves eager's. The first tap, in
 forward order, where they differ names the layer and the tensor where the replay went wrong.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,9 @@ class LayerTaps:
         names = {id(m): n for n, m in model.named_modules()}
         points: list[tuple[torch.nn.Module, int | None]] = [(base.embed_tokens, None)]
         for i, layer in enumerate(base.layers):
-            points += [(m, i) for m in (getattr(layer, "self_attn", None), getattr(layer, "mlp", None), layer)
-                       if m is not None]
+            points += [
+                (m, i) for m in (getattr(layer, "self_attn", None), getattr(layer, "mlp", None), layer) if m is not None
+            ]
         points.append((base.norm, None))
         self.modules = [names[id(m)] for m, _ in points]
         self.layers = [i for _, i in points]
@@ -78,8 +80,15 @@ class LayerTaps:
         before = sum(self.attention[:j])  # attention calls completed before tap j's module starts
         return before + (1 if self.attention[j] else 0)
 
-    def first_divergence(self, graph: torch.Tensor, same: torch.Tensor, unpadded: torch.Tensor, token_seq,
-                         tols: tuple[float, float], piecewise: bool) -> Divergence | None:
+    def first_divergence(
+        self,
+        graph: torch.Tensor,
+        same: torch.Tensor,
+        unpadded: torch.Tensor,
+        token_seq,
+        tols: tuple[float, float],
+        piecewise: bool,
+    ) -> Divergence | None:
         """graph/same/unpadded: [taps, n, width] for the batch's n real tokens."""
         tol_same, tol = tols
         for j in range(graph.shape[0]):
@@ -89,8 +98,16 @@ class LayerTaps:
             rows = _row_errors(graph[j], unpadded[j] if not e_unp <= tol else same[j])
             bad = rows > (tol if not e_unp <= tol else tol_same)
             token = int(bad.nonzero()[0]) if bad.any() else 0
-            return Divergence(f"output of {self.modules[j]}", self.modules[j], self.layers[j],
-                              self.piece_of(j) if piecewise else None, e_same, e_unp, token, int(token_seq[token]))
+            return Divergence(
+                f"output of {self.modules[j]}",
+                self.modules[j],
+                self.layers[j],
+                self.piece_of(j) if piecewise else None,
+                e_same,
+                e_unp,
+                token,
+                int(token_seq[token]),
+            )
         return None
 
 

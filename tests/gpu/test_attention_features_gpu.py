@@ -2,6 +2,7 @@
 feature (bf16, production head dims and windows), the window's bytes (only its pages are read: a long sequence
 costs no more than a window-long one), and gmtool compare of eager, full and piecewise on the tiny feature
 profiles with decode and prefill mixes."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,17 @@ BS = 16
 
 
 def _case(q_lens, kv_lens, dk=128, dv=128, kv_heads=4, group=2, seed=0):
-    case = make_case(q_lens, kv_lens, kv_heads=kv_heads, group=group, head_dim=dk, block_size=BS,
-                     dtype=torch.bfloat16, device=DEV, seed=seed)
+    case = make_case(
+        q_lens,
+        kv_lens,
+        kv_heads=kv_heads,
+        group=group,
+        head_dim=dk,
+        block_size=BS,
+        dtype=torch.bfloat16,
+        device=DEV,
+        seed=seed,
+    )
     if dv != dk:
         g = torch.Generator(device=DEV).manual_seed(seed + 5)
         case.v_cache = torch.randn(*case.k_cache.shape[:3], dv, generator=g, device=DEV).to(torch.bfloat16)
@@ -37,7 +47,7 @@ def _expected(case, opts: LayerOpts) -> torch.Tensor:
         nb = -(-kl // BS)
         k = case.k_cache[case.block_tables[i, :nb]].flatten(0, 1)[:kl].cpu()
         v = case.v_cache[case.block_tables[i, :nb]].flatten(0, 1)[:kl].cpu()
-        out.append(dense(case.q[t:t + ql].cpu(), k, v, torch.arange(kl - ql, kl), cpu))
+        out.append(dense(case.q[t : t + ql].cpu(), k, v, torch.arange(kl - ql, kl), cpu))
         t += ql
     return torch.cat(out)
 
@@ -62,8 +72,17 @@ def test_decode_kernel_features(name):
 
     opts, dk, dv = _opts(name)
     case = _case([1] * len(LENS), LENS, dk=dk, dv=dv)
-    got = decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, SCALE,
-                           window=opts.window, softcap=opts.softcap, sinks=opts.sinks)
+    got = decode_attention(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        case.block_tables,
+        case.kv_lens_t,
+        SCALE,
+        window=opts.window,
+        softcap=opts.softcap,
+        sinks=opts.sinks,
+    )
     torch.testing.assert_close(got.double().cpu(), _expected(case, opts), atol=2e-2, rtol=2e-2)
 
 
@@ -76,10 +95,21 @@ def test_varlen_kernel_features(name):
     case = _case(q_lens, kv_lens, dk=dk, dv=dv)
     want = _expected(case, opts)
     kw = dict(window=opts.window, softcap=opts.softcap, sinks=opts.sinks)
-    wide = varlen_attention_wide(case.q, case.k_cache, case.v_cache, case.cu_q, case.kv_lens_t, case.block_tables,
-                                 case.num_seqs, SCALE, **kw)
-    planned = varlen_attention(case.q, case.k_cache, case.v_cache, case.cu_q, case.kv_lens_t, case.block_tables,
-                               case.num_seqs, max(q_lens), SCALE, **kw)
+    wide = varlen_attention_wide(
+        case.q, case.k_cache, case.v_cache, case.cu_q, case.kv_lens_t, case.block_tables, case.num_seqs, SCALE, **kw
+    )
+    planned = varlen_attention(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        case.cu_q,
+        case.kv_lens_t,
+        case.block_tables,
+        case.num_seqs,
+        max(q_lens),
+        SCALE,
+        **kw,
+    )
     for got in (wide, planned):
         torch.testing.assert_close(got.double().cpu(), want, atol=2e-2, rtol=2e-2)
 
@@ -91,8 +121,12 @@ def test_sliding_decode_reads_only_the_window():
 
     def ms(kv, window):
         case = _case([1] * 32, [kv] * 32, dk=256, dv=256, kv_heads=4, group=2)
-        fn = lambda: decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables,  # noqa: E731
-                                      case.kv_lens_t, SCALE, window=window)
+
+        def fn():
+            return decode_attention(
+                case.q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, SCALE, window=window
+            )
+
         fn()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -112,11 +146,32 @@ def test_sliding_decode_reads_only_the_window():
 def test_compare_feature_profiles(model, tmp_path):
     """Decode and prefill mixes across the tiny profiles' windows (16 and 24 tokens): every replay equals eager."""
     for scenario, buckets, comps in (("decode", "1,8", "1@40,1*8@100"), ("prefill", "64", "1*48,2*16+8@40,1@30+20@70")):
-        code, stdout, stderr = run_cli("compare", "eager,full,piecewise", "--model", model, "--device", "cuda",
-                                       "--scenario", scenario, "--buckets", buckets, "--compositions", comps,
-                                       "--max-kv-len", "256", "--num-iters", "3", "--num-iters-warmup", "1",
-                                       "--format", "json", "--out", tmp_path / scenario)
+        code, stdout, stderr = run_cli(
+            "compare",
+            "eager,full,piecewise",
+            "--model",
+            model,
+            "--device",
+            "cuda",
+            "--scenario",
+            scenario,
+            "--buckets",
+            buckets,
+            "--compositions",
+            comps,
+            "--max-kv-len",
+            "256",
+            "--num-iters",
+            "3",
+            "--num-iters-warmup",
+            "1",
+            "--format",
+            "json",
+            "--out",
+            tmp_path / scenario,
+        )
         assert code == 0, stderr
         doc = json.loads(stdout)
-        assert doc["records"] and all(r["status"] == "ok" for r in doc["records"]), \
-            [(r["mode"], r["composition"], r["status"], r.get("max_rel_err")) for r in doc["records"]]
+        assert doc["records"] and all(r["status"] == "ok" for r in doc["records"]), [
+            (r["mode"], r["composition"], r["status"], r.get("max_rel_err")) for r in doc["records"]
+        ]

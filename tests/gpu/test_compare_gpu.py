@@ -1,4 +1,5 @@
 """GPU checks of gmtool compare: the one-process sweep end to end on tiny-qwen3, and the hf-compiled peer."""
+
 import csv
 import json
 import re
@@ -15,8 +16,9 @@ FAST = ["--model", "tiny-qwen3", "--device", "cuda", "--num-iters", "10", "--num
 
 def test_compare_eager_full_piecewise(tmp_path):
     out = tmp_path / "run"
-    code, stdout, stderr = run_cli("compare", "eager,full,piecewise", *FAST, "--buckets", "1,2,4,8", "--trace",
-                                   "--format", "json", "--out", out)
+    code, stdout, stderr = run_cli(
+        "compare", "eager,full,piecewise", *FAST, "--buckets", "1,2,4,8", "--trace", "--format", "json", "--out", out
+    )
     assert code == 0, stderr
     doc = json.loads(stdout)
     assert doc["machine"]["backend"] == "cuda" and doc["machine"]["gpu"]
@@ -29,11 +31,13 @@ def test_compare_eager_full_piecewise(tmp_path):
     assert len(fresh) == 8 and all(r["graph_mem_bytes"] is not None for r in fresh)  # one capture per bucket
     with (out / "results.csv").open() as f:
         table = list(csv.DictReader(f))
-    assert [(t["mode"], int(t["bucket"]), t["status"]) for t in table] == \
-        [(r["mode"], r["bucket"], r["status"]) for r in doc["records"]]
+    assert [(t["mode"], int(t["bucket"]), t["status"]) for t in table] == [
+        (r["mode"], r["bucket"], r["status"]) for r in doc["records"]
+    ]
     summary = md_table_rows((out / "report.md").read_text(), "Summary (mode x bucket)")
-    assert sorted((r[0], r[1], r[3]) for r in summary) == \
-        sorted((str(b), m, "ok") for b in (1, 2, 4, 8) for m in ("eager", "full", "piecewise"))
+    assert sorted((r[0], r[1], r[3]) for r in summary) == sorted(
+        (str(b), m, "ok") for b in (1, 2, 4, 8) for m in ("eager", "full", "piecewise")
+    )
     for mode in ("eager", "full", "piecewise"):  # each mode's trace: its largest bucket's replays
         events = json.loads((out / f"trace-{mode}.json").read_text())["traceEvents"]
         assert any(e.get("name") == f"{mode} bucket 8 replay 0" for e in events), mode
@@ -45,8 +49,9 @@ def test_compare_eager_full_piecewise(tmp_path):
 def test_compare_hf_compiled_peer(tmp_path):
     """Slow (torch.compile per bucket): the peer's rows are measured and agree with gmtool eager."""
     out = tmp_path / "peer"
-    code, stdout, stderr = run_cli("compare", "eager,full,hf-compiled", *FAST, "--buckets", "1,4", "--trace",
-                                   "--format", "json", "--out", out)
+    code, stdout, stderr = run_cli(
+        "compare", "eager,full,hf-compiled", *FAST, "--buckets", "1,4", "--trace", "--format", "json", "--out", out
+    )
     assert code == 0, stderr
     peer = [r for r in json.loads(stdout)["records"] if r["mode"] == "hf-compiled"]
     assert [r["bucket"] for r in peer] == [1, 4]

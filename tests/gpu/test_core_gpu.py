@@ -1,4 +1,5 @@
 """GPU checks of the executor: capture/replay per bucket and composition against eager, in any order."""
+
 import random
 
 import pytest
@@ -22,9 +23,16 @@ class GpuRig:
 
     def __init__(self, model, buckets, mode="full", wide_key=False, max_kv_len=1024, piecewise_impl="breakable"):
         mode = graph_mode(mode, wide_key)
-        cfg = SweepConfig(model=model, device="cuda", dtype="bf16", attention="torch",
-                          buckets=",".join(map(str, buckets)), modes=(GraphMode.EAGER, mode), max_kv_len=max_kv_len,
-                          piecewise_impl=piecewise_impl)
+        cfg = SweepConfig(
+            model=model,
+            device="cuda",
+            dtype="bf16",
+            attention="torch",
+            buckets=",".join(map(str, buckets)),
+            modes=(GraphMode.EAGER, mode),
+            max_kv_len=max_kv_len,
+            piecewise_impl=piecewise_impl,
+        )
         self.bench = Workbench.build(cfg, num_blocks=4096)
         self.lm, self.cache = self.bench.lm, self.bench.cache
         self.ex = self.bench.executor(mode)
@@ -80,8 +88,14 @@ def test_piecewise_prefill_matches_eager_and_narrow_full_is_flagged():
 
 
 def test_sweep_end_to_end_small():
-    cfg = SweepConfig(model="tiny-qwen3", device="cuda", buckets="1,2,4,8", modes=("eager", "full", "piecewise"),
-                      num_iters=5, num_iters_warmup=2)
+    cfg = SweepConfig(
+        model="tiny-qwen3",
+        device="cuda",
+        buckets="1,2,4,8",
+        modes=("eager", "full", "piecewise"),
+        num_iters=5,
+        num_iters_warmup=2,
+    )
     res = Sweep(cfg).run()
     rows = [r.to_dict() for r in res.records if r.mode != "eager"]
     assert rows and all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["status"] != "ok"]
@@ -120,8 +134,16 @@ def test_fused_layers_match_hf_layers_and_replay():
             ref = rig.eager(b)
         err = rel_err_per_seq(out, ref)
         assert err < tolerances_for(torch.bfloat16)[1], f"{text}: fused vs HF layers {err:.3g}"
-    cfg = SweepConfig(model="qwen3-0.6b", device="cuda", buckets="1,8,32", modes=("eager", "full", "piecewise"),
-                      fuse=True, kv_cache_gb=4, num_iters=3, num_iters_warmup=1)
+    cfg = SweepConfig(
+        model="qwen3-0.6b",
+        device="cuda",
+        buckets="1,8,32",
+        modes=("eager", "full", "piecewise"),
+        fuse=True,
+        kv_cache_gb=4,
+        num_iters=3,
+        num_iters_warmup=1,
+    )
     res = Sweep(cfg).run()
     rows = [r.to_dict() for r in res.records if r.mode != "eager"]
     assert len(rows) >= 18 and all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["error"]]

@@ -2,6 +2,7 @@
 control), the graphs read through cuda-bindings and compared node by node. gmtool's decode graphs, and full's
 prefill graphs under the wide key, have no kernel whose launch or scalar arguments depend on the composition;
 full-narrow's prefill graphs do, and those kernels are the attention's."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,8 +18,7 @@ def rig(request):
     from gmtool.verify.graphnodes import unavailable
     from gmtool.verify.run import VerifyConfig, build_bench, dyn_dim_batches
 
-    cfg = VerifyConfig(model="qwen3-0.6b", device="cuda", modes="full,piecewise,full-narrow",
-                       attention=request.param)
+    cfg = VerifyConfig(model="qwen3-0.6b", device="cuda", modes="full,piecewise,full-narrow", attention=request.param)
     bench = build_bench(cfg)
     assert unavailable(bench.device) is None, unavailable(bench.device)
     yield request.param, bench, {kind: (a, b) for kind, a, b in dyn_dim_batches(bench, cfg)}
@@ -28,8 +28,10 @@ def rig(request):
 
 def _show(res) -> None:
     g = res.graph_nodes
-    print(f"\n{res.mode} {res.key} {res.compositions}: {g.nodes[0]} nodes, {g.kernels[0]} kernels, "
-          f"{len(g.changes)} changes, {g.unstable} unstable words ignored; notes: {g.notes}")
+    print(
+        f"\n{res.mode} {res.key} {res.compositions}: {g.nodes[0]} nodes, {g.kernels[0]} kernels, "
+        f"{len(g.changes)} changes, {g.unstable} unstable words ignored; notes: {g.notes}"
+    )
     for row in g.dependent():
         print("  depends on the composition:", row)
 
@@ -80,8 +82,12 @@ def test_full_narrow_prefill_nodes_that_depend_on_the_composition_are_the_attent
     rows = narrow.graph_nodes.dependent()
     assert rows and not narrow.clean
     for row in rows:
-        assert (row["module"].endswith("self_attn") or "attn" in row["kernel"].lower()
-                or "attention" in row["kernel"].lower() or row["kernel"].startswith(GMTOOL_ATTENTION_KERNELS)), row
+        assert (
+            row["module"].endswith("self_attn")
+            or "attn" in row["kernel"].lower()
+            or "attention" in row["kernel"].lower()
+            or row["kernel"].startswith(GMTOOL_ATTENTION_KERNELS)
+        ), row
     if attention == "triton":  # the grid is (num_seqs, tiles of the longest chunk, heads)
         assert all(r["kernel"].startswith("_varlen_kernel") and r["fields"] == ["grid"] for r in rows), rows
     wide = dynamic_dims(bench, "full", *pairs["prefill"])

@@ -1,5 +1,6 @@
 """The CUDA path judges as the CPU tape does: a graph never replayed, or one whose captured KV write was
 removed, is reported UNSAFE by the sweep's own check (tests/test_judge.py is the CPU twin)."""
+
 import contextlib
 
 import pytest
@@ -16,8 +17,16 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _sweep(scenario="decode", buckets="1,4,8", attention="auto"):
-    cfg = SweepConfig(model="qwen3-0.6b", device="cuda", scenario=scenario, buckets=buckets,
-                      modes=("full", "piecewise"), attention=attention, num_iters=2, num_iters_warmup=1)
+    cfg = SweepConfig(
+        model="qwen3-0.6b",
+        device="cuda",
+        scenario=scenario,
+        buckets=buckets,
+        modes=("full", "piecewise"),
+        attention=attention,
+        num_iters=2,
+        num_iters_warmup=1,
+    )
     res = Sweep(cfg).run()
     return [r.to_dict() for r in res.records if r.mode != "eager"]
 

@@ -2,6 +2,7 @@
 inputs, outputs poisoned with NaN beforehand (so every row must be written), cache slots that no sequence
 owns poisoned too (so reading past kv_len shows); graph capture with metadata changed in place; bandwidth.
 """
+
 import pytest
 import torch
 
@@ -32,13 +33,22 @@ def _check(out, expect, dtype, what):
 def test_decode(bucket, kv_heads, group, dtype):
     from gmtool.kernels.decode_attention import decode_attention
 
-    case, q = decode_case(_decode_lens(bucket), num_slots=bucket, kv_heads=kv_heads, group=group, head_dim=128,
-                          blocks_per_seq=256, dtype=dtype, device=DEV, seed=bucket)
+    case, q = decode_case(
+        _decode_lens(bucket),
+        num_slots=bucket,
+        kv_heads=kv_heads,
+        group=group,
+        head_dim=128,
+        blocks_per_seq=256,
+        dtype=dtype,
+        device=DEV,
+        seed=bucket,
+    )
     poison_unused(case)
     out = torch.full_like(q, float("nan"))
-    decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, 128 ** -0.5, out=out)
-    _check(out, naive_decode(case, q, 128 ** -0.5, dtype=torch.float32), dtype, f"decode B={bucket}")
-    assert (out[case.num_seqs:] == 0).all()
+    decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, 128**-0.5, out=out)
+    _check(out, naive_decode(case, q, 128**-0.5, dtype=torch.float32), dtype, f"decode B={bucket}")
+    assert (out[case.num_seqs :] == 0).all()
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 5, 16, 64])
@@ -46,12 +56,21 @@ def test_decode_split_counts(num_splits):
     """Forced split counts, including splits left empty by short sequences (the combine must skip them)."""
     from gmtool.kernels.decode_attention import decode_attention
 
-    case, q = decode_case([1, 17, 1000, 4095, 64, 300], num_slots=7, kv_heads=8, group=2, head_dim=128,
-                          blocks_per_seq=256, dtype=torch.bfloat16, device=DEV)
+    case, q = decode_case(
+        [1, 17, 1000, 4095, 64, 300],
+        num_slots=7,
+        kv_heads=8,
+        group=2,
+        head_dim=128,
+        blocks_per_seq=256,
+        dtype=torch.bfloat16,
+        device=DEV,
+    )
     poison_unused(case)
     out = torch.full_like(q, float("nan"))
-    decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, 0.1,
-                     num_splits=num_splits, out=out)
+    decode_attention(
+        q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, 0.1, num_splits=num_splits, out=out
+    )
     _check(out, naive_decode(case, q, 0.1, dtype=torch.float32), torch.bfloat16, f"splits={num_splits}")
 
 
@@ -76,8 +95,19 @@ def test_varlen(num_tokens, kv_heads, group, wide, dtype):
 
     q_lens, kv_lens = _prefill_mix(num_tokens)
     slots = len(q_lens) + 2  # two padded sequence slots
-    case = make_case(q_lens, kv_lens, num_slots=slots, num_tokens=num_tokens, kv_heads=kv_heads, group=group,
-                     head_dim=128, blocks_per_seq=256, dtype=dtype, device=DEV, seed=num_tokens)
+    case = make_case(
+        q_lens,
+        kv_lens,
+        num_slots=slots,
+        num_tokens=num_tokens,
+        kv_heads=kv_heads,
+        group=group,
+        head_dim=128,
+        blocks_per_seq=256,
+        dtype=dtype,
+        device=DEV,
+        seed=num_tokens,
+    )
     poison_unused(case)
     out = torch.full_like(case.q, float("nan"))
     args = (case.q, case.k_cache, case.v_cache, case.cu_q, case.kv_lens_t, case.block_tables, slots)
@@ -94,8 +124,9 @@ def test_write_kv(num_tokens, dtype):
     from gmtool.kernels.kv_write import write_kv
 
     q_lens, kv_lens = _prefill_mix(num_tokens)
-    case = make_case(q_lens, kv_lens, num_tokens=num_tokens, kv_heads=8, head_dim=128, dtype=dtype, device=DEV,
-                     pad_slot=-1)
+    case = make_case(
+        q_lens, kv_lens, num_tokens=num_tokens, kv_heads=8, head_dim=128, dtype=dtype, device=DEV, pad_slot=-1
+    )
     kc, vc = torch.full_like(case.k_cache, float("nan")), torch.full_like(case.v_cache, float("nan"))
     write_kv(kc, vc, case.k_new, case.v_new, case.slot_mapping)
     real = sum(q_lens)
@@ -110,17 +141,18 @@ def test_dispatch_on_gpu():
 
     assert available()
     ops = get_attention_ops("triton")
-    case, q = decode_case([17, 1000], num_slots=4, kv_heads=8, group=2, head_dim=128, blocks_per_seq=64,
-                          dtype=torch.bfloat16, device=DEV)
+    case, q = decode_case(
+        [17, 1000], num_slots=4, kv_heads=8, group=2, head_dim=128, blocks_per_seq=64, dtype=torch.bfloat16, device=DEV
+    )
     out = ops.decode(q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, 0.1)
-    torch.testing.assert_close(out[:2].float(), naive_decode(case, q, 0.1, dtype=torch.float32)[:2],
-                               atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        out[:2].float(), naive_decode(case, q, 0.1, dtype=torch.float32)[:2], atol=2e-2, rtol=2e-2
+    )
 
 
 def _load(dst_case, src_case, q_dst=None, q_src=None):
     """Copy a new step's contents into the captured step's buffers (same shapes, same addresses)."""
-    for name in ("k_cache", "v_cache", "block_tables", "kv_lens_t", "cu_q", "slot_mapping", "q", "k_new",
-                 "v_new"):
+    for name in ("k_cache", "v_cache", "block_tables", "kv_lens_t", "cu_q", "slot_mapping", "q", "k_new", "v_new"):
         getattr(dst_case, name).copy_(getattr(src_case, name))
     dst_case.q_lens, dst_case.kv_lens = src_case.q_lens, src_case.kv_lens
     if q_dst is not None:
@@ -143,12 +175,22 @@ def test_decode_graph_follows_buffers():
     """One capture at bucket 32; new kv lengths, block tables and queries written in place; replay matches."""
     from gmtool.kernels.decode_attention import decode_attention
 
-    kw = dict(num_slots=32, num_tokens=32, kv_heads=8, group=2, head_dim=128, blocks_per_seq=256,
-              dtype=torch.bfloat16, device=DEV, num_blocks=32 * 256 + 1)
+    kw = dict(
+        num_slots=32,
+        num_tokens=32,
+        kv_heads=8,
+        group=2,
+        head_dim=128,
+        blocks_per_seq=256,
+        dtype=torch.bfloat16,
+        device=DEV,
+        num_blocks=32 * 256 + 1,
+    )
     case, q = decode_case(_decode_lens(32), seed=1, **kw)
     out = torch.full_like(q, float("nan"))
-    graph = _capture(lambda: decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t,
-                                              0.1, out=out))
+    graph = _capture(
+        lambda: decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, 0.1, out=out)
+    )
     for seed, lens in ((2, [4095 - 7 * i for i in range(30)]), (3, [1, 2, 3]), (4, [17] * 32)):
         new, q_new = decode_case(lens, seed=seed, **kw)
         _load(case, new, q, q_new)
@@ -163,20 +205,33 @@ def test_prefill_graph_follows_buffers():
     from gmtool.kernels.kv_write import write_kv
     from gmtool.kernels.prefill_attention import varlen_attention_wide
 
-    kw = dict(num_slots=6, num_tokens=256, kv_heads=8, group=2, head_dim=128, blocks_per_seq=256,
-              dtype=torch.bfloat16, device=DEV, num_blocks=6 * 256 + 1, pad_slot=-1)
+    kw = dict(
+        num_slots=6,
+        num_tokens=256,
+        kv_heads=8,
+        group=2,
+        head_dim=128,
+        blocks_per_seq=256,
+        dtype=torch.bfloat16,
+        device=DEV,
+        num_blocks=6 * 256 + 1,
+        pad_slot=-1,
+    )
     case = make_case([200, 1, 30], [1000, 4095, 30], seed=1, **kw)
     out = torch.full_like(case.q, float("nan"))
 
     def step():
         write_kv(case.k_cache, case.v_cache, case.k_new, case.v_new, case.slot_mapping)
-        varlen_attention_wide(case.q, case.k_cache, case.v_cache, case.cu_q, case.kv_lens_t, case.block_tables,
-                              6, 0.1, out=out)
+        varlen_attention_wide(
+            case.q, case.k_cache, case.v_cache, case.cu_q, case.kv_lens_t, case.block_tables, 6, 0.1, out=out
+        )
 
     graph = _capture(step)
-    for seed, (q_lens, kv_lens) in ((2, ([1] * 6, [17, 1000, 4095, 5, 1, 64])),
-                                    (3, ([256], [4000])),
-                                    (4, ([64, 64, 63, 1, 1], [64, 1064, 163, 2, 4095]))):
+    for seed, (q_lens, kv_lens) in (
+        (2, ([1] * 6, [17, 1000, 4095, 5, 1, 64])),
+        (3, ([256], [4000])),
+        (4, ([64, 64, 63, 1, 1], [64, 1064, 163, 2, 4095])),
+    ):
         new = make_case(q_lens, kv_lens, seed=seed, **kw)
         _load(case, new)
         out.fill_(float("nan"))
@@ -195,6 +250,8 @@ def test_decode_bandwidth_vs_copy():
     from gmtool.kernels.bench import decode_bandwidth
 
     r = decode_bandwidth()
-    print(f"\ndecode {r.kernel_ms:.3f} ms, splits {r.num_splits}, {r.kernel_bytes_per_s / 1e12:.2f} TB/s vs copy "
-          f"{r.copy_bytes_per_s / 1e12:.2f} TB/s: ratio {r.ratio:.2f}")
+    print(
+        f"\ndecode {r.kernel_ms:.3f} ms, splits {r.num_splits}, {r.kernel_bytes_per_s / 1e12:.2f} TB/s vs copy "
+        f"{r.copy_bytes_per_s / 1e12:.2f} TB/s: ratio {r.ratio:.2f}"
+    )
     assert r.ratio >= 0.70, r

@@ -2,6 +2,7 @@
 shapes of the real models, on fresh random inputs given as strided views; and one CUDA graph holding all
 three kernels, replayed after its inputs are rewritten in place.
 """
+
 import pytest
 import torch
 
@@ -68,7 +69,7 @@ def test_add_rms_norm(tokens, hidden, dtype):
 
 def _qk_inputs(tokens, dtype, seed):
     qkv = _view(tokens, (HQ + 2 * HKV) * D, dtype, seed=seed, scale=2.0)
-    qkv[:, (HQ + HKV) * D:] = float("nan")  # v: never read
+    qkv[:, (HQ + HKV) * D :] = float("nan")  # v: never read
     weights = [_randn(D, dtype=dtype, seed=seed + i, scale=0.3, shift=1.0) for i in (1, 2)]
     return qkv, *_cos_sin(tokens, dtype, seed), *weights
 
@@ -103,9 +104,13 @@ def test_layer_kernels_graph_follows_inputs():
     tokens, hidden, dtype = 32, 1024, torch.bfloat16
 
     def inputs(seed):
-        return {"x": _view(tokens, hidden, dtype, seed=seed), "w": _randn(hidden, dtype=dtype, seed=seed + 1),
-                "r": _view(tokens, hidden, dtype, seed=seed + 4),
-                "qk": _qk_inputs(tokens, dtype, seed=seed + 2), "gu": _view(tokens, 2 * INTER, dtype, seed=seed + 3)}
+        return {
+            "x": _view(tokens, hidden, dtype, seed=seed),
+            "w": _randn(hidden, dtype=dtype, seed=seed + 1),
+            "r": _view(tokens, hidden, dtype, seed=seed + 4),
+            "qk": _qk_inputs(tokens, dtype, seed=seed + 2),
+            "gu": _view(tokens, 2 * INTER, dtype, seed=seed + 3),
+        }
 
     bufs, outs = inputs(0), {}
 

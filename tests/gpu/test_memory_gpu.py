@@ -1,5 +1,6 @@
 """Memory strategies on a GPU: every strategy's graphs match eager in any replay order, and the VMM strategy
 holds about max(shape) of physical memory where independent pools hold sum(shape)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -11,8 +12,16 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 # decode attention gathers each sequence's K/V in fp32: the graphs' memory grows with the bucket, far past
 # a 2 MiB chunk (roughly 40, 80, 160, 320 MiB for qwen3-0.6b at 256 tokens of context)
-CFG = dict(model="qwen3-0.6b", device="cuda", scenario="decode", buckets="16,32,64,128", max_kv_len=256,
-           kv_cache_gb=4, num_iters=2, num_iters_warmup=1)
+CFG = dict(
+    model="qwen3-0.6b",
+    device="cuda",
+    scenario="decode",
+    buckets="16,32,64,128",
+    max_kv_len=256,
+    kv_cache_gb=4,
+    num_iters=2,
+    num_iters_warmup=1,
+)
 
 
 def _cfg(mode="full", **kw):

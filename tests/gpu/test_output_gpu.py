@@ -1,5 +1,6 @@
 """memreport's --format on a GPU (it refuses the CPU): json prints memreport.json alone on stdout, quiet the
 verdict line alone, human the table, a progress line per bucket, and the verdict last."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,21 @@ from tests.test_compare import run_cli
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-MEM = ["memreport", "--model", "tiny-qwen3", "--device", "cuda", "--buckets", "1,2", "--strategies",
-       "independent,shared", "--num-iters", "2", "--num-iters-warmup", "1"]
+MEM = [
+    "memreport",
+    "--model",
+    "tiny-qwen3",
+    "--device",
+    "cuda",
+    "--buckets",
+    "1,2",
+    "--strategies",
+    "independent,shared",
+    "--num-iters",
+    "2",
+    "--num-iters-warmup",
+    "1",
+]
 
 
 def test_memreport_formats(tmp_path):

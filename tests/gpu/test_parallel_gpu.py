@@ -1,6 +1,7 @@
 """--tp 2 on two GPUs: NCCL all-reduces captured inside full and piecewise graphs, replays judged against TP=2
 eager (same shape, bf16 rounding at most) and TP=1 eager (the bf16 tolerance), graph memory per rank, a failed
 rank stopped. The TP=1 vs TP=2 table for the 8B models is tools/tp_table.py (minutes, not a test)."""
+
 import json
 
 import pytest
@@ -18,8 +19,16 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2,
 
 
 def _config(tp: int, model: str = "qwen3-0.6b") -> SweepConfig:
-    return SweepConfig(model=model, device="cuda", dtype="bf16", buckets="1,4", modes=("eager", "full"),
-                       compositions=",".join(MIXES), max_kv_len=256, tp=tp)
+    return SweepConfig(
+        model=model,
+        device="cuda",
+        dtype="bf16",
+        buckets="1,4",
+        modes=("eager", "full"),
+        compositions=",".join(MIXES),
+        max_kv_len=256,
+        tp=tp,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +60,21 @@ def test_tp2_matches_tp1_eager_within_bf16_tolerance(tp2):
 
 def test_tp2_compare_rows_and_graph_memory_per_rank(tmp_path):
     out = tmp_path / "run"
-    code, stdout, stderr, took = gm("compare", "eager,full,piecewise", "--model", "qwen3-0.6b", "--tp", 2,
-                                    "--buckets", "1,8,32", "--num-iters", 10, "--out", out, timeout=400)
+    code, stdout, stderr, took = gm(
+        "compare",
+        "eager,full,piecewise",
+        "--model",
+        "qwen3-0.6b",
+        "--tp",
+        2,
+        "--buckets",
+        "1,8,32",
+        "--num-iters",
+        10,
+        "--out",
+        out,
+        timeout=400,
+    )
     assert code == 0, stderr
     doc = json.loads((out / "results.json").read_text())
     assert doc["config"]["tp"] == 2 and doc["machine"]["backend"] == "cuda"
@@ -64,11 +86,14 @@ def test_tp2_compare_rows_and_graph_memory_per_rank(tmp_path):
         assert r["max_rel_err_same_shape"] <= r["tolerance_same_shape"] and r["max_rel_err"] <= r["tolerance"]
     captured = [r for r in doc["records"] if r["capture_s"] is not None]
     assert {(r["rank"], r["mode"], r["bucket"]) for r in captured} == {
-        (k, m, b) for k in (0, 1) for m in ("full", "piecewise") for b in (1, 8, 32)}
+        (k, m, b) for k in (0, 1) for m in ("full", "piecewise") for b in (1, 8, 32)
+    }
     for r in captured:
         assert r["graph_mem_bytes"] is not None and r["latency_ms"]["median"] > 0, r
-        print(f"rank {r['rank']} {r['mode']} bucket {r['bucket']}: graph {r['graph_mem_bytes'] / 2**20:.1f} MiB, "
-              f"replay {r['latency_ms']['median']:.3f} ms, capture {r['capture_s']:.2f} s")
+        print(
+            f"rank {r['rank']} {r['mode']} bucket {r['bucket']}: graph {r['graph_mem_bytes'] / 2**20:.1f} MiB, "
+            f"replay {r['latency_ms']['median']:.3f} ms, capture {r['capture_s']:.2f} s"
+        )
     print(stdout)
 
 
@@ -79,8 +104,21 @@ def test_all_reduce_alone_in_a_graph():
 
 
 def test_a_failed_rank_stops_the_nccl_group(tmp_path):
-    code, _, stderr, took = gm("capture", "--model", "tiny-qwen3", "--tp", 2, "--buckets", 1, "--tp-timeout", 20,
-                               "--out", tmp_path / "x", env={launch.FAIL_ENV: "1"}, timeout=300)
+    code, _, stderr, took = gm(
+        "capture",
+        "--model",
+        "tiny-qwen3",
+        "--tp",
+        2,
+        "--buckets",
+        1,
+        "--tp-timeout",
+        20,
+        "--out",
+        tmp_path / "x",
+        env={launch.FAIL_ENV: "1"},
+        timeout=300,
+    )
     lines = stderr.strip().splitlines()
     assert code == 1 and len(lines) == 1 and lines[0].startswith("error: rank 1 of 2 failed"), stderr
     assert took < 150, took
@@ -89,9 +127,22 @@ def test_a_failed_rank_stops_the_nccl_group(tmp_path):
 def test_memreport_under_tp2(tmp_path):
     """Each rank captures under each strategy with its own pools; rank 0's figures are written."""
     out = tmp_path / "mem"
-    code, stdout, stderr, _ = gm("memreport", "--model", "qwen3-0.6b", "--tp", 2, "--strategies",
-                                 "independent,shared,vmm", "--buckets", "8,32", "--num-iters", 3, "--out", out,
-                                 timeout=400)
+    code, stdout, stderr, _ = gm(
+        "memreport",
+        "--model",
+        "qwen3-0.6b",
+        "--tp",
+        2,
+        "--strategies",
+        "independent,shared,vmm",
+        "--buckets",
+        "8,32",
+        "--num-iters",
+        3,
+        "--out",
+        out,
+        timeout=400,
+    )
     assert code == 0, stderr
     doc = json.loads((out / "memreport.json").read_text())
     print(stdout)

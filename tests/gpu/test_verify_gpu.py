@@ -1,6 +1,7 @@
 """gmtool verify on a GPU: a soak of qwen3-0.6b under the default pool and VMM finds nothing, with freed
 graph-pool memory poisoned; an injected bug is found within 50 steps; the model has no capture hazard and its
 decode graphs bake in no composition-dependent value."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,9 +13,22 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def _cfg(**kw):
     from gmtool.verify.run import VerifyConfig
 
-    return VerifyConfig(**{**dict(model="qwen3-0.6b", device="cuda", modes="full,piecewise", steps=300,
-                                  check_every=10, strategy="default,vmm", max_num_seqs=16, max_kv_len=256,
-                                  buckets="1,2,4,8,16,32,64,128"), **kw})
+    return VerifyConfig(
+        **{
+            **dict(
+                model="qwen3-0.6b",
+                device="cuda",
+                modes="full,piecewise",
+                steps=300,
+                check_every=10,
+                strategy="default,vmm",
+                max_num_seqs=16,
+                max_kv_len=256,
+                buckets="1,2,4,8,16,32,64,128",
+            ),
+            **kw,
+        }
+    )
 
 
 def test_soak_is_clean_under_the_default_pool_and_vmm():

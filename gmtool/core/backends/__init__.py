@@ -1,4 +1,5 @@
 """Graph backends: CUDA graphs, and a CPU emulation that honours the same capture/replay contract."""
+
 from gmtool.core.backends.base import Graph, GraphBackend
 from gmtool.core.backends.cpu import CpuTapeBackend
 

@@ -5,6 +5,7 @@
 - `Graph.replay()` re-runs exactly that work over the same tensors (persistent inputs, the graph's own
   intermediates, persistent outputs). An input not copied into its persistent buffer is not seen.
 """
+
 from __future__ import annotations
 
 from typing import Protocol

@@ -10,6 +10,7 @@ every replay writes its new value there, as a CUDA graph writes the same address
 What it does not emulate: timing, memory pools and kernel launch shapes; CUDA-specific capture errors are
 approximated by refusing host syncs (.item(), nonzero) during capture.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -77,8 +78,14 @@ class _Tape(TorchDispatchMode):
 
 
 class TapeGraph:
-    def __init__(self, ops, num_slots: int = 0, escaped: list | None = None, storage_of: list | None = None,
-                 reads: set | None = None):
+    def __init__(
+        self,
+        ops,
+        num_slots: int = 0,
+        escaped: list | None = None,
+        storage_of: list | None = None,
+        reads: set | None = None,
+    ):
         """ops: _Tape.ops; escaped: (slot, recorded tensor) pairs written back after every replay, held weakly:
         once nothing outside the tape holds one (a piece's q once the capture is over), it is no longer
         written and its memory is free, as a CUDA pool reuses a freed block. storage_of, reads: _Tape's, for

@@ -3,6 +3,7 @@
 The stream is warmed up by an eager pass before the first capture: otherwise cuBLAS creates its workspace
 inside the first graph's pool, where memory shared with later graphs can overwrite it (GPU-NOTES pitfall 1).
 """
+
 from __future__ import annotations
 
 import gc
