@@ -167,6 +167,23 @@ def test_tp2_compare_under_torchrun_writes_every_ranks_rows(tp2_compare):
     assert (out / "records.jsonl").is_file() and (out / "report.md").is_file()
 
 
+def test_a_tp1_run_is_the_baseline_of_a_tp2_run(tp2_compare, tmp_path):
+    """TP=1 against TP=2 in one report: both runs describe the whole model (a rank holds half its parameters),
+    so the TP=1 results join the TP=2 rows of every rank as their baseline."""
+    code, stdout, stderr, out = tp2_compare
+    assert code == 0, stderr
+    one = tmp_path / "tp1"
+    code, _, stderr = run_cli(
+        "compare", "eager,full,piecewise", *TINY, "--buckets", 4, "--compositions", ",".join(CLI_MIXES), "--out", one
+    )
+    assert code == 0, stderr
+    tp1, tp2 = (json.loads((d / "results.json").read_text()) for d in (one, out))
+    assert tp2["model"]["params"] == tp1["model"]["params"]
+    code, stdout, stderr = run_cli("report", out, "--baseline", one / "results.json")
+    assert code == 0, stderr
+    assert "baseline" in (out / "report.md").read_text().lower()
+
+
 def test_a_failed_rank_is_named_and_the_others_stop(tmp_path):
     code, _, stderr, took = gm(
         "capture",

@@ -79,6 +79,7 @@ class Workbench:
                     "tensor-parallel split does not shard: run it with --tp 1"
                 )
 
+            lm.whole_params = lm.num_params
             lm.notes.append(shard_model(lm.model, rank, cfg.tp))
             lm.tp = cfg.tp
         if cfg.fuse:

@@ -56,6 +56,7 @@ class LoadedModel:
     notes: list[str] = field(default_factory=list)  # what the run's notes say about how the model was loaded
     layout: probe.KVLayout | None = None  # read from the model's attention calls (gmtool.model.probe)
     tp: int = 1  # tensor-parallel ranks the projections are split over (gmtool.parallel.shard)
+    whole_params: int | None = None  # the unsharded model's count, taken before a --tp split
 
     @property
     def num_layers(self) -> int:
@@ -89,7 +90,8 @@ class LoadedModel:
 
     @property
     def num_params(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        """The whole model's parameters, whatever this rank holds: runs at any --tp describe the same model."""
+        return self.whole_params or sum(p.numel() for p in self.model.parameters())
 
     def forward_logits(self, input_ids, positions, logits_indices) -> torch.Tensor:
         """Packed tokens [1, T], explicit positions, no HF cache: gmtool's attention owns the KV cache."""
