@@ -128,7 +128,7 @@ def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[StrategyRow
         oom = isinstance(e, (OutOfMemory, torch.OutOfMemoryError))
         first = (str(e).splitlines() or [type(e).__name__])[0]
         raw.update(
-            status="oom" if oom else "error",
+            status=Status.OOM if oom else Status.ERROR,
             reason=first if isinstance(e, GmtoolError) else f"{type(e).__name__}: {first}",
         )
     raw.update(
@@ -191,9 +191,9 @@ def derive(raw: dict) -> StrategyRow:
     row["eager_ms_median"] = statistics.median(eager) if eager else None
     errs = [r["max_rel_err"] for r in graph if r.get("max_rel_err") is not None]
     row["max_rel_err"] = max(errs) if errs else None
-    row["replays"], row["replays_ok"] = len(graph), sum(r["status"] == "ok" for r in graph)
+    row["replays"], row["replays_ok"] = len(graph), sum(r["status"] == Status.OK for r in graph)
     sh = [s for s in row["shuffled"] if s["status"] != "skipped"]
-    row["shuffled_replays"], row["shuffled_ok"] = len(sh), sum(s["status"] == "ok" for s in sh)
+    row["shuffled_replays"], row["shuffled_ok"] = len(sh), sum(s["status"] == Status.OK for s in sh)
     sherr = [s["max_rel_err"] for s in sh if s.get("max_rel_err") is not None]
     row["shuffled_max_rel_err"] = max(sherr) if sherr else None
     led = strategy_ledger(row["strategy"], row["records"], pk, raw.get("kv_bytes_per_token"))
@@ -211,14 +211,14 @@ def derive(raw: dict) -> StrategyRow:
     return StrategyRow(**row)
 
 
-def _status(graph: list[dict], shuffled: list[dict], errors: list[str]) -> tuple[str, str | None]:
-    for status in ("oom", "UNSAFE", "error"):
+def _status(graph: list[dict], shuffled: list[dict], errors: list[str]) -> tuple[Status, str | None]:
+    for status in (Status.OOM, Status.UNSAFE, Status.ERROR):
         bad = [r for r in graph + shuffled if r["status"] == status]
         if bad:
-            return status, bad[0].get("error") or status
+            return status, bad[0].get("error") or str(status)
     if errors:
-        return "error", errors[0]
-    return "ok", None
+        return Status.ERROR, errors[0]
+    return Status.OK, None
 
 
 # -- the document and its files ----------------------------------------------------------------------
