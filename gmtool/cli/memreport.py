@@ -19,6 +19,7 @@ from gmtool.memory.ledger import sample_buckets
 from gmtool.memory.report import memreport_table, memreport_verdict
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
 from gmtool.modes import MEMORY_MODES
+from gmtool.records import Status
 from gmtool.report.ledger import memreport_ledger_table, prediction_table
 from gmtool.report.results import default_out_dir
 
@@ -115,7 +116,7 @@ def memreport(
     out_ = Output(fmt)
 
     def said(row):
-        if row.status != "ok":
+        if row.status != Status.OK:
             out_.problems.print(f"[bold yellow]{row.strategy}:[/] {row.status}: {row.reason}", highlight=False)
 
     with launch.out_dir_for(out or default_out_dir("memreport"), force) as out_dir:

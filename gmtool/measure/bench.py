@@ -32,6 +32,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from gmtool.records import Status
+
 STAGES = (
     "kernel",
     "window",
@@ -380,7 +382,7 @@ def summary(out: Path, console: Console) -> list[tuple]:
     dec, peer = load("decode"), load("peer")
     if peer:
         for r in peer["rows"]:
-            if r["status"] != "ok":
+            if r["status"] != Status.OK:
                 rows.append((f"hf-compiled B={r['bucket']} kv={r['kv_len']}", r["status"], "", r.get("error")))
                 continue
             rows.append(
@@ -399,7 +401,7 @@ def summary(out: Path, console: Console) -> list[tuple]:
                     for x in stage["rows"]
                     if x["bucket"] == r["bucket"]
                     and x["composition"].endswith(f"@{r['kv_len'] - 1}")
-                    and x["status"] == "ok"
+                    and x["status"] == Status.OK
                 ]
                 if mine:
                     ratio = _med(r) / _med(mine[0])

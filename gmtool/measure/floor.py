@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gmtool.core.batch import Batch
 from gmtool.errors import GmtoolError
 from gmtool.modes import GraphMode
+from gmtool.records import Status
 
 NODES = 500  # tiny kernels in the graph that measures the cost of one node
 COPY_BYTES = {"cuda": 256 << 20, "cpu": 64 << 20}
@@ -210,7 +211,7 @@ def _rows_with_batches(bench, records):
         k = (rec.mode, rec.bucket, rec.composition)
         nth[k] = nth.get(k, 0) + 1
         comp = batches.get((rec.bucket, rec.composition, nth[k]))
-        if comp is None or rec.status != "ok":
+        if comp is None or rec.status != Status.OK:
             continue
         try:
             yield rec, bench.batch(comp)

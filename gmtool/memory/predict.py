@@ -16,6 +16,7 @@ import pandas as pd
 from gmtool.errors import GmtoolError
 from gmtool.memory.document import MemDocument, Prediction
 from gmtool.memory.ledger import check_prediction, predict, sample_buckets
+from gmtool.records import Status
 
 DEFAULT_SAMPLE = 4  # the first captured, and three for a line through the later ones' additions
 
@@ -28,7 +29,7 @@ def sampled_config(cfg, k: int | None):
 
 def predict_document(sampled: MemDocument, buckets: list[int]) -> list[Prediction]:
     """Per strategy measured on the sample: its predicted memory over `buckets`."""
-    ok = [r for r in sampled.strategies if r.status == "ok" and r.ledger and r.per_key]
+    ok = [r for r in sampled.strategies if r.status == Status.OK and r.ledger and r.per_key]
     rows = pd.DataFrame(
         [{"strategy": r.strategy, "bucket": x["bucket"], "pool_bytes": x["pool_bytes"]} for r in ok for x in r.ledger],
         columns=["strategy", "bucket", "pool_bytes"],
