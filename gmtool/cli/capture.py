@@ -14,13 +14,11 @@ from gmtool.cli.progress import progress_bars
 from gmtool.cli import options as o
 from gmtool.parallel import launch
 from gmtool.parallel.launch import DEFAULT_TIMEOUT_S, resolve_tp
-from gmtool.cli.run_sweep import build_config, finish
+from gmtool.cli.run_sweep import build_config, show_sweep
 from gmtool.errors import GmtoolError
 from gmtool.modes import CAPTURE_MODES, GraphMode
 from gmtool.report.results import default_out_dir
-from gmtool.report.summary import verdict
-from gmtool.report.tables import capture_table, noise_warning
-from gmtool.report.ledger import ledger_table
+from gmtool.report.tables import capture_table
 
 
 def capture(
@@ -92,13 +90,4 @@ def capture(
         out_.note(note)
     with launch.out_dir_for(out or default_out_dir("capture"), force) as out_dir:
         doc = launch.run(run_capture, cfg, out_dir, progress=progress_bars(out_.console), timeout=tp_timeout)
-    data = doc.to_dict()
-    out_.document(doc.to_json())
-    out_.show(capture_table(data))
-    if (memory := ledger_table(data)) is not None:
-        out_.show(memory)
-    noise = noise_warning(data)
-    if noise:
-        out_.show(f"[yellow]warning:[/] {noise}", highlight=False)
-    out_.show(f"results: {out_dir / 'results.json'}, {out_dir / 'results.csv'}", highlight=False)
-    finish(doc, out_.problems, lambda: out_.verdict(verdict(data), doc.exit_code() == 0))
+    show_sweep(out_, doc, capture_table, f"results: {out_dir / 'results.json'}, {out_dir / 'results.csv'}")

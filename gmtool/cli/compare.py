@@ -14,17 +14,15 @@ from gmtool.app import run_compare
 from gmtool.cli.output import Output
 from gmtool.cli.progress import progress_bars
 from gmtool.cli.report import BaselineOpt
-from gmtool.cli.run_sweep import build_config, finish
+from gmtool.cli.run_sweep import build_config, show_sweep
 from gmtool.modes import GraphMode
 from gmtool.errors import GmtoolError
 from gmtool.core.buckets import parse_buckets
 from gmtool.measure.hf_compiled import NEEDS_CUDA, PeerCompile
 from gmtool.profiles import load_sweep_profile
 from gmtool.report.baseline import check_same_model, load_baseline
-from gmtool.report.ledger import ledger_table
 from gmtool.report.results import default_out_dir
-from gmtool.report.summary import verdict
-from gmtool.report.tables import compare_table, noise_warning
+from gmtool.report.tables import compare_table
 
 VALID_MODES = tuple(GraphMode)
 
@@ -172,13 +170,4 @@ def compare(
             timeout=tp_timeout,
         )
 
-    data = doc.to_dict()
-    out_.document(doc.to_json())
-    out_.show(compare_table(data))
-    if (memory := ledger_table(data)) is not None:
-        out_.show(memory)
-    noise = noise_warning(data)
-    if noise:
-        out_.show(f"[yellow]warning:[/] {noise}", highlight=False)
-    out_.show("wrote " + ", ".join(str(f) for f in files), highlight=False)
-    finish(doc, out_.problems, lambda: out_.verdict(verdict(data), doc.exit_code() == 0))
+    show_sweep(out_, doc, compare_table, "wrote " + ", ".join(str(f) for f in files))

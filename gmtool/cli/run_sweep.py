@@ -8,6 +8,9 @@ from rich.console import Console
 from gmtool.config import SweepConfig
 from gmtool.profiles import load_sweep_profile
 from gmtool.records import Document
+from gmtool.report.ledger import ledger_table
+from gmtool.report.summary import verdict
+from gmtool.report.tables import noise_warning
 
 
 def build_config(profile: str | dict | None, **opts) -> SweepConfig:
@@ -39,3 +42,17 @@ def finish(doc: Document, console: Console, then=None) -> None:
     code = doc.exit_code()
     if code:
         raise typer.Exit(code)
+
+
+def show_sweep(out_, doc: Document, table, wrote: str) -> None:
+    """capture and compare: the document (json), the command's table, the ledger, the noise warning, the files
+    written, then problems, the verdict and the exit code. table: the command's table of doc.to_dict()."""
+    data = doc.to_dict()
+    out_.document(doc.to_json())
+    out_.show(table(data))
+    if (memory := ledger_table(data)) is not None:
+        out_.show(memory)
+    if noise := noise_warning(data):
+        out_.show(f"[yellow]warning:[/] {noise}", highlight=False)
+    out_.show(wrote, highlight=False)
+    finish(doc, out_.problems, lambda: out_.verdict(verdict(data), doc.exit_code() == 0))
