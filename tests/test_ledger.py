@@ -262,3 +262,52 @@ def test_memreport_sample_is_checked_before_anything_runs(tmp_path):
     code, _, err = run_cli("memreport", "--device", "cpu", "--check", "--out", tmp_path / "m")
     assert code == 2 and "memory strategies need CUDA" in one_error(err)  # no pools on the CPU tape
     assert not (tmp_path / "m").exists()
+
+
+class _FakeDevice:
+    """What torch.cuda reports around one capture: the allocator's reserved bytes grow by a whole virtual range
+    while the driver's free memory drops by the physical growth plus the graph objects."""
+
+    def __init__(self, monkeypatch, reserved_growth, free_drop, upload_drop):
+        import torch
+
+        self.reserved, self.free, self.phys = 100 * MiB, 1000 * MiB, 50 * MiB
+        self.growth, self.drop, self.upload_drop = reserved_growth, free_drop, upload_drop
+        for name, fn in {
+            "synchronize": lambda d=None: None,
+            "reset_peak_memory_stats": lambda d=None: None,
+            "memory_allocated": lambda d=None: 0,
+            "max_memory_allocated": lambda d=None: 7 * MiB,
+            "memory_reserved": lambda d=None: self.reserved,
+            "mem_get_info": lambda d=None: (self.free, 2000 * MiB),
+        }.items():
+            monkeypatch.setattr(torch.cuda, name, fn)
+
+    def capture(self, phys_growth):
+        self.reserved += self.growth
+        self.free -= self.drop
+        self.phys += phys_growth
+
+    def upload(self):
+        self.free -= self.upload_drop
+
+
+@pytest.mark.parametrize("physical", [False, True])
+def test_outside_pool_is_the_free_drop_beyond_the_pool_growth(monkeypatch, physical):
+    """VMM: a shape's range maps onto chunks other shapes already hold. Its reserved bytes grow by the range
+    (22 MiB here) while the device gives only 2 MiB of new chunks: the pool growth is the physical one, and
+    what lies outside the pool stays what the driver took beyond it (1 MiB instantiation + 1 MiB upload)."""
+    import torch
+
+    from gmtool.core.executor import CapturedGraph, _memory_of
+
+    dev = _FakeDevice(monkeypatch, reserved_growth=22 * MiB, free_drop=3 * MiB, upload_drop=MiB)
+    entry = CapturedGraph(None, None, "decode", [], None)
+    held = (lambda: dev.phys) if physical else None
+    with _memory_of(entry, torch.device("cuda"), upload=dev.upload, held=held):
+        dev.capture(phys_growth=2 * MiB)
+    assert entry.graph_mem_bytes == 7 * MiB
+    if physical:
+        assert (entry.pool_growth_bytes, entry.outside_pool_bytes) == (2 * MiB, 2 * MiB)
+    else:  # the allocator's view: a pool that grew by more than the device gave shows as negative memory
+        assert (entry.pool_growth_bytes, entry.outside_pool_bytes) == (22 * MiB, -18 * MiB)

@@ -154,6 +154,10 @@ class MemoryStrategy:
     def failure_detail(self) -> str | None:
         return None
 
+    def physical_bytes(self) -> int | None:
+        """The device memory the pools hold, where the allocator's reserved bytes do not say it (None)."""
+        return None
+
     def _pool(self, key):
         raise NotImplementedError
 
@@ -261,6 +265,9 @@ class Vmm(MemoryStrategy):
 
     def failure_detail(self) -> str | None:
         return self.vmm.lib.error() or None
+
+    def physical_bytes(self) -> int | None:
+        return self.vmm.lib.stats().physical_bytes
 
     def release(self) -> None:
         if self.released:

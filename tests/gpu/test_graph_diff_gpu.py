@@ -34,6 +34,9 @@ def _show(res) -> None:
     )
     for row in g.dependent():
         print("  depends on the composition:", row)
+    for c in g.changes[:6]:  # the words themselves: an address the pointer test missed shows as one
+        hexed = [hex(x) if isinstance(x, int) else x for x in (c.a, c.b)]
+        print(f"  change at node {c.index}/{c.index_b}: {c} ({hexed[0]} vs {hexed[1]})")
 
 
 def _attributed(bench, mode, batch):
