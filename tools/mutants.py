@@ -212,6 +212,22 @@ MUTANTS: list[Mutant] = [
         "the baked plan is read after the upload replay re-prepared the context: narrow graphs go unflagged on CUDA",
     ),
     M(
+        "lm-head-capture-seqs",
+        "gmtool/model/attention.py",
+        "        self.step_seqs = len(plan)\n",
+        "",
+        "tests/test_lean_piecewise.py::test_the_lm_head_runs_after_the_pieces_over_the_steps_sequences",
+        "a piecewise LM head computes the capture's sequence count: a step with more sequences gets stale rows",
+    ),
+    M(
+        "release-keeps-held-entries",
+        "gmtool/core/executor.py",
+        "            entry.steps.clear()\n",
+        "            pass\n",
+        EXEC + "test_release_leaves_no_graph_alive_through_an_entry_a_caller_holds",
+        "an entry a caller holds keeps its graphs and their pool alive past release (VMM cannot unmap)",
+    ),
+    M(
         "key-ignores-decode",
         "gmtool/core/executor.py",
         "batch.num_tokens, batch.num_seqs, batch.is_decode, batch.composition.bucket",

@@ -242,7 +242,7 @@ def stage_capture(args) -> dict:
     return {"buckets": len(DEFAULT_DECODE_BUCKETS), "total_s": time.perf_counter() - t0, "capture_only_s": sum(caps)}
 
 
-def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda") -> dict:
+def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda", bench=None) -> dict:
     """One prefill step of `tokens` tokens (three sequences) captured full (wide key) and piecewise, one after
     the other on the same workbench: the capture's peak allocation and pool growth (on the CPU tape, the pool
     its live-tensor accounting needs), the host time of a step issued while the device runs the previous one,
@@ -254,16 +254,17 @@ def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda")
     from gmtool.measure.workbench import Workbench
     from gmtool.modes import GraphMode
 
-    cfg = SweepConfig(
-        model=model,
-        device=device,
-        scenario="prefill",
-        buckets=str(tokens),
-        modes=("eager", "full", "piecewise"),
-        kv_cache_gb=4,
-        num_iters=iters,
-    )
-    bench = Workbench.build(cfg)
+    if bench is None:  # one given: a workbench whose buckets include `tokens` (tools/lean_table.py reuses one)
+        cfg = SweepConfig(
+            model=model,
+            device=device,
+            scenario="prefill",
+            buckets=str(tokens),
+            modes=("eager", "full", "piecewise"),
+            kv_cache_gb=4,
+            num_iters=iters,
+        )
+        bench = Workbench.build(cfg)
     batch = bench.batch(parse_composition(f"{tokens // 2}+{tokens // 4}*2", seed=0))
     out = {}
     for mode in (GraphMode.FULL, GraphMode.PIECEWISE):

@@ -262,12 +262,14 @@ class ForwardContext:
     def __post_init__(self) -> None:
         self._run = getattr(self.backend, self.impl)  # looked up once, not per layer
         self.signature = self.backend.plan_signature(self.plan)
+        self.step_seqs = len(self.plan)  # the step's real sequences (a piecewise LM head computes their rows)
 
     def prepare(self, plan: tuple) -> None:
         """A step's host metadata, once for every attention runner of the step: the plan and the part of it
         the backend turns into launch shapes. What a replay consumed before is forgotten."""
         self.plan = plan
         self.signature = self.backend.plan_signature(plan)
+        self.step_seqs = len(plan)
         self.planned_with.clear()
         self.prepares += 1
 

@@ -119,8 +119,12 @@ class FxPiecewise:
         backend = self._backend if split else "inductor"
         self.compiled = torch.compile(self._forward, backend=backend, fullgraph=True, dynamic=False)
 
-    def _forward(self, input_ids, positions, logits_indices, logits):
-        logits.copy_(self.lm.forward_logits(input_ids, positions, logits_indices))
+    def _forward(self, input_ids, positions, logits_indices, out):
+        """Split: out is the hidden rows the LM head reads after the pieces; whole: the logits."""
+        if self.split:
+            out.copy_(self.lm.forward_hidden(input_ids, positions, logits_indices))
+        else:
+            out.copy_(self.lm.forward_logits(input_ids, positions, logits_indices))
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs):
         split, attn_names = split_at_attention(gm)
@@ -130,9 +134,9 @@ class FxPiecewise:
         self.splits.append((len(list(split.named_children())) - len(attn_names), len(attn_names)))
         return split
 
-    def forward(self, views) -> None:
+    def forward(self, views, out) -> None:
         with attention.opaque_attention():
-            self.compiled(views.input_ids, views.positions, views.logits_indices, views.logits)
+            self.compiled(views.input_ids, views.positions, views.logits_indices, out)
 
     def record(self, steps: list, fn, backend) -> None:
         self.recording, self.backend = steps, backend
