@@ -32,7 +32,7 @@ def test_metadata_is_prepared_once_per_step_for_all_runners(rigs):
     calls = []
     real = entry.ctx.backend.plan_signature
     entry.ctx.backend = type("Counting", (), {})()  # same methods, counted plan signatures
-    for name in ("write_kv", "decode", "masked", "planned"):
+    for name in ("write_kv", "decode", "masked", "planned", "step_grid", "bind"):
         setattr(entry.ctx.backend, name, getattr(rig.ex.attention, name))
     entry.ctx.backend.plan_signature = lambda plan: calls.append(plan) or real(plan)
     before = entry.ctx.prepares

@@ -18,6 +18,8 @@ import torch
 
 from gmtool.errors import GmtoolError
 
+VARLEN_BLOCK_M = 64  # query rows per program of the varlen kernel (gmtool.kernels.prefill_attention.BLOCK_M)
+
 BACKENDS = ("torch", "triton")
 
 
@@ -64,10 +66,40 @@ class TritonAttention:
 
         self.write_kv = write_kv
         self._decode, self._varlen, self._varlen_wide = decode_attention, varlen_attention, varlen_attention_wide
+        self._scratch: dict = {}  # bound decode runners' split partials, one pair per shape
 
     def plan_signature(self, plan: tuple) -> tuple:
         """Grid (num_seqs, max_q_len); the lengths themselves are read from the device."""
         return (len(plan), max((q for q, _ in plan), default=0))
+
+    def step_grid(self, signature: tuple) -> tuple:
+        """The planned launch's batch-dependent grid (num_seqs, query tiles), once per step for every runner."""
+        return (signature[0], max(1, -(-signature[1] // VARLEN_BLOCK_M)))
+
+    def bind(self, ctx, q, kc, vc, scale, out, opts=None):
+        """A piecewise runner's attention as one call with no arguments, its kernels bound to the runner's tensors
+        (gmtool.kernels.launcher): per step it reads only what ctx.prepare computed (step_grid)."""
+        from gmtool.kernels.decode_attention import BoundDecode
+        from gmtool.kernels.prefill_attention import bind_varlen
+
+        v, kw = ctx.views, _kw(opts)
+        if ctx.impl == "decode":
+            return BoundDecode(q, kc, vc, v.block_tables, v.kv_lens, scale, out, self._scratch_for(q.device), **kw)
+        heads = q.shape[1]
+        if ctx.impl == "masked":  # the wide grid depends on the bucket only
+            launch = bind_varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, ctx.num_seqs, scale, out, **kw)
+            return functools.partial(launch, (q.shape[0] // VARLEN_BLOCK_M + ctx.num_seqs, 1, heads))
+        launch = bind_varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, None, scale, out, **kw)
+        return functools.partial(_planned_step, ctx, launch, heads, out)
+
+    def _scratch_for(self, device):
+        def scratch(role: str, numel: int) -> torch.Tensor:
+            key = (device, role, numel)
+            if key not in self._scratch:
+                self._scratch[key] = torch.empty(numel, dtype=torch.float32, device=device)
+            return self._scratch[key]
+
+        return scratch
 
     def decode(self, ctx, q, kc, vc, scale, out, opts=None):
         return self._decode(q, kc, vc, ctx.views.block_tables, ctx.views.kv_lens, scale, out=out, **_kw(opts))
@@ -83,6 +115,16 @@ class TritonAttention:
         ctx.planned_with.append(sig)
         v = ctx.views
         return self._varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, sig[0], sig[1], scale, out=out, **_kw(opts))
+
+
+def _planned_step(ctx, launch, heads: int, out) -> None:
+    """A bound planned runner's step: the grid and num_seqs the step prepared, one direct launch."""
+    ctx.planned_with.append(ctx.signature)
+    n, tiles = ctx.step_grid
+    if n:
+        launch((n, tiles, heads), n)
+    else:
+        out.zero_()
 
 
 def _kw(opts) -> dict:

@@ -223,6 +223,15 @@ class TorchAttention:
         """The part of a host plan the planned implementation turns into launch shapes: it slices per sequence."""
         return plan
 
+    def step_grid(self, signature: tuple) -> None:
+        """No launch grid: the reference slices on the host, from ctx.plan."""
+        return None
+
+    def bind(self, ctx, q, kc, vc, scale, out, opts: LayerOpts = PLAIN):
+        """A piecewise runner's attention as one call with no arguments: it reads the step's plan from ctx."""
+        run = getattr(self, ctx.impl)
+        return lambda: run(ctx, q, kc, vc, scale, out, opts)
+
     def decode(self, ctx, q, kc, vc, scale, out, opts: LayerOpts = PLAIN):
         return _into(decode_attention(q, kc, vc, ctx.views.block_tables, ctx.views.kv_lens, scale, opts), out)
 
@@ -262,12 +271,14 @@ class ForwardContext:
     def __post_init__(self) -> None:
         self._run = getattr(self.backend, self.impl)  # looked up once, not per layer
         self.signature = self.backend.plan_signature(self.plan)
+        self.step_grid = self.backend.step_grid(self.signature)
 
     def prepare(self, plan: tuple) -> None:
-        """A step's host metadata, once for every attention runner of the step: the plan and the part of it
-        the backend turns into launch shapes. What a replay consumed before is forgotten."""
+        """A step's host metadata, once for every attention runner of the step: the plan, the part of it the
+        backend turns into launch shapes and the grid it launches with. What a replay consumed is forgotten."""
         self.plan = plan
         self.signature = self.backend.plan_signature(plan)
+        self.step_grid = self.backend.step_grid(self.signature)
         self.planned_with.clear()
         self.prepares += 1
 
@@ -282,6 +293,11 @@ class ForwardContext:
     ) -> torch.Tensor:
         """Attention of q over the cache, the step's new K/V already written."""
         return self._run(self, q, self.cache.k[layer], self.cache.v[layer], scale, out, opts)
+
+    def bind(self, layer: int, q, scale, out: torch.Tensor, opts: LayerOpts = PLAIN):
+        """A piecewise runner's attend_cached as one call with no arguments, bound once to its tensors (q, out,
+        this layer's cache, the step's metadata buffers): per step it reads only what prepare() computed."""
+        return self.backend.bind(self, q, self.cache.k[layer], self.cache.v[layer], scale, out, opts)
 
     def attend(
         self, layer: int, q, k, v, scale, out: torch.Tensor | None = None, opts: LayerOpts = PLAIN
