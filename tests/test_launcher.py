@@ -219,7 +219,7 @@ def test_masked_and_decode_runners_launch_bucket_grids_directly(fake_kernels):
     k = fake_kernels["_varlen_kernel"]
     (compiled,) = k.variants.values()
     assert [c[0] for c in k.calls] == [(64 // 64 + 2, 1, 4)] and len(compiled.launches) == 2
-    assert runner.launch.func.path == DIRECT
+    assert runner.launch.paths == (DIRECT,)
 
     ctx, q, out = _triton_ctx("decode", ((1, 300), (1, 8)), tokens=2)
     runner = AttentionRunner(0, q, out, 0.5, ctx)

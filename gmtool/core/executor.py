@@ -47,6 +47,11 @@ class AttentionRunner:
     def replay(self) -> None:
         self.launch()
 
+    @property
+    def launch_paths(self) -> tuple[str, ...]:
+        """How its Triton kernels launch (gmtool.kernels.launcher: direct, pending, triton: why); () for torch."""
+        return getattr(self.launch, "paths", ())
+
 
 @dataclass
 class CapturedGraph:

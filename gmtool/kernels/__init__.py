@@ -88,9 +88,9 @@ class TritonAttention:
         heads = q.shape[1]
         if ctx.impl == "masked":  # the wide grid depends on the bucket only
             launch = bind_varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, ctx.num_seqs, scale, out, **kw)
-            return functools.partial(launch, (q.shape[0] // VARLEN_BLOCK_M + ctx.num_seqs, 1, heads))
+            return _WideStep(launch, (q.shape[0] // VARLEN_BLOCK_M + ctx.num_seqs, 1, heads))
         launch = bind_varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, None, scale, out, **kw)
-        return functools.partial(_planned_step, ctx, launch, heads, out)
+        return _PlannedStep(ctx, launch, heads, out)
 
     def _scratch_for(self, device):
         def scratch(role: str, numel: int) -> torch.Tensor:
@@ -117,14 +117,42 @@ class TritonAttention:
         return self._varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, sig[0], sig[1], scale, out=out, **_kw(opts))
 
 
-def _planned_step(ctx, launch, heads: int, out) -> None:
-    """A bound planned runner's step: the grid and num_seqs the step prepared, one direct launch."""
-    ctx.planned_with.append(ctx.signature)
-    n, tiles = ctx.step_grid
-    if n:
-        launch((n, tiles, heads), n)
-    else:
-        out.zero_()
+class _WideStep:
+    """A bound masked runner: its grid is the bucket's."""
+
+    __slots__ = ("launch", "grid")
+
+    def __init__(self, launch, grid: tuple):
+        self.launch, self.grid = launch, grid
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.launch.path,)
+
+    def __call__(self) -> None:
+        self.launch(self.grid)
+
+
+class _PlannedStep:
+    """A bound planned runner: the grid and num_seqs its step prepared (ctx.step_grid), read at each call."""
+
+    __slots__ = ("ctx", "launch", "heads", "out")
+
+    def __init__(self, ctx, launch, heads: int, out):
+        self.ctx, self.launch, self.heads, self.out = ctx, launch, heads, out
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.launch.path,)
+
+    def __call__(self) -> None:
+        ctx = self.ctx
+        ctx.planned_with.append(ctx.signature)
+        n, tiles = ctx.step_grid
+        if n:
+            self.launch((n, tiles, self.heads), n)
+        else:
+            self.out.zero_()
 
 
 def _kw(opts) -> dict:
