@@ -70,6 +70,15 @@ for wide, buckets, comps in cases:
         n = int(b.cu_q[-1]) if not b.is_decode else b.num_seqs
         worst = max(worst, rel(out[:n].flatten(1), want[:n].flatten(1)))
         paths |= set(bound.paths)
+from gmtool.kernels.kv_write import write_kv  # FX runners' own K/V write, bound the same way
+kc, vc = torch.zeros(6, 4, 2, 16), torch.zeros(6, 4, 2, 8)
+k, v, slots = torch.randn(5, 2, 16), torch.randn(5, 2, 8), torch.tensor([9, 3, -1, 22, 4])
+write = tri.bind_write_kv(kc, vc, k, v, slots)
+write()
+want_k, want_v = torch.zeros_like(kc), torch.zeros_like(vc)
+write_kv(want_k, want_v, k, v, slots)
+worst = max(worst, float((kc - want_k).abs().max()), float((vc - want_v).abs().max()), float(kc.abs().sum() == 0))
+paths |= set(write.paths)
 print("WORST", worst, "PATHS", paths)
 sys.exit(0 if worst < 1e-5 and len(paths) == 1 and "interpreter" in paths.pop() else 1)
 """

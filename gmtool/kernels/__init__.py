@@ -92,6 +92,12 @@ class TritonAttention:
         launch = bind_varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, None, scale, out, **kw)
         return _PlannedStep(ctx, launch, heads, out)
 
+    def bind_write_kv(self, kc, vc, k, v, slots):
+        """A runner's K/V write as one call with no arguments (FX runners write K/V themselves)."""
+        from gmtool.kernels.kv_write import BoundWrite
+
+        return BoundWrite(kc, vc, k, v, slots)
+
     def _scratch_for(self, device):
         def scratch(role: str, numel: int) -> torch.Tensor:
             key = (device, role, numel)

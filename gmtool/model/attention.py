@@ -232,6 +232,9 @@ class TorchAttention:
         run = getattr(self, ctx.impl)
         return lambda: run(ctx, q, kc, vc, scale, out, opts)
 
+    def bind_write_kv(self, kc, vc, k, v, slots):
+        return lambda: write_kv(kc, vc, k, v, slots)
+
     def decode(self, ctx, q, kc, vc, scale, out, opts: LayerOpts = PLAIN):
         return _into(decode_attention(q, kc, vc, ctx.views.block_tables, ctx.views.kv_lens, scale, opts), out)
 
@@ -299,11 +302,33 @@ class ForwardContext:
         this layer's cache, the step's metadata buffers): per step it reads only what prepare() computed."""
         return self.backend.bind(self, q, self.cache.k[layer], self.cache.v[layer], scale, out, opts)
 
+    def bind_attend(self, layer: int, q, k, v, scale, out: torch.Tensor, opts: LayerOpts = PLAIN):
+        """attend() bound the same way, for a runner that writes the step's K/V itself (FX pieces do not)."""
+        write = self.backend.bind_write_kv(self.cache.k[layer], self.cache.v[layer], k, v, self.views.slot_mapping)
+        return WriteThenAttend(write, self.bind(layer, q, scale, out, opts))
+
     def attend(
         self, layer: int, q, k, v, scale, out: torch.Tensor | None = None, opts: LayerOpts = PLAIN
     ) -> torch.Tensor:
         self.write_kv(layer, k, v)
         return self.attend_cached(layer, q, scale, out, opts)
+
+
+class WriteThenAttend:
+    """Two bound calls in a row: the step's K/V into the cache, then the attention over it."""
+
+    __slots__ = ("write", "attend")
+
+    def __init__(self, write, attend):
+        self.write, self.attend = write, attend
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return getattr(self.write, "paths", ()) + getattr(self.attend, "paths", ())
+
+    def __call__(self) -> None:
+        self.write()
+        self.attend()
 
 
 _current: ForwardContext | None = None

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 MODEL = "qwen3-0.6b"
 
 
-def _rig(scenario: str, buckets: str):
+def _rig(scenario: str, buckets: str, impl: str):
     cfg = SweepConfig(
         model=MODEL,
         device="cuda",
@@ -28,21 +28,24 @@ def _rig(scenario: str, buckets: str):
         buckets=buckets,
         modes=(GraphMode.EAGER, GraphMode.PIECEWISE),
         max_kv_len=1024,
+        piecewise_impl=impl,
     )
     bench = Workbench.build(cfg, num_blocks=4096)
     return bench, bench.executor(GraphMode.PIECEWISE)
 
 
 @pytest.mark.parametrize(
-    "scenario,bucket,comps",
+    "scenario,bucket,comps,impl",
     [
         # one bucket, many mixes: each step's grid (num_seqs, query tiles) differs from the capture's
-        ("prefill", "128", ["64+64", "32*4", "16*8", "100+28@512", "128", "1+127@300", "64+64"]),
-        ("decode", "8", ["1*8@700", "1*5", "1*8@100", "1*3@900"]),
+        ("prefill", "128", ["64+64", "32*4", "16*8", "100+28@512", "128", "1+127@300", "64+64"], "breakable"),
+        ("decode", "8", ["1*8@700", "1*5", "1*8@100", "1*3@900"], "breakable"),
+        # FX runners write the step's K/V themselves: two bound launches each
+        ("prefill", "128", ["64+64", "16*8", "100+28@512"], "fx"),
     ],
 )
-def test_piecewise_runners_launch_directly_and_match_eager(scenario, bucket, comps):
-    bench, ex = _rig(scenario, bucket)
+def test_piecewise_runners_launch_directly_and_match_eager(scenario, bucket, comps, impl):
+    bench, ex = _rig(scenario, bucket, impl)
     tol_same, tol = tolerances_for(torch.bfloat16)
     for i, text in enumerate(comps):
         b = bench.batch(parse_composition(text, seed=i))
@@ -50,13 +53,14 @@ def test_piecewise_runners_launch_directly_and_match_eager(scenario, bucket, com
         fn, logits = bench.eager_fn(b)
         fn()
         err, same = rel_err_per_seq(out, logits), rel_err_per_seq(out, ex.eager_same_shape(b))
-        print(f"{scenario} {text}: rel err {err:.2e} vs eager, {same:.2e} vs the same shape eagerly")
+        print(f"{scenario} {impl} {text}: rel err {err:.2e} vs eager, {same:.2e} vs the same shape eagerly")
         assert err < tol and same < tol_same, text
     (entry,) = ex.graphs.values()
+    assert entry.piecewise_impl == impl
     runners = [s for s in entry.steps if getattr(s, "is_runner", False)]
     assert len(runners) == bench.lm.num_layers
     paths = {p for r in runners for p in r.launch_paths}
-    print(f"{scenario}: {len(runners)} runners, launches {sorted(paths)}")
+    print(f"{scenario} {impl}: {len(runners)} runners, launches {sorted(paths)}")
     assert paths == {DIRECT}, paths  # split and combine, or the varlen kernel: all straight to the compiled one
     ex.release()
 
