@@ -249,3 +249,15 @@ def test_triton_s_own_compiled_kernel_offers_the_direct_api():
     compiled = compile_for_hopper(pa._varlen_kernel, consts, arg_type)
     assert direct_launch_problem(pa._varlen_kernel, compiled, ("num_seqs",)) is None
     assert pa._varlen_kernel.params[pa._varlen_kernel.arg_names.index("num_seqs")].do_not_specialize
+
+
+def test_a_binding_takes_the_views_it_is_given(fake_kernels):
+    """gmtool verify's frozen-metadata faults hand a runner a frozen copy of one buffer: the kernels bind it,
+    while the step's grid still comes from the live context."""
+    ctx, q, out = _triton_ctx("planned", ((16, 40), (8, 8)))
+    frozen = SimpleNamespace(**{**vars(ctx.views), "kv_lens": ctx.views.kv_lens.clone()})
+    launch = ctx.backend.bind(ctx, q, ctx.cache.k[0], ctx.cache.v[0], 0.5, out, views=frozen)
+    assert launch.launch.args[5] is frozen.kv_lens and launch.launch.args[4] is ctx.views.cu_q
+    ctx.prepare(((64, 64),))
+    launch()
+    assert fake_kernels["_varlen_kernel"].calls[0][0] == (1, 1, 4)

@@ -76,13 +76,14 @@ class TritonAttention:
         """The planned launch's batch-dependent grid (num_seqs, query tiles), once per step for every runner."""
         return (signature[0], max(1, -(-signature[1] // VARLEN_BLOCK_M)))
 
-    def bind(self, ctx, q, kc, vc, scale, out, opts=None):
+    def bind(self, ctx, q, kc, vc, scale, out, opts=None, views=None):
         """A piecewise runner's attention as one call with no arguments, its kernels bound to the runner's tensors
-        (gmtool.kernels.launcher): per step it reads only what ctx.prepare computed (step_grid)."""
+        (gmtool.kernels.launcher): per step it reads only what ctx.prepare computed (step_grid). views: the
+        metadata buffers to bind, when not ctx's (gmtool verify's frozen-metadata faults)."""
         from gmtool.kernels.decode_attention import BoundDecode
         from gmtool.kernels.prefill_attention import bind_varlen
 
-        v, kw = ctx.views, _kw(opts)
+        v, kw = views or ctx.views, _kw(opts)
         if ctx.impl == "decode":
             return BoundDecode(q, kc, vc, v.block_tables, v.kv_lens, scale, out, self._scratch_for(q.device), **kw)
         heads = q.shape[1]

@@ -227,9 +227,10 @@ class TorchAttention:
         """No launch grid: the reference slices on the host, from ctx.plan."""
         return None
 
-    def bind(self, ctx, q, kc, vc, scale, out, opts: LayerOpts = PLAIN):
-        """A piecewise runner's attention as one call with no arguments: it reads the step's plan from ctx."""
-        run = getattr(self, ctx.impl)
+    def bind(self, ctx, q, kc, vc, scale, out, opts: LayerOpts = PLAIN, views=None):
+        """A piecewise runner's attention as one call with no arguments: it reads the step's plan and views from
+        ctx when called, through ctx's backend (a wrapper there, as gmtool verify's faults, is kept)."""
+        run = getattr(ctx.backend, ctx.impl)
         return lambda: run(ctx, q, kc, vc, scale, out, opts)
 
     def bind_write_kv(self, kc, vc, k, v, slots):
