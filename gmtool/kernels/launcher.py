@@ -49,8 +49,10 @@ def _hooked(hook) -> bool:
 
 def direct_launch_problem(kernel, compiled, varying: tuple[str, ...] = ()) -> str | None:
     """Why `compiled` (what kernel[grid](...) returned) cannot be launched directly; None when it can."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or compiled is None:
+    if os.environ.get("TRITON_INTERPRET") == "1":
         return "the Triton interpreter runs kernels as Python (TRITON_INTERPRET=1): no compiled kernel"
+    if compiled is None:
+        return "kernel[grid] returned no compiled kernel"
     missing = [a for a in ("run", "function", "packed_metadata", "src") if not hasattr(type(compiled), a)]
     missing = [a for a in missing if a not in getattr(compiled, "__dict__", {})]
     if missing:
