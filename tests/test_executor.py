@@ -192,6 +192,8 @@ def test_fx_piecewise_splits_at_attention_and_matches_eager():
     assert fx.splits == [(n + 1, n)]  # traced once for the 32-token shape: n attention submodules
     assert (entry.pieces, entry.runners) == (n + 1, n) and entry.piecewise_impl == "fx"
     assert entry.compile_s is not None and entry.compile_s > 0
+    # each runner's op call bound once (K/V write, then attention): replays skip the submodule and the dispatcher
+    assert all(s.launch is not None for s in entry.steps if getattr(s, "is_runner", False))
 
 
 def test_fx_piecewise_runner_reads_current_metadata():

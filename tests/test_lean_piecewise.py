@@ -32,7 +32,7 @@ def test_metadata_is_prepared_once_per_step_for_all_runners(rigs):
     calls = []
     real = entry.ctx.backend.plan_signature
     entry.ctx.backend = type("Counting", (), {})()  # same methods, counted plan signatures
-    for name in ("write_kv", "decode", "masked", "planned"):
+    for name in ("write_kv", "decode", "masked", "planned", "step_grid", "bind"):
         setattr(entry.ctx.backend, name, getattr(rig.ex.attention, name))
     entry.ctx.backend.plan_signature = lambda plan: calls.append(plan) or real(plan)
     before = entry.ctx.prepares
@@ -139,6 +139,7 @@ def test_bench_lean_stage_on_the_cpu_tape():
     assert (full["runners"], pw["runners"]) == (0, 2) and pw["pieces"] == 3
     assert 0 < x["mem_ratio"] <= 1.1
     assert pw["runner_us"] > 0 and full["runner_us"] is None
+    assert pw["launch_paths"] == []  # the torch reference binds no Triton launch
     assert x["host_extra_us_per_runner"] == pytest.approx((pw["host_steady_us"] - full["host_steady_us"]) / 2)
 
 

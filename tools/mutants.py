@@ -264,6 +264,22 @@ MUTANTS: list[Mutant] = [
         "runners hold a snapshot of the capture's context, not the live one",
     ),
     M(
+        "step-grid-not-refreshed",
+        "gmtool/model/attention.py",
+        "        self.step_grid = self.backend.step_grid(self.signature)\n        self.planned_with.clear()\n",
+        "        self.planned_with.clear()\n",
+        "tests/test_launcher.py::test_planned_runner_launches_with_the_current_steps_grid",
+        "prepare keeps the capture's launch grid: bound Triton runners launch with a stale grid",
+    ),
+    M(
+        "bound-launch-stale-ints",
+        "gmtool/kernels/launcher.py",
+        "        for i, v in zip(self.slots, values):\n            a[i] = v\n        run(",
+        "        for i, v in zip(self.slots, values):\n            pass\n        run(",
+        "tests/test_launcher.py::test_first_call_compiles_through_triton_then_launches_directly",
+        "a direct launch passes the first call's num_seqs, not this call's",
+    ),
+    M(
         "masked-attention-no-diagonal",
         "gmtool/model/attention.py",
         "seen = kv_pos[None, :] <= positions[:, None]",

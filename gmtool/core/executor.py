@@ -28,7 +28,9 @@ class AttentionRunner:
     """Attention left outside the graphs. It borrows the executor's shared q and output buffers (one each for
     every layer and bucket) and owns no tensor of a piece: the piece before it wrote this step's K/V into the
     cache and q into the shared buffer, so the pieces' own tensors are free for the next piece to reuse, as in
-    one graph. The step's metadata was prepared once, before the first piece (ForwardContext.prepare)."""
+    one graph. The step's metadata was prepared once, before the first piece (ForwardContext.prepare). The
+    attention is bound once, here: with Triton, its kernels launch straight from the compiled kernel after the
+    first replay (gmtool.kernels.launcher), so a runner costs one launch of host time."""
 
     is_runner = True
 
@@ -39,8 +41,16 @@ class AttentionRunner:
     ctx: ForwardContext
     opts: LayerOpts = PLAIN
 
+    def __post_init__(self) -> None:
+        self.launch = self.ctx.bind(self.layer, self.q, self.scale, self.out, self.opts)
+
     def replay(self) -> None:
-        self.ctx.attend_cached(self.layer, self.q, self.scale, out=self.out, opts=self.opts)
+        self.launch()
+
+    @property
+    def launch_paths(self) -> tuple[str, ...]:
+        """How its Triton kernels launch (gmtool.kernels.launcher: direct, pending, triton: why); () for torch."""
+        return getattr(self.launch, "paths", ())
 
 
 @dataclass
