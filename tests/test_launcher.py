@@ -261,3 +261,34 @@ def test_a_binding_takes_the_views_it_is_given(fake_kernels):
     ctx.prepare(((64, 64),))
     launch()
     assert fake_kernels["_varlen_kernel"].calls[0][0] == (1, 1, 4)
+
+
+def test_decode_split_partials_are_reserved_before_capture_for_every_bucket():
+    """A bound decode runner's split partials come from buffers the executor reserved before any capture: no
+    allocation at binding (it would land in the capture's pool and outlive the graph, and only the first capture
+    of a shape would make it), and every bucket's launch fits what was reserved."""
+    pytest.importorskip("triton")
+    from gmtool.kernels import TritonAttention
+    from gmtool.kernels.decode_attention import _arguments, choose_num_splits
+
+    heads, kv_heads, dv, page, blocks = 16, 8, 128, 16, 64
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    scratch = TritonAttention().reserve_scratch(torch.device("cpu"), sizes, heads, kv_heads, dv, blocks * page)
+    asked = []
+    for b in sizes:
+        q = torch.zeros(b, heads, dv)
+        cache = torch.zeros(4, page, kv_heads, dv)
+        bt, lens = torch.zeros(b, blocks, dtype=torch.int64), torch.zeros(b, dtype=torch.int64)
+
+        def spy(role, n):
+            asked.append((role, n))
+            return scratch(role, n)
+
+        before = len(asked)
+        _arguments(q, cache, cache, bt, lens, 1.0, None, None, 32, None, None, None, spy)
+        splits = choose_num_splits(b, kv_heads, blocks * page, 132)
+        mine = asked[before:]
+        assert mine == ([("part", b * heads * splits * dv), ("lse", b * heads * splits)] if splits > 1 else [])
+    assert asked and len({scratch("part", n).untyped_storage().data_ptr() for r, n in asked if r == "part"}) == 1
+    with pytest.raises(Exception, match="exceed"):
+        scratch("lse", 10**9)

@@ -180,6 +180,20 @@ class GraphExecutor:
         self.backend = make_backend(device)
         self.memory = memory
         self.attention = attention or TORCH_ATTENTION  # the attention backend object (gmtool.kernels)
+        # piecewise Triton decode runners: their split partials, reserved before any capture
+        reserve = getattr(self.attention, "reserve_scratch", None)
+        self.decode_scratch = (
+            reserve(
+                device,
+                policy.sizes,
+                lm.rank_heads,
+                cache.spec.num_kv_heads,
+                cache.spec.v_dim,
+                cache.spec.blocks_per_seq * cache.spec.block_size,
+            )
+            if mode.piecewise and reserve is not None
+            else None
+        )
         self.graphs: dict[BucketKey, CapturedGraph] = {}
         self.refresh_runner_metadata = True  # False only to demonstrate the stale-metadata bug
         if forward is None:
@@ -201,7 +215,13 @@ class GraphExecutor:
 
     def _context(self, key: BucketKey, views: StepViews, batch: Batch) -> ForwardContext:
         return ForwardContext(
-            self.cache, views, self.impl_for(key), batch.plan, key.num_seqs or 0, backend=self.attention
+            self.cache,
+            views,
+            self.impl_for(key),
+            batch.plan,
+            key.num_seqs or 0,
+            backend=self.attention,
+            scratch=self.decode_scratch,
         )
 
     def capture(self, key: BucketKey, batch: Batch) -> CapturedGraph:

@@ -85,7 +85,8 @@ class TritonAttention:
 
         v, kw = views or ctx.views, _kw(opts)
         if ctx.impl == "decode":
-            return BoundDecode(q, kc, vc, v.block_tables, v.kv_lens, scale, out, self._scratch_for(q.device), **kw)
+            scratch = ctx.scratch or self._scratch_for(q.device)
+            return BoundDecode(q, kc, vc, v.block_tables, v.kv_lens, scale, out, scratch, **kw)
         heads = q.shape[1]
         if ctx.impl == "masked":  # the wide grid depends on the bucket only
             launch = bind_varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, ctx.num_seqs, scale, out, **kw)
@@ -98,6 +99,23 @@ class TritonAttention:
         from gmtool.kernels.kv_write import BoundWrite
 
         return BoundWrite(kc, vc, k, v, slots)
+
+    def reserve_scratch(self, device, batches, heads: int, kv_heads: int, dv: int, seen_tokens: int):
+        """Split partials for an executor's bound decode runners, allocated now. Made at a runner's binding they
+        would be allocated inside a capture: in that graph's pool, held past its release (a VMM range that
+        cannot unmap), and only by the first capture of a shape (a node diff then sees two extra ops)."""
+        from gmtool.kernels.common import num_sms
+        from gmtool.kernels.decode_attention import split_scratch_numels
+
+        sizes = split_scratch_numels(batches, heads, kv_heads, dv, seen_tokens, num_sms(device))
+        bufs = {role: torch.empty(n, dtype=torch.float32, device=device) for role, n in zip(("part", "lse"), sizes)}
+
+        def scratch(role: str, numel: int) -> torch.Tensor:
+            if numel > bufs[role].numel():
+                raise GmtoolError(f"decode split partials of {numel} elements exceed the {bufs[role].numel()} reserved")
+            return bufs[role][:numel]
+
+        return scratch
 
     def _scratch_for(self, device):
         def scratch(role: str, numel: int) -> torch.Tensor:

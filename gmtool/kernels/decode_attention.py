@@ -312,6 +312,13 @@ def decode_attention(
     return out
 
 
+def split_scratch_numels(batches, heads: int, kv_heads: int, dv: int, seen_tokens: int, sms: int) -> tuple[int, int]:
+    """The largest split partials ("part", "lse" element counts) a decode launch of any of these batch sizes
+    needs: splits shrink as batches grow, so the product stays near WAVES * sms / kv_heads rows."""
+    rows = [b * heads * s for b in batches if (s := choose_num_splits(b, kv_heads, seen_tokens, sms)) > 1]
+    return (max(rows) * dv, max(rows)) if rows else (0, 0)
+
+
 class BoundDecode:
     """Decode attention bound to a piecewise runner's tensors: its grids depend on the bucket only, so a call
     takes nothing. scratch(role, numel) gives the split partials ("part", "lse"): runners launch one after

@@ -269,6 +269,7 @@ class ForwardContext:
     breaker: object = None  # piecewise capture: called at each attention instead of computing it
     backend: object = TORCH_ATTENTION  # TorchAttention, or gmtool.kernels.TritonAttention
     planned_with: list = field(default_factory=list)  # host plan parts consumed while this context was live
+    scratch: object = None  # the executor's reserved decode split partials for bound runners (Triton)
 
     prepares: int = 0  # how many times a step's metadata was prepared (once per step, for all its runners)
 
