@@ -36,6 +36,8 @@ TINY = {
     "qk_nope_head_dim": 16,
     "qk_rope_head_dim": 8,
     "v_head_dim": 24,
+    # layers that reuse an earlier layer's K/V (Gemma 3n, Gemma 4): the last one
+    "num_kv_shared_layers": 1,
     "pad_token_id": 0,
     "bos_token_id": 1,
     "eos_token_id": 2,
@@ -48,6 +50,19 @@ EXTRA = {  # what those classes' own checks demand of a tiny config
     "gemma4_assistant": {"hidden_size_per_layer_input": 0},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     "mamba2": {"num_heads": 4, "head_dim": 32},
+    # Gemma 4 shares K/V only between layers of one type; its tiny pattern (sliding, full) has none to share
+    "gemma4_text": {"num_kv_shared_layers": 0},
+    "gemma4_unified_text": {"num_kv_shared_layers": 0},
+    "codegen": {"rotary_dim": 8},
+    "gptj": {"rotary_dim": 8},
+    "plbart": {"decoder_layers": 2, "decoder_attention_heads": 4, "decoder_ffn_dim": 128},
+    "whisper": {"decoder_layers": 2, "decoder_attention_heads": 4, "decoder_ffn_dim": 128},
+    "reformer": {
+        "is_decoder": True,
+        "attention_head_size": 16,
+        "attn_layers": ["local", "lsh"],
+        "axial_pos_embds_dim": [32, 32],
+    },
 }
 
 

@@ -68,7 +68,18 @@ FUSED_RESIDUAL = {
 
 
 def family(config) -> Family:
-    return FAMILIES.get(getattr(config, "model_type", ""), NO_FAMILY)
+    """The family of the config's model_type, else of its language model's (Llama 4's config holds llama4_text)."""
+    for cfg in (config, text_config(config)):
+        if (f := FAMILIES.get(getattr(cfg, "model_type", ""))) is not None:
+            return f
+    return NO_FAMILY
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The decoder stack the causal LM runs before its LM head: the module under base_model_prefix, or `model`
+    where a multimodal family's text-only class keeps it there under another prefix (Llama 4, Mllama)."""
+    base = getattr(model, model.base_model_prefix, None)
+    return base if isinstance(base, torch.nn.Module) else getattr(model, "model", None)
 
 
 def text_config(config):

@@ -95,7 +95,7 @@ class LoadedModel:
 
     def forward_logits(self, input_ids, positions, logits_indices) -> torch.Tensor:
         """Packed tokens [1, T], explicit positions, no HF cache: gmtool's attention owns the KV cache."""
-        base = getattr(self.model, self.model.base_model_prefix)
+        base = families.base_model(self.model)
         hidden = base(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)[0]
         logits = self.model.get_output_embeddings()(hidden[0].index_select(0, logits_indices))
         return families.postprocess_logits(self.config, logits)

@@ -2,9 +2,11 @@
 may ignore.
 
 - `attention_refusal(model)`, on a model built on the meta device (no weights): attention modules whose forward
-  does not go through transformers' AttentionInterface (gmtool's attention would never be called).
+  does not go through transformers' AttentionInterface (gmtool's attention would never be called), recurrent
+  state, non-causal attention, and keys the module picks or pools itself (sparse or compressed attention).
 - `probe_layout(lm)`: one tiny forward with every attention call recorded instead of computed: the KV layout the
-  cache needs (kv heads, K and V head dims) and each layer's options (window, soft-cap, sinks).
+  cache needs (kv heads, K and V head dims) and each layer's options (window, soft-cap, sinks); a mask the module
+  made itself is refused.
 """
 
 from __future__ import annotations
@@ -95,6 +97,35 @@ STATEFUL_LAYERS = (
 )
 
 
+# Parts of an attention module that choose or make the keys each query sees, beyond its causal window: the
+# attention function is handed keys (and a mask) that the module computed from state gmtool's cache does not hold.
+KEY_SELECTION = {
+    "Indexer": "sparse attention: a top-k indexer ({}) picks the keys each query attends to",
+    "Compressor": "compressed K/V: a compressor ({}) pools blocks of past tokens into extra keys",
+}
+
+
+def _kv_refusal(arch: str, mods: list[torch.nn.Module]) -> str | None:
+    """What the attention modules do to their keys that gmtool's paged cache cannot: pick or pool them, or
+    take them all from another model."""
+    for m in mods:
+        for part in m.modules():
+            feature = next((f for w, f in KEY_SELECTION.items() if w in type(part).__name__), None)
+            if feature:
+                return (
+                    f"{arch}: its attention ({type(m).__name__}) needs {feature.format(type(part).__name__)}; "
+                    "gmtool's attention does not implement it"
+                )
+    # a layer that reuses K/V keeps none of its own; gmtool's cache holds the copy it is handed, which is exact
+    # while a layer of this model stores it (Gemma 3n), and nothing when every layer reuses another model's
+    if all(getattr(m, "is_kv_shared_layer", False) for m in mods):
+        return (
+            f"{arch}: every layer attends to K/V another model computed (a speculative-decoding assistant), "
+            "so it has no KV cache of its own for gmtool to page"
+        )
+    return None
+
+
 def attention_refusal(arch: str, model: torch.nn.Module) -> str | None:
     """Why gmtool's attention would not be the model's (read from the attention classes' source)."""
     stateful = sorted(
@@ -126,6 +157,8 @@ def attention_refusal(arch: str, model: torch.nn.Module) -> str | None:
                 f"{arch}: its attention ({cls.__name__}) does not go through transformers' AttentionInterface, "
                 "so gmtool cannot route it to its paged KV cache"
             )
+    if why := _kv_refusal(arch, mods):
+        return why
     noncausal = sorted({type(m).__name__ for m in mods if getattr(m, "is_causal", True) is False})
     if noncausal:
         return (
@@ -159,6 +192,12 @@ def probe_layout(lm, arch: str) -> KVLayout:
                 else f"each layer calls its attention {len(layers) // lm.num_layers} times (on "
                 "one token stream), which gmtool's one KV cache per layer cannot hold"
             )
+        )
+    masked = sorted({type(m).__name__ for m, *_, kw in calls if kw["attention_mask"] is not None})
+    if masked:
+        raise GmtoolError(
+            f"{arch}: its attention ({', '.join(masked)}) adds a mask it computes itself to the scores (a dynamic "
+            "or learned mask), which gmtool's attention does not apply"
         )
     shapes = {(q[1], k[1], q[2], k[2], v[2]) for _, q, k, v, _, _ in calls}
     if len(shapes) != 1:
