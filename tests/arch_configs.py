@@ -53,6 +53,12 @@ EXTRA = {  # what those classes' own checks demand of a tiny config
     # Gemma 4 shares K/V only between layers of one type; its tiny pattern (sliding, full) has none to share
     "gemma4_text": {"num_kv_shared_layers": 0},
     "gemma4_unified_text": {"num_kv_shared_layers": 0},
+    # Mamba-2 heads that fill the expanded hidden size (2 x 64); hybrids' layer patterns for 2 layers
+    "bamba": {"mamba_n_heads": 4, "mamba_d_head": 32},
+    "granitemoehybrid": {"mamba_n_heads": 4, "mamba_d_head": 32},
+    "zamba": {"layers_block_type": ["hybrid", "hybrid"]},  # one shared block tied across two
+    "zamba2": {"layers_block_type": ["mamba", "hybrid"]},
+    "dory": {"n_input_layers": 1, "n_recurrent_layers": 0, "n_output_layers": 1},
     "codegen": {"rotary_dim": 8},
     "gptj": {"rotary_dim": 8},
     "plbart": {"decoder_layers": 2, "decoder_attention_heads": 4, "decoder_ffn_dim": 128},

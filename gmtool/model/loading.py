@@ -139,6 +139,8 @@ def _build(cfg, dtype: torch.dtype):
                 f"{type(cfg).__name__} ({cfg.model_type}) is not a causal language model that "
                 "transformers can build (AutoModelForCausalLM does not take it)"
             ) from None
+        if "attn_implementation" not in str(e):  # the config's own sizes, not gmtool's attention
+            raise _class_failed(cfg, e) from None
         raise GmtoolError(
             f"{families.architecture(cfg)} cannot be built with gmtool's attention: "
             f"{(str(e).strip().splitlines() or [''])[0]}"
