@@ -94,6 +94,9 @@ def _shrink(d: dict, attribute_map: dict) -> None:
             d[k] = v
     if "qk_rope_head_dim" in d and "head_dim" in d:
         d["head_dim"] = TINY["qk_rope_head_dim"]  # MLA configs' rotary head dim
+    if "kv_lora_rank" in d and "num_key_value_heads" in d:
+        # MLA expands K and V per query head; transformers' eager attention groups them by this field anyway
+        d["num_key_value_heads"] = d.get(attribute_map.get("num_attention_heads", "num_attention_heads"))
     if d.get("sliding_window"):
         d["sliding_window"] = WINDOW
     d.update(EXTRA.get(d.get("model_type"), {}))

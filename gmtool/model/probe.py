@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from gmtool.errors import GmtoolError
-from gmtool.model import attention
+from gmtool.model import attention, families
 from gmtool.model.attention import LayerOpts
 
 # what transformers passes an attention function that gmtool reads, or may ignore because gmtool's attention
@@ -172,11 +172,13 @@ def probe_layout(lm, arch: str) -> KVLayout:
     """Run two tokens through the model with the attention calls recorded: one call per layer, each with the
     layer's q/k/v shapes and options."""
     device = next(lm.model.parameters()).device
-    ids = torch.zeros(2, dtype=torch.long, device=device)
+    # two ordinary tokens from mid-vocabulary: not padding (a zero embedding hides what the LM head does) and
+    # not the special ids at either end (image placeholders, ...)
+    ids = torch.arange(2, device=device) + lm.vocab_size // 2
     pos = torch.arange(2, device=device)
     with attention.probing([]) as calls, torch.no_grad():
         try:
-            lm.forward_logits(ids, pos, pos[-1:])
+            logits = lm.forward_logits(ids, pos, pos[-1:])
         except Exception as e:  # noqa: BLE001 (any failure of a foreign model's forward is said in one line)
             raise GmtoolError(
                 f"{arch}: its forward failed on a 2-token probe: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
@@ -223,7 +225,35 @@ def probe_layout(lm, arch: str) -> KVLayout:
         raise GmtoolError(
             f"{arch}: its attention asks for {', '.join(unknown)}, which gmtool's attention does not implement"
         )
+    if why := _logits_refusal(lm, arch, ids, pos, logits):
+        raise GmtoolError(why)
     opts = [None] * lm.num_layers
     for m, *_, kw in calls:
         opts[m.layer_idx] = LayerOpts.from_kwargs(kw)
     return KVLayout(heads, kv_heads, kd, vd, tuple(opts))
+
+
+def _logits_refusal(lm, arch: str, ids, pos, ours: torch.Tensor) -> str | None:
+    """gmtool's forward (base model, output embeddings on the rows it needs, gmtool.model.families' logit rule)
+    against the causal LM's own forward, on the probe's tokens with attention still recorded as zeros: both see
+    the same hidden states, so any difference is what the LM's forward does after them that gmtool's does not."""
+    with attention.probing([]), torch.no_grad():
+        try:
+            theirs = lm.model(input_ids=ids[None], position_ids=pos[None], use_cache=False).logits[0, -1:]
+        except Exception:  # noqa: BLE001 (a forward that needs more than token ids, a drafter's: nothing to compare)
+            return None
+    err = (ours.float() - theirs.float()).abs().max().item() if ours.shape == theirs.shape else float("inf")
+    if err <= 16 * torch.finfo(ours.dtype).eps * max(1.0, theirs.float().abs().max().item()):
+        return None
+    base, out = families.base_model(lm.model), lm.model.get_output_embeddings()
+    heads = [
+        f"{n}: {type(m).__name__}"
+        for n, m in lm.model.named_children()
+        if m is not base and m is not out and any(True for _ in m.parameters())
+    ]
+    what = (
+        f"a head before its output embeddings ({', '.join(heads)})"
+        if heads
+        else "a rule to its logits that gmtool.model.families does not list"
+    )
+    return f"{arch}: its causal LM's forward applies {what}: gmtool's logits differ from it by {err:.1e} on a probe"
