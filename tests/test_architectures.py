@@ -42,6 +42,13 @@ MUST_RUN = {
     "smollm3",
     "glm",
     "gpt2",
+    "codegen",  # partial rotary, interleaved
+    "gptj",
+    "gemma3n_text",  # a layer reusing an earlier layer's K/V
+    "nanochat",  # final logit soft-cap without a family entry
+    "vaultgemma",
+    "cohere2_moe",  # logit scale
+    "minicpm3",
 }
 MUST_REFUSE = {
     "falcon": "AttentionInterface",
@@ -51,7 +58,20 @@ MUST_REFUSE = {
     "qwen3_next": "state",
     "bert": "non-causal",
     "llama4_text": "chunked",
+    "llama4": "chunked",  # the family of its language config
+    # DeepSeek sparse attention (DSA) and its kin: the indexer picks the keys
+    "deepseek_v32": "sparse attention: a top-k indexer (DeepseekV32Indexer)",
+    "glm_moe_dsa": "sparse attention: a top-k indexer (GlmMoeDsaIndexer)",
+    "axk2": "sparse attention: a top-k indexer (AXK2Indexer)",
+    "hy_v4": "sparse attention: a top-k indexer (HYV4Indexer)",
+    "dots3_note_text": "sparse attention",
+    "deepseek_v4": "compressed K/V: a compressor (DeepseekV4HCACompressor)",
+    "doge": "adds a mask it computes itself",
+    "gemma4_unified_assistant": "K/V another model computed",
+    "modernbert-decoder": "a head before its output embeddings (lm_head: ModernBertDecoderPredictionHead)",
 }
+# transformers' own model class fails to build even from its config class's defaults: its words are all there is
+TRANSFORMERS_FAILS = {"cohere_compass_text", "dbrx", "lfm2_moe", "musicgen", "musicgen_melody"}
 
 
 def _run(model_type: str, tmp_path):
@@ -88,6 +108,9 @@ def test_architecture_runs_or_is_refused(model_type, tmp_path):
         assert model_type not in MUST_RUN, f"{model_type} must run: {msg}"
         if model_type in MUST_REFUSE:
             assert MUST_REFUSE[model_type] in msg, msg
+        # a refusal names what is missing, not how the probe fell over
+        assert "failed on a 2-token probe" not in msg, msg
+        assert ("model class fails to build" in msg) == (model_type in TRANSFORMERS_FAILS), msg
         return
     assert model_type not in MUST_REFUSE, f"{model_type} ran, but gmtool cannot compute it faithfully"
     assert not res.errors, res.errors
@@ -144,3 +167,57 @@ def test_feature_profiles_replay_through_fx_pieces(model):
     rig = Rig(model=model, mode="piecewise", piecewise_impl="fx", buckets=(32,), max_kv_len=64)
     b = rig.batch("10+2@40+1@50", 2)
     assert rel(rig.graph(b), rig.eager(b)) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "model_type, feature",
+    [
+        ("deepseek_v32", "sparse attention: a top-k indexer (DeepseekV32Indexer) picks the keys"),
+        ("deepseek_v4", "compressed K/V: a compressor (DeepseekV4HCACompressor) pools blocks"),
+        ("gemma4_unified_assistant", "every layer attends to K/V another model computed"),
+    ],
+)
+def test_keys_the_attention_picks_itself_are_refused_before_weights(model_type, feature, tmp_path, monkeypatch):
+    """Sparse (DSA indexer) and compressed attention, and a drafter with no K/V of its own, are refused from the
+    attention modules' parts, on the meta-device skeleton: the model is built once, with no weights."""
+    import torch
+
+    from gmtool.model import loading
+
+    builds = []
+    real_build = loading._build
+    monkeypatch.setattr(loading, "_build", lambda cfg, dtype: builds.append(1) or real_build(cfg, dtype))
+    with pytest.raises(GmtoolError) as e:
+        loading.load_model(str(write_config(model_type, tmp_path)), torch.device("cpu"), torch.float32)
+    msg = str(e.value)
+    assert msg.startswith(f"{model_type}: ") and feature in msg and "\n" not in msg, msg
+    assert builds == [1], "refused after the weights were built"
+
+
+def test_dsa_refusal_is_one_line_from_the_cli(tmp_path):
+    """`gmtool compare` on DeepSeek V3.2: exit 2, the architecture and the missing feature, no traceback."""
+    import subprocess
+    import sys
+
+    path = write_config("deepseek_v32", tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "gmtool", "compare", "eager,full,piecewise", "--device", "cpu", "--model", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "deepseek_v32: " in p.stderr and "top-k indexer" in p.stderr, p.stderr
+
+
+def test_a_logit_rule_gmtool_lacks_is_refused(tmp_path, monkeypatch):
+    """The probe holds gmtool's logits to the causal LM's own forward: without its logit scale in the family
+    table, Cohere 2 MoE is refused, naming that, rather than run with logits 16x too large."""
+    import torch
+
+    from gmtool.model import families
+    from gmtool.model.loading import load_model
+
+    monkeypatch.delitem(families.FAMILIES, "cohere2_moe")
+    with pytest.raises(GmtoolError, match=r"^cohere2_moe: .*a rule to its logits that gmtool.model.families"):
+        load_model(str(write_config("cohere2_moe", tmp_path)), torch.device("cpu"), torch.float32)
