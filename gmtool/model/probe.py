@@ -203,9 +203,11 @@ def probe_layout(lm, arch: str) -> KVLayout:
         )
     shapes = {(q[1], k[1], q[2], k[2], v[2]) for _, q, k, v, _, _ in calls}
     if len(shapes) != 1:
+        said = "; ".join(
+            f"{h} heads over {kvh} kv heads, q/k/v head dims {qd}/{kd}/{vd}" for h, kvh, qd, kd, vd in sorted(shapes)
+        )
         raise GmtoolError(
-            f"{arch}: its layers differ in attention shape ({sorted(shapes)}): gmtool's KV cache "
-            "has one layout for every layer"
+            f"{arch}: its layers differ in attention shape ({said}): gmtool's KV cache has one layout for every layer"
         )
     heads, kv_heads, qd, kd, vd = shapes.pop()
     if qd != kd or heads % kv_heads:
