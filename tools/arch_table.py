@@ -20,22 +20,17 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
 
 from gmtool.errors import GmtoolError
 from gmtool.records import Status
 from tests.arch_configs import causal_lm_types
-from tests.helpers import Rig
+from tests.helpers import against_transformers
 from tests.test_architectures import COMPOSITIONS, _run
 
 
 def _matches_transformers(path: Path) -> str:
     """gmtool's attention against transformers' eager attention on one 40-token prompt, in words."""
-    rig = Rig(model=str(path), buckets=(64,), max_kv_len=64)
-    batch = rig.batch("40")
-    ours = rig.eager(batch)[0]
-    rig.lm.model.config._attn_implementation = "eager"
-    theirs = rig.lm.model(input_ids=torch.as_tensor(batch.input_ids)[None], use_cache=False).logits[0, -1]
+    ours, theirs = against_transformers(str(path))
     err = (ours - theirs).abs().max().item()
     return f"= transformers eager ({err:.0e})" if err <= 1e-4 else f"DIFFERS from transformers eager by {err:.1e}"
 
