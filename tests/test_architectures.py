@@ -217,3 +217,19 @@ def test_a_logit_rule_gmtool_lacks_is_refused(tmp_path, monkeypatch):
     monkeypatch.delitem(families.FAMILIES, "cohere2_moe")
     with pytest.raises(GmtoolError, match=r"^cohere2_moe: .*a rule to its logits that gmtool.model.families"):
         load_model(str(write_config("cohere2_moe", tmp_path)), torch.device("cpu"), torch.float32)
+
+
+def test_layers_without_gmtool_attention_are_named(tmp_path):
+    """Mllama's cross-attention layers (to image features) call no attention on a text-only forward: the refusal
+    names their class, not only their indices."""
+    import json
+
+    from gmtool.model.loading import load_model
+    from tests.arch_configs import tiny_config
+
+    cfg = tiny_config("mllama")
+    cfg["text_config"]["cross_attention_layers"] = [1]
+    path = tmp_path / "mllama.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(GmtoolError, match=r"^mllama: layers \[1\] \(MllamaCrossAttentionDecoderLayer\) have no"):
+        load_model(str(path), torch.device("cpu"), torch.float32)

@@ -186,10 +186,12 @@ def probe_layout(lm, arch: str) -> KVLayout:
     layers = [m.layer_idx for m, *_ in calls]
     if sorted(layers) != list(range(lm.num_layers)):
         missing = sorted(set(range(lm.num_layers)) - set(layers))
+        stack = getattr(families.base_model(lm.model), "layers", None)
+        kinds = f" ({', '.join(sorted({type(stack[i]).__name__ for i in missing}))})" if stack is not None else ""
         raise GmtoolError(
             f"{arch}: "
             + (
-                f"layers {missing} have no attention that goes through transformers' AttentionInterface"
+                f"layers {missing}{kinds} have no attention that goes through transformers' AttentionInterface"
                 if missing
                 else f"each layer calls its attention {len(layers) // lm.num_layers} times (on "
                 "one token stream), which gmtool's one KV cache per layer cannot hold"
