@@ -241,13 +241,19 @@ def _logits_refusal(lm, arch: str, ids, pos, ours: torch.Tensor) -> str | None:
     """gmtool's forward (base model, output embeddings on the rows it needs, gmtool.model.families' logit rule)
     against the causal LM's own forward, on the probe's tokens with attention still recorded as zeros: both see
     the same hidden states, so any difference is what the LM's forward does after them that gmtool's does not."""
+    kwargs = dict(input_ids=ids[None], position_ids=pos[None], use_cache=False)
     with attention.probing([]), torch.no_grad():
         try:
-            theirs = lm.model(input_ids=ids[None], position_ids=pos[None], use_cache=False).logits[0, -1:]
+            try:  # the LM head on the last row only, as gmtool's: the same GEMM shape, the same rounding
+                theirs = lm.model(**kwargs, logits_to_keep=1).logits[0, -1:]
+            except TypeError:
+                theirs = lm.model(**kwargs).logits[0, -1:]
         except Exception:  # noqa: BLE001 (a forward that needs more than token ids, a drafter's: nothing to compare)
             return None
     err = (ours.float() - theirs.float()).abs().max().item() if ours.shape == theirs.shape else float("inf")
-    if err <= 16 * torch.finfo(ours.dtype).eps * max(1.0, theirs.float().abs().max().item()):
+    # rounding's share: a few units in the last place of the largest logit. What this catches is far larger: a
+    # logit scale, a head, or a soft-cap (x^3 / 3cap^2: 3e-5 of a logit of 0.3 under Gemma 2's cap of 30)
+    if err <= 64 * torch.finfo(ours.dtype).eps * max(1.0, theirs.float().abs().max().item()):
         return None
     base, out = families.base_model(lm.model), lm.model.get_output_embeddings()
     heads = [
