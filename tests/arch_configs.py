@@ -36,6 +36,8 @@ TINY = {
     "qk_nope_head_dim": 16,
     "qk_rope_head_dim": 8,
     "v_head_dim": 24,
+    # layers that reuse an earlier layer's K/V (Gemma 3n, Gemma 4): the last one
+    "num_kv_shared_layers": 1,
     "pad_token_id": 0,
     "bos_token_id": 1,
     "eos_token_id": 2,
@@ -48,6 +50,25 @@ EXTRA = {  # what those classes' own checks demand of a tiny config
     "gemma4_assistant": {"hidden_size_per_layer_input": 0},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     "mamba2": {"num_heads": 4, "head_dim": 32},
+    # Gemma 4 shares K/V only between layers of one type; its tiny pattern (sliding, full) has none to share
+    "gemma4_text": {"num_kv_shared_layers": 0},
+    "gemma4_unified_text": {"num_kv_shared_layers": 0},
+    # Mamba-2 heads that fill the expanded hidden size (2 x 64); hybrids' layer patterns for 2 layers
+    "bamba": {"mamba_n_heads": 4, "mamba_d_head": 32},
+    "granitemoehybrid": {"mamba_n_heads": 4, "mamba_d_head": 32},
+    "zamba": {"layers_block_type": ["hybrid", "hybrid"]},  # one shared block tied across two
+    "zamba2": {"layers_block_type": ["mamba", "hybrid"]},
+    "dory": {"n_input_layers": 1, "n_recurrent_layers": 0, "n_output_layers": 1},
+    "codegen": {"rotary_dim": 8},
+    "gptj": {"rotary_dim": 8},
+    "plbart": {"decoder_layers": 2, "decoder_attention_heads": 4, "decoder_ffn_dim": 128},
+    "whisper": {"decoder_layers": 2, "decoder_attention_heads": 4, "decoder_ffn_dim": 128},
+    "reformer": {
+        "is_decoder": True,
+        "attention_head_size": 16,
+        "attn_layers": ["local", "lsh"],
+        "axial_pos_embds_dim": [32, 32],
+    },
 }
 
 
@@ -73,6 +94,9 @@ def _shrink(d: dict, attribute_map: dict) -> None:
             d[k] = v
     if "qk_rope_head_dim" in d and "head_dim" in d:
         d["head_dim"] = TINY["qk_rope_head_dim"]  # MLA configs' rotary head dim
+    if "kv_lora_rank" in d and "num_key_value_heads" in d:
+        # MLA expands K and V per query head; transformers' eager attention groups them by this field anyway
+        d["num_key_value_heads"] = d.get(attribute_map.get("num_attention_heads", "num_attention_heads"))
     if d.get("sliding_window"):
         d["sliding_window"] = WINDOW
     d.update(EXTRA.get(d.get("model_type"), {}))

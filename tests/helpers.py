@@ -53,6 +53,24 @@ class Rig:
         return self.ex.step(batch).clone()
 
 
+def against_transformers(spec: str, prompt: int = 40):
+    """gmtool's paged attention against transformers' own eager attention and masks: the last token's logits of one
+    prompt (40 tokens: past every tiny window) through each, as (gmtool's, transformers'). Eager-versus-graph
+    checks cannot see a difference here: both of their sides use gmtool's attention."""
+    import torch
+
+    rig = Rig(model=spec, buckets=(64,), max_kv_len=64)
+    batch = rig.batch(str(prompt))
+    ours = rig.eager(batch)[0]
+    hf = rig.lm.model
+    hf.config._attn_implementation = "eager"
+    try:
+        theirs = hf(input_ids=torch.as_tensor(batch.input_ids)[None], use_cache=False).logits[0, -1]
+    finally:
+        hf.config._attn_implementation = "gmtool"
+    return ours, theirs
+
+
 def rel(a, b):
     from gmtool.measure.timing import rel_err_per_seq
 

@@ -9,12 +9,14 @@ saying so: that is the test's shortfall, not the architecture's."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from gmtool.config import SweepConfig
 from gmtool.errors import GmtoolError
 from gmtool.measure.sweep import Sweep
 from gmtool.records import Status
 from tests.arch_configs import WINDOW, causal_lm_types, write_config
+from tests.helpers import against_transformers
 
 # one mix: 4 new tokens after 8 cached cross the window (6), beside a decode token
 COMPOSITIONS = "4@8+1@9"
@@ -42,6 +44,13 @@ MUST_RUN = {
     "smollm3",
     "glm",
     "gpt2",
+    "codegen",  # partial rotary, interleaved
+    "gptj",
+    "gemma3n_text",  # a layer reusing an earlier layer's K/V
+    "nanochat",  # final logit soft-cap without a family entry
+    "vaultgemma",
+    "cohere2_moe",  # logit scale
+    "minicpm3",
 }
 MUST_REFUSE = {
     "falcon": "AttentionInterface",
@@ -51,7 +60,20 @@ MUST_REFUSE = {
     "qwen3_next": "state",
     "bert": "non-causal",
     "llama4_text": "chunked",
+    "llama4": "chunked",  # the family of its language config
+    # DeepSeek sparse attention (DSA) and its kin: the indexer picks the keys
+    "deepseek_v32": "sparse attention: a top-k indexer (DeepseekV32Indexer)",
+    "glm_moe_dsa": "sparse attention: a top-k indexer (GlmMoeDsaIndexer)",
+    "axk2": "sparse attention: a top-k indexer (AXK2Indexer)",
+    "hy_v4": "sparse attention: a top-k indexer (HYV4Indexer)",
+    "dots3_note_text": "sparse attention",
+    "deepseek_v4": "compressed K/V: a compressor (DeepseekV4HCACompressor)",
+    "doge": "adds a mask it computes itself",
+    "gemma4_unified_assistant": "K/V another model computed",
+    "modernbert-decoder": "a head before its output embeddings (lm_head: ModernBertDecoderPredictionHead)",
 }
+# transformers' own model class fails to build even from its config class's defaults: its words are all there is
+TRANSFORMERS_FAILS = {"cohere_compass_text", "dbrx", "lfm2_moe", "musicgen", "musicgen_melody"}
 
 
 def _run(model_type: str, tmp_path):
@@ -88,12 +110,19 @@ def test_architecture_runs_or_is_refused(model_type, tmp_path):
         assert model_type not in MUST_RUN, f"{model_type} must run: {msg}"
         if model_type in MUST_REFUSE:
             assert MUST_REFUSE[model_type] in msg, msg
+        # a refusal names what is missing, not how the probe fell over
+        assert "failed on a 2-token probe" not in msg, msg
+        assert ("model class fails to build" in msg) == (model_type in TRANSFORMERS_FAILS), msg
         return
     assert model_type not in MUST_REFUSE, f"{model_type} ran, but gmtool cannot compute it faithfully"
     assert not res.errors, res.errors
     rows = {(str(r.mode), r.composition): r.status for r in res.records}
     assert len(rows) == 3, rows
     assert all(s == Status.OK for s in rows.values()), rows
+    # and eager is the model's own computation, not only the graphs' match (random weights: a feature whose
+    # parameters start at zero can still hide, as Doge's dynamic mask does, which the probe refuses instead)
+    ours, theirs = against_transformers(str(tmp_path / f"{model_type}.json"))
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
 def test_window_is_the_models():
@@ -120,20 +149,10 @@ def test_gmtool_attention_computes_what_transformers_does(model, tmp_path):
     gmtool's attention."""
     import torch
 
-    from tests.helpers import Rig
+    from tests.helpers import against_transformers
 
     spec = model if model.startswith("tiny-") else str(write_config(model, tmp_path))  # window 6 (arch_configs)
-    rig = Rig(model=spec, buckets=(64,), max_kv_len=64)
-    batch = rig.batch("40")
-    ours = rig.eager(batch)[0]
-    hf = rig.lm.model
-    hf.config._attn_implementation = "eager"
-    try:
-        ids = torch.as_tensor(batch.input_ids)[None]
-        theirs = hf(input_ids=ids, use_cache=False).logits[0, -1]
-    finally:
-        hf.config._attn_implementation = "gmtool"
-    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(*against_transformers(spec), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("model", FEATURE_PROFILES)
@@ -144,3 +163,73 @@ def test_feature_profiles_replay_through_fx_pieces(model):
     rig = Rig(model=model, mode="piecewise", piecewise_impl="fx", buckets=(32,), max_kv_len=64)
     b = rig.batch("10+2@40+1@50", 2)
     assert rel(rig.graph(b), rig.eager(b)) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "model_type, feature",
+    [
+        ("deepseek_v32", "sparse attention: a top-k indexer (DeepseekV32Indexer) picks the keys"),
+        ("deepseek_v4", "compressed K/V: a compressor (DeepseekV4HCACompressor) pools blocks"),
+        ("gemma4_unified_assistant", "every layer attends to K/V another model computed"),
+    ],
+)
+def test_keys_the_attention_picks_itself_are_refused_before_weights(model_type, feature, tmp_path, monkeypatch):
+    """Sparse (DSA indexer) and compressed attention, and a drafter with no K/V of its own, are refused from the
+    attention modules' parts, on the meta-device skeleton: the model is built once, with no weights."""
+    import torch
+
+    from gmtool.model import loading
+
+    builds = []
+    real_build = loading._build
+    monkeypatch.setattr(loading, "_build", lambda cfg, dtype: builds.append(1) or real_build(cfg, dtype))
+    with pytest.raises(GmtoolError) as e:
+        loading.load_model(str(write_config(model_type, tmp_path)), torch.device("cpu"), torch.float32)
+    msg = str(e.value)
+    assert msg.startswith(f"{model_type}: ") and feature in msg and "\n" not in msg, msg
+    assert builds == [1], "refused after the weights were built"
+
+
+def test_dsa_refusal_is_one_line_from_the_cli(tmp_path):
+    """`gmtool compare` on DeepSeek V3.2: exit 2, the architecture and the missing feature, no traceback."""
+    import subprocess
+    import sys
+
+    path = write_config("deepseek_v32", tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "gmtool", "compare", "eager,full,piecewise", "--device", "cpu", "--model", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "deepseek_v32: " in p.stderr and "top-k indexer" in p.stderr, p.stderr
+
+
+def test_a_logit_rule_gmtool_lacks_is_refused(tmp_path, monkeypatch):
+    """The probe holds gmtool's logits to the causal LM's own forward: without its logit scale in the family
+    table, Cohere 2 MoE is refused, naming that, rather than run with logits 16x too large."""
+    import torch
+
+    from gmtool.model import families
+    from gmtool.model.loading import load_model
+
+    monkeypatch.delitem(families.FAMILIES, "cohere2_moe")
+    with pytest.raises(GmtoolError, match=r"^cohere2_moe: .*a rule to its logits that gmtool.model.families"):
+        load_model(str(write_config("cohere2_moe", tmp_path)), torch.device("cpu"), torch.float32)
+
+
+def test_layers_without_gmtool_attention_are_named(tmp_path):
+    """Mllama's cross-attention layers (to image features) call no attention on a text-only forward: the refusal
+    names their class, not only their indices."""
+    import json
+
+    from gmtool.model.loading import load_model
+    from tests.arch_configs import tiny_config
+
+    cfg = tiny_config("mllama")
+    cfg["text_config"]["cross_attention_layers"] = [1]
+    path = tmp_path / "mllama.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(GmtoolError, match=r"^mllama: layers \[1\] \(MllamaCrossAttentionDecoderLayer\) have no"):
+        load_model(str(path), torch.device("cpu"), torch.float32)

@@ -331,10 +331,26 @@ MUTANTS: list[Mutant] = [
     M(
         "final-logit-softcap-dropped",
         "gmtool/model/families.py",
-        '"gemma2": Family(logits=_final_softcap)',
-        '"gemma2": Family()',
+        "return logits if not cap else torch.tanh(logits / cap) * cap",
+        "return logits",
         "tests/test_architectures.py::test_gmtool_attention_computes_what_transformers_does[tiny-gemma2]",
         "Gemma 2's final logit soft-cap not applied by gmtool's forward",
+    ),
+    M(
+        "sparse-attention-not-refused",
+        "gmtool/model/probe.py",
+        '    "Indexer": "sparse attention',
+        '    "NoSuchPart": "sparse attention',
+        "tests/test_architectures.py::test_keys_the_attention_picks_itself_are_refused_before_weights",
+        "DeepSeek sparse attention (a top-k indexer) not refused before the weights are built",
+    ),
+    M(
+        "logits-check-dropped",
+        "gmtool/model/probe.py",
+        "    if why := _logits_refusal(lm, arch, ids, pos, logits):\n        raise GmtoolError(why)\n",
+        "",
+        "tests/test_architectures.py::test_a_logit_rule_gmtool_lacks_is_refused",
+        "a causal LM whose forward post-processes its logits beyond gmtool's families runs, silently wrong",
     ),
     # -- the KV write (attention.write_kv, check.poison_kv) -----------------------------------------------
     M(

@@ -375,7 +375,9 @@ def gmtool_attention(module, query, key, value, attention_mask, scaling=None, dr
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     if _probe is not None:
-        _probe.append((module, q.shape, k.shape, v.shape, scale, kwargs))
+        # the mask too: transformers builds none for an attention it has no mask function for, so a tensor here
+        # is one the attention module made itself
+        _probe.append((module, q.shape, k.shape, v.shape, scale, dict(kwargs, attention_mask=attention_mask)))
         return query.new_zeros(1, q.shape[0], q.shape[1], v.shape[-1]), None
     opts = LayerOpts.from_kwargs(kwargs)
     return attend_tokens(module.layer_idx, q, k.contiguous(), v.contiguous(), scale, opts).unsqueeze(0), None

@@ -7,7 +7,7 @@
   `gmtool.model.fused` finds them exact, and it names what it leaves.
 - `missing`: a feature the family needs that gmtool lacks: the model is refused before its weights are built.
 - `logits`: what the causal LM's own forward does to the LM head's output, which gmtool's forward (base model,
-  then LM head, on the rows it needs) must do too.
+  then LM head, on the rows it needs) must do too (a final soft-cap needs no entry: `postprocess_logits`).
 Everything else about attention (windows, soft-caps, sinks, head dims) is read from the model itself
 (gmtool.model.probe), not from this table.
 """
@@ -47,13 +47,16 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family(fused_residual="Qwen2DecoderLayer"),
     "qwen3": Family(fused_residual="Qwen3DecoderLayer"),
     "mistral": Family(fused_residual="MistralDecoderLayer"),
-    "gemma2": Family(logits=_final_softcap),
-    "gemma3_text": Family(logits=_final_softcap),
     "cohere": Family(logits=_scaled("logit_scale")),
     "cohere2": Family(logits=_scaled("logit_scale")),
+    "cohere2_moe": Family(logits=_scaled("logit_scale")),
     "granite": Family(logits=_scaled("logits_scaling", divide=True)),
     "granitemoe": Family(logits=_scaled("logits_scaling", divide=True)),
     "granitemoeshared": Family(logits=_scaled("logits_scaling", divide=True)),
+    "granite_swa": Family(logits=_scaled("logits_scaling", divide=True)),
+    "granitemoe_swa": Family(logits=_scaled("logits_scaling", divide=True)),
+    "minicpm3": Family(logits=_scaled("logits_scaling", divide=True)),  # hidden / s before a bias-free head
+    "hyperclovax": Family(logits=_scaled("logits_scaling")),
     "granitemoehybrid": Family(missing="Mamba layers (a recurrent state, not a KV cache)"),
     "llama4_text": Family(missing="chunked local attention"),
 }
@@ -68,7 +71,18 @@ FUSED_RESIDUAL = {
 
 
 def family(config) -> Family:
-    return FAMILIES.get(getattr(config, "model_type", ""), NO_FAMILY)
+    """The family of the config's model_type, else of its language model's (Llama 4's config holds llama4_text)."""
+    for cfg in (config, text_config(config)):
+        if (f := FAMILIES.get(getattr(cfg, "model_type", ""))) is not None:
+            return f
+    return NO_FAMILY
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The decoder stack the causal LM runs before its LM head: the module under base_model_prefix, or `model`
+    where a multimodal family's text-only class keeps it there under another prefix (Llama 4, Mllama)."""
+    base = getattr(model, model.base_model_prefix, None)
+    return base if isinstance(base, torch.nn.Module) else getattr(model, "model", None)
 
 
 def text_config(config):
@@ -97,5 +111,8 @@ def load_refusal(config) -> str | None:
 
 
 def postprocess_logits(config, logits: torch.Tensor) -> torch.Tensor:
-    f = family(config).logits
-    return logits if f is None else f(config, logits)
+    """The family's logit rule, else a final soft-cap where the config sets one (every causal LM that has the
+    field applies it: Gemma 2/3/3n/4, VaultGemma, nanochat, ...). gmtool.model.probe checks the result against
+    the causal LM's own forward at load."""
+    f = family(config).logits or _final_softcap
+    return f(text_config(config), logits)  # a multimodal model's language config holds the fields

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from gmtool.model import attention
 
 from gmtool.model import layers_ref
+from gmtool.model import families
 from gmtool.model.families import FUSED_RESIDUAL
 
 SILU = ("silu", "swish")
@@ -262,7 +263,7 @@ def fuse_layers(model: torch.nn.Module, attention_backend: str, layout=None) -> 
         elif _is_rmsnorm(m) and not name.endswith(("q_norm", "k_norm")):
             fused.patched.append((m, _rmsnorm_forward(m, ops)))
             fused.counts["rmsnorm"] += 1
-    base = getattr(model, model.base_model_prefix, None)
+    base = families.base_model(model)
     if base is not None:
         why = _residual_stream_blocker(base, fused_attention)
         if why:

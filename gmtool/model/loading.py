@@ -99,7 +99,7 @@ class LoadedModel:
 
     def forward_hidden(self, input_ids, positions, logits_indices) -> torch.Tensor:
         """The final hidden state of the rows that become logits (the LM head's input)."""
-        base = getattr(self.model, self.model.base_model_prefix)
+        base = families.base_model(self.model)
         hidden = base(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)[0]
         return hidden[0].index_select(0, logits_indices)
 
@@ -138,7 +138,7 @@ def _build(cfg, dtype: torch.dtype):
         return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attention.ATTN_NAME)
     except KeyError as e:
         if e.args != (attention.ATTN_NAME,):
-            raise GmtoolError(f"{families.architecture(cfg)} cannot be built from this config: KeyError: {e}") from None
+            raise _class_failed(cfg, e) from None
         raise GmtoolError(
             f"{families.architecture(cfg)}: its attention classes are picked by name (eager, sdpa, "
             "flash), not through transformers' AttentionInterface, so gmtool cannot route them to "
@@ -150,15 +150,28 @@ def _build(cfg, dtype: torch.dtype):
                 f"{type(cfg).__name__} ({cfg.model_type}) is not a causal language model that "
                 "transformers can build (AutoModelForCausalLM does not take it)"
             ) from None
+        if "attn_implementation" not in str(e):  # the config's own sizes, not gmtool's attention
+            raise _class_failed(cfg, e) from None
         raise GmtoolError(
             f"{families.architecture(cfg)} cannot be built with gmtool's attention: "
             f"{(str(e).strip().splitlines() or [''])[0]}"
         ) from None
-    except Exception as e:  # noqa: BLE001 (a foreign model's constructor: any failure is said in one line)
+    except ImportError as e:  # a part of the model (a vision tower) needs an optional package
         raise GmtoolError(
-            f"{families.architecture(cfg)} cannot be built from this config: {type(e).__name__}: "
-            f"{(str(e).strip().splitlines() or [''])[0]}"
+            f"{families.architecture(cfg)}: transformers needs a package that is not installed to build it: "
+            f"{str(e).strip().split('. ')[0]}"
         ) from None
+    except Exception as e:  # noqa: BLE001 (a foreign model's constructor: any failure is said in one line)
+        raise _class_failed(cfg, e) from None
+
+
+def _class_failed(cfg, e: Exception) -> GmtoolError:
+    """transformers' model class failed inside its own constructor (some fail so on their config class's own
+    defaults): said as that, with transformers' words, since no feature of gmtool's is involved."""
+    return GmtoolError(
+        f"{families.architecture(cfg)}: transformers' model class fails to build from this config, before gmtool "
+        f"runs anything: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    )
 
 
 def _check_supported(cfg) -> None:

@@ -2,9 +2,11 @@
 may ignore.
 
 - `attention_refusal(model)`, on a model built on the meta device (no weights): attention modules whose forward
-  does not go through transformers' AttentionInterface (gmtool's attention would never be called).
+  does not go through transformers' AttentionInterface (gmtool's attention would never be called), recurrent
+  state, non-causal attention, and keys the module picks or pools itself (sparse or compressed attention).
 - `probe_layout(lm)`: one tiny forward with every attention call recorded instead of computed: the KV layout the
-  cache needs (kv heads, K and V head dims) and each layer's options (window, soft-cap, sinks).
+  cache needs (kv heads, K and V head dims) and each layer's options (window, soft-cap, sinks); a mask the module
+  made itself is refused.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from gmtool.errors import GmtoolError
-from gmtool.model import attention
+from gmtool.model import attention, families
 from gmtool.model.attention import LayerOpts
 
 # what transformers passes an attention function that gmtool reads, or may ignore because gmtool's attention
@@ -95,6 +97,35 @@ STATEFUL_LAYERS = (
 )
 
 
+# Parts of an attention module that choose or make the keys each query sees, beyond its causal window: the
+# attention function is handed keys (and a mask) that the module computed from state gmtool's cache does not hold.
+KEY_SELECTION = {
+    "Indexer": "sparse attention: a top-k indexer ({}) picks the keys each query attends to",
+    "Compressor": "compressed K/V: a compressor ({}) pools blocks of past tokens into extra keys",
+}
+
+
+def _kv_refusal(arch: str, mods: list[torch.nn.Module]) -> str | None:
+    """What the attention modules do to their keys that gmtool's paged cache cannot: pick or pool them, or
+    take them all from another model."""
+    for m in mods:
+        for part in m.modules():
+            feature = next((f for w, f in KEY_SELECTION.items() if w in type(part).__name__), None)
+            if feature:
+                return (
+                    f"{arch}: its attention ({type(m).__name__}) needs {feature.format(type(part).__name__)}; "
+                    "gmtool's attention does not implement it"
+                )
+    # a layer that reuses K/V keeps none of its own; gmtool's cache holds the copy it is handed, which is exact
+    # while a layer of this model stores it (Gemma 3n), and nothing when every layer reuses another model's
+    if all(getattr(m, "is_kv_shared_layer", False) for m in mods):
+        return (
+            f"{arch}: every layer attends to K/V another model computed (a speculative-decoding assistant), "
+            "so it has no KV cache of its own for gmtool to page"
+        )
+    return None
+
+
 def attention_refusal(arch: str, model: torch.nn.Module) -> str | None:
     """Why gmtool's attention would not be the model's (read from the attention classes' source)."""
     stateful = sorted(
@@ -126,6 +157,8 @@ def attention_refusal(arch: str, model: torch.nn.Module) -> str | None:
                 f"{arch}: its attention ({cls.__name__}) does not go through transformers' AttentionInterface, "
                 "so gmtool cannot route it to its paged KV cache"
             )
+    if why := _kv_refusal(arch, mods):
+        return why
     noncausal = sorted({type(m).__name__ for m in mods if getattr(m, "is_causal", True) is False})
     if noncausal:
         return (
@@ -139,11 +172,13 @@ def probe_layout(lm, arch: str) -> KVLayout:
     """Run two tokens through the model with the attention calls recorded: one call per layer, each with the
     layer's q/k/v shapes and options."""
     device = next(lm.model.parameters()).device
-    ids = torch.zeros(2, dtype=torch.long, device=device)
+    # two ordinary tokens from mid-vocabulary: not padding (a zero embedding hides what the LM head does) and
+    # not the special ids at either end (image placeholders, ...)
+    ids = torch.arange(2, device=device) + lm.vocab_size // 2
     pos = torch.arange(2, device=device)
     with attention.probing([]) as calls, torch.no_grad():
         try:
-            lm.forward_logits(ids, pos, pos[-1:])
+            logits = lm.forward_logits(ids, pos, pos[-1:])
         except Exception as e:  # noqa: BLE001 (any failure of a foreign model's forward is said in one line)
             raise GmtoolError(
                 f"{arch}: its forward failed on a 2-token probe: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
@@ -151,20 +186,30 @@ def probe_layout(lm, arch: str) -> KVLayout:
     layers = [m.layer_idx for m, *_ in calls]
     if sorted(layers) != list(range(lm.num_layers)):
         missing = sorted(set(range(lm.num_layers)) - set(layers))
+        stack = getattr(families.base_model(lm.model), "layers", None)
+        kinds = f" ({', '.join(sorted({type(stack[i]).__name__ for i in missing}))})" if stack is not None else ""
         raise GmtoolError(
             f"{arch}: "
             + (
-                f"layers {missing} have no attention that goes through transformers' AttentionInterface"
+                f"layers {missing}{kinds} have no attention that goes through transformers' AttentionInterface"
                 if missing
                 else f"each layer calls its attention {len(layers) // lm.num_layers} times (on "
                 "one token stream), which gmtool's one KV cache per layer cannot hold"
             )
         )
+    masked = sorted({type(m).__name__ for m, *_, kw in calls if kw["attention_mask"] is not None})
+    if masked:
+        raise GmtoolError(
+            f"{arch}: its attention ({', '.join(masked)}) adds a mask it computes itself to the scores (a dynamic "
+            "or learned mask), which gmtool's attention does not apply"
+        )
     shapes = {(q[1], k[1], q[2], k[2], v[2]) for _, q, k, v, _, _ in calls}
     if len(shapes) != 1:
+        said = "; ".join(
+            f"{h} heads over {kvh} kv heads, q/k/v head dims {qd}/{kd}/{vd}" for h, kvh, qd, kd, vd in sorted(shapes)
+        )
         raise GmtoolError(
-            f"{arch}: its layers differ in attention shape ({sorted(shapes)}): gmtool's KV cache "
-            "has one layout for every layer"
+            f"{arch}: its layers differ in attention shape ({said}): gmtool's KV cache has one layout for every layer"
         )
     heads, kv_heads, qd, kd, vd = shapes.pop()
     if qd != kd or heads % kv_heads:
@@ -184,7 +229,41 @@ def probe_layout(lm, arch: str) -> KVLayout:
         raise GmtoolError(
             f"{arch}: its attention asks for {', '.join(unknown)}, which gmtool's attention does not implement"
         )
+    if why := _logits_refusal(lm, arch, ids, pos, logits):
+        raise GmtoolError(why)
     opts = [None] * lm.num_layers
     for m, *_, kw in calls:
         opts[m.layer_idx] = LayerOpts.from_kwargs(kw)
     return KVLayout(heads, kv_heads, kd, vd, tuple(opts))
+
+
+def _logits_refusal(lm, arch: str, ids, pos, ours: torch.Tensor) -> str | None:
+    """gmtool's forward (base model, output embeddings on the rows it needs, gmtool.model.families' logit rule)
+    against the causal LM's own forward, on the probe's tokens with attention still recorded as zeros: both see
+    the same hidden states, so any difference is what the LM's forward does after them that gmtool's does not."""
+    kwargs = dict(input_ids=ids[None], position_ids=pos[None], use_cache=False)
+    with attention.probing([]), torch.no_grad():
+        try:
+            try:  # the LM head on the last row only, as gmtool's: the same GEMM shape, the same rounding
+                theirs = lm.model(**kwargs, logits_to_keep=1).logits[0, -1:]
+            except TypeError:
+                theirs = lm.model(**kwargs).logits[0, -1:]
+        except Exception:  # noqa: BLE001 (a forward that needs more than token ids, a drafter's: nothing to compare)
+            return None
+    err = (ours.float() - theirs.float()).abs().max().item() if ours.shape == theirs.shape else float("inf")
+    # rounding's share: a few units in the last place of the largest logit. What this catches is far larger: a
+    # logit scale, a head, or a soft-cap (x^3 / 3cap^2: 3e-5 of a logit of 0.3 under Gemma 2's cap of 30)
+    if err <= 64 * torch.finfo(ours.dtype).eps * max(1.0, theirs.float().abs().max().item()):
+        return None
+    base, out = families.base_model(lm.model), lm.model.get_output_embeddings()
+    heads = [
+        f"{n}: {type(m).__name__}"
+        for n, m in lm.model.named_children()
+        if m is not base and m is not out and any(True for _ in m.parameters())
+    ]
+    what = (
+        f"a head before its output embeddings ({', '.join(heads)})"
+        if heads
+        else "a rule to its logits that gmtool.model.families does not list"
+    )
+    return f"{arch}: its causal LM's forward applies {what}: gmtool's logits differ from it by {err:.1e} on a probe"

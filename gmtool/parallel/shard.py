@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from gmtool.errors import GmtoolError
+from gmtool.model import families
 from gmtool.parallel import comm
 
 OWN_PLAN = {
@@ -57,7 +58,7 @@ def _style(plan: dict, name: str) -> str | None:
 
 def shard_model(model: torch.nn.Module, rank: int, world: int) -> str:
     """Replace each projection's weight by rank's share, in place; returns the plan's source for the notes."""
-    base = getattr(model, model.base_model_prefix)
+    base = families.base_model(model)
     hf_plan = getattr(model.config, "base_model_tp_plan", None) or {}
     plan, source = (hf_plan, "the model's tp_plan") if hf_plan else (OWN_PLAN, "gmtool's column/row split")
     counts = {"colwise": 0, "rowwise": 0}

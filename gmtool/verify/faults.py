@@ -19,6 +19,7 @@ import contextlib
 from dataclasses import dataclass, replace
 
 from gmtool.errors import GmtoolError
+from gmtool.model import families
 
 FAULTS = (
     "stale-positions",
@@ -146,7 +147,7 @@ def _freeze(ex, field: str) -> None:
 @contextlib.contextmanager
 def _pad_read(parts: list, layer: int):
     lm = parts[0].lm
-    base = getattr(lm.model, lm.model.base_model_prefix)
+    base = families.base_model(lm.model)
     recording = [False]
 
     def flagged(record):

@@ -16,6 +16,7 @@ from functools import partial
 import torch
 
 from gmtool.measure.timing import rel_err_per_seq
+from gmtool.model import families
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Divergence:
 class LayerTaps:
     def __init__(self, lm, max_tokens: int, device: torch.device):
         model = lm.model
-        base = getattr(model, model.base_model_prefix)
+        base = families.base_model(model)
         names = {id(m): n for n, m in model.named_modules()}
         points: list[tuple[torch.nn.Module, int | None]] = [(base.embed_tokens, None)]
         for i, layer in enumerate(base.layers):
