@@ -21,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
+from gmtool.kernels.common import SMALL_M_MAX as MAX_M
 from gmtool.kernels.common import dot_precision, num_sms, pow2
 
-MAX_M = 32  # the largest token count the kernel takes; above it F.linear's tiles fit the work
 REDUCE_BLOCK = 1024
 
 
