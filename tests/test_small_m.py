@@ -195,3 +195,29 @@ def test_interp_fused_step_with_small_m_equals_without(monkeypatch):
     fused.ops.small_m = 4
     rig.eager(prefill)
     assert len(calls) == 4 * rig.lm.num_layers  # 8 tokens: above the threshold
+
+
+def test_projection_shapes_of_the_profiles():
+    from gmtool.kernels.gemm_bench import projection_shapes
+    from gmtool.profiles import load_model_profile
+
+    def shapes(name):
+        return projection_shapes(load_model_profile(name)["config"])
+
+    assert shapes("qwen3-0.6b") == {
+        "qkv": (4096, 1024, False),
+        "o_proj": (1024, 2048, False),
+        "gate_up": (6144, 1024, False),
+        "down": (1024, 3072, False),
+    }
+    assert shapes("qwen2.5-7b")["qkv"] == ((28 + 2 * 4) * 128, 3584, True)  # head_dim from hidden / heads; q/k/v bias
+    assert shapes("gpt-oss-20b")["o_proj"] == (2880, 64 * 64, True)
+
+
+def test_small_m_gemm_needs_fuse():
+    from gmtool.config import SweepConfig
+    from gmtool.errors import GmtoolError
+
+    with pytest.raises(GmtoolError, match="needs fuse"):
+        SweepConfig(device="cpu", small_m_gemm=True)
+    assert SweepConfig(device="cpu", fuse=True, small_m_gemm=True).small_m_gemm
