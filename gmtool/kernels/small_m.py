@@ -38,22 +38,27 @@ class Config:
 
 
 def pick(m: int, n: int, k: int, sms: int, elem_bytes: int = 2) -> Config:
-    """Block sizes by shape. About two programs per SM keep enough weight loads in flight to cover DRAM
-    latency; the widest BLOCK_N that still gives that many programs keeps each program's run of rows long.
-    Where even BLOCK_N=16 gives fewer programs than SMs (o_proj and down_proj of small models: N = hidden),
-    K is split until there are about two per SM again, each slice at least two BLOCK_K steps long."""
+    """Block sizes by shape. DRAM stays busy when enough weight bytes are in flight (about latency x bandwidth:
+    ~3 MB on an H200), spread over the SMs. Where N gives at least two programs per SM, the widest BLOCK_N that
+    still does keeps each program's run of rows long. Where it gives fewer programs than SMs but at least a
+    quarter (o_proj and down_proj of small models: N = hidden), each program keeps more bytes in flight instead
+    (BLOCK_K 512): one kernel, no second one to sum partials, which would cost a graph node (~1 us) per use.
+    Below a quarter, K is split until there are about two programs per SM, each slice at least two BLOCK_K steps.
+    """
     block_m = 16 if m <= 16 else 32  # tl.dot needs 16 on each side
     target = 2 * sms
     block_n = next((bn for bn in (64, 32) if triton.cdiv(n, bn) >= target), 16)
-    block_k = 128 if block_n == 64 else 256
+    blocks = triton.cdiv(n, block_n)
+    block_k = 128 if block_n == 64 else 256 if blocks >= sms else 512
     block_k = min(block_k, pow2(k, 16))
-    blocks, steps = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
+    steps = triton.cdiv(k, block_k)
     split = 1
-    if blocks < sms and steps >= 4:
+    if 4 * blocks < sms and steps >= 4:
         per = max(2, triton.cdiv(steps, triton.cdiv(target, blocks)))  # K steps per slice
         split = triton.cdiv(steps, per)
-    # fp32 tiles are twice the bytes: fewer stages keep two programs' buffers within an SM's shared memory
-    return Config(block_m, block_n, block_k, split, num_stages=4 if elem_bytes <= 2 else 2)
+    # stage buffers (a W tile and an x tile each) within an SM's shared memory: fp32 tiles are twice the bytes
+    stage_bytes = (block_n + block_m) * block_k * elem_bytes
+    return Config(block_m, block_n, block_k, split, num_stages=max(2, min(4, (160 << 10) // stage_bytes)))
 
 
 @triton.jit
@@ -67,7 +72,7 @@ def _small_m_kernel(
     K,
     stride_xm,
     stride_wn,
-    k_per_split,
+    steps_per_split,
     HAS_BIAS: tl.constexpr,
     PARTIAL: tl.constexpr,
     EVEN_K: tl.constexpr,
@@ -86,9 +91,9 @@ def _small_m_kernel(
     # rows past N re-read row N-1 instead of being masked: the loads stay unpredicated along K
     w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + rm[:, None] * stride_xm
-    k0 = pid_k * k_per_split
+    k0 = pid_k * steps_per_split * BLOCK_K  # a multiple of BLOCK_K the compiler can see: vector loads
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kk in range(0, tl.minimum(k_per_split, K - k0), BLOCK_K):  # the last slice may be shorter
+    for kk in range(0, tl.minimum(steps_per_split * BLOCK_K, K - k0), BLOCK_K):  # the last slice may be shorter
         k = k0 + kk + rk
         if EVEN_K:
             w = tl.load(w_rows + k[None, :])
@@ -146,8 +151,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if cfg.block_m < m:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the {m} rows of x")
     steps = triton.cdiv(k, cfg.block_k)
-    per = triton.cdiv(steps, cfg.split) * cfg.block_k  # K per slice, whole BLOCK_K steps
-    split = triton.cdiv(k, per)  # slices that hold any K
+    per = triton.cdiv(steps, cfg.split)  # BLOCK_K steps per slice
+    split = triton.cdiv(steps, per)  # slices that hold any K
     b = bias.contiguous() if bias is not None else x  # unread without HAS_BIAS
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     _small_m_kernel[(triton.cdiv(n, cfg.block_n), split)](

@@ -44,6 +44,10 @@ class LayerOps:
     holds one token count, so each bucket's graph takes one side of the threshold for good."""
 
     def __init__(self, attention_backend: str, small_m: int = 0):
+        from gmtool.kernels.common import SMALL_M_MAX
+
+        if not 0 <= small_m <= SMALL_M_MAX:
+            raise ValueError(f"small_m {small_m}: the small-M GEMM takes 0 to {SMALL_M_MAX} tokens")
         self.triton = attention_backend == "triton"
         self.small_m = small_m
 
@@ -260,7 +264,7 @@ class FusedLayers:
 
 def fuse_layers(model: torch.nn.Module, attention_backend: str, layout=None, small_m: int = 0) -> FusedLayers:
     """layout: the model's probed KVLayout (gmtool.model.probe), whose per-layer options the fused attention
-    passes on as the model's own forward does. small_m: see LayerOps (at most gmtool.kernels.small_m.MAX_M)."""
+    passes on as the model's own forward does. small_m: see LayerOps."""
     cfg, ops = model.config, LayerOps(attention_backend, small_m)
     fused = FusedLayers(ops=ops)
     fused_attention: set[int] = set()

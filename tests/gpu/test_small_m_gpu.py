@@ -39,27 +39,31 @@ def test_small_m_matches_matmul_at_every_profile_shape(model):
 
 
 def test_small_m_replays_in_a_graph():
-    """Split-K (o_proj at M=1 splits K) and plain, captured once, replayed after x changes in place."""
+    """Split-K (N=256 splits K: a partials buffer and the reduce kernel) and plain, captured once, replayed
+    after x changes in place."""
     from gmtool.kernels.small_m import linear, pick
 
-    assert pick(1, 1024, 2048, torch.cuda.get_device_properties(DEV).multi_processor_count).split > 1
-    x = _randn(1, 2048, seed=1)
-    ws = [_randn(1024, 2048, seed=2, scale=2048**-0.5), _randn(4096, 2048, seed=3, scale=2048**-0.5)]
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert pick(1, 256, 4096, sms).split > 1 and pick(1, 4096, 4096, sms).split == 1
+    x = _randn(1, 4096, seed=1)
+    ws = [_randn(n, 4096, seed=n, scale=4096**-0.5) for n in (256, 4096)]
+    b = _randn(256, seed=3)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for w in ws:  # compiles the kernels outside the capture
-            linear(x, w)
+            linear(x, w, b if w.shape[0] == 256 else None)
     stream.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        outs = [linear(x, w) for w in ws]
+        outs = [linear(x, w, b if w.shape[0] == 256 else None) for w in ws]
     for seed in (4, 5):
-        x.copy_(_randn(1, 2048, seed=seed))
+        x.copy_(_randn(1, 4096, seed=seed))
         graph.replay()
         torch.cuda.synchronize()
         for w, out in zip(ws, outs):
-            torch.testing.assert_close(out.float(), x.float() @ w.float().t(), atol=2e-2, rtol=2e-2)
+            expect = x.float() @ w.float().t() + (b.float() if w.shape[0] == 256 else 0)
+            torch.testing.assert_close(out.float(), expect, atol=2e-2, rtol=2e-2)
 
 
 def test_small_m_bandwidth_against_cublas(capsys):
