@@ -118,14 +118,19 @@ def model_timings(model: str = "qwen3-0.6b", ms=(1, 8, 32)) -> list[GemmTiming]:
 
 def tune(m: int, n: int, k: int) -> tuple[float, object]:
     """The fastest of a small grid of block sizes at one shape: (us per call, Config)."""
+    from triton.runtime.errors import OutOfResources
+
     from gmtool.kernels.small_m import Config
 
     case, best = _Case(m, n, k, False), None
-    for bn, bk, split, stages in itertools.product((16, 32, 64), (128, 256), (1, 2, 4, 8), (3, 4)):
+    for bn, bk, split, stages in itertools.product((16, 32, 64), (128, 256, 512), (1, 2, 4), (2, 3, 4)):
         if split > 1 and -(-k // bk) < 2 * split:
             continue
         cfg = Config(16 if m <= 16 else 32, bn, bk, split, 4, stages)
-        us = case.ours_us(cfg)
+        try:
+            us = case.ours_us(cfg)
+        except OutOfResources:  # more shared memory than an SM has
+            continue
         best = (us, cfg) if best is None or us < best[0] else best
     return best
 
@@ -134,12 +139,13 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3-0.6b")
     ap.add_argument("--tune", action="store_true", help="also try a grid of block sizes per shape (minutes)")
+    ap.add_argument("--m", default="1,8,32", help="token counts (rows of x), comma-separated")
     args = ap.parse_args(argv)
     from gmtool.kernels.small_m import pick
     from gmtool.kernels.common import num_sms
 
     print(f"{'shape':8} {'M':>3} {'N':>6} {'K':>6}  {'ours us':>8} {'TB/s':>5}  {'cuBLAS us':>9} {'TB/s':>5}  pick")
-    for t in model_timings(args.model):
+    for t in model_timings(args.model, tuple(int(m) for m in args.m.split(","))):
         cfg = pick(t.m, t.n, t.k, num_sms(torch.device("cuda")))
         print(
             f"{t.name:8} {t.m:3d} {t.n:6d} {t.k:6d}  {t.ours_us:8.2f} {t.ours_tbps:5.2f}  {t.cublas_us:9.2f} "
