@@ -2,7 +2,7 @@
 
 At small M a linear layer is a weight read: qwen3-0.6b's decode step reads 1.2 GB of weights and little else.
 cuBLAS picks tiles made for large M there and reaches 0.4-2.1 TB/s on an H200 (copy: 4.2 TB/s). This kernel
-gives each program a BLOCK_N slice of W's rows (and, where N alone makes too few programs to fill the SMs, a
+gives each program a BLOCK_N slice of W's rows (and, where N alone keeps under a quarter of the SMs busy, a
 slice of K: split-K), so every program streams a contiguous run of weight bytes while x (a few KB) sits in
 cache. The product is computed swapped, W_tile @ x_tile^T, so the weight tile is the MMA's A operand in
 its stored (K-contiguous) layout and the small M is the MMA's narrow side.
@@ -61,7 +61,8 @@ def pick(m: int, n: int, k: int, sms: int, elem_bytes: int = 2) -> Config:
     return Config(block_m, block_n, block_k, split, num_stages=max(2, min(4, (160 << 10) // stage_bytes)))
 
 
-@triton.jit
+# M is not specialized (1, multiples of 16): one compiled variant per shape and BLOCK_M serves every bucket
+@triton.jit(do_not_specialize=["M"])
 def _small_m_kernel(
     x_ptr,
     w_ptr,
@@ -113,7 +114,7 @@ def _small_m_kernel(
         tl.store(out_ptr + rm[None, :] * N + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _split_reduce_kernel(p_ptr, b_ptr, out_ptr, M, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
