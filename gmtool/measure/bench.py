@@ -6,10 +6,10 @@ Stages (each writes bench-<stage>.json into --out; the table is built from whate
            attention over the same kv: time and K/V bytes read
   decode   gmtool full graphs, batch 1 and 32 at kv 1024 and 4096 (host time per replay too)
   fused    the same with --fuse (gmtool's fused layers: fewer kernels per step)
+  fused-smallm  --fuse --small-m-gemm: the projections of decode batches (<= 32 tokens) on gmtool's small-M GEMM
+           instead of cuBLAS; the summary judges it: B=1 kv 1024 at most 0.8 ms, B=32 not slower than --fuse alone
   compile  the same with --compile (Inductor, then captured)
   compile-fused  --compile --fuse
-  fused-smallm  --fuse with the projections of decode batches (<= 32 tokens) on gmtool's small-M GEMM instead of
-           cuBLAS; the summary judges it: B=1 kv 1024 at most 0.8 ms, B=32 not slower than --fuse alone
   gemm     the small-M GEMM against cuBLAS at qwen3-0.6b's projection shapes (M = 1, 8, 32): weight TB/s
   peer     hf-compiled (HF static cache + torch.compile reduce-overhead) on the same decode work
   prefill  eager vs piecewise vs full (wide key) at 512 and 2048 tokens
@@ -42,9 +42,9 @@ STAGES = (
     "window",
     "decode",
     "fused",
+    "fused-smallm",
     "compile",
     "compile-fused",
-    "fused-smallm",
     "gemm",
     "peer",
     "prefill",
@@ -57,9 +57,9 @@ LEAN_TOKENS = (128, 512)
 DECODE_VARIANTS = (
     ("decode", "full", False, False, False, 1.2),
     ("fused", "full --fuse", False, True, False, 1.2),
+    ("fused-smallm", "full --fuse --small-m-gemm", False, True, True, 1.2),  # next to fused: one machine state
     ("compile", "full --compile", True, False, False, 1.5),
     ("compile-fused", "full --compile --fuse", True, True, False, 1.5),
-    ("fused-smallm", "full --fuse, small-M GEMM", False, True, True, 1.2),
 )
 SMALL_M_GOAL_MS = 0.8  # --fuse with the small-M GEMM at B=1 kv 1024 (issue 17: decode closer to the floor)
 MODEL = "qwen3-0.6b"
