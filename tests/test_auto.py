@@ -173,6 +173,9 @@ def test_one_memory_strategy_holds_both_sets_and_outlives_them(auto):
         def captured(self, key, entry):
             self.keys.append(key)
 
+        def physical_bytes(self):
+            return None
+
         def release(self):
             self.releases += 1
             self.graphs_left = len(ex.graphs)

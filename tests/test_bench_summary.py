@@ -98,7 +98,7 @@ def test_summary_of_the_lean_stage(tmp_path):
     lean = {
         "128": {
             "full": part(9 << 20, 20.0),
-            "piecewise": part(10 << 20, 160.0, 28, 4.0),
+            "piecewise": {**part(10 << 20, 160.0, 28, 4.0), "launch_paths": ["direct"]},
             "mem_ratio": 10 / 9,
             "host_extra_us_per_runner": 5.0,
         },
@@ -115,6 +115,9 @@ def test_summary_of_the_lean_stage(tmp_path):
     assert rows["prefill 512: graph memory piecewise / full (72.0 vs 36.0 MiB)"] == ("2.00x", "<= 1.1x", "NOT met")
     host = [v for k, v in rows.items() if k.startswith("prefill 128: host time per step piecewise vs full (160 vs 20")]
     assert host == [("+5.0 us per runner", "<= 5 us", "met")]
+    # a runner alone: under 5 us, and the way its kernels launched (an older file has no paths)
+    assert rows["prefill 128: host time of one attention runner (launches: direct)"] == ("4.0 us", "< 5 us", "met")
+    assert rows["prefill 512: host time of one attention runner (launches: -)"] == ("9.0 us", "< 5 us", "NOT met")
 
 
 def test_summary_judges_the_small_m_gemm(tmp_path):

@@ -4,7 +4,7 @@ import torch
 from gmtool.core.backends.cpu import CpuTapeBackend, TapeGraph
 from gmtool.core.buckets import BucketKey
 from gmtool.errors import CaptureError
-from gmtool.core.executor import AttentionRunner
+from gmtool.core.executor import AttentionRunner, LogitsRunner
 from tests.helpers import Rig, rel
 
 
@@ -93,9 +93,12 @@ def test_piecewise_instruction_order_alternates_graph_and_runner():
     b = rig.batch("8+8", seed=1)
     rig.graph(b)
     steps = rig.ex.graphs[rig.ex.key_for(b)].steps
-    kinds = ["runner" if isinstance(s, AttentionRunner) else "graph" for s in steps]
+    kinds = [
+        "runner" if isinstance(s, AttentionRunner) else "head" if isinstance(s, LogitsRunner) else "graph"
+        for s in steps
+    ]
     n = rig.lm.num_layers
-    assert kinds == ["graph", "runner"] * n + ["graph"]
+    assert kinds == ["graph", "runner"] * n + ["graph", "head"]  # the LM head after the last piece, as engines
     assert [s.layer for s in steps if isinstance(s, AttentionRunner)] == list(range(n))
 
 
@@ -127,7 +130,7 @@ def test_the_upload_replay_at_capture_keeps_the_baked_plan(monkeypatch):
     from gmtool.core import executor
 
     @contextlib.contextmanager
-    def memory_of(entry, device, upload=None):
+    def memory_of(entry, device, upload=None, held=None):
         yield
         if upload is not None:
             upload()
@@ -189,6 +192,8 @@ def test_fx_piecewise_splits_at_attention_and_matches_eager():
     assert fx.splits == [(n + 1, n)]  # traced once for the 32-token shape: n attention submodules
     assert (entry.pieces, entry.runners) == (n + 1, n) and entry.piecewise_impl == "fx"
     assert entry.compile_s is not None and entry.compile_s > 0
+    # each runner's op call bound once (K/V write, then attention): replays skip the submodule and the dispatcher
+    assert all(s.launch is not None for s in entry.steps if getattr(s, "is_runner", False))
 
 
 def test_fx_piecewise_runner_reads_current_metadata():
@@ -227,3 +232,22 @@ def test_graph_copies_its_own_inputs():
     entry.replay(b)
     assert views.input_ids.tolist() == b.input_ids.tolist()
     assert rel(views.logits[:4].clone(), rig.eager(b)) < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["full", "piecewise", "auto"])
+def test_release_leaves_no_graph_alive_through_an_entry_a_caller_holds(mode):
+    """A loop's last `entry` outlives the executor's release: it must not keep its graphs (and their pool) alive,
+    or a VMM strategy cannot unmap, and the process cannot start another one."""
+    import gc
+    import weakref
+
+    rig = Rig(mode=mode)
+    b = rig.batch("8*4", seed=1)
+    rig.graph(b)
+    parts = getattr(rig.ex, "parts", {"": rig.ex}).values()
+    held = [e for ex in parts for e in ex.graphs.values()]
+    graphs = [weakref.ref(s) for e in held for s in e.steps if isinstance(s, TapeGraph)]
+    assert held and graphs
+    rig.ex.release()
+    gc.collect()
+    assert all(e.steps == [] for e in held) and all(g() is None for g in graphs)

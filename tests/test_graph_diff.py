@@ -233,6 +233,26 @@ def test_kernel_arguments_are_read_as_words_with_device_addresses_masked(driver)
     assert reader.notes == set()
 
 
+def test_a_cpp_kernels_struct_arguments_are_compared_by_size_only(driver):
+    """ATen passes by-value structs whose unused slots hold host stack bytes: two captures of one batch can
+    differ there. Their size is compared, their words are not; a C++ kernel's 4- and 8-byte scalars still are."""
+    name = "_ZN2at6native29vectorized_elementwise_kernelILi4EEEviT0_T1_"
+    driver.sizes[102] = [4, 24, 1]
+    reader = NodeReader(driver)
+    nodes = []
+    for garbage in (0x4657B9BE44A76C00, 0x5E7C7870):
+        driver.nodes.clear()
+        driver.kernel(5, 102, name, [(512).to_bytes(4, "little"), q(3, garbage, 0), b"\xe0"])
+        nodes.append(reader.graph_nodes(1)[0])
+    assert nodes[0].args == ((512,), ("struct of 24 bytes",), ("struct of 1 bytes",))
+    assert diff_nodes([nodes[0]], [nodes[1]]).clean
+    driver.nodes.clear()
+    driver.kernel(5, 102, name, [(256).to_bytes(4, "little"), q(3, 0, 0), b"\x00"])
+    changed = diff_nodes([nodes[0]], reader.graph_nodes(1)).changes
+    assert [(c.field, c.a, c.b) for c in changed] == [("arg 0", 512, 256)]
+    assert any("struct" in n for n in reader.notes)
+
+
 def test_without_argument_sizes_arguments_are_not_compared_and_that_is_said(driver):
     driver.param_info = False
     reader = NodeReader(driver)

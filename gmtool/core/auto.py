@@ -129,7 +129,7 @@ class AutoExecutor:
         graph captured into it, the other part's included."""
         self.eager.clear()
         for ex in self.parts.values():
-            ex.graphs.clear()
+            ex.drop_graphs()
         self.backend.release()
         if self.memory is not None:
             self.memory.release()

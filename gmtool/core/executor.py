@@ -28,7 +28,9 @@ class AttentionRunner:
     """Attention left outside the graphs. It borrows the executor's shared q and output buffers (one each for
     every layer and bucket) and owns no tensor of a piece: the piece before it wrote this step's K/V into the
     cache and q into the shared buffer, so the pieces' own tensors are free for the next piece to reuse, as in
-    one graph. The step's metadata was prepared once, before the first piece (ForwardContext.prepare)."""
+    one graph. The step's metadata was prepared once, before the first piece (ForwardContext.prepare). The
+    attention is bound once, here: with Triton, its kernels launch straight from the compiled kernel after the
+    first replay (gmtool.kernels.launcher), so a runner costs one launch of host time."""
 
     is_runner = True
 
@@ -39,8 +41,36 @@ class AttentionRunner:
     ctx: ForwardContext
     opts: LayerOpts = PLAIN
 
+    def __post_init__(self) -> None:
+        self.launch = self.ctx.bind(self.layer, self.q, self.scale, self.out, self.opts)
+
     def replay(self) -> None:
-        self.ctx.attend_cached(self.layer, self.q, self.scale, out=self.out, opts=self.opts)
+        self.launch()
+
+    @property
+    def launch_paths(self) -> tuple[str, ...]:
+        """How its Triton kernels launch (gmtool.kernels.launcher: direct, pending, triton: why); () for torch."""
+        return getattr(self.launch, "paths", ())
+
+
+@dataclass
+class LogitsRunner:
+    """A piecewise step's LM head, outside the graphs as engines run it, over this step's sequences only. In a
+    graph keyed by num_tokens alone its rows would be every sequence the bucket can hold (up to max_num_seqs),
+    and those padded logits were most of the pieces' memory (H200, qwen3-0.6b, 128 tokens: 35 of 38.5 MiB).
+    The last piece leaves the sequences' final hidden rows in a buffer outside the pool; the count comes from
+    the step's metadata (ForwardContext.prepare), never the capture's."""
+
+    is_tail = True
+
+    lm: LoadedModel
+    hidden: torch.Tensor  # [seq slots, hidden]: what the last piece wrote
+    logits: torch.Tensor  # [seq slots, vocab]: the key's rows of the persistent logits
+    ctx: ForwardContext
+
+    def replay(self) -> None:
+        n = self.ctx.step_seqs
+        self.logits[:n].copy_(self.lm.logits_of(self.hidden[:n]))
 
 
 @dataclass
@@ -63,7 +93,7 @@ class CapturedGraph:
 
     @property
     def pieces(self) -> int:
-        return len(self.steps) - self.runners - self.copy_steps
+        return len(self.steps) - self.runners - self.copy_steps - sum(getattr(s, "is_tail", False) for s in self.steps)
 
     @property
     def runners(self) -> int:
@@ -141,6 +171,12 @@ class GraphExecutor:
             if mode.piecewise
             else None
         )
+        # piecewise: the last piece's hidden rows, read by the LogitsRunner (one buffer for every bucket)
+        self.last_hidden = (
+            torch.zeros(self.inputs.logits.shape[0], lm.head_in_features, dtype=lm.model.dtype, device=device)
+            if mode.piecewise
+            else None
+        )
         self.backend = make_backend(device)
         self.memory = memory
         self.attention = attention or TORCH_ATTENTION  # the attention backend object (gmtool.kernels)
@@ -185,7 +221,8 @@ class GraphExecutor:
             if self.memory is not None:  # every piece of one bucket goes into the pool chosen for it
                 self.backend.pool = self.memory.pool_for(key)
             # the upload replays the capture's own batch: its KV writes repeat the warm-up's
-            held = self.memory.physical_bytes if self.memory and self.memory.physical_bytes() is not None else None
+            physical = getattr(self.memory, "physical_bytes", None)  # an optional strategy hook (VMM's)
+            held = physical if physical is not None and physical() is not None else None
             with _memory_of(entry, self.device, upload=lambda: entry.replay(batch), held=held):
                 t0 = time.perf_counter()
                 self._record(entry, fn)
@@ -246,9 +283,17 @@ class GraphExecutor:
         entry.replay(batch, self.refresh_runner_metadata)
         return self.inputs.output(entry.key, batch.num_seqs)
 
+    def drop_graphs(self) -> None:
+        """Forget every captured graph. An entry a caller still holds (a loop's last `entry`) loses its steps
+        too: it must not keep its graphs, and through them their pool, alive past release (a VMM pool that
+        outlives release leaves its ranges mapped, and the process cannot start another)."""
+        for entry in self.graphs.values():
+            entry.steps.clear()
+        self.graphs.clear()
+
     def release(self) -> None:
         """Graphs first, then their pools (a pool must outlive every graph captured into it)."""
-        self.graphs.clear()
+        self.drop_graphs()
         self.backend.release()
         if self.memory is not None:
             self.memory.release()

@@ -13,7 +13,8 @@ One strategy per way of cutting the forward into captured steps, chosen when the
 
 from __future__ import annotations
 
-from gmtool.core.executor import AttentionRunner
+from gmtool.core.executor import AttentionRunner, LogitsRunner
+from gmtool.model.attention import current_context
 
 
 class WholeGraph:
@@ -32,8 +33,25 @@ class WholeGraph:
         entry.steps.append(ex.backend.end())
 
 
+def record_logits_tail(ex, entry) -> None:
+    """After the last piece: the LM head over this step's sequences (gmtool.core.executor.LogitsRunner)."""
+    views = ex.inputs.views(entry.key)
+    entry.steps.append(LogitsRunner(ex.lm, ex.last_hidden[: views.logits.shape[0]], views.logits, entry.ctx))
+
+
 class RuntimeSplit(WholeGraph):
+    """Pieces end at each attention call and at the LM head, which runs after the last piece."""
+
     label = "breakable"
+
+    def __init__(self):
+        self.recording = False
+
+    def run(self, ex, views) -> None:
+        rows = ex.lm.forward_hidden(views.input_ids, views.positions, views.logits_indices)
+        ex.last_hidden[: rows.shape[0]].copy_(rows)
+        if not self.recording:  # eager (warm-up, the same-shape check): the LM head too, as the runner does it
+            LogitsRunner(ex.lm, ex.last_hidden, views.logits, current_context()).replay()
 
     def record(self, ex, entry, fn) -> None:
         def attention_break(layer, q, k, v, scale, opts):
@@ -49,10 +67,12 @@ class RuntimeSplit(WholeGraph):
             return out
 
         entry.ctx.breaker = attention_break
+        self.recording = True
         try:
             super().record(ex, entry, fn)
         finally:
-            entry.ctx.breaker = None
+            entry.ctx.breaker, self.recording = None, False
+        record_logits_tail(ex, entry)
 
 
 class FxSplit(WholeGraph):
@@ -65,7 +85,11 @@ class FxSplit(WholeGraph):
         self.fx = FxPiecewise(lm, split=split, inductor=inductor)
 
     def run(self, ex, views) -> None:
-        self.fx.forward(views)
+        if not self.fx.split:
+            return self.fx.forward(views, views.logits)
+        self.fx.forward(views, ex.last_hidden[: views.logits.shape[0]])
+        if self.fx.recording is None:  # eager: the LM head too, as the runner does it
+            LogitsRunner(ex.lm, ex.last_hidden, views.logits, current_context()).replay()
 
     def record(self, ex, entry, fn) -> None:
         if not self.fx.split:
@@ -73,6 +97,7 @@ class FxSplit(WholeGraph):
         entry.steps.append(ex.backend.end())  # the copy-in, alone: the pieces capture themselves
         entry.copy_steps = 1
         self.fx.record(entry.steps, fn, ex.backend)
+        record_logits_tail(ex, entry)
 
 
 def CompiledWhole(lm) -> FxSplit:  # noqa: N802 (a strategy, named as the others)

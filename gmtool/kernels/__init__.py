@@ -18,6 +18,8 @@ import torch
 
 from gmtool.errors import GmtoolError
 
+VARLEN_BLOCK_M = 64  # query rows per program of the varlen kernel (gmtool.kernels.prefill_attention.BLOCK_M)
+
 BACKENDS = ("torch", "triton")
 
 
@@ -64,10 +66,47 @@ class TritonAttention:
 
         self.write_kv = write_kv
         self._decode, self._varlen, self._varlen_wide = decode_attention, varlen_attention, varlen_attention_wide
+        self._scratch: dict = {}  # bound decode runners' split partials, one pair per shape
 
     def plan_signature(self, plan: tuple) -> tuple:
         """Grid (num_seqs, max_q_len); the lengths themselves are read from the device."""
         return (len(plan), max((q for q, _ in plan), default=0))
+
+    def step_grid(self, signature: tuple) -> tuple:
+        """The planned launch's batch-dependent grid (num_seqs, query tiles), once per step for every runner."""
+        return (signature[0], max(1, -(-signature[1] // VARLEN_BLOCK_M)))
+
+    def bind(self, ctx, q, kc, vc, scale, out, opts=None, views=None):
+        """A piecewise runner's attention as one call with no arguments, its kernels bound to the runner's tensors
+        (gmtool.kernels.launcher): per step it reads only what ctx.prepare computed (step_grid). views: the
+        metadata buffers to bind, when not ctx's (gmtool verify's frozen-metadata faults)."""
+        from gmtool.kernels.decode_attention import BoundDecode
+        from gmtool.kernels.prefill_attention import bind_varlen
+
+        v, kw = views or ctx.views, _kw(opts)
+        if ctx.impl == "decode":
+            return BoundDecode(q, kc, vc, v.block_tables, v.kv_lens, scale, out, self._scratch_for(q.device), **kw)
+        heads = q.shape[1]
+        if ctx.impl == "masked":  # the wide grid depends on the bucket only
+            launch = bind_varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, ctx.num_seqs, scale, out, **kw)
+            return _WideStep(launch, (q.shape[0] // VARLEN_BLOCK_M + ctx.num_seqs, 1, heads))
+        launch = bind_varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, None, scale, out, **kw)
+        return _PlannedStep(ctx, launch, heads, out)
+
+    def bind_write_kv(self, kc, vc, k, v, slots):
+        """A runner's K/V write as one call with no arguments (FX runners write K/V themselves)."""
+        from gmtool.kernels.kv_write import BoundWrite
+
+        return BoundWrite(kc, vc, k, v, slots)
+
+    def _scratch_for(self, device):
+        def scratch(role: str, numel: int) -> torch.Tensor:
+            key = (device, role, numel)
+            if key not in self._scratch:
+                self._scratch[key] = torch.empty(numel, dtype=torch.float32, device=device)
+            return self._scratch[key]
+
+        return scratch
 
     def decode(self, ctx, q, kc, vc, scale, out, opts=None):
         return self._decode(q, kc, vc, ctx.views.block_tables, ctx.views.kv_lens, scale, out=out, **_kw(opts))
@@ -83,6 +122,44 @@ class TritonAttention:
         ctx.planned_with.append(sig)
         v = ctx.views
         return self._varlen(q, kc, vc, v.cu_q, v.kv_lens, v.block_tables, sig[0], sig[1], scale, out=out, **_kw(opts))
+
+
+class _WideStep:
+    """A bound masked runner: its grid is the bucket's."""
+
+    __slots__ = ("launch", "grid")
+
+    def __init__(self, launch, grid: tuple):
+        self.launch, self.grid = launch, grid
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.launch.path,)
+
+    def __call__(self) -> None:
+        self.launch(self.grid)
+
+
+class _PlannedStep:
+    """A bound planned runner: the grid and num_seqs its step prepared (ctx.step_grid), read at each call."""
+
+    __slots__ = ("ctx", "launch", "heads", "out")
+
+    def __init__(self, ctx, launch, heads: int, out):
+        self.ctx, self.launch, self.heads, self.out = ctx, launch, heads, out
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.launch.path,)
+
+    def __call__(self) -> None:
+        ctx = self.ctx
+        ctx.planned_with.append(ctx.signature)
+        n, tiles = ctx.step_grid
+        if n:
+            self.launch((n, tiles, self.heads), n)
+        else:
+            self.out.zero_()
 
 
 def _kw(opts) -> dict:

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from gmtool.kernels.common import LOG2E, NEG_INIT, check_cache, dot_precision, num_sms, pow2
 from gmtool.kernels.jit_helpers import softcap_log2
+from gmtool.kernels.launcher import BoundKernel
 
 _NEG = tl.constexpr(NEG_INIT)
 BLOCK_N = 64  # tokens per iteration: several 16-token pages, so each step has enough bytes in flight
@@ -189,6 +190,96 @@ def _combine_kernel(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
+def _arguments(
+    q, k_cache, v_cache, block_tables, kv_lens, scale, num_splits, out, block_n, window, softcap, sinks, scratch=None
+):
+    """The shape checks, then both kernels' arguments: (out, the split kernel's (grid, positional, constexprs), the
+    combine kernel's or None). The split partials have bucket-only shapes: fresh ones, or scratch(role, numel)'s."""
+    check_cache(k_cache, v_cache)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    batch, heads, dim = q.shape
+    _, page, kv_heads, cache_dim = k_cache.shape
+    dv = v_cache.shape[-1]
+    if cache_dim != dim or heads % kv_heads:
+        raise ValueError(f"q {tuple(q.shape)} does not fit a cache with {kv_heads} kv heads of dim {cache_dim}")
+    group = heads // kv_heads
+    if num_splits is None:
+        seen = block_tables.shape[1] * page if window is None else min(window, block_tables.shape[1] * page)
+        num_splits = choose_num_splits(batch, kv_heads, seen, num_sms(q.device))
+    if out is None:
+        out = q.new_empty(batch, heads, dv)
+    elif out.shape != (batch, heads, dv) or out.stride(-1) != 1:
+        raise ValueError(f"out must be {(batch, heads, dv)} with head_dim contiguous")
+    dv_pad = pow2(dv, 16)
+    if num_splits > 1:
+        scratch = scratch or (lambda role, n: torch.empty(n, dtype=torch.float32, device=q.device))
+        part = scratch("part", batch * heads * num_splits * dv)
+        lse = scratch("lse", batch * heads * num_splits)
+    else:
+        part = lse = out  # unused by the one-split variant
+    sink_arg = sinks if sinks is not None else lse
+    split = (
+        (batch, kv_heads, num_splits),
+        (
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            kv_lens,
+            out,
+            part,
+            lse,
+            sink_arg,
+            scale * LOG2E,
+            scale,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            v_cache.stride(0),
+            v_cache.stride(1),
+            v_cache.stride(2),
+            block_tables.stride(0),
+            block_tables.stride(1),
+            out.stride(0),
+            out.stride(1),
+        ),
+        dict(
+            NUM_HEADS=heads,
+            G=group,
+            G_PAD=pow2(group, 16),
+            D=dim,
+            D_PAD=pow2(dim, 16),
+            DV=dv,
+            DV_PAD=dv_pad,
+            PAGE=page,
+            BLOCK_N=block_n,
+            NUM_SPLITS=num_splits,
+            PREC=dot_precision(k_cache.dtype),
+            WINDOW=window or 0,
+            SOFTCAP=float(softcap or 0.0),
+            SINKS=sinks is not None,
+        ),
+    )
+    combine = None
+    if num_splits > 1:
+        combine = (
+            (batch, heads, 1),
+            (part, lse, out, sink_arg, out.stride(0), out.stride(1)),
+            dict(
+                NUM_HEADS=heads,
+                D=dv,
+                D_PAD=dv_pad,
+                NUM_SPLITS=num_splits,
+                S_PAD=pow2(num_splits),
+                SINKS=sinks is not None,
+            ),
+        )
+    return out, split, combine
+
+
 def decode_attention(
     q,
     k_cache,
@@ -211,84 +302,42 @@ def decode_attention(
     kv_lens[b] == 0 (a padded slot) gives zeros. Buffers allocated here have bucket-only shapes, so the
     call can be captured in a CUDA graph (after one eager call has compiled the kernels).
     """
-    check_cache(k_cache, v_cache)
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    batch, heads, dim = q.shape
-    _, page, kv_heads, cache_dim = k_cache.shape
-    dv = v_cache.shape[-1]
-    if cache_dim != dim or heads % kv_heads:
-        raise ValueError(f"q {tuple(q.shape)} does not fit a cache with {kv_heads} kv heads of dim {cache_dim}")
-    group = heads // kv_heads
-    if num_splits is None:
-        seen = block_tables.shape[1] * page if window is None else min(window, block_tables.shape[1] * page)
-        num_splits = choose_num_splits(batch, kv_heads, seen, num_sms(q.device))
-    if out is None:
-        out = q.new_empty(batch, heads, dv)
-    elif out.shape != (batch, heads, dv) or out.stride(-1) != 1:
-        raise ValueError(f"out must be {(batch, heads, dv)} with head_dim contiguous")
-    dv_pad = pow2(dv, 16)
-    if num_splits > 1:
-        part = torch.empty(batch * heads * num_splits * dv, dtype=torch.float32, device=q.device)
-        lse = torch.empty(batch * heads * num_splits, dtype=torch.float32, device=q.device)
-    else:
-        part = lse = out  # unused by the one-split variant
-    sink_arg = sinks if sinks is not None else lse
-    _decode_split_kernel[(batch, kv_heads, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        kv_lens,
-        out,
-        part,
-        lse,
-        sink_arg,
-        scale * LOG2E,
-        scale,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        block_tables.stride(0),
-        block_tables.stride(1),
-        out.stride(0),
-        out.stride(1),
-        NUM_HEADS=heads,
-        G=group,
-        G_PAD=pow2(group, 16),
-        D=dim,
-        D_PAD=pow2(dim, 16),
-        DV=dv,
-        DV_PAD=dv_pad,
-        PAGE=page,
-        BLOCK_N=block_n,
-        NUM_SPLITS=num_splits,
-        PREC=dot_precision(k_cache.dtype),
-        WINDOW=window or 0,
-        SOFTCAP=float(softcap or 0.0),
-        SINKS=sinks is not None,
-        num_warps=num_warps,
-        num_stages=num_stages,
+    out, (grid, args, consts), combine = _arguments(
+        q, k_cache, v_cache, block_tables, kv_lens, scale, num_splits, out, block_n, window, softcap, sinks
     )
-    if num_splits > 1:
-        _combine_kernel[(batch, heads)](
-            part,
-            lse,
-            out,
-            sink_arg,
-            out.stride(0),
-            out.stride(1),
-            NUM_HEADS=heads,
-            D=dv,
-            D_PAD=dv_pad,
-            NUM_SPLITS=num_splits,
-            S_PAD=pow2(num_splits),
-            SINKS=sinks is not None,
-            num_warps=NUM_WARPS,
-        )
+    _decode_split_kernel[grid](*args, **consts, num_warps=num_warps, num_stages=num_stages)
+    if combine is not None:
+        grid, args, consts = combine
+        _combine_kernel[grid](*args, **consts, num_warps=NUM_WARPS)
     return out
+
+
+class BoundDecode:
+    """Decode attention bound to a piecewise runner's tensors: its grids depend on the bucket only, so a call
+    takes nothing. scratch(role, numel) gives the split partials ("part", "lse"): runners launch one after
+    the other on one stream, so every runner of a shape can share one pair."""
+
+    __slots__ = ("split", "split_grid", "combine", "combine_grid")
+
+    def __init__(
+        self, q, k_cache, v_cache, block_tables, kv_lens, scale, out, scratch, window=None, softcap=None, sinks=None
+    ):
+        if q.stride(-1) != 1:
+            raise ValueError("a bound launch needs q with head_dim contiguous: it cannot copy q per call")
+        _, (self.split_grid, args, consts), combine = _arguments(
+            q, k_cache, v_cache, block_tables, kv_lens, scale, None, out, BLOCK_N, window, softcap, sinks, scratch
+        )
+        self.split = BoundKernel(_decode_split_kernel, args, consts, dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES))
+        self.combine = None
+        if combine is not None:
+            self.combine_grid, args, consts = combine
+            self.combine = BoundKernel(_combine_kernel, args, consts, dict(num_warps=NUM_WARPS))
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.split.path,) if self.combine is None else (self.split.path, self.combine.path)
+
+    def __call__(self) -> None:
+        self.split(self.split_grid)
+        if self.combine is not None:
+            self.combine(self.combine_grid)

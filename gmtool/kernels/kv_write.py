@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from gmtool.kernels.common import check_cache, pow2
+from gmtool.kernels.launcher import BoundKernel
 
 
 @triton.jit
@@ -54,16 +55,10 @@ def _write_kv_kernel(
     tl.store(vc_ptr + vdst, v.to(vc_ptr.dtype.element_ty), mask=vmask)
 
 
-def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
-    """k [T, Hkv, Dk], v [T, Hkv, Dv] into the caches at slot_mapping [T]; negative slots are left out."""
+def _arguments(k_cache, v_cache, k, v, slot_mapping) -> tuple[tuple, dict]:
+    """The shape checks, then the kernel's arguments (k and v head_dim contiguous): (positional, constexprs)."""
     check_cache(k_cache, v_cache)
-    if k.stride(-1) != 1:
-        k = k.contiguous()
-    if v.stride(-1) != 1:
-        v = v.contiguous()
     tokens, kv_heads, dim = k.shape
-    if tokens == 0:
-        return
     dv = v.shape[-1]
     if (
         tuple(k_cache.shape[2:]) != (kv_heads, dim)
@@ -74,7 +69,7 @@ def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
             f"k/v {tuple(k.shape)}/{tuple(v.shape)} do not fit cache blocks "
             f"{tuple(k_cache.shape[1:])}/{tuple(v_cache.shape[1:])}"
         )
-    _write_kv_kernel[(tokens,)](
+    args = (
         k,
         v,
         k_cache,
@@ -90,12 +85,43 @@ def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
         v_cache.stride(0),
         v_cache.stride(1),
         v_cache.stride(2),
-        HKV=kv_heads,
-        H_PAD=pow2(kv_heads),
-        D=dim,
-        D_PAD=pow2(dim),
-        DV=dv,
-        DV_PAD=pow2(dv),
-        PAGE=k_cache.shape[1],
-        num_warps=4,
     )
+    consts = dict(
+        HKV=kv_heads, H_PAD=pow2(kv_heads), D=dim, D_PAD=pow2(dim), DV=dv, DV_PAD=pow2(dv), PAGE=k_cache.shape[1]
+    )
+    return args, consts
+
+
+def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
+    """k [T, Hkv, Dk], v [T, Hkv, Dv] into the caches at slot_mapping [T]; negative slots are left out."""
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    if k.shape[0] == 0:
+        return
+    args, consts = _arguments(k_cache, v_cache, k, v, slot_mapping)
+    _write_kv_kernel[(k.shape[0],)](*args, **consts, num_warps=4)
+
+
+class BoundWrite:
+    """write_kv bound to a piecewise runner's tensors (the piece's k and v, this layer's cache, the step's slot
+    mapping): its grid is the bucket's, so a call takes nothing."""
+
+    __slots__ = ("launch", "grid")
+
+    def __init__(self, k_cache, v_cache, k, v, slot_mapping):
+        if k.stride(-1) != 1 or v.stride(-1) != 1:
+            raise ValueError("a bound launch needs k and v with head_dim contiguous: it cannot copy them per call")
+        args, consts = _arguments(k_cache, v_cache, k, v, slot_mapping)
+        self.launch, self.grid = (
+            BoundKernel(_write_kv_kernel, args, consts, dict(num_warps=4)),
+            (k.shape[0], 1, 1),
+        )
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.launch.path,)
+
+    def __call__(self) -> None:
+        self.launch(self.grid)

@@ -23,17 +23,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from gmtool.kernels import VARLEN_BLOCK_M
 from gmtool.kernels.common import LOG2E, NEG_INIT, check_cache, dot_precision, pow2
 from gmtool.kernels.jit_helpers import softcap_log2
+from gmtool.kernels.launcher import BoundKernel
 
 _NEG = tl.constexpr(NEG_INIT)
-BLOCK_M = 64
+BLOCK_M = VARLEN_BLOCK_M
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
 
 
-@triton.jit
+# num_seqs follows the batch in a bound (piecewise) launch: no value of it may select another compiled variant
+@triton.jit(do_not_specialize=["num_seqs"])
 def _varlen_kernel(
     q_ptr,
     k_ptr,
@@ -95,7 +98,7 @@ def _varlen_kernel(
 
     if WIDE:
         tile = tl.program_id(0)
-        lo = tile * 0  # tensors from the start: num_seqs may arrive as a constant (triton specializes 1)
+        lo = tile * 0  # tensors from the start
         hi = lo + num_seqs - 1
         while lo < hi:  # largest s with cu_q[s] // BLOCK_M + s <= tile
             mid = (lo + hi + 1) // 2
@@ -167,7 +170,7 @@ def _varlen_kernel(
     )
 
 
-def _launch(
+def _arguments(
     q,
     k_cache,
     v_cache,
@@ -177,17 +180,14 @@ def _launch(
     num_seqs,
     scale,
     out,
-    grid0,
-    grid1,
     wide,
     block_m,
     block_n,
-    num_warps,
-    num_stages,
     window,
     softcap,
     sinks,
 ):
+    """The shape checks, then the kernel's arguments: (out, positional, constexprs)."""
     check_cache(k_cache, v_cache)
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -200,9 +200,7 @@ def _launch(
         out = q.new_empty(tokens, heads, dv)
     elif out.shape != (tokens, heads, dv) or out.stride(-1) != 1:
         raise ValueError(f"out must be {(tokens, heads, dv)} with head_dim contiguous")
-    if num_seqs == 0 or tokens == 0:
-        return out.zero_()
-    _varlen_kernel[(grid0, grid1, heads)](
+    args = (
         q,
         k_cache,
         v_cache,
@@ -227,6 +225,8 @@ def _launch(
         v_cache.stride(2),
         block_tables.stride(0),
         block_tables.stride(1),
+    )
+    consts = dict(
         G=heads // kv_heads,
         D=dim,
         D_PAD=pow2(dim, 16),
@@ -240,10 +240,93 @@ def _launch(
         WINDOW=window or 0,
         SOFTCAP=float(softcap or 0.0),
         SINKS=sinks is not None,
-        num_warps=num_warps,
-        num_stages=num_stages,
     )
+    return out, args, consts
+
+
+def _launch(
+    q,
+    k_cache,
+    v_cache,
+    cu_q,
+    kv_lens,
+    block_tables,
+    num_seqs,
+    scale,
+    out,
+    grid0,
+    grid1,
+    wide,
+    block_m,
+    block_n,
+    num_warps,
+    num_stages,
+    window,
+    softcap,
+    sinks,
+):
+    out, args, consts = _arguments(
+        q,
+        k_cache,
+        v_cache,
+        cu_q,
+        kv_lens,
+        block_tables,
+        num_seqs,
+        scale,
+        out,
+        wide,
+        block_m,
+        block_n,
+        window,
+        softcap,
+        sinks,
+    )
+    if num_seqs == 0 or q.shape[0] == 0:
+        return out.zero_()
+    _varlen_kernel[(grid0, grid1, q.shape[1])](*args, **consts, num_warps=num_warps, num_stages=num_stages)
     return out
+
+
+def bind_varlen(
+    q,
+    k_cache,
+    v_cache,
+    cu_q,
+    kv_lens,
+    block_tables,
+    num_seqs: int | None,
+    scale,
+    out,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks=None,
+) -> BoundKernel:
+    """The kernel bound to a piecewise runner's tensors (q and out contiguous, shaped by the bucket).
+    num_seqs given: the wide launch (grid fixed by the bucket, called with it alone); None: the planned launch,
+    called with (num_seqs, m_tiles, heads) and num_seqs, both from the step (step_grid)."""
+    if q.stride(-1) != 1:
+        raise ValueError("a bound launch needs q with head_dim contiguous: it cannot copy q per call")
+    wide = num_seqs is not None
+    out, args, consts = _arguments(
+        q,
+        k_cache,
+        v_cache,
+        cu_q,
+        kv_lens,
+        block_tables,
+        num_seqs or 1,
+        scale,
+        out,
+        wide,
+        BLOCK_M,
+        BLOCK_N,
+        window,
+        softcap,
+        sinks,
+    )
+    opts = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    return BoundKernel(_varlen_kernel, args, consts, opts, varying=() if wide else ("num_seqs",))
 
 
 def varlen_attention(

@@ -69,8 +69,11 @@ def ledger(rows: pd.DataFrame, kv_per_token: int | None) -> pd.DataFrame:
 def inputs_bytes(ex, key) -> int:
     """The bucket's slice of the executor's persistent input buffers (and, piecewise, of the runners' shared q
     and output buffers the pieces hand to each other): what separate buffers per shape would cost."""
-    n = sum(getattr(ex.inputs.views(key), f.name).nbytes for f in dataclasses.fields(StepViews))
-    return n + (2 * ex.attn_out[: key.num_tokens].nbytes if ex.mode.piecewise else 0)
+    views = ex.inputs.views(key)
+    n = sum(getattr(views, f.name).nbytes for f in dataclasses.fields(StepViews))
+    if not ex.mode.piecewise:
+        return n
+    return n + 2 * ex.attn_out[: key.num_tokens].nbytes + ex.last_hidden[: views.logits.shape[0]].nbytes
 
 
 def capture_ledger(ex, entry) -> dict:

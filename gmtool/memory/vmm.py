@@ -243,7 +243,19 @@ class VmmPools:
         self.lib = VmmLibrary(build_library(fake=False))
         if range_bytes is None:  # no shape can need more physical memory than the device has
             range_bytes = torch.cuda.get_device_properties(index).total_memory
-        self.lib.init(index, range_bytes, chunk_bytes)
+        try:
+            self.lib.init(index, range_bytes, chunk_bytes)
+        except GmtoolError:  # one allocator per process: an earlier owner's pools may only now be collectable
+            gc.collect()
+            torch.cuda.synchronize(index)
+            torch.cuda.empty_cache()
+            why = self.lib.shutdown()
+            if why:
+                raise GmtoolError(
+                    f"VMM allocator: an earlier VMM strategy in this process still holds memory ({why}): "
+                    "its graphs are alive"
+                ) from None
+            self.lib.init(index, range_bytes, chunk_bytes)
         try:
             self.allocator = torch.cuda.memory.CUDAPluggableAllocator(str(self.lib.path), MALLOC, FREE)
         except (RuntimeError, AttributeError, AssertionError) as e:

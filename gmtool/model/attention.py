@@ -223,6 +223,19 @@ class TorchAttention:
         """The part of a host plan the planned implementation turns into launch shapes: it slices per sequence."""
         return plan
 
+    def step_grid(self, signature: tuple) -> None:
+        """No launch grid: the reference slices on the host, from ctx.plan."""
+        return None
+
+    def bind(self, ctx, q, kc, vc, scale, out, opts: LayerOpts = PLAIN, views=None):
+        """A piecewise runner's attention as one call with no arguments: it reads the step's plan and views from
+        ctx when called, through ctx's backend (a wrapper there, as gmtool verify's faults, is kept)."""
+        run = getattr(ctx.backend, ctx.impl)
+        return lambda: run(ctx, q, kc, vc, scale, out, opts)
+
+    def bind_write_kv(self, kc, vc, k, v, slots):
+        return lambda: write_kv(kc, vc, k, v, slots)
+
     def decode(self, ctx, q, kc, vc, scale, out, opts: LayerOpts = PLAIN):
         return _into(decode_attention(q, kc, vc, ctx.views.block_tables, ctx.views.kv_lens, scale, opts), out)
 
@@ -262,12 +275,16 @@ class ForwardContext:
     def __post_init__(self) -> None:
         self._run = getattr(self.backend, self.impl)  # looked up once, not per layer
         self.signature = self.backend.plan_signature(self.plan)
+        self.step_seqs = len(self.plan)  # the step's real sequences (a piecewise LM head computes their rows)
+        self.step_grid = self.backend.step_grid(self.signature)
 
     def prepare(self, plan: tuple) -> None:
-        """A step's host metadata, once for every attention runner of the step: the plan and the part of it
-        the backend turns into launch shapes. What a replay consumed before is forgotten."""
+        """A step's host metadata, once for every attention runner of the step: the plan, the part of it the
+        backend turns into launch shapes and the grid it launches with. What a replay consumed is forgotten."""
         self.plan = plan
         self.signature = self.backend.plan_signature(plan)
+        self.step_seqs = len(plan)
+        self.step_grid = self.backend.step_grid(self.signature)
         self.planned_with.clear()
         self.prepares += 1
 
@@ -283,11 +300,38 @@ class ForwardContext:
         """Attention of q over the cache, the step's new K/V already written."""
         return self._run(self, q, self.cache.k[layer], self.cache.v[layer], scale, out, opts)
 
+    def bind(self, layer: int, q, scale, out: torch.Tensor, opts: LayerOpts = PLAIN):
+        """A piecewise runner's attend_cached as one call with no arguments, bound once to its tensors (q, out,
+        this layer's cache, the step's metadata buffers): per step it reads only what prepare() computed."""
+        return self.backend.bind(self, q, self.cache.k[layer], self.cache.v[layer], scale, out, opts)
+
+    def bind_attend(self, layer: int, q, k, v, scale, out: torch.Tensor, opts: LayerOpts = PLAIN):
+        """attend() bound the same way, for a runner that writes the step's K/V itself (FX pieces do not)."""
+        write = self.backend.bind_write_kv(self.cache.k[layer], self.cache.v[layer], k, v, self.views.slot_mapping)
+        return WriteThenAttend(write, self.bind(layer, q, scale, out, opts))
+
     def attend(
         self, layer: int, q, k, v, scale, out: torch.Tensor | None = None, opts: LayerOpts = PLAIN
     ) -> torch.Tensor:
         self.write_kv(layer, k, v)
         return self.attend_cached(layer, q, scale, out, opts)
+
+
+class WriteThenAttend:
+    """Two bound calls in a row: the step's K/V into the cache, then the attention over it."""
+
+    __slots__ = ("write", "attend")
+
+    def __init__(self, write, attend):
+        self.write, self.attend = write, attend
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return getattr(self.write, "paths", ()) + getattr(self.attend, "paths", ())
+
+    def __call__(self) -> None:
+        self.write()
+        self.attend()
 
 
 _current: ForwardContext | None = None

@@ -81,15 +81,50 @@ class _Piece(torch.nn.Module):
         return out
 
 
+ATTENTION_PARAMS = ("q", "k", "v", "out", "layer", "scale", "window", "softcap", "sinks")  # attention_op's
+
+
+def attention_call(inner: torch.fx.GraphModule, args) -> dict | None:
+    """The attention op's arguments in an attention submodule called with args, by name (ATTENTION_PARAMS);
+    None when the submodule holds anything else than that one call."""
+    nodes = [n for n in inner.graph.nodes if n.op not in ("placeholder", "output")]
+    holders = [n for n in inner.graph.nodes if n.op == "placeholder"]
+    if len(nodes) != 1 or str(nodes[0].target) not in ATTENTION_OPS or len(holders) != len(args):
+        return None
+    env = dict(zip(holders, args))
+    values = {**dict(zip(ATTENTION_PARAMS, nodes[0].args)), **nodes[0].kwargs}
+    if set(values) != set(ATTENTION_PARAMS):
+        return None
+    if any(isinstance(a, torch.fx.Node) and a not in env for a in values.values()):
+        return None  # read from elsewhere than its inputs (a get_attr): left to the submodule
+    return {k: env[a] if isinstance(a, torch.fx.Node) else a for k, a in values.items()}
+
+
 class FxAttentionRunner:
-    """An attention submodule bound to the tensors the neighbouring pieces produce and read."""
+    """An attention submodule bound to the tensors the neighbouring pieces produce and read. Its op's call is
+    bound once (ForwardContext.bind_attend: the K/V write, then the attention), so a replay launches the
+    kernels without the submodule, the op dispatcher or Triton's argument binding; a submodule of another
+    shape is called as it is."""
 
     is_runner = True
 
     def __init__(self, inner, args, ctx):
         self.inner, self.args, self.ctx = inner, args, ctx
+        call = attention_call(inner, args)
+        self.launch = None
+        if call is not None:
+            opts = attention.LayerOpts(call["window"] or None, call["softcap"] or None, call["sinks"])
+            self.launch = ctx.bind_attend(
+                call["layer"], call["q"], call["k"], call["v"], call["scale"], call["out"], opts
+            )
+
+    @property
+    def launch_paths(self) -> tuple[str, ...]:
+        return getattr(self.launch, "paths", ())
 
     def replay(self) -> None:
+        if self.launch is not None:
+            return self.launch()
         with attention.forward_context(self.ctx):
             self.inner(*self.args)
 
@@ -119,8 +154,12 @@ class FxPiecewise:
         backend = self._backend if split else "inductor"
         self.compiled = torch.compile(self._forward, backend=backend, fullgraph=True, dynamic=False)
 
-    def _forward(self, input_ids, positions, logits_indices, logits):
-        logits.copy_(self.lm.forward_logits(input_ids, positions, logits_indices))
+    def _forward(self, input_ids, positions, logits_indices, out):
+        """Split: out is the hidden rows the LM head reads after the pieces; whole: the logits."""
+        if self.split:
+            out.copy_(self.lm.forward_hidden(input_ids, positions, logits_indices))
+        else:
+            out.copy_(self.lm.forward_logits(input_ids, positions, logits_indices))
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs):
         split, attn_names = split_at_attention(gm)
@@ -130,9 +169,9 @@ class FxPiecewise:
         self.splits.append((len(list(split.named_children())) - len(attn_names), len(attn_names)))
         return split
 
-    def forward(self, views) -> None:
+    def forward(self, views, out) -> None:
         with attention.opaque_attention():
-            self.compiled(views.input_ids, views.positions, views.logits_indices, views.logits)
+            self.compiled(views.input_ids, views.positions, views.logits_indices, out)
 
     def record(self, steps: list, fn, backend) -> None:
         self.recording, self.backend = steps, backend

@@ -95,10 +95,21 @@ class LoadedModel:
 
     def forward_logits(self, input_ids, positions, logits_indices) -> torch.Tensor:
         """Packed tokens [1, T], explicit positions, no HF cache: gmtool's attention owns the KV cache."""
+        return self.logits_of(self.forward_hidden(input_ids, positions, logits_indices))
+
+    def forward_hidden(self, input_ids, positions, logits_indices) -> torch.Tensor:
+        """The final hidden state of the rows that become logits (the LM head's input)."""
         base = getattr(self.model, self.model.base_model_prefix)
         hidden = base(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)[0]
-        logits = self.model.get_output_embeddings()(hidden[0].index_select(0, logits_indices))
-        return families.postprocess_logits(self.config, logits)
+        return hidden[0].index_select(0, logits_indices)
+
+    def logits_of(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        return families.postprocess_logits(self.config, self.model.get_output_embeddings()(hidden_rows))
+
+    @property
+    def head_in_features(self) -> int:
+        """The LM head's input width (OPT projects the final hidden state down to word_embed_proj_dim first)."""
+        return self.model.get_output_embeddings().weight.shape[-1]
 
 
 def _config_from_dict(d: dict):

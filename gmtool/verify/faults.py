@@ -126,6 +126,9 @@ class _FrozenAttention:
     def planned(self, ctx, *a):
         return self.inner.planned(self._views(ctx), *a)
 
+    def bind(self, ctx, *a):  # a piecewise runner binds its kernels to the frozen copy, its plan stays ctx's
+        return self.inner.bind(ctx, *a, views=self._views(ctx).views)
+
 
 def _freeze(ex, field: str) -> None:
     frozen = _FrozenAttention(ex.attention, field)

@@ -8,6 +8,11 @@
   allocation (cuPointerGetAttribute finds its range) is an address, not a scalar, and becomes PTR: buffers move
   between captures, what matters is the scalars. Without cuFuncGetParamInfo the number and sizes of the arguments
   cannot be known, so arguments are not compared, and the result says so.
+- By-value structs of C++ kernels (mangled names: ATen's elementwise, reduce and cat kernels) are compared by
+  size only. Their unused slots are never written (OffsetCalculator's MAX_DIMS arrays, an empty functor's byte),
+  so they carry whatever the host stack held, which differs with the Python path a composition took (seen on the
+  H200: 5,000 such words per decode graph, and dozens a control capture did not catch). Their launch shapes, and
+  every argument of Triton kernels (plain scalars and pointers), are still compared.
 - Modules: while capturing, the node count of the graph being captured is read at every ATen op and every module
   entry and exit (cuStreamGetCaptureInfo, then cuGraphGetNodes asking for the count only); the nodes added since
   the previous reading were issued under the module that was running. Triton launches, which no ATen hook sees,
@@ -23,6 +28,10 @@ import torch
 
 from gmtool.verify.nodediff import PTR, Node
 
+STRUCT = "struct"  # a C++ kernel's by-value struct argument: compared by its size only
+STRUCTS_NOTE = (
+    "by-value struct arguments of C++ kernels (ATen's) compared by size only: their unused slots hold host bytes"
+)
 _SMALL = 1 << 20  # words below this are sizes, counts and strides; no device allocation lives there
 # x86-64 user space near its top, where host stacks, libraries and pinned memory live: a kernel argument struct
 # copied from the host stack can carry such addresses (seen in ATen's CatArrayBatchedCopy metadata), which differ
@@ -149,7 +158,7 @@ class NodeReader:
                 (p.gridDimX, p.gridDimY, p.gridDimZ),
                 (p.blockDimX, p.blockDimY, p.blockDimZ),
                 int(p.sharedMemBytes),
-                self._args(func, getter, int(p.kernelParams or 0)),
+                self._args(func, getter, int(p.kernelParams or 0), cpp=self._name(func, getter).startswith("_Z")),
             )
         if kind == "memset":
             p = _call(d, "cuGraphMemsetNodeGetParams", handle)
@@ -189,7 +198,7 @@ class NodeReader:
             self._sizes[key] = None if info is None else sizes
         return self._sizes[key]
 
-    def _args(self, func, getter: str, params: int) -> tuple[tuple, ...]:
+    def _args(self, func, getter: str, params: int, cpp: bool = False) -> tuple[tuple, ...]:
         sizes = self._param_sizes(func, getter)
         if sizes is None:
             self.notes.add(
@@ -201,7 +210,14 @@ class NodeReader:
             self.notes.add("a kernel launched with packed 'extra' arguments: its arguments are not compared")
             return ()
         slots = (ctypes.c_void_p * len(sizes)).from_address(params)
-        return tuple(self.words(ctypes.string_at(slots[i], size)) if slots[i] else () for i, size in enumerate(sizes))
+        out = []
+        for i, size in enumerate(sizes):
+            if cpp and size not in (4, 8):
+                self.notes.add(STRUCTS_NOTE)
+                out.append((f"{STRUCT} of {size} bytes",))
+            else:
+                out.append(self.words(ctypes.string_at(slots[i], size)) if slots[i] else ())
+        return tuple(out)
 
     def words(self, raw: bytes) -> tuple:
         """An argument's bytes as little-endian 8-byte words, device addresses replaced by PTR."""

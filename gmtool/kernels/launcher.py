@@ -1,0 +1,134 @@
+"""Triton launches bound once per call site, then handed straight to the compiled kernel.
+
+`kernel[grid](...)` binds the arguments, works out the specialization (dtypes, pointer alignment, ints equal to
+1 or divisible by 16, constexprs), looks the compiled variant up and checks the kernel's globals on every call:
+tens of microseconds of host time, paid by each attention runner of each piecewise step. A runner launches the
+same kernel on the same tensors every step (the shared q and output buffers, its layer's K/V cache, the step's
+metadata buffers); only the grid and a few ints follow the batch, and those are declared do_not_specialize in
+the kernel, so no value of theirs selects another variant. `BoundKernel` takes Triton's path on its first call,
+keeps the CompiledKernel that call returns, and afterwards hands the stored arguments (pointers as addresses),
+the call's grid and ints directly to that kernel's launcher: nothing is re-checked per call.
+
+The direct path relies on Triton 3.x's launcher convention, which 3.6 and 3.9 share: `compiled.run(gx, gy, gz,
+stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *every parameter in order)`, the
+constexpr ones included (the launcher skips them), pointers as tensors or addresses. Where that is not what the
+installed Triton offers, under the interpreter (TRITON_INTERPRET=1 compiles nothing), or with a launch hook set
+when the binding is made (a profiler; the direct path passes none), every call goes through kernel[grid] and
+`path` says why. A hook added after a runner was bound does not see that runner's launches.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+PENDING = "pending"  # not launched yet
+DIRECT = "direct"  # launches go straight to the compiled kernel
+VIA_TRITON = "triton"  # every launch goes through kernel[grid]; path is "triton: <why>"
+
+
+def _stream_source():
+    """(the current-stream getter, the device) as Triton's own launch finds them."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_stream, driver.active.get_current_device()
+
+
+def _launch_hooks() -> tuple:
+    """Triton's launch hooks (profilers set them); a Triton without `knobs` predates the convention used here."""
+    from triton import knobs
+
+    return knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+
+
+def _hooked(hook) -> bool:
+    """A launch hook that does something: Triton 3.6/3.9 keep an empty HookChain (a list of calls) when unset."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def direct_launch_problem(kernel, compiled, varying: tuple[str, ...] = ()) -> str | None:
+    """Why `compiled` (what kernel[grid](...) returned) cannot be launched directly; None when it can."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "the Triton interpreter runs kernels as Python (TRITON_INTERPRET=1): no compiled kernel"
+    if compiled is None:
+        return "kernel[grid] returned no compiled kernel"
+    missing = [a for a in ("run", "function", "packed_metadata", "src") if not hasattr(type(compiled), a)]
+    missing = [a for a in missing if a not in getattr(compiled, "__dict__", {})]
+    if missing:
+        return f"this Triton's compiled kernel has no {', '.join(missing)}"
+    signature = getattr(compiled.src, "signature", None)
+    if not isinstance(signature, dict) or list(signature) != list(kernel.arg_names):
+        return "this Triton's launcher takes another argument layout than the kernel's parameters in order"
+    fixed = [n for n in varying if signature[n] == "constexpr"]
+    if fixed:
+        return f"{', '.join(fixed)} compiled as constants: a direct launch would not pass their values"
+    try:
+        hooks = _launch_hooks()
+    except (ImportError, AttributeError):
+        return "this Triton has no knobs.runtime launch hooks (the 3.x launcher convention)"
+    if any(_hooked(h) for h in hooks):
+        return "a Triton launch hook is set (a profiler): launches go through Triton to call it"
+    return None
+
+
+class BoundKernel:
+    """One call site of a Triton kernel, its arguments fixed but the grid and the `varying` ints.
+
+    args: the positional arguments (the kernel's leading parameters); constexprs: the rest of its parameters by
+    name; options: launch options (num_warps, num_stages). varying: names of positional ints given anew at each
+    call, in that order, after the grid; the kernel must declare them do_not_specialize (or no value of theirs
+    could change the compiled variant), and they must stay in int32 range. The tensors are held for the
+    binding's life: their addresses are what the direct path passes.
+    """
+
+    __slots__ = ("kernel", "args", "constexprs", "options", "slots", "path", "_run", "_head", "_direct", "_stream")
+
+    def __init__(self, kernel, args: tuple, constexprs: dict, options: dict, varying: tuple[str, ...] = ()):
+        names = list(kernel.arg_names)
+        tail = names[len(args) :]
+        if sorted(tail) != sorted(constexprs):
+            raise ValueError(f"{kernel}: constexprs {sorted(constexprs)} are not its parameters after the positional")
+        self.slots = tuple(names.index(v) for v in varying)
+        if any(i >= len(args) for i in self.slots):
+            raise ValueError(f"{kernel}: varying arguments must be positional: {varying}")
+        params = getattr(kernel, "params", None)  # the interpreter's functions have none
+        if params is not None:
+            fixed = [names[i] for i in self.slots if not params[i].do_not_specialize]
+            if fixed:
+                raise ValueError(f"{kernel}: {', '.join(fixed)} vary per call: declare them do_not_specialize")
+        self.kernel, self.args, self.options = kernel, list(args), options
+        self.constexprs = {n: constexprs[n] for n in tail}  # in parameter order: the direct path passes them so
+        self.path = PENDING
+        self._run = None
+
+    def __call__(self, grid: tuple, *values) -> None:
+        run = self._run
+        if run is None:
+            return self._through_triton(grid, values)
+        a = self._direct
+        for i, v in zip(self.slots, values):
+            a[i] = v
+        run(grid[0], grid[1], grid[2], self._stream[0](self._stream[1]), *self._head, *a)
+
+    def _through_triton(self, grid: tuple, values: tuple) -> None:
+        a = self.args
+        for i, v in zip(self.slots, values):
+            a[i] = v
+        compiled = self.kernel[grid](*a, **self.constexprs, **self.options)
+        if self.path == PENDING:
+            self._go_direct(compiled)
+
+    def _go_direct(self, compiled) -> None:
+        names = self.kernel.arg_names
+        why = direct_launch_problem(self.kernel, compiled, tuple(names[i] for i in self.slots))
+        if why is not None:
+            self.path = f"{VIA_TRITON}: {why}"
+            return
+        # addresses instead of tensors: the launcher then neither calls data_ptr() nor asks the driver about them
+        self._direct = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self.args]
+        self._direct += list(self.constexprs.values())
+        self._head = (compiled.function, compiled.packed_metadata, None, None, None)  # no metadata, no hooks
+        self._stream = _stream_source()
+        self._run = compiled.run
+        self.path = DIRECT
