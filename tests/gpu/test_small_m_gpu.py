@@ -27,11 +27,12 @@ def test_small_m_matches_matmul_at_every_profile_shape(model):
     for name, (n, k, bias) in projection_shapes(load_model_profile(model)["config"]).items():
         w = _randn(n, k, seed=n + k, scale=k**-0.5)  # outputs of about unit size
         b = _randn(n, seed=n) if bias else None
+        w32, b32 = w.float().t(), (b.float() if bias else 0)
         for m in MS:
             big = torch.full((m, k + 64), float("nan"), dtype=torch.bfloat16, device=DEV)
             big[:, :k] = _randn(m, k, seed=m)
             x = big[:, :k]  # a row stride past K, NaN between rows: reading past a row shows
-            expect = torch.matmul(x.float(), w.float().t()) + (b.float() if bias else 0)
+            expect = torch.matmul(x.float(), w32) + b32
             out = linear(x, w, b)
             what = f"{model} {name} M={m} N={n} K={k} bias={bias}"
             assert out.dtype == torch.bfloat16 and out.shape == (m, n) and not out.isnan().any(), what
