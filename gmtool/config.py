@@ -56,6 +56,7 @@ class SweepConfig:
     piecewise_impl: str = "breakable"
     compile: bool = False  # Inductor-compile the non-attention parts before capture
     fuse: bool = False  # gmtool.model.fused: fewer kernels per decoder layer
+    small_m_gemm: bool = False  # with fuse: decode projections on gmtool.kernels.small_m instead of cuBLAS
     attention: str = "auto"  # attention kernels: auto (triton on CUDA when available) | torch | triton
     max_kv_len: int | None = None
     max_tokens: int | None = None
@@ -99,6 +100,8 @@ class SweepConfig:
         if self.compile and not cuda:
             # Inductor's CPU code runs its own C++ loops, not the ATen ops the tape records: nothing to capture
             raise GmtoolError("--compile needs CUDA: the CPU tape backend cannot capture Inductor's CPU kernels")
+        if self.small_m_gemm and not self.fuse:
+            raise GmtoolError("small_m_gemm runs the fused layers' projections: it needs fuse (--fuse) as well")
         if self.model is None:
             self.model = GPU_DEFAULT_MODEL if cuda else CPU_DEFAULT_MODEL
             if not cuda:

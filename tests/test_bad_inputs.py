@@ -56,6 +56,7 @@ CASES = [
     ("--scenario unknown", ["capture", *CPU, "--scenario", "sideways"], "is not one of"),
     ("--dtype unknown", ["capture", *CPU, "--dtype", "int3"], "unknown dtype"),
     ("--compile on the CPU", ["capture", *CPU, "--compile"], "--compile"),
+    ("--small-m-gemm without --fuse", ["compare", *CPU, "--small-m-gemm"], "needs fuse (--fuse) as well"),
     ("--format unknown", ["capture", *CPU, "--format", "yaml"], "'yaml' is not one of 'human', 'json', 'quiet'"),
     ("--compositions 1@10000000", ["capture", *CPU, "--compositions", "1@10000000"], "--max-kv-len"),
     ("--max-kv-len 100000000", ["capture", *CPU, "--max-kv-len", "100000000"], "--max-kv-len"),

@@ -118,3 +118,39 @@ def test_summary_of_the_lean_stage(tmp_path):
     # a runner alone: under 5 us, and the way its kernels launched (an older file has no paths)
     assert rows["prefill 128: host time of one attention runner (launches: direct)"] == ("4.0 us", "< 5 us", "met")
     assert rows["prefill 512: host time of one attention runner (launches: -)"] == ("9.0 us", "< 5 us", "NOT met")
+
+
+def test_summary_judges_the_small_m_gemm(tmp_path):
+    """Issue 17's decode goals for --fuse with the small-M GEMM: B=1 kv 1024 within 0.8 ms, B=32 not slower than
+    --fuse alone; and the GEMM stage's layer-stack sum against cuBLAS."""
+
+    def row(bucket, ms):
+        return {"bucket": bucket, "composition": f"1*{bucket}@1023", "status": "ok", "latency_ms": _lat(ms)}
+
+    gemm = [
+        {"name": n, "m": 1, "ours_us": us, "cublas_us": 2 * us, "ours_TBps": 3.0, "cublas_TBps": 1.5}
+        for n, us in (("qkv", 3.0), ("down", 2.0))
+    ]
+    stages = {
+        "fused": {"rows": [row(1, 1.21), row(32, 1.50)]},
+        "fused-smallm": {"rows": [row(1, 0.79), row(32, 1.52)]},
+        "gemm": {"rows": gemm, "layers": 28},
+    }
+    for name, data in stages.items():
+        (tmp_path / f"bench-{name}.json").write_text(json.dumps(data))
+    rows = {r[0]: r[1:] for r in summary(tmp_path, Console(file=io.StringIO()))}
+    assert rows["decode B=1 kv=1024, --fuse with the small-M GEMM, --fuse alone 1.210 ms"] == (
+        "0.790 ms",
+        "<= 0.8 ms",
+        "met",
+    )
+    assert rows["decode B=32 kv=1024: --fuse with / without the small-M GEMM (1.520 vs 1.500 ms)"] == (
+        "1.01x",
+        "<= 1.00x",
+        "NOT met",
+    )
+    assert rows["decode B=1 kv=1024: --fuse with / without the small-M GEMM (0.790 vs 1.210 ms)"][0] == "0.65x"
+    (stack,) = [
+        v for k, v in rows.items() if k.startswith("small-M GEMM M=1, 28 layers' projections: 140 vs cuBLAS 280 us")
+    ]
+    assert stack[0] == "2.00x faster"

@@ -163,6 +163,13 @@ FuseOpt = Annotated[
         help="Fuse the model's layers as engines do (one QKV and one gate/up GEMM; Triton RMSNorm, QK-norm+RoPE and SiLU-and-mul): fewer kernels per step. Eager and every graph mode run the fused model.",
     ),
 ]
+SmallMGemmOpt = Annotated[
+    Optional[bool],
+    flag(
+        "small_m_gemm",
+        help="With --fuse: the projections of steps of up to 32 tokens (decode) on gmtool's small-M GEMM, a Triton kernel that streams the weights, instead of cuBLAS (not in what --compile hands to Inductor, which picks its own GEMMs).",
+    ),
+]
 CompileOpt = Annotated[
     Optional[bool],
     flag(

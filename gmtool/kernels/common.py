@@ -10,6 +10,8 @@ import torch
 # in the rescale factor. Kernels wrap it as tl.constexpr (jit code may only read constexpr globals).
 NEG_INIT = -1.0e30
 LOG2E = 1.4426950408889634
+# The most rows gmtool.kernels.small_m's GEMM takes (decode batches); above it cuBLAS's tiles fit the work.
+SMALL_M_MAX = 32
 
 
 def pow2(n: int, floor: int = 1) -> int:

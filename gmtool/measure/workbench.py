@@ -83,9 +83,11 @@ class Workbench:
             lm.notes.append(shard_model(lm.model, rank, cfg.tp))
             lm.tp = cfg.tp
         if cfg.fuse:
+            from gmtool.kernels.common import SMALL_M_MAX
             from gmtool.model.fused import fuse_layers
 
-            lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout)
+            small_m = SMALL_M_MAX if cfg.small_m_gemm else 0
+            lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout, small_m)
         spec = KVCacheSpec(
             lm.num_layers,
             lm.rank_kv_heads,

@@ -32,19 +32,43 @@ from gmtool.model.families import FUSED_RESIDUAL
 SILU = ("silu", "swish")
 
 
+def _triton_runs(x: torch.Tensor) -> bool:
+    """gmtool's Triton kernels take x: a CUDA tensor outside an Inductor trace (tests under the Triton
+    interpreter replace this)."""
+    return x.is_cuda and not torch.compiler.is_compiling()
+
+
 class LayerOps:
     """The fused layers' kernels, chosen once per run: Triton on CUDA (their torch form while Inductor traces,
-    which it fuses itself), the torch form elsewhere."""
+    which it fuses itself), the torch form elsewhere. small_m: the largest token count whose projections run
+    gmtool's small-M GEMM (gmtool.kernels.small_m) instead of F.linear; 0 leaves them all to F.linear. A graph
+    holds one token count, so each bucket's graph takes one side of the threshold for good."""
 
-    def __init__(self, attention_backend: str):
+    def __init__(self, attention_backend: str, small_m: int = 0):
+        from gmtool.kernels.common import SMALL_M_MAX
+
+        if not 0 <= small_m <= SMALL_M_MAX:
+            raise ValueError(f"small_m {small_m}: the small-M GEMM takes 0 to {SMALL_M_MAX} tokens")
         self.triton = attention_backend == "triton"
+        self.small_m = small_m
 
     def __call__(self, x: torch.Tensor) -> SimpleNamespace:
-        if self.triton and x.is_cuda and not torch.compiler.is_compiling():
+        if self.triton and _triton_runs(x):
             from gmtool.kernels import layers
 
             return layers
         return _REF
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.triton and x.shape[0] <= self.small_m and _triton_runs(x):
+            from gmtool.kernels import small_m
+
+            return small_m.linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+
+    def project(self, m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """m(x) for a row-parallel (--tp) or other Linear subclass, whose forward adds more than the product."""
+        return self.linear(x, m.weight, m.bias) if type(m) is torch.nn.Linear else m(x)
 
 
 _REF = SimpleNamespace(
@@ -103,12 +127,13 @@ def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
     def forward(hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
         t = x.shape[0]
-        qkv = F.linear(x, w, b)
+        qkv = ops.linear(x, w, b)
         cos, sin = (e.reshape(t, dim) for e in position_embeddings)
         q, k = ops(x).qk_norm_rope(qkv, heads, kv_heads, dim, cos, sin, qw, kw, eps)
         v = qkv[:, v_at:].view(t, kv_heads, dim)
         out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling, opts)  # the layer's window, cap, sinks
-        return m.o_proj(out.reshape(*hidden_states.shape[:-1], heads * dim)), None
+        o = ops.project(m.o_proj, out.reshape(t, heads * dim))
+        return o.view(*hidden_states.shape[:-1], o.shape[-1]), None
 
     return forward
 
@@ -118,7 +143,8 @@ def _mlp_forward(m, ops: LayerOps):
     down = m.down_proj
 
     def forward(x):
-        return down(ops(x).silu_mul(F.linear(x.reshape(-1, x.shape[-1]), w)).view(*x.shape[:-1], -1))
+        rows = x.reshape(-1, x.shape[-1])
+        return ops.project(down, ops(x).silu_mul(ops.linear(rows, w))).view(*x.shape[:-1], -1)
 
     return forward
 
@@ -214,6 +240,7 @@ class FusedLayers:
     patched: list = field(default_factory=list)
     counts: dict = field(default_factory=lambda: {"attention": 0, "mlp": 0, "rmsnorm": 0, "residual_adds": 0})
     skipped: list[str] = field(default_factory=list)
+    ops: LayerOps | None = None  # the kernels the fused forwards call (ops.small_m may be changed before capture)
 
     def apply(self) -> None:
         for m, fwd in self.patched:
@@ -231,14 +258,16 @@ class FusedLayers:
             f"(one gate/up GEMM, SiLU-and-mul in one kernel), {c['rmsnorm']} RMSNorms in one kernel each, "
             f"{c['residual_adds']} residual adds inside the RMSNorm after them"
         )
+        if self.ops is not None and self.ops.triton and self.ops.small_m:
+            s += f"; projections of up to {self.ops.small_m} tokens on gmtool's small-M GEMM"
         return s + (f"; left as they are: {'; '.join(sorted(set(self.skipped)))}" if self.skipped else "")
 
 
-def fuse_layers(model: torch.nn.Module, attention_backend: str, layout=None) -> FusedLayers:
+def fuse_layers(model: torch.nn.Module, attention_backend: str, layout=None, small_m: int = 0) -> FusedLayers:
     """layout: the model's probed KVLayout (gmtool.model.probe), whose per-layer options the fused attention
-    passes on as the model's own forward does."""
-    cfg, ops = model.config, LayerOps(attention_backend)
-    fused = FusedLayers()
+    passes on as the model's own forward does. small_m: see LayerOps."""
+    cfg, ops = model.config, LayerOps(attention_backend, small_m)
+    fused = FusedLayers(ops=ops)
     fused_attention: set[int] = set()
     act = str(getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None) or "").lower()
     silu = act in SILU

@@ -1,0 +1,184 @@
+"""y = x @ W^T (+ bias) for a few rows of x (M <= 32, decode batches): a GEMM that streams the weight.
+
+At small M a linear layer is a weight read: qwen3-0.6b's decode step reads 1.2 GB of weights and little else.
+cuBLAS picks tiles made for large M there and reaches 0.4-2.1 TB/s on an H200 (copy: 4.2 TB/s). This kernel
+gives each program a BLOCK_N slice of W's rows (and, where N alone keeps under a quarter of the SMs busy, a
+slice of K: split-K), so every program streams a contiguous run of weight bytes while x (a few KB) sits in
+cache. The product is computed swapped, W_tile @ x_tile^T, so the weight tile is the MMA's A operand in
+its stored (K-contiguous) layout and the small M is the MMA's narrow side.
+
+Split-K programs write fp32 partials; a second kernel sums them in a fixed order, adds the bias and rounds:
+no atomics, so a result does not depend on the order programs ran in. Block sizes come from the shape
+(`pick`), never from autotuning: autotune would time kernels inside a CUDA graph capture. Launchers allocate
+from shapes only and read no device value, so a call can be captured (after one eager call compiled it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from gmtool.kernels.common import SMALL_M_MAX as MAX_M
+from gmtool.kernels.common import dot_precision, num_sms, pow2
+
+REDUCE_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    block_m: int
+    block_n: int
+    block_k: int
+    split: int  # K slices, each its own program; 1 stores the result directly
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def pick(m: int, n: int, k: int, sms: int, elem_bytes: int = 2) -> Config:
+    """Block sizes by shape. DRAM stays busy when enough weight bytes are in flight (about latency x bandwidth:
+    ~3 MB on an H200), spread over the SMs. Where N gives at least two programs per SM, the widest BLOCK_N that
+    still does keeps each program's run of rows long. Where it gives fewer programs than SMs but at least a
+    quarter (o_proj and down_proj of small models: N = hidden), each program keeps more bytes in flight instead
+    (BLOCK_K 512): one kernel, no second one to sum partials, which would cost a graph node (~1 us) per use.
+    Below a quarter, K is split until there are about two programs per SM, each slice at least two BLOCK_K steps.
+    """
+    block_m = 16 if m <= 16 else 32  # tl.dot needs 16 on each side
+    target = 2 * sms
+    block_n = next((bn for bn in (64, 32) if triton.cdiv(n, bn) >= target), 16)
+    blocks = triton.cdiv(n, block_n)
+    block_k = 128 if block_n == 64 else 256 if blocks >= sms else 512
+    block_k = min(block_k, pow2(k, 16))
+    steps = triton.cdiv(k, block_k)
+    split = 1
+    if 4 * blocks < sms and steps >= 4:
+        per = max(2, triton.cdiv(steps, triton.cdiv(target, blocks)))  # K steps per slice
+        split = triton.cdiv(steps, per)
+    # stage buffers (a W tile and an x tile each) within an SM's shared memory: fp32 tiles are twice the bytes
+    stage_bytes = (block_n + block_m) * block_k * elem_bytes
+    return Config(block_m, block_n, block_k, split, num_stages=max(2, min(4, (160 << 10) // stage_bytes)))
+
+
+# M is not specialized (1, multiples of 16): one compiled variant per shape and BLOCK_M serves every bucket
+@triton.jit(do_not_specialize=["M"])
+def _small_m_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    steps_per_split,
+    HAS_BIAS: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    n_mask = rn < N
+    m_mask = rm < M
+    # rows past N re-read row N-1 instead of being masked: the loads stay unpredicated along K
+    w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + rm[:, None] * stride_xm
+    k0 = pid_k * steps_per_split * BLOCK_K  # a multiple of BLOCK_K the compiler can see: vector loads
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kk in range(0, tl.minimum(steps_per_split * BLOCK_K, K - k0), BLOCK_K):  # the last slice may be shorter
+        k = k0 + kk + rk
+        if EVEN_K:
+            w = tl.load(w_rows + k[None, :])
+            x = tl.load(x_rows + k[None, :], mask=m_mask[:, None], other=0.0)
+        else:
+            k_mask = k < K
+            w = tl.load(w_rows + k[None, :], mask=k_mask[None, :], other=0.0)
+            x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)
+    mask = n_mask[:, None] & m_mask[None, :]
+    if PARTIAL:  # partials [split, M, N] in fp32, summed by _split_reduce_kernel
+        dst = out_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None]
+        tl.store(dst, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + rm[None, :] * N + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _split_reduce_kernel(p_ptr, b_ptr, out_ptr, M, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    m = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT):  # a fixed order: the same sum on every run
+        acc += tl.load(p_ptr + (s * M + m) * N + cols, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * N + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: Config | None = None):
+    """x [M, K] (M <= MAX_M), weight [N, K] as nn.Linear stores it, bias [N] or None -> contiguous [M, N] of
+    x.dtype, accumulated in fp32. config: block sizes to use instead of pick's (tests, tuning)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if weight.stride(-1) != 1:
+        raise ValueError("weight rows must be contiguous (nn.Linear's layout)")
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k or weight.dtype != x.dtype or m > MAX_M:
+        raise ValueError(
+            f"x {tuple(x.shape)} {x.dtype} and weight {tuple(weight.shape)} {weight.dtype}: "
+            f"need x [M <= {MAX_M}, K], weight [N, K] of one dtype"
+        )
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias {tuple(bias.shape)} does not fit {n} outputs")
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
+    cfg = config or pick(m, n, k, num_sms(x.device), x.element_size())
+    if cfg.block_m < m:
+        raise ValueError(f"block_m {cfg.block_m} is smaller than the {m} rows of x")
+    steps = triton.cdiv(k, cfg.block_k)
+    per = triton.cdiv(steps, cfg.split)  # BLOCK_K steps per slice
+    split = triton.cdiv(steps, per)  # slices that hold any K
+    b = bias.contiguous() if bias is not None else x  # unread without HAS_BIAS
+    dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    _small_m_kernel[(triton.cdiv(n, cfg.block_n), split)](
+        x,
+        weight,
+        b,
+        dst,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        per,
+        HAS_BIAS=bias is not None,
+        PARTIAL=split > 1,
+        EVEN_K=k % cfg.block_k == 0,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        PRECISION=dot_precision(x.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if split > 1:
+        _split_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
+            dst, b, out, m, n, SPLIT=split, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4
+        )
+    return out
