@@ -47,6 +47,7 @@ def main() -> None:
         "--fault-steps", type=int, default=100, help="steps a faulty soak may run before it counts as missed"
     )
     p.add_argument("--fault-check-every", type=int, default=None, help="default: --check-every")
+    p.add_argument("--faults", default="all", help="comma list of faults to inject, all, or none")
     p.add_argument("--budget-s", type=float, default=200.0, help="wall time for the whole run, model build included")
     p.add_argument("--fault-reserve-s", type=float, default=60.0, help="of the budget, kept for the fault runs")
     p.add_argument("--seed", type=int, default=0)
@@ -113,7 +114,8 @@ def run(a, t_start: float) -> None:
 
     # 3. each fault, in the first mode, until found; last, because a fault may break the device context
     faults, every = [], a.fault_check_every or a.check_every
-    for name in FAULTS:
+    chosen = FAULTS if a.faults == "all" else [] if a.faults == "none" else a.faults.split(",")
+    for name in chosen:
         fault = parse_fault(name, bench.lm.num_layers)
         try:
             r = Soak(
