@@ -150,17 +150,20 @@ def run_memreport(
     """The sweep of the config's one graph mode under each memory strategy; the files are rewritten after every
     strategy, so a later failure keeps what was measured. on_strategy(row): told of each finished strategy.
     sample: capture only that many of the buckets and predict the whole list per strategy; check: then capture
-    every bucket too, and give the prediction's error. Returns the MemDocument and the files written."""
+    every bucket too, and give the prediction's error. Returns the MemDocument and the files written.
+    The model is built once for all of it (a SharedWorkbench; twice only if the sample needs another KV cache)."""
+    from gmtool.measure.workbench import SharedWorkbench
     from gmtool.memory.predict import check_document, predict_document, sampled_config
     from gmtool.memory.report import write_report
 
     if not sample and not check:
-        return _memreport_runs(cfg, strategies, out_dir, progress, on_strategy)
+        return _memreport_runs(cfg, strategies, out_dir, progress, on_strategy, SharedWorkbench(cfg))
     small = sampled_config(cfg, sample)
-    doc, paths = _memreport_runs(small, strategies, out_dir, progress, on_strategy, "sampled ")
+    shared = SharedWorkbench(cfg if check else small)
+    doc, paths = _memreport_runs(small, strategies, out_dir, progress, on_strategy, shared, "sampled ")
     predicted = predict_document(doc, cfg.bucket_sizes)
     if check:
-        doc, paths = _memreport_runs(cfg, strategies, out_dir, progress, on_strategy)
+        doc, paths = _memreport_runs(cfg, strategies, out_dir, progress, on_strategy, shared)
         predicted = check_document(predicted, doc)
     else:
         doc.notes.append(
@@ -171,14 +174,14 @@ def run_memreport(
     return doc, write_report(out_dir, doc)
 
 
-def _memreport_runs(cfg, strategies, out_dir, progress, on_strategy, what: str = ""):
+def _memreport_runs(cfg, strategies, out_dir, progress, on_strategy, shared, what: str = ""):
     from gmtool.memory.report import build_document, run_strategy, write_report
 
     rows, result, doc, paths = [], None, None, []
     try:
         for name in strategies:
             with progress(f"memreport {what}{name}") as p:
-                row, res = run_strategy(cfg, name, p)
+                row, res = run_strategy(cfg, name, p, shared)
             rows.append(row)
             result = result or res
             if on_strategy:

@@ -80,7 +80,7 @@ def test_memreport_interrupted_keeps_finished_strategies(tmp_path, monkeypatch):
     from gmtool.errors import Interrupted
     from tests.test_vmm_bookkeeping import MiB, _raw
 
-    def run_strategy(cfg, name, progress=None):
+    def run_strategy(cfg, name, progress=None, shared=None):
         if name == "shared":
             raise KeyboardInterrupt
         return report.derive(_raw(name, 480 * MiB)), None

@@ -528,7 +528,7 @@ def test_memreport_cli_keeps_results_and_fails_on_oom(monkeypatch, tmp_path):
     }
     result = SimpleNamespace(machine={"device": "cuda", "gpu": "stub"}, model={"name": "tiny-qwen3"})
     monkeypatch.setattr(cli, "build_config", build_on_cuda)
-    monkeypatch.setattr(report, "run_strategy", lambda cfg, name, progress=None: (rows[name], result))
+    monkeypatch.setattr(report, "run_strategy", lambda cfg, name, progress=None, shared=None: (rows[name], result))
     out = tmp_path / "mem"
     r = CliRunner().invoke(
         app,

@@ -7,6 +7,8 @@ the tests all build through it.
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import os
 from dataclasses import dataclass
 
@@ -50,6 +52,19 @@ def _tp_rank(cfg: SweepConfig) -> int:
             f"--tp {cfg.tp} in a process group of {place().world}: start it with gmtool.parallel.launch.run"
         )
     return place().rank
+
+
+def _most_seqs(cfg: SweepConfig) -> int:
+    """The most sequences one batch of the config holds: the KV cache is sized for them."""
+    return max(c.num_seqs for cs in cfg.compositions_by_bucket.values() for c in cs)
+
+
+def build_need(cfg: SweepConfig) -> tuple:
+    """What Workbench.build makes of a config: every option but the bucket list, and what the buckets decide
+    there (the KV cache's size from the most sequences of a batch, the eager buffers' from the most tokens).
+    Configs of one need get the same model, cache and buffers: memreport's sampled buckets and the whole list."""
+    opts = tuple((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.init and f.name != "buckets")
+    return opts + (("most_seqs", _most_seqs(cfg)), ("max_tokens", cfg.policy().max_tokens))
 
 
 @dataclass
@@ -100,7 +115,7 @@ class Workbench:
         if num_blocks is not None:
             cache = PagedKVCache(spec, num_blocks, device)
         else:
-            worst = max(c.num_seqs for cs in cfg.compositions_by_bucket.values() for c in cs) * spec.blocks_per_seq
+            worst = _most_seqs(cfg) * spec.blocks_per_seq
             if cfg.kv_cache_gb is not None:
                 budget = int(cfg.kv_cache_gb * 2**30)
             elif device.type == "cuda":
@@ -114,6 +129,14 @@ class Workbench:
             cfg.policy().max_tokens, cfg.max_num_seqs, spec.blocks_per_seq, lm.vocab_size, lm.model.dtype, device
         )
         return cls(cfg, lm, cache, eager_inputs)
+
+    def rebound(self, cfg: SweepConfig) -> "Workbench":
+        """This workbench for a config of the same build need, as Workbench.build(cfg) would have made it: the
+        same model and buffers, the KV cache filled afresh (what earlier runs wrote there is gone)."""
+        if build_need(cfg) != build_need(self.cfg):
+            raise ValueError("rebound: the config needs a workbench of its own (gmtool.measure.workbench.build_need)")
+        self.cache.fill_random(cfg.seed, _tp_rank(cfg), cfg.tp)
+        return dataclasses.replace(self, cfg=cfg)
 
     @property
     def attention(self):
@@ -200,3 +223,23 @@ class Workbench:
             return eager_reference(fn, logits, self.cache, batch), fn
         except torch.OutOfMemoryError:
             raise OutOfMemory("out of memory in the eager reference run") from None
+
+
+class SharedWorkbench:
+    """One workbench for a command's runs of several configs (memreport: every strategy, over the sampled
+    buckets and then the whole list), built on first use and rebound to each run's config. It is built from
+    `widest` when that has the run's need (its check_fits covers the smaller runs), and again only for a
+    config of another need, the old one dropped first (one model in memory at a time)."""
+
+    def __init__(self, widest: SweepConfig):
+        self.widest, self.bench = widest, None
+
+    def for_config(self, cfg: SweepConfig) -> Workbench:
+        need = build_need(cfg)
+        if self.bench is None or build_need(self.bench.cfg) != need:
+            self.bench = None
+            gc.collect()
+            if cfg.torch_device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.bench = Workbench.build(self.widest if build_need(self.widest) == need else cfg)
+        return self.bench.rebound(cfg)

@@ -107,8 +107,9 @@ def held_storages(executors: dict) -> list[tuple[int, int]]:
 
 
 # -- one strategy ------------------------------------------------------------------------------------
-def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[StrategyRow, object]:
-    """(the strategy's row, the SweepResult or None). Failures become the row's status, never exceptions."""
+def run_strategy(cfg, name: str, progress=None, shared=None, **vmm_opts) -> tuple[StrategyRow, object]:
+    """(the strategy's row, the SweepResult or None). Failures become the row's status, never exceptions.
+    shared: a SharedWorkbench the run takes its model from (None: it builds its own)."""
     if len(cfg.graph_modes) != 1:
         raise GmtoolError("memreport measures one graph mode at a time")
     mode = cfg.graph_modes[0]
@@ -119,10 +120,14 @@ def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[StrategyRow
     probe = ShuffledReplayProbe(strategy, cfg.seed)
     sweep = Sweep(cfg, progress, lambda mode, s=strategy: s, probes=(probe,))
     raw = {"strategy": name, "mode": mode, "order": strategy.order}
-    res = None
+    res = bench = None
     free0 = torch.cuda.mem_get_info(cfg.torch_device)[0]
     try:
-        res = sweep.run()
+        bench = shared.for_config(cfg) if shared is not None else None
+        if bench is not None:  # the model every strategy runs on is none's memory: measured from here
+            torch.cuda.empty_cache()
+            free0 = torch.cuda.mem_get_info(cfg.torch_device)[0]
+        res = sweep.run(bench)
     except (GmtoolError, RuntimeError) as e:  # RuntimeError: CUDA errors too; the other strategies still run
         strategy.release()  # no-op when the executors released it; else the failure came before them
         oom = isinstance(e, (OutOfMemory, torch.OutOfMemoryError))
@@ -145,7 +150,7 @@ def run_strategy(cfg, name: str, progress=None, **vmm_opts) -> tuple[StrategyRow
             wall_s=res.wall_s,
         )
         raw["kv_bytes_per_token"] = res.model.get("kv_bytes_per_token")
-    del sweep, probe, strategy
+    del sweep, probe, strategy, bench
     gc.collect()
     torch.cuda.empty_cache()  # the next strategy starts from the same allocator state
     # the ledger's "after release": what the driver did not get back (graph exec objects kept alive, say)
