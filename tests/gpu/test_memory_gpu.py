@@ -96,3 +96,24 @@ def test_vmm_check_flags_an_allocation_that_outlives_capture():
     del stray
     s.release()
     assert not any("left mapped" in w for w in s.warnings), s.warnings
+
+
+def test_strategies_on_one_model_measure_what_they_measured_on_their_own(rows):
+    """memreport runs every strategy on one model (SharedWorkbench): each still starts clean, its pools held
+    and its captures' needs as when it built its own model, and nothing the model holds counts as left behind."""
+    from gmtool.measure.workbench import SharedWorkbench
+    from gmtool.memory.report import run_strategy
+
+    by_name, cfg = rows
+    shared, mib = SharedWorkbench(cfg), 2**20
+    for name in ("independent", "shared", "independent"):  # the first again: the pools before it are gone
+        row, alone = asdict(run_strategy(cfg, name, shared=shared)[0]), by_name[name]
+        _check_replays(row, cfg)
+        print(
+            f"{name}: physical {row['physical_bytes'] / mib:.1f} MiB (alone {alone['physical_bytes'] / mib:.1f}), "
+            f"after release {row['after_release_bytes'] / mib:.1f} MiB (alone {alone['after_release_bytes'] / mib:.1f})"
+        )
+        assert abs(row["physical_bytes"] - alone["physical_bytes"]) <= 2 * mib
+        needs = [(k["key"], k["graph_mem_bytes"]) for k in row["per_key"]]
+        assert needs == [(k["key"], k["graph_mem_bytes"]) for k in alone["per_key"]]
+        assert row["after_release_bytes"] < 64 * mib  # the model and its KV cache are nobody's leftovers
