@@ -325,3 +325,21 @@ def test_verify_accepts_auto_and_analyses_its_parts_once(tmp_path):
 def test_every_injected_fault_is_caught_under_auto(rig, fault):
     m = soak(rig, "auto", fault=fault, steps=30, check_every=1).mismatch
     assert m is not None and m.suspects and m.step < 10
+
+
+def test_a_graph_output_handed_out_from_pool_memory_is_caught_and_named(rig):
+    """share-output-across-buckets: the logits are handed out through a weak reference into graph memory
+    instead of the persistent output buffer (as engines' weak references to graph outputs do). The pool counts
+    that memory free, so another bucket's replay overwrites it; verify poisons graph memory between the replay
+    and the read, and names the output. The same poison leaves a correct soak clean (the tests above)."""
+    m = soak(rig, "full", fault="share-output-across-buckets", steps=30, check_every=1).mismatch
+    assert m is not None and m.step < 5
+    assert any(s.startswith("output:") for s in m.suspects), m.suspects
+    assert any("graph-private memory" in s for s in m.suspects), m.suspects
+
+
+def test_share_output_needs_a_mode_whose_graphs_end_with_the_lm_head(rig):
+    from gmtool.errors import GmtoolError
+
+    with pytest.raises(GmtoolError, match="piecewise runs the LM head after its graphs"):
+        soak(rig, "piecewise", fault="share-output-across-buckets", steps=3, check_every=1)

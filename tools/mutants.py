@@ -228,6 +228,14 @@ MUTANTS: list[Mutant] = [
         "an entry a caller holds keeps its graphs and their pool alive past release (VMM cannot unmap)",
     ),
     M(
+        "no-poison-after-replay",
+        "gmtool/verify/soak.py",
+        "            self.poisoner.after_replay(entry)\n",
+        "",
+        "tests/test_verify.py::test_a_graph_output_handed_out_from_pool_memory_is_caught_and_named",
+        "graph memory is not poisoned between a replay and the read of its result: outputs left in pool memory pass",
+    ),
+    M(
         "key-ignores-decode",
         "gmtool/core/executor.py",
         "batch.num_tokens, batch.num_seqs, batch.is_decode, batch.composition.bucket",

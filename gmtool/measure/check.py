@@ -90,7 +90,7 @@ def checked_replay(ex, batch: Batch, ref: EagerReference, before_replay=None, af
     poisons more memory, and reads the device inputs the replay used before the eager pass reloads them).
     Returns (the graph entry, the check, the logits the replay wrote)."""
     entry = ex.prepare(batch)
-    out = ex.inputs.logits[: batch.num_seqs]  # where this batch's logits must land, whichever graph ran
+    out = ex.inputs.output(entry.key, batch.num_seqs)  # where the executor hands this batch's logits out
     ex.inputs.logits.fill_(float("nan"))  # every row: a replay must write its own
     slots = _slots(ex.cache, batch)
     poison_kv(ex.cache, slots)

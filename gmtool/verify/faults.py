@@ -29,6 +29,7 @@ FAULTS = (
     "freeze-block-tables",
     "freeze-seq-lens",
     "pad-read",
+    "share-output-across-buckets",
 )
 
 
@@ -69,6 +70,8 @@ def inject(fault: Fault, ex) -> contextlib.AbstractContextManager:
             _freeze(part, "block_tables" if fault.name == "freeze-block-tables" else "kv_lens")
     elif fault.name == "pad-read":
         return _pad_read(parts_of(ex), fault.layer)
+    elif fault.name == "share-output-across-buckets":
+        _share_output(parts_of(ex))
     return contextlib.nullcontext()
 
 
@@ -171,3 +174,48 @@ def _pad_read(parts: list, layer: int):
         yield
     finally:
         handle.remove()
+
+
+def weak_view(t):
+    """A tensor over t's memory that does not own it: the allocator counts the memory free once t is gone, as
+    engines' weak references to graph outputs (vLLM's weak_ref_tensor, TensorRT-LLM's make_weak_ref) do."""
+    import torch
+
+    st = t.untyped_storage()
+    alias = torch._C._construct_storage_from_data_pointer(st.data_ptr(), t.device, st.nbytes())
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(alias, t.storage_offset(), t.shape, t.stride())
+
+
+def _share_output(parts: list) -> None:
+    """Graphs hand out their logits from graph memory through a weak reference instead of copying them into the
+    persistent output buffer: the capture frees that memory to the pool, where the graphs of later buckets
+    (sharing the pool) reuse it, so a bucket's result is overwritten by the next replay of another one."""
+    graphs = [ex for ex in parts if not ex.mode.piecewise]
+    if not graphs:
+        raise GmtoolError(
+            "--inject share-output-across-buckets: piecewise runs the LM head after its graphs, so no graph "
+            "hands out an output to share; use full, full-narrow or auto"
+        )
+    inputs, held = graphs[0].inputs, {}
+    output = inputs.output
+    for ex in graphs:
+        impl, current = ex.forward_impl, [None]
+
+        def run_sharing(ex_, views, run=impl.run, current=current):
+            if current[0] is None:  # eager (warm-up, the same-shape check): as before
+                return run(ex_, views)
+            out = ex_.lm.forward_logits(views.input_ids, views.positions, views.logits_indices)
+            # CUDA: a weak reference, its memory back in the pool. The CPU tape has no pool to give memory back
+            # to (freed host memory may be unmapped): the tensor stays one of the tape's intermediates, the
+            # memory verify poisons as the graph's own
+            held[current[0]] = weak_view(out) if out.is_cuda else out
+
+        def record_sharing(ex_, entry, fn, record=impl.record, current=current):
+            current[0] = entry.key
+            try:
+                record(ex_, entry, fn)
+            finally:
+                current[0] = None
+
+        impl.run, impl.record = run_sharing, record_sharing
+    inputs.output = lambda key, n: held[key][:n] if key in held else output(key, n)

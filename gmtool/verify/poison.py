@@ -18,7 +18,6 @@ from enum import StrEnum
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_flatten
 
 from gmtool.core.auto import part_owning, parts_of
 from gmtool.core.batch import Batch
@@ -50,7 +49,6 @@ class Poisoner:
             for t in (ex.inputs.arena, ex.inputs.logits, *(p.attn_out for p in self.parts), *ex.cache.k, *ex.cache.v)
         }
         self.skipped: dict[str, str] = {}  # buffer -> why it is not poisoned here
-        self._intermediates: dict[int, list[torch.Tensor]] = {}
         self._memset = None
         if not any(p.mode.piecewise for p in self.parts):
             self.skipped[Buffer.ATTN_OUT_TAIL] = "full graphs have no attention output buffer between pieces"
@@ -90,6 +88,13 @@ class Poisoner:
             if want(Buffer.KV_NULL_BLOCK):
                 kv[NULL_BLOCK] = SENTINEL
         if want(Buffer.GRAPH_MEMORY):
+            self._fill_graph_memory(entry, poison=True)
+
+    def after_replay(self, entry, only: set[Buffer] | None = None) -> None:
+        """Graph memory poisoned again once the replay is done, before its result is read. A result handed out
+        from memory the pool counts free (a weak reference to a graph's output) is what the next replay of
+        another bucket overwrites; here it reads NaN at once. A correct result sits outside the graphs' memory."""
+        if (Buffer.GRAPH_MEMORY not in self.skipped) if only is None else (Buffer.GRAPH_MEMORY in only):
             self._fill_graph_memory(entry, poison=True)
 
     def clean(self, entry, live) -> None:
@@ -141,23 +146,16 @@ class Poisoner:
             t.fill_(float("nan") if poison else 0.0)
 
     def _tape_intermediates(self, entry) -> list[torch.Tensor]:
-        """CPU tape: floating results the graph computes itself (a correct replay writes each before reading it)."""
-        got = self._intermediates.get(id(entry))
-        if got is None:
-            seen, got = set(), []
-            for step in entry.steps:
-                for op in getattr(step, "ops", ()):
-                    for t in tree_flatten(op[3])[0]:
-                        if (
-                            isinstance(t, torch.Tensor)
-                            and t.is_floating_point()
-                            and id(t) not in seen
-                            and t.untyped_storage().data_ptr() not in self.persistent
-                        ):
-                            seen.add(id(t))
-                            got.append(t)
-            self._intermediates[id(entry)] = got
-        return got
+        """CPU tape: the floating tensors a graph made and hands out (written back after each replay) outside the
+        persistent buffers: the tape's stand-in for graph-pool memory. Its other intermediates are made afresh
+        at every replay, so there is nothing of theirs to poison."""
+        out = []
+        for step in entry.steps:
+            for _, ref in getattr(step, "escaped", ()):
+                t = ref()
+                if t is not None and t.is_floating_point() and t.untyped_storage().data_ptr() not in self.persistent:
+                    out.append(t)
+        return out
 
     def _fill_free_pool_blocks(self, byte: int) -> None:
         """CUDA: every free block of the executor's graph pools set to one byte (0xFF: NaN in fp32/bf16/fp16)."""

@@ -164,6 +164,7 @@ class Soak:
             seen["slots"] = LiveSlots(ex.cache, live, batch)
 
         def after(entry):
+            self.poisoner.after_replay(entry)
             seen["inputs"] = input_faults(ex, entry.key, batch)
             seen["changed"] = seen["slots"].changed()
 
@@ -215,9 +216,11 @@ class Soak:
             entry.replay(batch, ex.refresh_runner_metadata)
         except (RuntimeError, IndexError) as e:
             return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if only is None or only:
+            self.poisoner.after_replay(entry, only=only)
         n = batch.num_tokens
         return (
-            ex.inputs.logits[: batch.num_seqs].clone(),
+            ex.inputs.output(entry.key, batch.num_seqs).clone(),
             written_kv(ex.cache, batch),
             self.taps.graph_buf[:, :n].clone(),
         )
@@ -255,6 +258,12 @@ class Soak:
             first = div.to_dict() if div else None
         self.poisoner.clean(ex.prepare(batch), live)
         suspects = list(seen["inputs"])
+        handed = ex.inputs.output(entry.key, batch.num_seqs)
+        if handed.untyped_storage().data_ptr() != ex.inputs.logits.untyped_storage().data_ptr():
+            suspects.append(
+                "output: the step's logits are handed out from graph memory, not the persistent output buffer; "
+                "the pool counts it free, so other buckets' graphs overwrite it"
+            )
         suspects += [f"{b}: the result changes when it alone is poisoned" for b in read]
         if stale:
             suspects.append(f"the attention plan frozen at capture (captured with {entry.captured_with})")
