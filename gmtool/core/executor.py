@@ -115,19 +115,24 @@ class CapturedGraph:
 def _memory_of(entry: CapturedGraph, device: torch.device, upload=None, held=None):
     """CUDA: the capture's peak allocation (the shape's need), the pool memory it added, and what the driver
     took outside the pool around capture + instantiation and then around upload() (the graph's first launch).
-    held: the pool's physical bytes when they are not the allocator's reserved bytes (VMM maps every shape's
-    virtual range onto shared chunks: its reserved bytes grow by the range, its physical ones by the excess)."""
+    held(): the pools' physical bytes, where the allocator's reserved bytes do not say them (it may return None;
+    no held, or None: the reserved bytes). VMM maps every shape's virtual range onto shared chunks: its reserved
+    bytes grow by the range, its physical ones by the excess."""
     if device.type != "cuda":
         yield
         return
-    held = held or (lambda: torch.cuda.memory_reserved(device))
+
+    def pool() -> int:
+        got = held() if held is not None else None
+        return torch.cuda.memory_reserved(device) if got is None else got
+
     torch.cuda.synchronize(device)
-    mem0, res0 = torch.cuda.memory_allocated(device), held()
+    mem0, res0 = torch.cuda.memory_allocated(device), pool()
     free0 = torch.cuda.mem_get_info(device)[0]
     torch.cuda.reset_peak_memory_stats(device)
     yield
     entry.graph_mem_bytes = torch.cuda.max_memory_allocated(device) - mem0
-    entry.pool_growth_bytes = held() - res0
+    entry.pool_growth_bytes = pool() - res0
     # what the driver gave beyond the pool's growth: graph instantiation and exec objects (gmtool.memory.ledger)
     free1 = torch.cuda.mem_get_info(device)[0]
     entry.outside_pool_bytes = (free0 - free1) - entry.pool_growth_bytes
@@ -241,8 +246,7 @@ class GraphExecutor:
             if self.memory is not None:  # every piece of one bucket goes into the pool chosen for it
                 self.backend.pool = self.memory.pool_for(key)
             # the upload replays the capture's own batch: its KV writes repeat the warm-up's
-            physical = getattr(self.memory, "physical_bytes", None)  # an optional strategy hook (VMM's)
-            held = physical if physical is not None and physical() is not None else None
+            held = getattr(self.memory, "physical_bytes", None)  # an optional strategy hook (VMM's)
             with _memory_of(entry, self.device, upload=lambda: entry.replay(batch), held=held):
                 t0 = time.perf_counter()
                 self._record(entry, fn)
