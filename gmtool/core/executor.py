@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gmtool.kernels.native_loop import PENDING_RETRIES, build_step_loop
 from gmtool.model.attention import PLAIN, TORCH_ATTENTION, ForwardContext, LayerOpts, forward_context
 from gmtool.core.backends import make_backend
 from gmtool.core.batch import Batch
@@ -90,6 +91,11 @@ class CapturedGraph:
     copies_inputs: bool = False  # its first step copies the staging arena in: prepare only writes staging
     copy_steps: int = 0  # graphs that only copy inputs (FX split: its pieces capture themselves)
     piecewise_impl: str | None = None  # breakable | fx | "breakable (fx could not trace: ...)"
+    # how a replay launches its steps (gmtool.kernels.native_loop): "native" (one C call per step, the LM head
+    # after it in Python), "python: why", or "pending" until the first replay has compiled every runner's kernels
+    launch_path: str = "pending"
+    loop: object = None  # the native StepLoop once built
+    native_tries: int = 0
 
     @property
     def pieces(self) -> int:
@@ -102,8 +108,14 @@ class CapturedGraph:
     def replay(self, batch: Batch, refresh_metadata: bool = True) -> None:
         if refresh_metadata:
             self.ctx.prepare(batch.plan)
+        if self.loop is not None:
+            return self.loop()
         for step in self.steps:
             step.replay()
+        if self.launch_path.startswith("pending") and self.native_tries < PENDING_RETRIES:
+            # after a replay every runner's kernels have launched once (through Triton) and can go native
+            self.native_tries += 1
+            self.loop, self.launch_path = build_step_loop(self)
 
     def stale_metadata(self, batch: Batch) -> bool:
         """True when the graph froze a host plan that differs from this batch's: its replay is unsafe."""
@@ -313,6 +325,7 @@ class GraphExecutor:
         outlives release leaves its ranges mapped, and the process cannot start another)."""
         for entry in self.graphs.values():
             entry.steps.clear()
+            entry.loop = None  # it holds the steps too
         self.graphs.clear()
 
     def release(self) -> None:
