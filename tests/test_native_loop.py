@@ -8,6 +8,8 @@ sequence, the interpreter, a layout the driver disagrees with, no compiler: the 
 from __future__ import annotations
 
 import ctypes
+import os
+import re
 import shutil
 import struct
 from types import SimpleNamespace
@@ -20,6 +22,10 @@ from gmtool.kernels.native_loop import GRAPH_LAUNCH, KERNEL_LAUNCH, Driver, Nati
 
 STREAM = 0x5EED
 LOG: list = []  # what launched, in order: Python path and native loop alike
+try:  # the real kernel, before the fixture below swaps in a fake
+    from gmtool.kernels.prefill_attention import _varlen_kernel as REAL_VARLEN
+except ImportError:  # no triton
+    REAL_VARLEN = None
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
@@ -340,3 +346,40 @@ def test_a_segment_around_a_python_runner(monkeypatch):
     assert entry.launch_path.startswith("native for 3 of 5 steps; python: a runner without bound Triton launches")
     log = _step(entry, PLANS[1])
     assert [x[0] for x in log] == ["graph", "kernel", "graph", "torch", "graph", "tail"]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiles for sm_90")
+def test_the_packed_layout_is_the_compiled_kernel_s():
+    """The installed Triton's own compiled varlen kernel (sm_90, no GPU): the metadata asks for nothing the loop
+    leaves out, and the packed layout (the non-constexpr parameters, then the two null scratch pointers) has the
+    count and sizes of the .entry's parameters in its PTX, which is what cuFuncGetParamInfo reports on CUDA."""
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    from gmtool.kernels.launcher import DIRECT, STEP_SEQS, BoundKernel, KernelLaunch
+    from gmtool.kernels.testing import compile_for_hopper
+
+    consts = dict(G=2, D=64, D_PAD=64, DV=64, DV_PAD=64, PAGE=16, BLOCK_M=64, BLOCK_N=64, WIDE=False, PREC="tf32")
+    consts |= dict(WINDOW=0, SOFTCAP=0.0, SINKS=False)
+    idx = ("bt_ptr", "lens_ptr", "cu_ptr")
+    arg_type = lambda n: ("*i64" if n in idx else "*bf16") if n.endswith("_ptr") else "fp32" if "scale" in n else "i32"  # noqa: E731
+    compiled = compile_for_hopper(REAL_VARLEN, consts, arg_type)
+    assert native_loop._metadata_problem(compiled.metadata) is None
+    compiled.function = 0x1234  # loaded on a GPU only
+    bound = BoundKernel.__new__(BoundKernel)
+    names = REAL_VARLEN.arg_names
+    bound.kernel, bound.slots, bound.path, bound.compiled = REAL_VARLEN, (names.index("num_seqs"),), DIRECT, compiled
+    bound._direct = [0x1000 * i if n.endswith("_ptr") else 0.5 if "scale" in n else i for i, n in enumerate(names)]
+    op = native_loop.KernelOp(KernelLaunch(bound, (STEP_SEQS, 1, 16), (STEP_SEQS,)))
+    ptx = re.search(r"\.entry\s+\w+\s*\((.*?)\)", compiled.asm["ptx"], re.S).group(1)
+    ptx_sizes = [int(w[-2:]) // 8 for w in re.findall(r"\.param\s+\.([busf]\d\d)", ptx)]
+    assert op.sizes == tuple(ptx_sizes) and len(ptx_sizes) == len(names) - len(consts) + 2
+    assert op.patches == [(names.index("num_seqs"), 4, 0)] and op.block == 128 and op.shared == compiled.metadata.shared
+
+
+def test_the_c_source_ships_in_the_wheel():
+    import tomllib
+    from fnmatch import fnmatch
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["gmtool"]
+    assert native_loop.SOURCE.is_file() and any(fnmatch("kernels/step_loop.c", g) for g in globs)
