@@ -285,7 +285,7 @@ def test_the_driver_s_layout_is_checked(monkeypatch):
     for sizes, why in (
         (lambda f: [8] * len(_sizes(f)), "is 8 bytes for the driver, 4 in the packed layout"),
         (lambda f: _sizes(f) + [8], "the driver knows more parameters than the"),
-        (lambda f: _sizes(f)[:3], "the driver knows 3 parameters, the packed layout has"),
+        (lambda f: _sizes(f)[:3], "the driver knows 3 parameters (error 1 asking for one more)"),
     ):
         path = _path_after_one_step(monkeypatch, FakeDriver(sizes=_reporting(sizes))).launch_path
         assert path.startswith("python: ") and why in path, path

@@ -265,10 +265,6 @@ class KernelOp:
             if why:
                 raise NotNative(f"{name}: {why}")
 
-    def value_at(self, index: int) -> int:
-        """The 8 bytes of parameter `index` as they are now (tests read what a launch would pass)."""
-        return self.buffer[index]
-
 
 def _scratch_params(meta) -> int:
     """The null scratch pointers Triton's launcher appends: global_scratch (3.3+), and profile_scratch in the
@@ -298,7 +294,7 @@ def layout_problem(param_info: Callable, function: int, sizes: tuple[int, ...]) 
     for i, size in enumerate(sizes):
         rc, got = param_info(function, i)
         if rc != 0:
-            return f"the driver knows {i} parameters, the packed layout has {len(sizes)}"
+            return f"the driver knows {i} parameters (error {rc} asking for one more), the packed layout {len(sizes)}"
         if got != size:
             return f"parameter {i} is {got} bytes for the driver, {size} in the packed layout"
     rc, _ = param_info(function, len(sizes))
@@ -387,7 +383,7 @@ def _step_ops(step, ctx, driver: Driver) -> list:
     if getattr(step, "is_runner", False):
         launches = getattr(step.launch, "native_launches", None) if getattr(step, "launch", None) else None
         if launches is None:
-            raise NotNative("a runner without bound Triton launches (torch attention)")
+            raise NotNative("a runner without bound Triton launches (torch attention, or an FX submodule run as is)")
         return [KernelOp(k, driver) for k in launches(ctx)]
     raise NotNative(f"{type(step).__name__} steps have no native launch")
 
