@@ -383,3 +383,14 @@ def test_the_c_source_ships_in_the_wheel():
     root = Path(__file__).resolve().parents[1]
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["gmtool"]
     assert native_loop.SOURCE.is_file() and any(fnmatch("kernels/step_loop.c", g) for g in globs)
+
+
+def test_without_a_driver_the_reason_is_given():
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("a CUDA driver is installed here")
+    except OSError:
+        pass
+    native_loop.cuda_driver.cache_clear()
+    why = native_loop.cuda_driver()
+    assert isinstance(why, str) and "libcuda.so.1" in why

@@ -94,8 +94,8 @@ class CapturedGraph:
     # how a replay launches its steps (gmtool.kernels.native_loop): "native" (one C call per step, the LM head
     # after it in Python), "python: why", or "pending" until the first replay has compiled every runner's kernels
     launch_path: str = "pending"
-    loop: object = None  # the native StepLoop once built
-    native_tries: int = 0
+    loop: object = field(default=None, repr=False)  # the native StepLoop once built
+    native_tries: int = field(default=0, repr=False)
 
     @property
     def pieces(self) -> int:

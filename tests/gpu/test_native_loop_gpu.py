@@ -3,6 +3,7 @@ per step, and its replays equal the Python loop's bit for bit and eager within t
 (grid, num_seqs) taken each step. Host times are printed, not asserted: tools/native_loop_timing.py and make
 bench's lean stage measure them."""
 
+import functools
 import time
 
 import pytest
@@ -19,7 +20,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 MODEL = "qwen3-0.6b"
 
 
-def _rig(scenario: str, buckets: str, impl: str):
+@functools.cache  # one workbench per configuration for the module: building the model is most of the time
+def _bench(scenario: str, buckets: str, impl: str) -> Workbench:
     cfg = SweepConfig(
         model=MODEL,
         device="cuda",
@@ -31,7 +33,11 @@ def _rig(scenario: str, buckets: str, impl: str):
         max_kv_len=1024,
         piecewise_impl=impl,
     )
-    bench = Workbench.build(cfg, num_blocks=4096)
+    return Workbench.build(cfg, num_blocks=4096)
+
+
+def _rig(scenario: str, buckets: str, impl: str):
+    bench = _bench(scenario, buckets, impl)
     return bench, bench.executor(GraphMode.PIECEWISE)
 
 
