@@ -105,9 +105,15 @@ def test_summary_of_the_lean_stage(tmp_path):
     lean = {
         "128": {
             "full": part(9 << 20, 20.0),
-            "piecewise": {**part(10 << 20, 160.0, 28, 4.0), "launch_paths": ["direct"]},
+            "piecewise": {
+                **part(10 << 20, 160.0, 28, 4.0),
+                "launch_paths": ["direct"],
+                "launch_path": "native",
+                "host_steady_python_us": 340.0,
+            },
             "mem_ratio": 10 / 9,
             "host_extra_us_per_runner": 5.0,
+            "host_extra_us_per_runner_python": 11.4,
         },
         "512": {
             "full": part(36 << 20, 20.0),
@@ -122,6 +128,10 @@ def test_summary_of_the_lean_stage(tmp_path):
     assert rows["prefill 512: graph memory piecewise / full (72.0 vs 36.0 MiB)"] == ("2.00x", "<= 1.1x", "NOT met")
     host = [v for k, v in rows.items() if k.startswith("prefill 128: host time per step piecewise vs full (160 vs 20")]
     assert host == [("+5.0 us per runner", "<= 5 us", "met")]
+    # how the step launched, and the same step through the Python loop (A/B; an older file has neither)
+    assert any("step launched native)" in k for k in rows if k.startswith("prefill 128: host time per step"))
+    assert rows["prefill 128: the same through the Python loop (340 us per step)"] == ("+11.4 us per runner", "", "")
+    assert not any(k.startswith("prefill 512: the same through the Python loop") for k in rows)
     # a runner alone: under 5 us, and the way its kernels launched (an older file has no paths)
     assert rows["prefill 128: host time of one attention runner (launches: direct)"] == ("4.0 us", "< 5 us", "met")
     assert rows["prefill 512: host time of one attention runner (launches: -)"] == ("9.0 us", "< 5 us", "NOT met")

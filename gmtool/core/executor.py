@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gmtool.kernels.native_loop import PENDING_RETRIES, build_step_loop
 from gmtool.model.attention import PLAIN, TORCH_ATTENTION, ForwardContext, LayerOpts, forward_context
 from gmtool.core.backends import make_backend
 from gmtool.core.batch import Batch
@@ -92,6 +93,11 @@ class CapturedGraph:
     piecewise_impl: str | None = None  # breakable | fx | "breakable (fx could not trace: ...)"
     warmed_up: bool = False  # an eager pass ran before its capture (the executor's first, fx, or a retry)
     warmed_after_failure: bool = False  # its cold capture failed, and it was warmed up and captured again
+    # how a replay launches its steps (gmtool.kernels.native_loop): "native" (one C call per step, the LM head
+    # after it in Python), "python: why", or "pending" until the first replay has compiled every runner's kernels
+    launch_path: str = "pending"
+    loop: object = field(default=None, repr=False)  # the native StepLoop once built
+    native_tries: int = field(default=0, repr=False)
 
     @property
     def pieces(self) -> int:
@@ -104,8 +110,14 @@ class CapturedGraph:
     def replay(self, batch: Batch, refresh_metadata: bool = True) -> None:
         if refresh_metadata:
             self.ctx.prepare(batch.plan)
+        if self.loop is not None:
+            return self.loop()
         for step in self.steps:
             step.replay()
+        if self.launch_path.startswith("pending") and self.native_tries < PENDING_RETRIES:
+            # after a replay every runner's kernels have launched once (through Triton) and can go native
+            self.native_tries += 1
+            self.loop, self.launch_path = build_step_loop(self)
 
     def stale_metadata(self, batch: Batch) -> bool:
         """True when the graph froze a host plan that differs from this batch's: its replay is unsafe."""
@@ -348,6 +360,7 @@ class GraphExecutor:
         outlives release leaves its ranges mapped, and the process cannot start another)."""
         for entry in self.graphs.values():
             entry.steps.clear()
+            entry.loop = None  # it holds the steps too
         self.graphs.clear()
 
     def release(self) -> None:

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from gmtool.kernels.common import LOG2E, NEG_INIT, check_cache, dot_precision, num_sms, pow2
 from gmtool.kernels.jit_helpers import softcap_log2
-from gmtool.kernels.launcher import BoundKernel
+from gmtool.kernels.launcher import BoundKernel, KernelLaunch
 
 _NEG = tl.constexpr(NEG_INIT)
 BLOCK_N = 64  # tokens per iteration: several 16-token pages, so each step has enough bytes in flight
@@ -346,6 +346,10 @@ class BoundDecode:
     @property
     def paths(self) -> tuple[str, ...]:
         return (self.split.path,) if self.combine is None else (self.split.path, self.combine.path)
+
+    def native_launches(self, ctx) -> list[KernelLaunch]:
+        out = [KernelLaunch(self.split, self.split_grid)]
+        return out if self.combine is None else out + [KernelLaunch(self.combine, self.combine_grid)]
 
     def __call__(self) -> None:
         self.split(self.split_grid)

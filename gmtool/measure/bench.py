@@ -296,6 +296,7 @@ def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda",
     from gmtool.core.backends.cpu import pool_bytes
     from gmtool.config import SweepConfig
     from gmtool.core.compositions import parse_composition
+    from gmtool.kernels.native_loop import python_path
     from gmtool.measure.timing import host_us_steady, summarize
     from gmtool.measure.workbench import Workbench
     from gmtool.modes import GraphMode
@@ -318,6 +319,8 @@ def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda",
         entry = ex.prepare(batch)  # the capture
         ex.step(batch)
         steady = host_us_steady(lambda: ex.step(batch), ex.inputs.copied_in, iters)
+        with python_path(entry):  # the same step through the Python loop over its steps (A/B)
+            steady_python = host_us_steady(lambda: ex.step(batch), ex.inputs.copied_in, iters)
         runners = [s for s in entry.steps if getattr(s, "is_runner", False)]
         per_runner = []
         for _ in range(iters):
@@ -331,6 +334,9 @@ def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda",
             "graph_mem_bytes": mem,
             "pool_growth_bytes": entry.pool_growth_bytes,
             "host_steady_us": summarize(steady).median,
+            # how a step launched (gmtool.kernels.native_loop): "native", or "python: why"; the Python loop's time
+            "launch_path": entry.launch_path,
+            "host_steady_python_us": summarize(steady_python).median,
             "pieces": entry.pieces,
             "runners": len(runners),
             "runner_us": statistics.median(per_runner) if runners else None,
@@ -341,6 +347,9 @@ def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda",
     full, pw = out["full"], out["piecewise"]
     out["mem_ratio"] = pw["graph_mem_bytes"] / full["graph_mem_bytes"] if full["graph_mem_bytes"] else None
     out["host_extra_us_per_runner"] = (pw["host_steady_us"] - full["host_steady_us"]) / max(1, pw["runners"])
+    out["host_extra_us_per_runner_python"] = (pw["host_steady_python_us"] - full["host_steady_us"]) / max(
+        1, pw["runners"]
+    )
     return out
 
 
@@ -629,12 +638,21 @@ def summary(out: Path, console: Console) -> list[tuple]:
             (
                 f"prefill {t}: host time per step piecewise vs full ({pw['host_steady_us']:.0f} vs "
                 f"{full['host_steady_us']:.0f} us, {pw['runners']} runners; a runner alone "
-                f"{pw['runner_us']:.1f} us)",
+                f"{pw['runner_us']:.1f} us; step launched {pw.get('launch_path', '-')})",
                 f"+{x['host_extra_us_per_runner']:.1f} us per runner",
                 "<= 5 us",
                 "met" if x["host_extra_us_per_runner"] <= 5 else "NOT met",
             )
         )
+        if "host_steady_python_us" in pw:  # the same step through the Python loop over its steps
+            rows.append(
+                (
+                    f"prefill {t}: the same through the Python loop ({pw['host_steady_python_us']:.0f} us per step)",
+                    f"+{x['host_extra_us_per_runner_python']:.1f} us per runner",
+                    "",
+                    "",
+                )
+            )
         paths = ", ".join(pw.get("launch_paths") or ["-"])
         rows.append(
             (
