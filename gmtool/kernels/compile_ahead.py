@@ -57,9 +57,15 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
     def compile_instead(self, *args, grid, warmup, **kwargs):
         return launch(self, *args, grid=grid, warmup=True, **kwargs)
 
-    def bind_device():  # a thread's current CUDA device is its own; Triton compiles for the current one
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+    # a thread's current CUDA device is its own, and Triton compiles for the current one: the workers take this
+    # thread's (a device without an index, "cuda", names it)
+    index = (
+        (device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else None
+    )
+
+    def bind_device():
+        if index is not None:
+            torch.cuda.set_device(index)
 
     with ThreadPoolExecutor(workers, initializer=bind_device) as pool, mode(pool):
         JITFunction.run = compile_instead

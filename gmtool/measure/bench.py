@@ -683,6 +683,9 @@ def summary(out: Path, console: Console) -> list[tuple]:
         if cache not in CAPTURE_GOALS_S:
             continue
         goal = CAPTURE_GOALS_S[cache]
+        if "total_s" not in cap:
+            rows.append((f"capture, {label} Triton cache", "error", f"<= {goal:g} s", cap.get("error", "no figure")))
+            continue
         rest = cap["total_s"] - cap["capture_only_s"]
         rows.append(
             (
