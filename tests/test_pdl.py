@@ -311,3 +311,26 @@ def test_interp_pdl_layer_and_attention_kernels_equal_plain(gdc_as_no_ops):
                 assert torch.equal(a, b), f"{name} pdl={mode}"
             assert counts["wait"] > 0 and counts["launch"] > 0, name
             counts.update(wait=0, launch=0)
+
+
+@interp_only
+def test_interp_fused_step_with_pdl_equals_without(gdc_as_no_ops, monkeypatch):
+    """A fused tiny-qwen3 decode step through LayerOps with PDL on: its kernels wait (and the GEMMs prefetch),
+    and the logits are the plain step's exactly; off again, nothing waits."""
+    from gmtool.model import fused as fused_mod
+
+    from .helpers import Rig
+
+    counts, addresses = gdc_as_no_ops
+    monkeypatch.setattr(fused_mod, "_triton_runs", lambda x: True)
+    rig = Rig()
+    fused = fused_mod.fuse_layers(rig.lm.model, "triton", rig.lm.layout, small_m=4, pdl=1)
+    assert "launched with PDL" in fused.summary
+    decode = rig.batch("1*4", seed=1)
+    on = rig.eager(decode)
+    assert counts["wait"] > 0 and addresses
+    fused.ops.pdl = 0
+    counts.update(wait=0, launch=0)
+    off = rig.eager(decode)
+    assert counts["wait"] == 0 and "PDL" not in fused.summary
+    assert torch.equal(on, off)
