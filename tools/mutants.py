@@ -288,6 +288,22 @@ MUTANTS: list[Mutant] = [
         "a direct launch passes the first call's num_seqs, not this call's",
     ),
     M(
+        "native-loop-stale-ints",
+        "gmtool/kernels/step_loop.c",
+        "                    memcpy(pt->dst, &x, 4);\n",
+        "                    (void)x;\n",
+        "tests/test_native_loop.py::test_a_second_step_patches_its_own_num_seqs",
+        "the native step loop launches with the packed num_seqs of its build, not the step's",
+    ),
+    M(
+        "native-loop-reversed",
+        "gmtool/kernels/step_loop.c",
+        "        const gmt_op *op = &p->ops[i];\n        if (op->kind == GMT_GRAPH) {\n            rc =",
+        "        const gmt_op *op = &p->ops[p->num_ops - 1 - i];\n        if (op->kind == GMT_GRAPH) {\n            rc =",
+        "tests/test_native_loop.py::test_native_step_launches_what_the_python_loop_launches",
+        "the native step loop launches a step's graphs and kernels in reverse order",
+    ),
+    M(
         "masked-attention-no-diagonal",
         "gmtool/model/attention.py",
         "seen = kv_pos[None, :] <= positions[:, None]",
