@@ -65,11 +65,11 @@ def _kernels():
         ("qk_norm_rope", layers._qk_norm_rope_kernel, dict(HQ=16, HKV=8, HALF=64, HALF_PAD=64, NORM=True), ptr),
         ("silu_mul", layers._silu_mul_kernel, dict(I=3072, BLOCK=1024), ptr),
         ("write_kv", kw._write_kv_kernel, dict(HKV=8, H_PAD=8, D=128, D_PAD=128, DV=128, DV_PAD=128, PAGE=16), ptr),
-        ("decode split", da._decode_split_kernel, dec | feats | dict(NUM_SPLITS=8), ptr),
+        ("decode split", da._decode_split_kernel, dec | feats | dict(SPLIT=True), ptr),
         (
             "decode combine",
             da._combine_kernel,
-            dict(NUM_HEADS=16, D=128, D_PAD=128, NUM_SPLITS=8, S_PAD=8, SINKS=False),
+            dict(NUM_HEADS=16, D=128, D_PAD=128, S_PAD=64, SINKS=False),
             ptr,
         ),
     ]
