@@ -222,8 +222,8 @@ MUTANTS: list[Mutant] = [
     M(
         "release-keeps-held-entries",
         "gmtool/core/executor.py",
-        "            entry.steps.clear()\n",
-        "            pass\n",
+        "        for entry in self.graphs.values():\n            entry.steps.clear()\n",
+        "        for entry in self.graphs.values():\n            pass\n",
         EXEC + "test_release_leaves_no_graph_alive_through_an_entry_a_caller_holds",
         "an entry a caller holds keeps its graphs and their pool alive past release (VMM cannot unmap)",
     ),
@@ -286,6 +286,22 @@ MUTANTS: list[Mutant] = [
         "        for i, v in zip(self.slots, values):\n            pass\n        run(",
         "tests/test_launcher.py::test_first_call_compiles_through_triton_then_launches_directly",
         "a direct launch passes the first call's num_seqs, not this call's",
+    ),
+    M(
+        "compile-ahead-launches",
+        "gmtool/kernels/compile_ahead.py",
+        "        return launch(self, *args, grid=grid, warmup=True, **kwargs)\n",
+        "        return launch(self, *args, grid=grid, warmup=warmup, **kwargs)\n",
+        "tests/test_compile_ahead.py::test_launches_inside_compile_instead_of_running",
+        "the compile-ahead forward runs its Triton kernels instead of only compiling them",
+    ),
+    M(
+        "cold-capture-no-retry",
+        "gmtool/core/executor.py",
+        "            except CaptureError:\n                if warm:\n",
+        "            except CaptureError:\n                if True:\n",
+        "tests/test_compile_ahead.py::test_only_the_first_capture_warms_up_and_a_failed_cold_capture_is_warmed_and_retried",
+        "a shape whose cold capture fails is not warmed up and captured again",
     ),
     M(
         "native-loop-stale-ints",

@@ -217,6 +217,8 @@ class GraphExecutor:
         self.refresh_runner_metadata = True  # False only to demonstrate the stale-metadata bug
         self.warmed = False  # an eager pass has run on the capture stream (see _warm_up)
         self.warmup_every_capture = False  # True: an eager pass before every capture, as before 2026-12-01
+        self.compile_ahead_s: float | None = None  # Triton kernels compiled before the first capture (CUDA)
+        self.compile_ahead_note: str | None = None  # why they were not
         if forward is None:
             from gmtool.core.forwards import RuntimeSplit, WholeGraph
 
@@ -253,6 +255,8 @@ class GraphExecutor:
         fn = lambda: self.forward(views)  # noqa: E731
         with forward_context(ctx), torch.no_grad():
             warm = self.warmup_every_capture or not self.warmed or self.forward_impl.compiles
+            if not self.warmed and not self.forward_impl.compiles:
+                self._compile_ahead(key, batch, fn)
             if warm:
                 self._warm_up(entry, fn)
             if self.mode.piecewise:
@@ -277,6 +281,34 @@ class GraphExecutor:
         ctx.planned_with.clear()
         self.graphs[key] = entry
         return entry
+
+    def _compile_ahead(self, key: BucketKey, batch: Batch, fn) -> None:
+        """Before the executor's first warm-up: this shape's forward and the smallest bucket's of its kind run with
+        their Triton launches compiling side by side instead (gmtool.kernels.compile_ahead), so the kernels later
+        shapes need (split decode for small batches) are compiled too. Their torch ops run over the views'
+        current contents; the warm-up and the capture's upload then compute this batch properly."""
+        from gmtool.kernels import compile_ahead
+
+        self.compile_ahead_note = compile_ahead.unavailable()
+        if self.device.type != "cuda" or self.compile_ahead_note is not None:
+            return
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            self.compile_ahead_note = "not under --tp (every rank would run collectives on skipped kernels' output)"
+            return
+        small = self.policy.key_for(self.policy.sizes[0], min(self.policy.sizes[0], batch.num_seqs), True)
+        other = key.decode and small != key
+        t0 = time.perf_counter()
+        with compile_ahead.compiling_only(self.device), torch.no_grad():
+            fn()  # within the current forward context: this shape, this batch
+            if other:  # a zeroed arena: every index the torch ops read is 0, in range (the null block, token 0)
+                self.inputs.arena.zero_()
+                views = self.inputs.views(small)
+                with forward_context(self._context(small, views, batch)):
+                    self.forward(views)
+        if other:
+            self.inputs.invalidate()  # the next load rewrites every field and padding lane
+            self.inputs.load(batch, key)
+        self.compile_ahead_s = time.perf_counter() - t0
 
     def _warm_up(self, entry: CapturedGraph, fn) -> None:
         """An eager pass on the capture stream. The executor's first capture needs one: cuBLAS makes its workspace
