@@ -2,7 +2,8 @@
 --fuse --small-m-gemm, and the same with PDL (gmtool.kernels.pdl: after-wait, as --pdl runs it, and early),
 one model built once, each variant captured anew. Per variant and batch: replay ms (CUDA events around each
 replay, median of --iters after 20 warm-up replays), the logits' error against eager and against the plain
-small-M graph, whether repeated replays give identical logits, and (after all timing: the profiler slows
+small-M graph, whether repeated replays give identical logits, the graph's programmatic edges (PDL reached
+the graph), and (after all timing: the profiler slows
 later CUDA calls) one replay's kernels from torch.profiler: count, summed time and the gaps between them, and
 the time per kernel name. JSON to $OUT/pdl_decode.json (or --out), a table on stdout.
 
@@ -47,6 +48,43 @@ def replay_ms(entry, batch, iters: int) -> list[float]:
         end.record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in events]
+
+
+def edge_kinds(entry) -> dict:
+    """The captured graph's dependency edges by kind (cuGraphGetEdges with edge data, cuda-bindings): a graph
+    captured with PDL launches holds programmatic ones; without any, PDL did not reach the graph. Best effort:
+    {"error": why} where the driver call or its result is not what this expects."""
+    from gmtool.verify.graphnodes import load_driver
+
+    d = load_driver()
+    if d is None:
+        return {"error": "cuda-bindings not installed"}
+    out: dict = defaultdict(int)
+    try:
+        for step in entry.steps:
+            if getattr(step, "graph", None) is None:
+                continue
+            graph = d.CUgraph(init_value=int(step.graph.raw_cuda_graph()))
+            for name in ("cuGraphGetEdges_v2", "cuGraphGetEdges"):  # 12.x has _v2 with edge data; 13.x folds it in
+                fn = getattr(d, name, None)
+                if fn is None:
+                    continue
+                res = fn(graph, 0)
+                if len(res) != 5:  # (status, from, to, edge data, count): this one has no edge data
+                    continue
+                n = res[4]
+                res = fn(graph, n)
+                if int(res[0]) != 0:
+                    return {"error": f"{name}: {res[0]}"}
+                for e in list(res[3])[: res[4]]:
+                    out[f"type{int(e.type)}_port{int(e.from_port)}"] += 1
+                break
+            else:
+                return {"error": "no cuGraphGetEdges with edge data in these cuda-bindings"}
+    except Exception as e:  # a diagnostic only
+        return {"error": repr(e)}
+    # CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC is 1 (its from_port: 1 programmatic, 2 launch order)
+    return dict(out) | {"programmatic": sum(v for k, v in out.items() if k.startswith("type1"))}
 
 
 def kernels_of_one_replay(entry, batch) -> dict:
@@ -128,6 +166,7 @@ def main() -> int:
     for name in names:
         ops.small_m, ops.pdl = VARIANTS[name]
         ex = bench.executor(GraphMode.FULL)
+        ex.backend.keep_graph = True  # the cudaGraph_t stays readable: edge_kinds
         for b, batch in batches.items():
             first = ex.step(batch).clone()  # captures
             entry = ex.prepare(batch)
@@ -145,6 +184,7 @@ def main() -> int:
                 "rel_err_vs_eager": rel_err_per_seq(first, eager[b]),
                 "ok_vs_eager": rel_err_per_seq(first, eager[b]) < tol,
                 "replays_identical": bool(torch.equal(first, again)),
+                "edges": edge_kinds(entry),
             }
             if b in plain and name != "smallm":
                 row["rel_err_vs_smallm_graph"] = rel_err_per_seq(first, plain[b])
@@ -164,7 +204,7 @@ def main() -> int:
     print(f"\n{result['device']}, torch {result['torch']}, triton {result['triton']}; PDL: {why or 'available'}")
     print(
         f"{'variant':10} {'B':>3} {'replay ms':>10} {'p10':>7} {'p90':>7} {'vs eager':>9} {'same':>5} {'kernels':>8} "
-        f"{'kern us':>8} {'gap us':>7} {'overlaps':>8}"
+        f"{'kern us':>8} {'gap us':>7} {'overlaps':>8} {'PDL edges':>9}"
     )
     for r in result["rows"]:
         p = r.get("profile", {})
@@ -172,7 +212,7 @@ def main() -> int:
             f"{r['variant']:10} {r['batch']:3d} {r['replay_ms_median']:10.3f} {r['replay_ms_p10']:7.3f} "
             f"{r['replay_ms_p90']:7.3f} {r['rel_err_vs_eager']:9.1e} {'yes' if r['replays_identical'] else 'NO':>5} "
             f"{p.get('kernels', '-'):>8} {p.get('kernel_us', float('nan')):8.1f} {p.get('gap_us_median', float('nan')):7.2f} "
-            f"{p.get('gap_us_negative', '-'):>8}"
+            f"{p.get('gap_us_negative', '-'):>8} {r['edges'].get('programmatic', 'err'):>9}"
         )
     for r in result["rows"]:
         top = list(r.get("profile", {}).get("by_name", {}).items())[:8]

@@ -75,9 +75,9 @@ def test_pdl_graph_equals_the_plain_graph_and_eager(bench, b, comp):
         assert rel_err_per_seq(graphs[mode], eagers[Pdl.OFF]) < tol, f"pdl={mode.name} graph against eager"
 
 
-def test_pdl_stage_options_reach_the_kernels(bench):
-    """The fused summary and the kernels' launch options: the GEMM is launched with launch_pdl (a captured
-    graph's kernel nodes then carry the programmatic edge; the tool tools/pdl_decode.py times it)."""
+def test_small_m_launches_with_pdl_only_when_asked(bench):
+    """The small-M GEMM gets launch_pdl=True with pdl and no launch option without it (the plain launch as
+    before), and computes the same product either way; tools/pdl_decode.py reads the captured graph's edges."""
     from gmtool.kernels import small_m
 
     seen = []
