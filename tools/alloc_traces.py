@@ -87,6 +87,17 @@ def simulate(data: dict) -> dict:
     return res
 
 
+def write_json(path: Path, data: dict) -> None:
+    """Compact JSON; gzipped (path + .gz) when over 15 MiB, the most a file the device run returns may hold."""
+    text = json.dumps(data, separators=(",", ":"))
+    if len(text) > 15 * MiB:
+        import gzip
+
+        Path(str(path) + ".gz").write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+
+
 def main() -> int:
     from gmtool.config import SweepConfig
     from gmtool.measure.workbench import Workbench
@@ -118,7 +129,7 @@ def main() -> int:
             data = {**meta, "strategy": name, "status": f"error: {type(e).__name__}: {e}"}
             data["traceback"] = traceback.format_exc()
         datas[name] = data
-        (out / f"{name}.json").write_text(json.dumps(data, separators=(",", ":")))
+        write_json(out / f"{name}.json", data)
         n = sum(len(c["events"]) + len(c["after"]) for c in data.get("captures", []))
         print(
             f"{name}: {data['status']}; {len(data.get('captures', []))} captures, {n} events, "
