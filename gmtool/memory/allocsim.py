@@ -379,9 +379,10 @@ ORDERS = {"independent": "descending", "shared": "descending", "shared-ascending
 SEPARATE_POOLS = {"independent"}
 
 
-def predict_strategy(strategy: str, sampled: list[dict], buckets) -> StrategyPrediction:
+def predict_strategy(strategy: str, sampled: list[dict], buckets, order: str | None = None) -> StrategyPrediction:
     """A strategy's pool bytes over `buckets`, from its sampled captures' traces: every bucket's Program (the
-    sampled ones as recorded, the others interpolated), run in the strategy's order into its pools."""
+    sampled ones as recorded, the others interpolated), run in the strategy's order (order: ascending |
+    descending, default the strategy's) into its pools."""
     if strategy not in ORDERS:
         raise ValueError(f"the allocator simulator does not model strategy {strategy!r}")
     if not sampled:
@@ -394,7 +395,7 @@ def predict_strategy(strategy: str, sampled: list[dict], buckets) -> StrategyPre
             notes.append(f"bucket {c['bucket']}: {ext} frees of blocks earlier captures made were left out")
         p.ops = [op for op in p.ops if not (op[0] == "f" and isinstance(op[1], tuple))]
         progs[c["bucket"]] = p
-    order = sorted(set(buckets), reverse=ORDERS[strategy] == "descending")
+    order = sorted(set(buckets), reverse=(order or ORDERS[strategy]) != "ascending")
     run = []
     for b in order:
         p, note = interpolate(progs, b)

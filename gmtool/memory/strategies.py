@@ -149,6 +149,8 @@ class MemoryStrategy:
 
     # -- what memreport reads while the graphs are alive ---------------------------------------------
     def measure(self) -> dict:
+        if self.traces is not None:  # the captures are over: their traces end here, graphs still alive
+            self.traces.finish()
         pools = pool_segments(set(map(tuple, self.pool_ids.values())), self.meter.index)
         total = sum(s["total_size"] for segs in pools.values() for s in segs)
         return {
