@@ -75,6 +75,8 @@ def simulate(data: dict) -> dict:
     res = {"measured_bytes": measured}
     full = allocsim.replay_recorded(data)
     res["full_replay_bytes"] = full.total_bytes
+    # consecutive segment addresses, as the predictor assumes them: what the real ones' order changes
+    res["full_replay_consecutive_addresses_bytes"] = allocsim.replay_recorded(data, real_addresses=False).total_bytes
     res["full_replay_check"] = allocsim.check_replay(data)
     sampled = sample_buckets(BUCKETS, 4)
     pred = allocsim.predict_strategy(data["strategy"], allocsim.captures_of(data, sampled), BUCKETS)

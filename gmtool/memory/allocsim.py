@@ -226,13 +226,20 @@ class SimResult:
     after_capture: list[int]  # per program, in run order: its pool's bytes once it ran
 
 
-def run_programs(programs: list[Program], pools_of: list[int], config: AllocatorConfig = DEFAULT) -> SimResult:
-    """Simulate programs in order, program i into pool pools_of[i] (pools made on first use)."""
+def run_programs(
+    programs: list[Program], pools_of: list[int], config: AllocatorConfig = DEFAULT, addresses: dict | None = None
+) -> SimResult:
+    """Simulate programs in order, program i into pool pools_of[i] (pools made on first use). addresses: per
+    pool, the segment addresses to hand out in order (a recorded run's; default: consecutive ones). Only the
+    order of addresses matters: best fit breaks ties between equal free blocks by the lowest address."""
     pools: dict[int, PrivatePool] = {}
     live: dict[tuple, Block] = {}  # (program index, block id) -> block
     after = []
     for pi, (prog, pid) in enumerate(zip(programs, pools_of)):
-        pool = pools.setdefault(pid, PrivatePool(config))
+        pool = pools.get(pid)
+        if pool is None:
+            got = (addresses or {}).get(pid)
+            pool = pools[pid] = PrivatePool(config, iter(got) if got is not None else None)
         n = 0
         for op in prog.ops:
             if op[0] == "a":
@@ -249,9 +256,18 @@ def run_programs(programs: list[Program], pools_of: list[int], config: Allocator
     return SimResult(sum(per), per, after)
 
 
-def replay_recorded(data: dict, config: AllocatorConfig = DEFAULT) -> SimResult:
+def segment_addresses(captures: list[dict]) -> dict[int, list[int]]:
+    """Per pool ordinal, the addresses of the segments its captures cudaMalloc'd, in order."""
+    out: dict[int, list[int]] = {}
+    for c in captures:
+        out.setdefault(c["pool"], []).extend(a for code, a, *_ in c.get("events", []) if code == "S")
+    return out
+
+
+def replay_recorded(data: dict, config: AllocatorConfig = DEFAULT, real_addresses: bool = True) -> SimResult:
     """The full replay of a recorded strategy run (gmtool.memory.alloctrace: data["captures"] in capture order,
-    each with its pool ordinal): every capture's own events, into its own pool."""
+    each with its pool ordinal): every capture's own events, into its own pool; new segments get the recorded
+    segments' addresses in order (real_addresses), else consecutive ones, as the predictor gives them."""
     caps = data.get("captures", [])
     by_pool: dict[int, list[int]] = {}
     for i, c in enumerate(caps):
@@ -267,7 +283,8 @@ def replay_recorded(data: dict, config: AllocatorConfig = DEFAULT) -> SimResult:
                 ("f", ("ext", idx[op[1][1]], op[1][2])) if op[0] == "f" and isinstance(op[1], tuple) else op
                 for op in programs[i].ops
             ]
-    return run_programs(programs, [c["pool"] for c in caps], config)
+    addrs = segment_addresses(caps) if real_addresses else None
+    return run_programs(programs, [c["pool"] for c in caps], config, addrs)
 
 
 def check_replay(data: dict, config: AllocatorConfig = DEFAULT) -> dict:
@@ -276,9 +293,7 @@ def check_replay(data: dict, config: AllocatorConfig = DEFAULT) -> dict:
     else the first differences and the per-capture pool bytes that differ."""
     caps = data.get("captures", [])
     pools: dict[int, PrivatePool] = {}
-    seg_addrs: dict[int, list[int]] = {}
-    for c in caps:
-        seg_addrs.setdefault(c["pool"], []).extend(a for code, a, *_ in c.get("events", []) if code == "S")
+    seg_addrs = segment_addresses(caps)
     live: dict[tuple[int, int], Block] = {}  # (pool, real addr) -> simulated block
     first, n_diff, per_capture = [], 0, []
     for ci, c in enumerate(caps):
