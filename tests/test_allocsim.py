@@ -184,13 +184,38 @@ def test_interpolation_is_linear_between_samples_of_one_structure():
     assert interpolate(progs, 8) == (progs[8], None)
 
 
-def test_interpolation_across_a_change_of_structure_takes_the_nearest_and_says_so():
-    other = Program(1, [("a", 1000), ("f", 0)])
-    progs = {1: other, 72: _decode_like(72), 168: _decode_like(168)}
-    got, note = interpolate(progs, 64)  # between 1 and 72: structures differ; 72 is nearer, 168 its twin
-    assert got.ops == _decode_like(64).ops and "bucket 72's events" in note and "168" in note
-    got, note = interpolate({1: other, 72: _decode_like(72)}, 64)  # no twin: sizes scaled by the tokens
-    assert got.alloc_sizes == [round(s * 64 / 72) for s in _decode_like(72).alloc_sizes] and "scaled" in note
+def _with_extra(b: int) -> Program:
+    """_decode_like with one more request in each layer (a split attention's scratch, say: only some buckets
+    have it), allocated and freed inside the layer."""
+    base, ops, n, ids = _decode_like(b), [], 0, {}
+    for op in base.ops:
+        if op[0] == "a":
+            ids[len(ids)] = n
+            ops.append(op)
+            n += 1
+        else:
+            ops.append(("f", ids[op[1]]))
+            if len(ids) in (3, 5, 7, 9) and op[1] == len(ids) - 1:  # after each layer's second free
+                ops += [("a", 64 * KiB * b), ("f", n)]
+                n += 1
+    return Program(b, ops)
+
+
+def test_interpolation_across_a_change_of_structure_aligns_the_common_requests():
+    progs = {1: _with_extra(1), 72: _decode_like(72), 168: _decode_like(168)}
+    assert progs[1].signature != progs[72].signature and len(progs[1].alloc_sizes) == 15
+    got, how = interpolate(progs, 64)  # between 1 and 72: 72 is nearer; every request matches one across
+    assert got.ops == _decode_like(64).ops and (how.near, how.lo, how.hi) == (72, 1, 72)
+    assert (how.across, how.beyond, how.scaled) == (11, 0, 0)
+    got, how = interpolate(progs, 8)  # nearer 1: its common requests on the line to 72, the extra ones scaled
+    assert got.ops[:2] == _decode_like(8).ops[:2] and (how.across, how.scaled) == (11, 4)
+    assert [s for s in got.alloc_sizes if s == 8 * 64 * KiB] and "scaled by the tokens" in how.note([2, 4, 8])
+    assert how.note([2, 4, 8]).startswith("buckets 2, 4, 8: samples 1 and 72 differ in structure: bucket 1's")
+    # nearer 40: its common requests on the line to 168, its extra ones on the line through their match in 1
+    got, how = interpolate({1: progs[1], 40: _with_extra(40), 168: progs[168]}, 100)
+    assert (how.near, how.across, how.beyond, how.scaled) == (40, 11, 4, 0) and got.ops == _with_extra(100).ops
+    got, how = interpolate({1: progs[1], 8: _with_extra(8), 72: progs[72]}, 16)  # near 8; 4 extras through 1
+    assert (how.near, how.across, how.beyond, how.scaled) == (8, 11, 4, 0) and got.ops == _with_extra(16).ops
 
 
 def test_predict_strategy_from_four_samples_equals_the_full_simulation():

@@ -24,7 +24,7 @@ with block ids instead of addresses: ("a", size) allocates the next id, ("f", id
 from __future__ import annotations
 
 import bisect
-import itertools
+import math
 from dataclasses import dataclass, field
 
 K_MIN_BLOCK = 512
@@ -105,7 +105,6 @@ class PrivatePool:
         self.small, self.large = BlockPool(True), BlockPool(False)
         self.segments: list[tuple[int, int]] = []  # (addr, size)
         self._addresses = addresses
-        self._bump = itertools.count(0)
         self._next = 1 << 40
 
     @property
@@ -352,10 +351,111 @@ def captures_of(data: dict, buckets) -> list[dict]:
     return [c for c in data.get("captures", []) if c.get("bucket") in want]
 
 
-def interpolate(programs: dict[int, Program], bucket: int) -> tuple[Program, str | None]:
+def _tokens(p: Program) -> tuple[list, list[int | None]]:
+    """The program as tokens that survive requests added or removed elsewhere, and per token the allocation's
+    index (None for a free). An allocation is ("a", its bytes per token as a power of two): a request of the
+    same role in another bucket has the same, as most sizes are proportional to the tokens; a free is ("f", r),
+    of the r-th most recent live block."""
+    live: list[int] = []
+    toks, index, n = [], [], 0
+    per = max(1, p.bucket or 1)
+    for op in p.ops:
+        if op[0] == "a":
+            toks.append(("a", round(math.log2(max(op[1], 1) / per))))
+            index.append(n)
+            live.append(n)
+            n += 1
+            continue
+        index.append(None)
+        bid = op[1]
+        if isinstance(bid, tuple) or bid not in live:
+            toks.append(("f", "ext"))
+            continue
+        toks.append(("f", len(live) - 1 - live.index(bid)))
+        live.remove(bid)
+    return toks, index
+
+
+def aligned_sizes(base: Program, other: Program) -> list[int | None]:
+    """For each allocation of base, the size of the allocation matching it in other (None where other has no
+    counterpart): the programs aligned as token sequences, matched along a longest common subsequence."""
+    if base.signature == other.signature:
+        return list(other.alloc_sizes)
+    tb, ib = _tokens(base)
+    to, io = _tokens(other)
+    sizes = other.alloc_sizes
+    out: list[int | None] = [None] * len(base.alloc_sizes)
+    for i, j in common_pairs(tb, to):
+        if ib[i] is not None:
+            out[ib[i]] = sizes[io[j]]
+    return out
+
+
+MAX_EDITS = 2000  # programs further apart than this many insertions and deletions are not aligned
+
+
+def common_pairs(a: list, b: list, max_edits: int = MAX_EDITS) -> list[tuple[int, int]]:
+    """(i, j) of a longest common subsequence of a and b (Myers' O((N+M)D) shortest edit script: fast when
+    the two differ in a few requests, as buckets of one model do); [] when they differ in more than max_edits."""
+    n, m = len(a), len(b)
+    v = {1: 0}
+    trace = []
+    for d in range(min(n + m, max_edits) + 1):
+        trace.append(dict(v))
+        for k in range(-d, d + 1, 2):
+            x = v[k + 1] if k == -d or (k != d and v[k - 1] < v[k + 1]) else v[k - 1] + 1
+            y = x - k
+            while x < n and y < m and a[x] == b[y]:
+                x, y = x + 1, y + 1
+            v[k] = x
+            if x >= n and y >= m:
+                return _backtrack(trace, n, m)
+    return []
+
+
+def _backtrack(trace: list[dict], x: int, y: int) -> list[tuple[int, int]]:
+    pairs = []
+    for d in range(len(trace) - 1, -1, -1):
+        v, k = trace[d], x - y
+        pk = k + 1 if k == -d or (k != d and v[k - 1] < v[k + 1]) else k - 1
+        px = v[pk]
+        py = px - pk
+        while x > px and y > py:
+            x, y = x - 1, y - 1
+            pairs.append((x, y))
+        x, y = px, py
+    return pairs[::-1]
+
+
+@dataclass(frozen=True)
+class Interpolated:
+    """How a bucket's program was made where the samples around it differ in structure (else None)."""
+
+    near: int  # the sample whose events it has
+    lo: int | None
+    hi: int | None
+    across: int  # requests on the line to their match in the sample on the other side
+    beyond: int  # on the line through their match in another sample
+    scaled: int  # no match anywhere: scaled by the token ratio
+
+    def note(self, buckets: list[int]) -> str:
+        n = self.across + self.beyond + self.scaled
+        return (
+            f"bucket{'s' if len(buckets) > 1 else ''} {_spans(buckets)}: samples {self.lo} and {self.hi} differ in "
+            f"structure: bucket {self.near}'s events, of its {n} requests {self.across} on the line to their match "
+            f"across, {self.beyond} through a match in another sample, {self.scaled} scaled by the tokens"
+        )
+
+
+def _spans(xs: list[int]) -> str:
+    return ", ".join(map(str, xs)) if len(xs) <= 4 else f"{xs[0]}, {xs[1]}, ..., {xs[-1]} ({len(xs)})"
+
+
+def interpolate(programs: dict[int, Program], bucket: int) -> tuple[Program, Interpolated | None]:
     """bucket's Program from the sampled ones around it. Equal structure on both sides: each allocation's size on
-    the line between them (the allocator rounds it when simulated). Else the nearest sample, its sizes scaled
-    by the token ratio where a sample of the same structure shows they grow; the note says which."""
+    the line between them (the allocator rounds it when simulated). Else the nearest sample's events, each
+    request on the line to its match (aligned_sizes) in the sample across the bucket, else through its match
+    in the nearest other sample, else scaled by the token ratio; the Interpolated says how many of each."""
     if bucket in programs:
         return programs[bucket], None
     ks = sorted(programs)
@@ -365,20 +465,20 @@ def interpolate(programs: dict[int, Program], bucket: int) -> tuple[Program, str
         a, b, t = programs[lo].alloc_sizes, programs[hi].alloc_sizes, (bucket - lo) / (hi - lo)
         return programs[lo].with_sizes([round(x + (y - x) * t) for x, y in zip(a, b)], bucket), None
     near = min((k for k in (lo, hi) if k is not None), key=lambda k: (abs(k - bucket), k))
+    far = hi if near == lo else lo
     base = programs[near]
-    # another sample of the same structure tells which sizes grow with the tokens: a line through the two
-    twin = [k for k in ks if k != near and programs[k].signature == base.signature]
-    if twin:
-        other = min(twin, key=lambda k: abs(k - bucket))
-        a, b = base.alloc_sizes, programs[other].alloc_sizes
-        t = (bucket - near) / (other - near)
-        sizes = [max(1, round(x + (y - x) * t)) for x, y in zip(a, b)]
-        how = f"the line through buckets {near} and {other} (same structure)"
-    else:
-        sizes = [max(1, round(x * bucket / near)) for x in base.alloc_sizes]
-        how = f"scaled by {bucket}/{near}"
-    note = f"bucket {bucket}: structure differs between samples {lo} and {hi}: bucket {near}'s events, sizes {how}"
-    return base.with_sizes(sizes, bucket), note
+    matches = {k: aligned_sizes(base, programs[k]) for k in ks if k != near}
+    sizes, counts = [], {"across": 0, "beyond": 0, "scaled": 0}
+    for i, s in enumerate(base.alloc_sizes):
+        cands = [k for k in matches if matches[k][i] is not None]
+        if cands:
+            k = min(cands, key=lambda k: (k != far, abs(k - bucket)))
+            counts["across" if k == far else "beyond"] += 1
+            sizes.append(max(1, round(s + (matches[k][i] - s) * (bucket - near) / (k - near))))
+        else:
+            counts["scaled"] += 1
+            sizes.append(max(1, round(s * bucket / near)))
+    return base.with_sizes(sizes, bucket), Interpolated(near, lo, hi, **counts)
 
 
 @dataclass
@@ -411,12 +511,13 @@ def predict_strategy(strategy: str, sampled: list[dict], buckets, order: str | N
         p.ops = [op for op in p.ops if not (op[0] == "f" and isinstance(op[1], tuple))]
         progs[c["bucket"]] = p
     order = sorted(set(buckets), reverse=(order or ORDERS[strategy]) != "ascending")
-    run = []
+    run, how = [], {}
     for b in order:
-        p, note = interpolate(progs, b)
+        p, made = interpolate(progs, b)
         run.append(p)
-        if note:
-            notes.append(note)
+        if made is not None:
+            how.setdefault(made, []).append(b)
+    notes += [made.note(sorted(bs)) for made, bs in how.items()]
     pools = list(range(len(run))) if strategy in SEPARATE_POOLS else [0] * len(run)
     res = run_programs(run, pools)
     return StrategyPrediction(strategy, res.total_bytes, order, notes, res.after_capture)
