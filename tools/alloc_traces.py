@@ -3,6 +3,7 @@
 and shared-ascending memory strategies, and gmtool.memory.allocsim's prediction against what they held.
 
     PYTHONPATH=. python3 tools/alloc_traces.py            # writes $OUT/traces/*.json (or gmtool-out/traces)
+    PYTHONPATH=. python3 tools/alloc_traces.py --memreport    # then memreport --sample 4 --check: $OUT/memreport
 
 Per strategy, $OUT/traces/STRATEGY.json: torch and device, the capture order, per capture its pool ordinal,
 its allocator events ([code, addr, size, pool]: gmtool.memory.alloctrace), the events after it, its pool's
@@ -100,18 +101,67 @@ def write_json(path: Path, data: dict) -> None:
         path.write_text(text)
 
 
+def memreport_check(model: str, root: Path) -> dict:
+    """memreport --sample 4 --check through the library on the pool strategies: the sampled run records traces,
+    the prediction says its method (allocsim), the full run gives the error. Writes root/memreport/."""
+    from gmtool.app import run_memreport
+    from gmtool.config import SweepConfig
+
+    cfg = SweepConfig(
+        model=model,
+        device="cuda",
+        buckets=",".join(map(str, BUCKETS)),
+        compositions=",".join(f"1*{b}" for b in BUCKETS),
+        modes=("eager", "full"),
+        max_kv_len=256,
+        kv_cache_gb=10,
+        num_iters=2,
+        num_iters_warmup=1,
+    )
+    t0 = time.perf_counter()
+    doc, _ = run_memreport(cfg, list(STRATEGIES), root / "memreport", sample=4, check=True)
+    out = {"wall_s": time.perf_counter() - t0, "sampled": doc.sampled_buckets, "prediction": []}
+    print(f"memreport --sample 4 --check ({out['wall_s']:.0f} s), sampled {doc.sampled_buckets}:")
+    for p in doc.prediction:
+        out["prediction"].append(
+            {
+                k: getattr(p, k)
+                for k in ("strategy", "method", "predicted_bytes", "measured_bytes", "error_pct", "notes")
+            }
+        )
+        err = "-" if p.error_pct is None else f"{p.error_pct:+.2f}%"
+        meas = (p.measured_bytes or 0) / MiB
+        print(
+            f"  {p.strategy:17s} {p.method:8s} predicted {p.predicted_bytes / MiB:9.1f} MiB, measured {meas:9.1f} ({err})"
+        )
+    for r in doc.strategies:
+        if r.status != "ok":
+            print(f"  {r.strategy}: {r.status}: {r.reason}")
+    return out
+
+
 def main() -> int:
+    import argparse
+
     from gmtool.config import SweepConfig
     from gmtool.measure.workbench import Workbench
 
-    out = Path(os.environ.get("OUT") or "gmtool-out") / "traces"
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-0.6b")
+    ap.add_argument("--memreport", action="store_true", help="then memreport --sample 4 --check (its prediction)")
+    ap.add_argument("--no-traces", action="store_true", help="skip the traces of every bucket")
+    args = ap.parse_args()
+    root = Path(os.environ.get("OUT") or "gmtool-out")
+    out = root / "traces"
     out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         print("needs CUDA")
         return 2
+    if args.no_traces:
+        return 0 if not args.memreport else _memreport(args.model, root, out)
     t0 = time.perf_counter()
     cfg = SweepConfig(
-        model="qwen3-0.6b",
+        model=args.model,
         device="cuda",
         buckets=",".join(map(str, BUCKETS)),
         compositions=",".join(f"1*{b}" for b in BUCKETS),
@@ -158,8 +208,23 @@ def main() -> int:
             for note in r["predict_notes"]:
                 print(f"  note: {note}")
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    print(f"total {time.perf_counter() - t0:.1f} s; files in {out}")
+    print(f"total {time.perf_counter() - t0:.1f} s; files in {out}", flush=True)
+    if args.memreport:
+        del bench, datas
+        gc.collect()
+        torch.cuda.empty_cache()
+        return _memreport(args.model, root, out)
     return 0
+
+
+def _memreport(model: str, root: Path, out: Path) -> int:
+    try:
+        res = memreport_check(model, root)
+    except Exception as e:
+        res = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        print(f"memreport failed: {res['error']}\n{res['traceback']}")
+    (out / "memreport_check.json").write_text(json.dumps(res, indent=1, default=str))
+    return 0 if "error" not in res else 1
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.core.executor import AttentionRunner
 from gmtool.memory.document import ROW_FIELDS, UNAVAILABLE, MemDocument, StrategyRow
 from gmtool.memory.ledger import inputs_bytes, strategy_ledger
+from gmtool.memory.allocsim import ORDERS as SIMULATED
 from gmtool.memory.strategies import make_strategy
 from gmtool.report.fitted import Column, FittedTable
 from gmtool.report.tables import _f, fmt_bytes
@@ -121,7 +122,7 @@ def run_strategy(
         strategy = make_strategy(name, cfg.torch_device, **vmm_opts)
     except GmtoolError as e:
         return derive({"strategy": name, "mode": mode, "status": UNAVAILABLE, "reason": str(e)}), None
-    if record_traces and _history_available():
+    if record_traces and name in SIMULATED and _history_available():  # VMM's prediction needs no traces
         strategy.record_traces()
     probe = ShuffledReplayProbe(strategy, cfg.seed)
     sweep = Sweep(cfg, progress, lambda mode, s=strategy: s, probes=(probe,))
