@@ -39,6 +39,7 @@ def test_summary_ratios_and_goals(tmp_path):
         "capture": {
             "cold": {"buckets": 35, "total_s": 12.0, "capture_only_s": 2.0},
             "warm": {"buckets": 35, "total_s": 0.9, "capture_only_s": 0.5},
+            "cold --fuse": {"buckets": 35, "total_s": 1.5, "capture_only_s": 0.4},
         },
         "host": {
             "numpy_write_us": 0.8,
@@ -62,8 +63,13 @@ def test_summary_ratios_and_goals(tmp_path):
     assert [v[2] for v in host.values()] == ["NOT met", "met", "met"]
     assert rows["decode attention B=32 kv=4096: 3000 GB/s vs copy 4000 GB/s"] == ("75%", ">= 70%", "met")
     cap = {k: v for k, v in rows.items() if k.startswith("capture 35")}
-    assert [(v[0], v[1], v[2]) for v in cap.values()] == [("12.00 s", "<= 2 s", "NOT met"), ("0.90 s", "<= 1 s", "met")]
+    assert [(v[0], v[1], v[2]) for v in cap.values()] == [
+        ("12.00 s", "<= 2 s", "NOT met"),
+        ("0.90 s", "<= 1 s", "met"),
+        ("1.50 s", "<= 2 s", "met"),
+    ]
     assert "cold Triton cache" in next(iter(cap)) and "the rest 10.00 s" in next(iter(cap))
+    assert list(cap)[2].startswith("capture 35 default decode buckets --fuse, cold Triton cache")
     assert any(
         "408 kernels per replay" in k and "idle device 45.0 us" in k and v[0] == "29.5 us (p90 33)"
         for k, v in rows.items()
@@ -105,9 +111,15 @@ def test_summary_of_the_lean_stage(tmp_path):
     lean = {
         "128": {
             "full": part(9 << 20, 20.0),
-            "piecewise": {**part(10 << 20, 160.0, 28, 4.0), "launch_paths": ["direct"]},
+            "piecewise": {
+                **part(10 << 20, 160.0, 28, 4.0),
+                "launch_paths": ["direct"],
+                "launch_path": "native",
+                "host_steady_python_us": 340.0,
+            },
             "mem_ratio": 10 / 9,
             "host_extra_us_per_runner": 5.0,
+            "host_extra_us_per_runner_python": 11.4,
         },
         "512": {
             "full": part(36 << 20, 20.0),
@@ -122,6 +134,10 @@ def test_summary_of_the_lean_stage(tmp_path):
     assert rows["prefill 512: graph memory piecewise / full (72.0 vs 36.0 MiB)"] == ("2.00x", "<= 1.1x", "NOT met")
     host = [v for k, v in rows.items() if k.startswith("prefill 128: host time per step piecewise vs full (160 vs 20")]
     assert host == [("+5.0 us per runner", "<= 5 us", "met")]
+    # how the step launched, and the same step through the Python loop (A/B; an older file has neither)
+    assert any("step launched native)" in k for k in rows if k.startswith("prefill 128: host time per step"))
+    assert rows["prefill 128: the same through the Python loop (340 us per step)"] == ("+11.4 us per runner", "", "")
+    assert not any(k.startswith("prefill 512: the same through the Python loop") for k in rows)
     # a runner alone: under 5 us, and the way its kernels launched (an older file has no paths)
     assert rows["prefill 128: host time of one attention runner (launches: direct)"] == ("4.0 us", "< 5 us", "met")
     assert rows["prefill 512: host time of one attention runner (launches: -)"] == ("9.0 us", "< 5 us", "NOT met")
@@ -179,16 +195,22 @@ def test_capture_stage_runs_cold_then_warm_processes_on_one_new_triton_cache(mon
         cache = Path(env["TRITON_CACHE_DIR"])
         seen.append((cache, sorted(p.name for p in cache.iterdir())))
         (cache / "kernel.cubin").write_text("x")  # what the cold process leaves for the warm one
-        total = 7.5 if len(seen) == 1 else 3.3
-        (out / "bench-capture-once.json").write_text(
-            json.dumps({"buckets": 35, "total_s": total, "capture_only_s": 1.2})
-        )
+        total = {1: 7.5, 2: 3.3, 3: 2.5, 4: 0.9}[len(seen)]
+        stage = cmd[cmd.index("--stages") + 1]
+        (out / f"bench-{stage}.json").write_text(json.dumps({"buckets": 35, "total_s": total, "capture_only_s": 1.2}))
         return SimpleNamespace(returncode=0, stdout="", stderr="")
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     got = bench.stage_capture(None)
-    assert [seen[0][1], seen[1][1]] == [[], ["kernel.cubin"]] and seen[0][0] == seen[1][0]
-    assert (got["cold"]["total_s"], got["warm"]["total_s"]) == (7.5, 3.3)
+    # each forward: a new cache, empty for the cold process, holding what it compiled for the warm one
+    assert [s[1] for s in seen] == [[], ["kernel.cubin"], [], ["kernel.cubin"]]
+    assert seen[0][0] == seen[1][0] != seen[2][0] == seen[3][0]
+    assert {k: v["total_s"] for k, v in got.items()} == {
+        "cold": 7.5,
+        "warm": 3.3,
+        "cold --fuse": 2.5,
+        "warm --fuse": 0.9,
+    }
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=1, stdout="", stderr="boom"))
     with pytest.raises(RuntimeError, match="cold capture process failed: boom"):
         bench.stage_capture(None)

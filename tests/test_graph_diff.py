@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gmtool.verify.graphnodes import NodeReader, NodeSampler
+from gmtool.verify.graphnodes import NodeReader, NodeSampler, scalar_params
 from gmtool.verify.nodediff import PTR, Node, diff_nodes, fold_layers, short_name
 from gmtool.verify.report import _findings, dyndims_frame
 
@@ -251,6 +251,34 @@ def test_a_cpp_kernels_struct_arguments_are_compared_by_size_only(driver):
     changed = diff_nodes([nodes[0]], reader.graph_nodes(1)).changes
     assert [(c.field, c.a, c.b) for c in changed] == [("arg 0", 512, 256)]
     assert any("struct" in n for n in reader.notes)
+
+
+POW = (  # ATen's x.pow(2) in RMSNorm: (int N, a lambda, std::array<char*, 2>), as cuFuncGetName gave it on the H200
+    "_ZN2at6native29vectorized_elementwise_kernelILi4EZNS0_51_GLOBAL__N__b1108092_12_PowKernel_cu_751192d7_2139629"
+    "pow_tensor_scalar_kernel_implIffEEvRNS_18TensorIteratorBaseET0_EUlfE_St5arrayIPcLm2EEEEviS6_T1_"
+)
+
+
+def test_the_demangled_signature_says_which_cpp_arguments_are_structs():
+    assert scalar_params(POW) == [True, False, False]  # int N; the lambda and the array are by-value structs
+    assert scalar_params("_Z3fooiPfdj") == [True, True, True, True]  # int, float*, double, unsigned int
+    assert scalar_params("_small_m_kernel") is None  # not C++: Triton kernels' arguments are all compared
+    assert scalar_params(POW, demangle=None) is None
+
+
+def test_a_lambda_of_scalar_size_is_compared_by_size_not_as_a_scalar(driver):
+    """On the H200 the 4-byte closure of pow's lambda held host bytes in one layer of 28: read as a scalar, the
+    dynamic-dimension diff called piecewise decode unsafe. The demangled signature makes it a struct."""
+    driver.sizes[103] = [4, 4, 16]
+    reader = NodeReader(driver)
+    nodes = []
+    for n, garbage in ((512, 215816736), (512, 725278992), (256, 725278992)):
+        driver.nodes.clear()
+        driver.kernel(6, 103, POW, [n.to_bytes(4, "little"), garbage.to_bytes(4, "little"), q(0, 0)])
+        nodes.append(reader.graph_nodes(1)[0])
+    assert nodes[0].args == ((512,), ("struct of 4 bytes",), ("struct of 16 bytes",))
+    assert diff_nodes([nodes[0]], [nodes[1]]).clean
+    assert [(c.field, c.a, c.b) for c in diff_nodes([nodes[0]], [nodes[2]]).changes] == [("arg 0", 512, 256)]
 
 
 def test_without_argument_sizes_arguments_are_not_compared_and_that_is_said(driver):

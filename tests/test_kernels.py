@@ -157,7 +157,7 @@ def test_num_splits_depends_on_bucket_only():
     from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS
 
     splits = {choose_num_splits(b, 8, 1024, 132) for b in DEFAULT_DECODE_BUCKETS}
-    assert splits == {1, 2, 4, 8}  # powers of two only: few JIT variants over the default bucket list
+    assert splits == {1, 2, 4, 8}  # powers of two only
 
 
 _INDEX_PTRS = ("bt_ptr", "lens_ptr", "cu_ptr", "slot_ptr")
@@ -192,13 +192,11 @@ def test_kernels_compile_for_hopper():
     plain = dict(WINDOW=0, SOFTCAP=0.0, SINKS=False)
     feats = dict(WINDOW=4096, SOFTCAP=50.0, SINKS=True)  # every layer option at once (gmtool.model.attention)
     dec = dict(NUM_HEADS=16, G=2, G_PAD=16, D=128, D_PAD=128, DV=128, DV_PAD=128, PAGE=16, BLOCK_N=64, PREC="tf32")
-    for splits in (1, 5):
+    for split in (False, True):
         for opts in (plain, feats):
-            assert _compile_for_hopper(da._decode_split_kernel, {**dec, **opts, "NUM_SPLITS": splits}).asm["cubin"]
+            assert _compile_for_hopper(da._decode_split_kernel, {**dec, **opts, "SPLIT": split}).asm["cubin"]
     for sinks in (False, True):
-        assert _compile_for_hopper(
-            da._combine_kernel, dict(NUM_HEADS=16, D=128, D_PAD=128, NUM_SPLITS=5, S_PAD=8, SINKS=sinks)
-        )
+        assert _compile_for_hopper(da._combine_kernel, dict(NUM_HEADS=16, D=128, D_PAD=128, S_PAD=64, SINKS=sinks))
     for wide in (False, True):
         for opts in (plain, feats):
             assert _compile_for_hopper(
@@ -220,7 +218,7 @@ def test_kernels_compile_for_hopper():
     mla = dict(G=16, D=192, D_PAD=256, DV=128, DV_PAD=128, PAGE=16, BLOCK_M=64, BLOCK_N=32, WIDE=True, PREC="tf32")
     assert _compile_for_hopper(pa._varlen_kernel, {**mla, **plain})  # DeepSeek's K 192 / V 128
     assert _compile_for_hopper(kw._write_kv_kernel, dict(HKV=8, H_PAD=8, D=128, D_PAD=128, DV=128, DV_PAD=128, PAGE=16))
-    fp32 = {**dec, **plain, "D": 96, "DV": 96, "NUM_SPLITS": 3, "PREC": "ieee"}  # fp32 check path, head_dim padded
+    fp32 = {**dec, **plain, "D": 96, "DV": 96, "SPLIT": True, "PREC": "ieee"}  # fp32 check path, head_dim padded
     assert _compile_for_hopper(da._decode_split_kernel, fp32, dtype="fp32")
 
 
@@ -344,3 +342,25 @@ def test_interp_write_kv(dtype):
     assert torch.equal(flat_k[slots], case.k_new[:real]) and torch.equal(flat_v[slots], case.v_new[:real])
     written = torch.isfinite(flat_k).all(-1).all(-1)
     assert written.sum() == real  # padded tokens (slot -1) wrote nothing
+
+
+def test_one_compiled_variant_serves_every_split_count():
+    """The split count is a run-time argument: over the default decode buckets the split kernel compiles two
+    variants (one split, several) and the combine kernel one, whatever counts the buckets choose."""
+    pytest.importorskip("triton")
+    from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS
+    from gmtool.kernels.decode_attention import _arguments
+
+    heads, kv_heads, dv, page, blocks = 16, 8, 128, 16, 64
+    cache = torch.zeros(4, page, kv_heads, dv)
+    split_variants, combine_variants, counts = set(), set(), set()
+    for b in DEFAULT_DECODE_BUCKETS:
+        q = torch.zeros(b, heads, dv)
+        bt, lens = torch.zeros(b, blocks, dtype=torch.int64), torch.zeros(b, dtype=torch.int64)
+        _, (grid, args, consts), combine = _arguments(q, cache, cache, bt, lens, 1.0, None, None, 64, None, None, None)
+        split_variants.add(tuple(sorted(consts.items())))
+        counts.add(grid[2])
+        if combine is not None:
+            combine_variants.add(tuple(sorted(combine[2].items())))
+            assert combine[1][-1] == grid[2] == args[-1]  # the count travels as an argument to both kernels
+    assert len(counts) >= 3 and len(split_variants) == 2 and len(combine_variants) == 1

@@ -140,6 +140,7 @@ def test_bench_lean_stage_on_the_cpu_tape():
     assert 0 < x["mem_ratio"] <= 1.1
     assert pw["runner_us"] > 0 and full["runner_us"] is None
     assert pw["launch_paths"] == []  # the torch reference binds no Triton launch
+    assert pw["launch_path"] == "python: TapeGraph steps have no native launch" and pw["host_steady_python_us"] > 0
     assert x["host_extra_us_per_runner"] == pytest.approx((pw["host_steady_us"] - full["host_steady_us"]) / 2)
 
 

@@ -343,3 +343,35 @@ def test_share_output_needs_a_mode_whose_graphs_end_with_the_lm_head(rig):
 
     with pytest.raises(GmtoolError, match="piecewise runs the LM head after its graphs"):
         soak(rig, "piecewise", fault="share-output-across-buckets", steps=3, check_every=1)
+
+
+def test_buffers_read_are_ranked_by_how_far_each_moves_the_result():
+    """A graph reading stale metadata reads several poisoned buffers through it: the one it reads directly (NaN
+    in the result) comes first, then the others by how far they move the result; one within tolerance is not
+    read."""
+    from types import SimpleNamespace
+
+    from gmtool.verify.soak import Soak
+
+    clean = (torch.ones(2, 4), torch.ones(3))
+    moved = {
+        Buffer.PAD_INPUT_IDS: (torch.ones(2, 4) * 1.5, torch.ones(3)),
+        Buffer.KV_SLOT_TAILS: (torch.full((2, 4), float("nan")), torch.ones(3)),
+        Buffer.KV_NULL_BLOCK: (torch.ones(2, 4) * 40.0, torch.ones(3)),
+        Buffer.PAD_POSITIONS: (torch.ones(2, 4) * (1 + 1e-7), torch.ones(3)),
+    }
+
+    def replay(batch, live, step, only):
+        return clean if not only else moved.get(next(iter(only)), clean)
+
+    fake = SimpleNamespace(
+        _replay=replay,
+        poisoner=SimpleNamespace(skipped={}, clean=lambda entry, live: None),
+        ex=SimpleNamespace(prepare=lambda batch: None),
+        tols=(1e-3, 1e-1),
+    )
+    assert Soak._buffers_read(fake, None, [], 0) == [
+        str(Buffer.KV_SLOT_TAILS),
+        str(Buffer.KV_NULL_BLOCK),
+        str(Buffer.PAD_INPUT_IDS),
+    ]

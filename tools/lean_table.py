@@ -54,9 +54,12 @@ def main() -> int:
                     "mem_ratio": x["mem_ratio"],
                     "full_host_us": full["host_steady_us"],
                     "piecewise_host_us": pw["host_steady_us"],
+                    "piecewise_python_host_us": pw["host_steady_python_us"],
+                    "launch_path": pw["launch_path"],
                     "runners": pw["runners"],
                     "runner_us": pw["runner_us"],
                     "host_extra_us_per_runner": x["host_extra_us_per_runner"],
+                    "host_extra_us_per_runner_python": x["host_extra_us_per_runner_python"],
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
@@ -65,13 +68,15 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lean_table.json").write_text(json.dumps(rows, indent=2))
     head = (
-        "| model | tokens | full MiB | piecewise MiB | ratio | host us full | host us piecewise | runners | us/runner |"
+        "| model | tokens | full MiB | piecewise MiB | ratio | host us full | host us piecewise | python loop "
+        "| runners | us/runner | launch |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['tokens']} | {r['full_mib']:.1f} | {r['piecewise_mib']:.1f} | {r['mem_ratio']:.2f} "
-            f"| {r['full_host_us']:.0f} | {r['piecewise_host_us']:.0f} | {r['runners']} | {r['runner_us']:.1f} |"
+            f"| {r['full_host_us']:.0f} | {r['piecewise_host_us']:.0f} | {r['piecewise_python_host_us']:.0f} "
+            f"| {r['runners']} | {r['runner_us']:.1f} | {r['launch_path']} |"
         )
     (args.out / "lean_table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -142,6 +142,8 @@ def run(a, t_start: float) -> None:
             "wall_s": round(r.wall_s, 1),
             "layer output": (m.first_divergence or {}).get("module") if m else None,
             "suspect": m.suspects[0] if m else f"not found in {r.steps} steps",
+            "buffers read": ", ".join(m.buffers_read) if m else "",
+            "all suspects": " | ".join(m.suspects) if m else "",
         }
         faults.append(row)
         print(

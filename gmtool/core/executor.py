@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gmtool.kernels.native_loop import PENDING_RETRIES, build_step_loop
 from gmtool.model.attention import PLAIN, TORCH_ATTENTION, ForwardContext, LayerOpts, forward_context
 from gmtool.core.backends import make_backend
 from gmtool.core.batch import Batch
@@ -90,6 +91,13 @@ class CapturedGraph:
     copies_inputs: bool = False  # its first step copies the staging arena in: prepare only writes staging
     copy_steps: int = 0  # graphs that only copy inputs (FX split: its pieces capture themselves)
     piecewise_impl: str | None = None  # breakable | fx | "breakable (fx could not trace: ...)"
+    warmed_up: bool = False  # an eager pass ran before its capture (the executor's first, fx, or a retry)
+    warmed_after_failure: bool = False  # its cold capture failed, and it was warmed up and captured again
+    # how a replay launches its steps (gmtool.kernels.native_loop): "native" (one C call per step, the LM head
+    # after it in Python), "python: why", or "pending" until the first replay has compiled every runner's kernels
+    launch_path: str = "pending"
+    loop: object = field(default=None, repr=False)  # the native StepLoop once built
+    native_tries: int = field(default=0, repr=False)
 
     @property
     def pieces(self) -> int:
@@ -102,8 +110,14 @@ class CapturedGraph:
     def replay(self, batch: Batch, refresh_metadata: bool = True) -> None:
         if refresh_metadata:
             self.ctx.prepare(batch.plan)
+        if self.loop is not None:
+            return self.loop()
         for step in self.steps:
             step.replay()
+        if self.launch_path.startswith("pending") and self.native_tries < PENDING_RETRIES:
+            # after a replay every runner's kernels have launched once (through Triton) and can go native
+            self.native_tries += 1
+            self.loop, self.launch_path = build_step_loop(self)
 
     def stale_metadata(self, batch: Batch) -> bool:
         """True when the graph froze a host plan that differs from this batch's: its replay is unsafe."""
@@ -201,6 +215,10 @@ class GraphExecutor:
         )
         self.graphs: dict[BucketKey, CapturedGraph] = {}
         self.refresh_runner_metadata = True  # False only to demonstrate the stale-metadata bug
+        self.warmed = False  # an eager pass has run on the capture stream (see _warm_up)
+        self.warmup_every_capture = False  # True: an eager pass before every capture, as before 2026-12-01
+        self.compile_ahead_s: float | None = None  # Triton kernels compiled before the first capture (CUDA)
+        self.compile_ahead_note: str | None = None  # why they were not
         if forward is None:
             from gmtool.core.forwards import RuntimeSplit, WholeGraph
 
@@ -236,24 +254,26 @@ class GraphExecutor:
         entry = CapturedGraph(key, self.mode, ctx.impl, [], ctx, captured_with=batch.composition.label)
         fn = lambda: self.forward(views)  # noqa: E731
         with forward_context(ctx), torch.no_grad():
-            t0 = time.perf_counter()
-            self.forward_impl.warmup(self, fn)  # with fx: the trace and split of this shape happen here
-            if self.forward_impl.compiles:
-                entry.compile_s = time.perf_counter() - t0
+            warm = self.warmup_every_capture or not self.warmed or self.forward_impl.compiles
+            if not self.warmed and not self.forward_impl.compiles:
+                self._compile_ahead(key, batch, fn)
+            if warm:
+                self._warm_up(entry, fn)
             if self.mode.piecewise:
                 entry.piecewise_impl = self.forward_impl.label
-            ctx.planned_with.clear()
             if self.memory is not None:  # every piece of one bucket goes into the pool chosen for it
                 self.backend.pool = self.memory.pool_for(key)
-            # the upload replays the capture's own batch: its KV writes repeat the warm-up's
-            held = getattr(self.memory, "physical_bytes", None)  # an optional strategy hook (VMM's)
-            with _memory_of(entry, self.device, upload=lambda: entry.replay(batch), held=held):
-                t0 = time.perf_counter()
-                self._record(entry, fn)
-                # taken before the upload: its replay prepares the context again, which forgets the plan
-                planned = list(ctx.planned_with)
-                self.backend.synchronize()
-                entry.capture_s = time.perf_counter() - t0
+            try:
+                planned = self._capture_measured(entry, batch, fn)
+            except CaptureError:
+                if warm:
+                    raise
+                # a shape whose first kernel launch could not be captured cold (a JIT compile the capture
+                # refused): warm it up as every shape once was, and capture again
+                self._warm_up(entry, fn)
+                entry.steps.clear()
+                planned = self._capture_measured(entry, batch, fn)
+                entry.warmed_after_failure = True
         if self.memory is not None:
             self.memory.captured(key, entry)
         if not self.mode.piecewise:  # runners read the plan at replay; a whole graph bakes it in
@@ -261,6 +281,65 @@ class GraphExecutor:
         ctx.planned_with.clear()
         self.graphs[key] = entry
         return entry
+
+    def _compile_ahead(self, key: BucketKey, batch: Batch, fn) -> None:
+        """Before the executor's first warm-up: this shape's forward and the smallest bucket's of its kind run with
+        their Triton launches compiling side by side instead (gmtool.kernels.compile_ahead), so the kernels later
+        shapes need (split decode for small batches) are compiled too. Their torch ops run over the views'
+        current contents; the warm-up and the capture's upload then compute this batch properly."""
+        from gmtool.kernels import compile_ahead
+
+        self.compile_ahead_note = compile_ahead.unavailable()
+        if self.device.type != "cuda" or self.compile_ahead_note is not None:
+            return
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            self.compile_ahead_note = "not under --tp (every rank would run collectives on skipped kernels' output)"
+            return
+        small = self.policy.key_for(self.policy.sizes[0], min(self.policy.sizes[0], batch.num_seqs), True)
+        other = key.decode and small != key
+        t0 = time.perf_counter()
+        with compile_ahead.compiling_only(self.device), torch.no_grad():
+            fn()  # within the current forward context: this shape, this batch
+            if other:  # a zeroed arena: every index the torch ops read is 0, in range (the null block, token 0)
+                self.inputs.arena.zero_()
+                views = self.inputs.views(small)
+                with forward_context(self._context(small, views, batch)):
+                    self.forward(views)
+        if other:
+            self.inputs.invalidate()  # the next load rewrites every field and padding lane
+            self.inputs.load(batch, key)
+        self.compile_ahead_s = time.perf_counter() - t0
+
+    def _warm_up(self, entry: CapturedGraph, fn) -> None:
+        """An eager pass on the capture stream. The executor's first capture needs one: cuBLAS makes its workspace
+        at the stream's first GEMM, and it must not land in a graph's pool (GPU-NOTES pitfall 1). A forward that
+        traces per shape (fx, --compile) needs one per shape. Other shapes capture straight away: their kernels
+        are the same, a Triton variant not compiled yet compiles at its launch under capture, and the upload
+        after capture is their first run. Warming up every shape cost 2.5 of 3.9 s over the 35 default decode
+        buckets (H200, warm Triton cache); warmup_every_capture restores it."""
+        entry.ctx.planned_with.clear()
+        t0 = time.perf_counter()
+        self.forward_impl.warmup(self, fn)  # with fx: the trace and split of this shape happen here
+        if self.forward_impl.compiles:
+            entry.compile_s = time.perf_counter() - t0
+        entry.ctx.planned_with.clear()
+        entry.warmed_up = True
+        self.warmed = True
+
+    def _capture_measured(self, entry: CapturedGraph, batch: Batch, fn) -> list:
+        """Capture under _memory_of; returns the host plans the capture used (a whole graph bakes them in)."""
+        ctx = entry.ctx
+        ctx.planned_with.clear()
+        # the upload replays the capture's own batch (its KV writes repeat the warm-up's, if any)
+        held = getattr(self.memory, "physical_bytes", None)  # an optional strategy hook (VMM's)
+        with _memory_of(entry, self.device, upload=lambda: entry.replay(batch), held=held):
+            t0 = time.perf_counter()
+            self._record(entry, fn)
+            # taken before the upload: its replay prepares the context again, which forgets the plan
+            planned = list(ctx.planned_with)
+            self.backend.synchronize()
+            entry.capture_s = time.perf_counter() - t0
+        return planned
 
     def _record(self, entry: CapturedGraph, fn) -> None:
         """Run fn under capture into entry.steps; a failure leaves the backend usable and says why."""
@@ -313,6 +392,7 @@ class GraphExecutor:
         outlives release leaves its ranges mapped, and the process cannot start another)."""
         for entry in self.graphs.values():
             entry.steps.clear()
+            entry.loop = None  # it holds the steps too
         self.graphs.clear()
 
     def release(self) -> None:

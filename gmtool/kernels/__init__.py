@@ -154,6 +154,11 @@ class _WideStep:
     def paths(self) -> tuple[str, ...]:
         return (self.launch.path,)
 
+    def native_launches(self, ctx) -> list:
+        from gmtool.kernels.launcher import KernelLaunch
+
+        return [KernelLaunch(self.launch, self.grid)]
+
     def __call__(self) -> None:
         self.launch(self.grid)
 
@@ -169,6 +174,15 @@ class _PlannedStep:
     @property
     def paths(self) -> tuple[str, ...]:
         return (self.launch.path,)
+
+    def native_launches(self, ctx) -> list:
+        """The step's grid and num_seqs, read by the native loop per step; a step of no sequence (a grid of 0)
+        is refused there and runs here, zeroing the output."""
+        from gmtool.kernels.launcher import STEP_SEQS, STEP_TILES, KernelLaunch, NotNative
+
+        if ctx is not self.ctx:
+            raise NotNative("a planned runner bound to another step's context")
+        return [KernelLaunch(self.launch, (STEP_SEQS, STEP_TILES, self.heads), (STEP_SEQS,), reads_plan=True)]
 
     def __call__(self) -> None:
         ctx = self.ctx

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from gmtool.kernels.common import LOG2E, NEG_INIT, check_cache, dot_precision, num_sms, pow2
 from gmtool.kernels.jit_helpers import softcap_log2
-from gmtool.kernels.launcher import BoundKernel
+from gmtool.kernels.launcher import BoundKernel, KernelLaunch
 
 _NEG = tl.constexpr(NEG_INIT)
 BLOCK_N = 64  # tokens per iteration: several 16-token pages, so each step has enough bytes in flight
@@ -41,12 +41,16 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, sms: int) 
     want = triton.cdiv(WAVES * sms, batch * num_kv_heads)
     useful = triton.cdiv(max_kv_len, MIN_SPLIT_TOKENS)
     n = max(1, min(want, useful, MAX_SPLITS))
-    # a power of two: NUM_SPLITS is a compile-time constant, so the 35 default buckets JIT-compile 4 or 5
-    # kernel variants, not one per distinct split count
+    # a power of two: few distinct shapes of work over a bucket list
     return 1 << (n.bit_length() - 1)
 
 
-@triton.jit
+# the split count is a run-time value (one compiled variant for every count; only SPLIT, one split or several,
+# is a constant): as a constexpr it compiled a variant per count, 8 of the 10 JIT compiles of a cold capture of
+# the 35 default decode buckets
+# block tables and kv lengths sit in the input arena at offsets that follow the bucket (odd or even multiples of
+# 8 bytes): specialized on their alignment they compiled a variant for batch 1 and one for even batches
+@triton.jit(do_not_specialize=["num_splits"], do_not_specialize_on_alignment=["bt_ptr", "lens_ptr"])
 def _decode_split_kernel(
     q_ptr,
     k_ptr,
@@ -71,6 +75,7 @@ def _decode_split_kernel(
     stride_btn,
     stride_ob,
     stride_oh,
+    num_splits,
     NUM_HEADS: tl.constexpr,
     G: tl.constexpr,
     G_PAD: tl.constexpr,
@@ -80,7 +85,7 @@ def _decode_split_kernel(
     DV_PAD: tl.constexpr,
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,
     PREC: tl.constexpr,
     WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -95,7 +100,7 @@ def _decode_split_kernel(
     if WINDOW > 0:
         first = tl.maximum(kv_len - WINDOW, 0)
     # Splits divide what this sequence's query sees, rounded to whole tiles: short sequences stay cheap.
-    per_split = tl.cdiv(tl.cdiv(kv_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(kv_len - first, num_splits), BLOCK_N) * BLOCK_N
     lo = first + split * per_split
     hi = tl.minimum(lo + per_split, kv_len)
 
@@ -139,7 +144,7 @@ def _decode_split_kernel(
     # An empty split (or kv_len == 0) has l == 0 and acc == 0: it contributes zeros, never NaN.
     has = l_i > 0
     out_mask = g_ok[:, None] & dv_ok[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         total = l_i
         if SINKS:  # the sink's column joins the denominator (its value row is zero)
             total += tl.exp2(tl.load(sink_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634 - m_i)
@@ -151,12 +156,12 @@ def _decode_split_kernel(
         )
     else:
         o = acc / tl.where(has, l_i, 1.0)[:, None]
-        row = (b * NUM_HEADS + heads) * NUM_SPLITS + split
+        row = (b * NUM_HEADS + heads) * num_splits + split
         tl.store(part_ptr + row[:, None] * DV + dv[None, :], o, mask=out_mask)
         tl.store(lse_ptr + row, tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf")), mask=g_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _combine_kernel(
     part_ptr,
     lse_ptr,
@@ -164,10 +169,10 @@ def _combine_kernel(
     sink_ptr,
     stride_ob,
     stride_oh,
+    num_splits,
     NUM_HEADS: tl.constexpr,
     D: tl.constexpr,
     D_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     S_PAD: tl.constexpr,
     SINKS: tl.constexpr,
 ):
@@ -175,9 +180,9 @@ def _combine_kernel(
     h = tl.program_id(1)
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, D_PAD)
-    s_ok = s < NUM_SPLITS
+    s_ok = s < num_splits
     d_ok = d < D
-    row = (b * NUM_HEADS + h) * NUM_SPLITS + s
+    row = (b * NUM_HEADS + h) * num_splits + s
     lse = tl.load(lse_ptr + row, mask=s_ok, other=float("-inf"))
     top = tl.max(lse, 0)
     top = tl.where(top == float("-inf"), 0.0, top)  # every split empty: weights become 0, output 0
@@ -245,6 +250,7 @@ def _arguments(
             block_tables.stride(1),
             out.stride(0),
             out.stride(1),
+            num_splits,
         ),
         dict(
             NUM_HEADS=heads,
@@ -256,7 +262,7 @@ def _arguments(
             DV_PAD=dv_pad,
             PAGE=page,
             BLOCK_N=block_n,
-            NUM_SPLITS=num_splits,
+            SPLIT=num_splits > 1,
             PREC=dot_precision(k_cache.dtype),
             WINDOW=window or 0,
             SOFTCAP=float(softcap or 0.0),
@@ -267,13 +273,12 @@ def _arguments(
     if num_splits > 1:
         combine = (
             (batch, heads, 1),
-            (part, lse, out, sink_arg, out.stride(0), out.stride(1)),
+            (part, lse, out, sink_arg, out.stride(0), out.stride(1), num_splits),
             dict(
                 NUM_HEADS=heads,
                 D=dv,
                 D_PAD=dv_pad,
-                NUM_SPLITS=num_splits,
-                S_PAD=pow2(num_splits),
+                S_PAD=pow2(MAX_SPLITS),  # one variant for every split count: past the count, masked
                 SINKS=sinks is not None,
             ),
         )
@@ -343,6 +348,10 @@ class BoundDecode:
     @property
     def paths(self) -> tuple[str, ...]:
         return (self.split.path,) if self.combine is None else (self.split.path, self.combine.path)
+
+    def native_launches(self, ctx) -> list[KernelLaunch]:
+        out = [KernelLaunch(self.split, self.split_grid)]
+        return out if self.combine is None else out + [KernelLaunch(self.combine, self.combine_grid)]
 
     def __call__(self) -> None:
         self.split(self.split_grid)

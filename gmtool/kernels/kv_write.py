@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from gmtool.kernels.common import check_cache, pow2
-from gmtool.kernels.launcher import BoundKernel
+from gmtool.kernels.launcher import BoundKernel, KernelLaunch
 
 
 @triton.jit
@@ -122,6 +122,9 @@ class BoundWrite:
     @property
     def paths(self) -> tuple[str, ...]:
         return (self.launch.path,)
+
+    def native_launches(self, ctx) -> list[KernelLaunch]:
+        return [KernelLaunch(self.launch, self.grid)]
 
     def __call__(self) -> None:
         self.launch(self.grid)

@@ -20,6 +20,7 @@ when the binding is made (a profiler; the direct path passes none), every call g
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -82,7 +83,19 @@ class BoundKernel:
     binding's life: their addresses are what the direct path passes.
     """
 
-    __slots__ = ("kernel", "args", "constexprs", "options", "slots", "path", "_run", "_head", "_direct", "_stream")
+    __slots__ = (
+        "kernel",
+        "args",
+        "constexprs",
+        "options",
+        "slots",
+        "path",
+        "compiled",
+        "_run",
+        "_head",
+        "_direct",
+        "_stream",
+    )
 
     def __init__(self, kernel, args: tuple, constexprs: dict, options: dict, varying: tuple[str, ...] = ()):
         names = list(kernel.arg_names)
@@ -100,6 +113,7 @@ class BoundKernel:
         self.kernel, self.args, self.options = kernel, list(args), options
         self.constexprs = {n: constexprs[n] for n in tail}  # in parameter order: the direct path passes them so
         self.path = PENDING
+        self.compiled = None  # the CompiledKernel of the direct path (gmtool.kernels.native_loop reads it)
         self._run = None
 
     def __call__(self, grid: tuple, *values) -> None:
@@ -131,4 +145,30 @@ class BoundKernel:
         self._head = (compiled.function, compiled.packed_metadata, None, None, None)  # no metadata, no hooks
         self._stream = _stream_source()
         self._run = compiled.run
+        self.compiled = compiled
         self.path = DIRECT
+
+
+# -- what a bound launch offers the native step loop (gmtool.kernels.native_loop) -----------------------------------
+class StepValue(NamedTuple):
+    """A value that follows the step, given to every launch of it: index into ForwardContext.step_grid."""
+
+    index: int
+
+
+STEP_SEQS, STEP_TILES = StepValue(0), StepValue(1)  # TritonAttention.step_grid: (num_seqs, query tiles)
+
+
+class KernelLaunch(NamedTuple):
+    """One launch of a bound kernel as a runner makes it: grid and the varying ints (in `bound.slots` order),
+    each an int fixed at binding or a StepValue. reads_plan: the launch consumes the step's plan (a planned
+    runner notes ctx.signature in ctx.planned_with)."""
+
+    bound: BoundKernel
+    grid: tuple
+    ints: tuple = ()
+    reads_plan: bool = False
+
+
+class NotNative(Exception):
+    """A launch the native step loop cannot make; the message says why."""

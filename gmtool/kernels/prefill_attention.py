@@ -36,7 +36,8 @@ NUM_STAGES = 2
 
 
 # num_seqs follows the batch in a bound (piecewise) launch: no value of it may select another compiled variant
-@triton.jit(do_not_specialize=["num_seqs"])
+# the metadata's offsets in the input arena follow the bucket: no variant per alignment (see decode_attention)
+@triton.jit(do_not_specialize=["num_seqs"], do_not_specialize_on_alignment=["cu_ptr", "lens_ptr", "bt_ptr"])
 def _varlen_kernel(
     q_ptr,
     k_ptr,

@@ -13,8 +13,9 @@ Stages (each writes bench-<stage>.json into --out; the table is built from whate
   gemm     the small-M GEMM against cuBLAS at qwen3-0.6b's projection shapes (M = 1, 8, 32): weight TB/s
   peer     hf-compiled (HF static cache + torch.compile reduce-overhead) on the same decode work
   prefill  eager vs piecewise vs full (wide key) at 512 and 2048 tokens
-  capture  total capture time of the default decode bucket list (no compile), in two fresh processes sharing a
-           new Triton cache: cold (kernels compiled) and warm (loaded from disk); capture-once is one of them
+  capture  total capture time of the default decode bucket list (no compile), in fresh processes sharing a new
+           Triton cache per forward (the HF layers, and --fuse): cold (kernels compiled) and warm (loaded from
+           disk); capture-once and capture-once-fused are one of them
   lean     piecewise against full (wide key) on one prefill step of 128 and 512 tokens: graph memory, host
            time per step, per runner
   host     where the host time of a B=1 replay goes: copy-in, graph launch on an idle and on a busy device,
@@ -247,36 +248,41 @@ def _executor(buckets: list[int], max_kv_len: int, num_blocks: int, fuse: bool =
 CAPTURE_GOALS_S = {"cold": 2.0, "warm": 1.0}  # issue 17: the 35 default decode buckets, Triton cache empty / full
 
 
+CAPTURE_FORWARDS = {"": "capture-once", " --fuse": "capture-once-fused"}  # label suffix -> the stage timing it
+
+
 def stage_capture(args) -> dict:
-    """The default decode buckets captured in two fresh processes sharing one new Triton cache directory: cold
-    (every kernel compiled) then warm (kernels loaded from disk), each timed as capture-once times it."""
+    """The default decode buckets captured in fresh processes, each forward (the HF layers; --fuse, gmtool's
+    fused layers: 352 kernels a step instead of 1,619) with its own new Triton cache directory: cold (every
+    kernel compiled) then warm (kernels loaded from disk), each timed as capture-once times it."""
     import os
     import subprocess
     import sys
     import tempfile
 
     out = {}
-    with tempfile.TemporaryDirectory(prefix="gmtool-triton-") as cache, tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "TRITON_CACHE_DIR": cache}
-        for label in CAPTURE_GOALS_S:
-            cmd = [sys.executable, "-m", "gmtool.measure.bench", "--stages", "capture-once", "--out", tmp]
-            run = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            path = Path(tmp) / "bench-capture-once.json"
-            if run.returncode != 0 or not path.exists():
-                tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise RuntimeError(f"the {label} capture process failed: {tail[0]}")
-            out[label] = json.loads(path.read_text())
-            path.unlink()
+    for suffix, stage in CAPTURE_FORWARDS.items():
+        with tempfile.TemporaryDirectory(prefix="gmtool-triton-") as cache, tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "TRITON_CACHE_DIR": cache}
+            for label in CAPTURE_GOALS_S:
+                cmd = [sys.executable, "-m", "gmtool.measure.bench", "--stages", stage, "--out", tmp]
+                run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                path = Path(tmp) / f"bench-{stage}.json"
+                if run.returncode != 0 or not path.exists():
+                    tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
+                    raise RuntimeError(f"the {label}{suffix} capture process failed: {tail[0]}")
+                out[label + suffix] = json.loads(path.read_text())
+                path.unlink()
     return out
 
 
-def stage_capture_once(args) -> dict:
+def stage_capture_once(args, fuse: bool = False) -> dict:
     """Capture every default decode bucket, largest first: warm-up and capture, timed together and apart."""
     from gmtool.core.batch import make_batch
     from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS
     from gmtool.core.compositions import parse_composition
 
-    ex = _executor(DEFAULT_DECODE_BUCKETS, 1024, 256 * 64 + 1)
+    ex = _executor(DEFAULT_DECODE_BUCKETS, 1024, 256 * 64 + 1, fuse=fuse)
     cache, lm = ex.cache, ex.lm
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -285,7 +291,17 @@ def stage_capture_once(args) -> dict:
         batch = make_batch(parse_composition(f"1*{b}", seed=b), cache, lm.vocab_size, 256)
         caps.append(ex.capture(ex.key_for(batch), batch).capture_s)
     torch.cuda.synchronize()
-    return {"buckets": len(DEFAULT_DECODE_BUCKETS), "total_s": time.perf_counter() - t0, "capture_only_s": sum(caps)}
+    return {
+        "buckets": len(DEFAULT_DECODE_BUCKETS),
+        "total_s": time.perf_counter() - t0,
+        "capture_only_s": sum(caps),
+        "fuse": fuse,
+        "warmed_up": sum(e.warmed_up for e in ex.graphs.values()),
+    }
+
+
+def stage_capture_once_fused(args) -> dict:
+    return stage_capture_once(args, fuse=True)
 
 
 def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda", bench=None) -> dict:
@@ -296,6 +312,7 @@ def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda",
     from gmtool.core.backends.cpu import pool_bytes
     from gmtool.config import SweepConfig
     from gmtool.core.compositions import parse_composition
+    from gmtool.kernels.native_loop import python_path
     from gmtool.measure.timing import host_us_steady, summarize
     from gmtool.measure.workbench import Workbench
     from gmtool.modes import GraphMode
@@ -318,6 +335,8 @@ def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda",
         entry = ex.prepare(batch)  # the capture
         ex.step(batch)
         steady = host_us_steady(lambda: ex.step(batch), ex.inputs.copied_in, iters)
+        with python_path(entry):  # the same step through the Python loop over its steps (A/B)
+            steady_python = host_us_steady(lambda: ex.step(batch), ex.inputs.copied_in, iters)
         runners = [s for s in entry.steps if getattr(s, "is_runner", False)]
         per_runner = []
         for _ in range(iters):
@@ -331,6 +350,9 @@ def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda",
             "graph_mem_bytes": mem,
             "pool_growth_bytes": entry.pool_growth_bytes,
             "host_steady_us": summarize(steady).median,
+            # how a step launched (gmtool.kernels.native_loop): "native", or "python: why"; the Python loop's time
+            "launch_path": entry.launch_path,
+            "host_steady_python_us": summarize(steady_python).median,
             "pieces": entry.pieces,
             "runners": len(runners),
             "runner_us": statistics.median(per_runner) if runners else None,
@@ -341,6 +363,9 @@ def piecewise_vs_full(model: str, tokens: int, iters: int, device: str = "cuda",
     full, pw = out["full"], out["piecewise"]
     out["mem_ratio"] = pw["graph_mem_bytes"] / full["graph_mem_bytes"] if full["graph_mem_bytes"] else None
     out["host_extra_us_per_runner"] = (pw["host_steady_us"] - full["host_steady_us"]) / max(1, pw["runners"])
+    out["host_extra_us_per_runner_python"] = (pw["host_steady_python_us"] - full["host_steady_us"]) / max(
+        1, pw["runners"]
+    )
     return out
 
 
@@ -629,12 +654,21 @@ def summary(out: Path, console: Console) -> list[tuple]:
             (
                 f"prefill {t}: host time per step piecewise vs full ({pw['host_steady_us']:.0f} vs "
                 f"{full['host_steady_us']:.0f} us, {pw['runners']} runners; a runner alone "
-                f"{pw['runner_us']:.1f} us)",
+                f"{pw['runner_us']:.1f} us; step launched {pw.get('launch_path', '-')})",
                 f"+{x['host_extra_us_per_runner']:.1f} us per runner",
                 "<= 5 us",
                 "met" if x["host_extra_us_per_runner"] <= 5 else "NOT met",
             )
         )
+        if "host_steady_python_us" in pw:  # the same step through the Python loop over its steps
+            rows.append(
+                (
+                    f"prefill {t}: the same through the Python loop ({pw['host_steady_python_us']:.0f} us per step)",
+                    f"+{x['host_extra_us_per_runner_python']:.1f} us per runner",
+                    "",
+                    "",
+                )
+            )
         paths = ", ".join(pw.get("launch_paths") or ["-"])
         rows.append(
             (
@@ -645,13 +679,15 @@ def summary(out: Path, console: Console) -> list[tuple]:
             )
         )
     for label, cap in (load("capture") or {}).items():
-        if label not in CAPTURE_GOALS_S:
+        cache, _, forward = label.partition(" ")
+        if cache not in CAPTURE_GOALS_S:
             continue
-        goal = CAPTURE_GOALS_S[label]
+        goal = CAPTURE_GOALS_S[cache]
         rest = cap["total_s"] - cap["capture_only_s"]
         rows.append(
             (
-                f"capture {cap['buckets']} default decode buckets, {label} Triton cache (capture alone "
+                f"capture {cap['buckets']} default decode buckets{' ' + forward if forward else ''}, {cache} Triton "
+                f"cache (capture alone "
                 f"{cap['capture_only_s']:.2f} s; warm-up, compiling and the rest {rest:.2f} s)",
                 f"{cap['total_s']:.2f} s",
                 f"<= {goal:g} s",
@@ -685,6 +721,7 @@ def main(argv=None) -> int:
         "prefill": stage_prefill,
         "capture": stage_capture,
         "capture-once": stage_capture_once,
+        "capture-once-fused": stage_capture_once_fused,
         "lean": stage_lean,
         "host": stage_host,
     }

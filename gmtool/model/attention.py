@@ -330,6 +330,15 @@ class WriteThenAttend:
     def paths(self) -> tuple[str, ...]:
         return getattr(self.write, "paths", ()) + getattr(self.attend, "paths", ())
 
+    def native_launches(self, ctx) -> list:
+        """The write's launches, then the attention's (gmtool.kernels.native_loop); torch's have none."""
+        from gmtool.kernels.launcher import NotNative
+
+        parts = [getattr(x, "native_launches", None) for x in (self.write, self.attend)]
+        if None in parts:
+            raise NotNative("a runner whose K/V write or attention is torch's, not a bound Triton launch")
+        return parts[0](ctx) + parts[1](ctx)
+
     def __call__(self) -> None:
         self.write()
         self.attend()

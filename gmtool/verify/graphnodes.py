@@ -11,8 +11,12 @@
 - By-value structs of C++ kernels (mangled names: ATen's elementwise, reduce and cat kernels) are compared by
   size only. Their unused slots are never written (OffsetCalculator's MAX_DIMS arrays, an empty functor's byte),
   so they carry whatever the host stack held, which differs with the Python path a composition took (seen on the
-  H200: 5,000 such words per decode graph, and dozens a control capture did not catch). Their launch shapes, and
-  every argument of Triton kernels (plain scalars and pointers), are still compared.
+  H200: 5,000 such words per decode graph, and dozens a control capture did not catch). Which arguments are
+  structs comes from the demangled signature (libstdc++'s __cxa_demangle): only builtin scalars and pointers are
+  compared word by word, whatever their size (a 4-byte lambda was read as a scalar and flagged one layer of 28 on
+  the H200). Without a demangler, or where its parameter list does not match the driver's, any argument that is
+  not 4 or 8 bytes counts as a struct. Launch shapes, and every argument of Triton kernels (plain scalars and
+  pointers), are still compared.
 - Modules: while capturing, the node count of the graph being captured is read at every ATen op and every module
   entry and exit (cuStreamGetCaptureInfo, then cuGraphGetNodes asking for the count only); the nodes added since
   the previous reading were issued under the module that was running. Triton launches, which no ATen hook sees,
@@ -74,6 +78,68 @@ def _call(driver, name: str, *args):
     if int(res[0]) != 0:
         raise DriverError(f"{name} failed: {res[0]}")
     return res[1] if len(res) == 2 else res[1:]
+
+
+_SCALARS = {
+    *(f"{u}{t}" for u in ("", "unsigned ", "signed ") for t in ("char", "short", "int", "long", "long long")),
+    "bool",
+    "float",
+    "double",
+    "long double",
+    "wchar_t",
+    "char16_t",
+    "char32_t",
+}
+
+
+def _cxa_demangle():
+    """libstdc++'s demangler through ctypes, or None where it cannot be loaded."""
+    try:
+        lib = ctypes.CDLL("libstdc++.so.6")
+        fn, free = lib.__cxa_demangle, ctypes.CDLL(None).free
+    except (OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    free.argtypes = [ctypes.c_void_p]
+
+    def demangle(name: str) -> str | None:
+        status = ctypes.c_int(1)
+        ptr = fn(name.encode(), None, None, ctypes.byref(status))
+        if not ptr or status.value != 0:
+            return None
+        try:
+            return ctypes.string_at(ptr).decode(errors="replace")
+        finally:
+            free(ptr)
+
+    return demangle
+
+
+_DEMANGLE = _cxa_demangle()
+
+
+def scalar_params(mangled: str, demangle=_DEMANGLE) -> list[bool] | None:
+    """Per parameter of a C++ kernel: True where it is a builtin scalar or a pointer (compared word by word), False
+    for a class, lambda or array passed by value (compared by size). None: not demangled."""
+    text = demangle(mangled) if demangle is not None and mangled.startswith("_Z") else None
+    if not text or not text.endswith(")"):
+        return None
+    depth, i = 0, len(text) - 1
+    for i in range(len(text) - 1, -1, -1):  # the '(' that opens the parameter list closed by the last ')'
+        depth += {")": 1, "(": -1}.get(text[i], 0)
+        if depth == 0:
+            break
+    params, depth, cur = [], 0, ""
+    for ch in text[i + 1 : -1]:
+        depth += {"<": 1, "(": 1, "[": 1, "{": 1, ">": -1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            params.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip() and cur.strip() != "void":
+        params.append(cur.strip())
+    return [p.endswith("*") or p.removesuffix(" const") in _SCALARS for p in params]
 
 
 def _kind(node_type) -> str:
@@ -158,7 +224,7 @@ class NodeReader:
                 (p.gridDimX, p.gridDimY, p.gridDimZ),
                 (p.blockDimX, p.blockDimY, p.blockDimZ),
                 int(p.sharedMemBytes),
-                self._args(func, getter, int(p.kernelParams or 0), cpp=self._name(func, getter).startswith("_Z")),
+                self._args(func, getter, int(p.kernelParams or 0), cpp=self._name(func, getter)),
             )
         if kind == "memset":
             p = _call(d, "cuGraphMemsetNodeGetParams", handle)
@@ -198,7 +264,8 @@ class NodeReader:
             self._sizes[key] = None if info is None else sizes
         return self._sizes[key]
 
-    def _args(self, func, getter: str, params: int, cpp: bool = False) -> tuple[tuple, ...]:
+    def _args(self, func, getter: str, params: int, cpp: str = "") -> tuple[tuple, ...]:
+        """cpp: the kernel's mangled name when it is a C++ kernel (its by-value structs are compared by size)."""
         sizes = self._param_sizes(func, getter)
         if sizes is None:
             self.notes.add(
@@ -210,9 +277,13 @@ class NodeReader:
             self.notes.add("a kernel launched with packed 'extra' arguments: its arguments are not compared")
             return ()
         slots = (ctypes.c_void_p * len(sizes)).from_address(params)
+        scalar = scalar_params(cpp) if cpp.startswith("_Z") else None
+        if scalar is not None and len(scalar) != len(sizes):
+            scalar = None
         out = []
         for i, size in enumerate(sizes):
-            if cpp and size not in (4, 8):
+            struct = (not scalar[i]) if scalar is not None else cpp.startswith("_Z") and size not in (4, 8)
+            if struct:
                 self.notes.add(STRUCTS_NOTE)
                 out.append((f"{STRUCT} of {size} bytes",))
             else:

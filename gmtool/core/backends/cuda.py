@@ -20,6 +20,19 @@ class CudaGraph:
         self.graph = graph
         self.replay = graph.replay  # bound once: no Python frame of ours on the launch path
 
+    def exec_handle(self) -> int:
+        """The cudaGraphExec_t the native step loop launches (gmtool.kernels.native_loop): torch's
+        raw_cuda_graph_exec (documented from torch 2.8 on), once the graph is instantiated."""
+        from gmtool.kernels.launcher import NotNative
+
+        get = getattr(self.graph, "raw_cuda_graph_exec", None)
+        if get is None:
+            raise NotNative(f"torch {torch.__version__} has no CUDAGraph.raw_cuda_graph_exec")
+        try:
+            return int(get())
+        except RuntimeError as e:
+            raise NotNative(f"no instantiated graph: {str(e).splitlines()[0]}") from None
+
 
 class CudaGraphBackend:
     name = "cuda"

@@ -1,0 +1,103 @@
+"""The native step loop on CUDA (gmtool.kernels.native_loop): a piecewise entry's steps launch through one C call
+per step, and its replays equal the Python loop's bit for bit and eager within tolerance, the step's own metadata
+(grid, num_seqs) taken each step. Host times are printed, not asserted: tools/native_loop_timing.py and make
+bench's lean stage measure them."""
+
+import functools
+import time
+
+import pytest
+import torch
+
+from gmtool.config import SweepConfig
+from gmtool.core.compositions import parse_composition
+from gmtool.kernels.native_loop import NATIVE, cuda_driver, library, python_path
+from gmtool.measure.timing import rel_err_per_seq, tolerances_for
+from gmtool.measure.workbench import Workbench
+from gmtool.modes import GraphMode
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+MODEL = "qwen3-0.6b"
+
+
+@functools.cache  # one workbench per configuration for the module: building the model is most of the time
+def _bench(scenario: str, buckets: str, impl: str) -> Workbench:
+    cfg = SweepConfig(
+        model=MODEL,
+        device="cuda",
+        dtype="bf16",
+        attention="triton",
+        scenario=scenario,
+        buckets=buckets,
+        modes=(GraphMode.EAGER, GraphMode.PIECEWISE),
+        max_kv_len=1024,
+        piecewise_impl=impl,
+    )
+    return Workbench.build(cfg, num_blocks=4096)
+
+
+def _rig(scenario: str, buckets: str, impl: str):
+    bench = _bench(scenario, buckets, impl)
+    return bench, bench.executor(GraphMode.PIECEWISE)
+
+
+def test_the_loop_builds_here():
+    """The C compiler and the driver's entry points are there (else every entry says why, in launch_path)."""
+    lib, driver = library(), cuda_driver()
+    assert not isinstance(lib, str), lib
+    assert not isinstance(driver, str), driver
+    print(f"cuFuncGetParamInfo: {'checked' if driver.param_info else 'absent: layouts not checked'}")
+
+
+@pytest.mark.parametrize(
+    "scenario,bucket,comps,impl",
+    [
+        # one bucket, many mixes: each step's grid (num_seqs, query tiles) and num_seqs differ from the capture's
+        ("prefill", "128", ["64+64", "32*4", "16*8", "100+28@512", "128", "1+127@300", "64+64"], "breakable"),
+        ("decode", "8", ["1*8@700", "1*5", "1*8@100", "1*3@900"], "breakable"),  # split + combine
+        ("prefill", "128", ["64+64", "16*8", "100+28@512"], "fx"),  # FX runners write K/V: two launches each
+    ],
+)
+def test_native_replays_equal_the_python_loop_bit_for_bit(scenario, bucket, comps, impl):
+    bench, ex = _rig(scenario, bucket, impl)
+    tol_same, tol = tolerances_for(torch.bfloat16)
+    for i, text in enumerate(comps):
+        b = bench.batch(parse_composition(text, seed=i))
+        native = ex.step(b).clone()
+        (entry,) = ex.graphs.values()
+        assert entry.launch_path == NATIVE, entry.launch_path
+        with python_path(entry):
+            python = ex.step(b).clone()
+        fn, logits = bench.eager_fn(b)
+        fn()
+        err = rel_err_per_seq(native, logits)
+        print(f"{scenario} {impl} {text}: native == python: {torch.equal(native, python)}, rel err {err:.2e}")
+        assert torch.equal(native, python), text
+        assert err < tol and rel_err_per_seq(native, ex.eager_same_shape(b)) < tol_same, text
+    ex.release()
+
+
+def test_host_time_per_step_native_vs_python():
+    """Printed: the host time of one piecewise prefill step's launches (device busy, syncs not timed)."""
+    bench, ex = _rig("prefill", "128", "breakable")
+    b = bench.batch(parse_composition("64+32*2", seed=0))
+    ex.step(b)
+    (entry,) = ex.graphs.values()
+
+    def median_us(n=60) -> float:
+        out = []
+        torch.cuda.synchronize()
+        for i in range(n):
+            t0 = time.perf_counter()
+            entry.replay(b)
+            out.append((time.perf_counter() - t0) * 1e6)
+            if i % 8 == 7:
+                torch.cuda.synchronize()
+        return sorted(out)[n // 2]
+
+    native = median_us()
+    with python_path(entry):
+        python = median_us()
+    print(f"prefill 128, {entry.runners} runners: native {native:.0f} us per step, python {python:.0f} us")
+    assert entry.launch_path == NATIVE
+    ex.release()

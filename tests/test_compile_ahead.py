@@ -1,0 +1,96 @@
+"""Triton kernels compiled ahead of the first capture (gmtool.kernels.compile_ahead): inside compiling_only()
+every Triton launch becomes a warmup (compiled, not run) under an async compile mode, and the launch path is
+restored on leaving, also when the forward raises. The GPU run measures what it saves (bench --stages capture)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+
+class FakeMode:
+    """Stands in for Triton's AsyncCompileMode: records that it was entered with a pool and left."""
+
+    events: list = []
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def __enter__(self):
+        FakeMode.events.append(("enter", self.pool is not None))
+        return self
+
+    def __exit__(self, *exc):
+        FakeMode.events.append(("exit",))
+
+
+def test_launches_inside_compile_instead_of_running(monkeypatch):
+    from triton.runtime.jit import JITFunction
+
+    from gmtool.kernels import compile_ahead
+
+    calls = []
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **kw: calls.append((a, grid, warmup, kw)))
+    monkeypatch.setattr(compile_ahead, "_async_mode", lambda: FakeMode)
+    FakeMode.events = []
+    original = JITFunction.run
+    with compile_ahead.compiling_only(torch.device("cpu"), workers=2):
+        JITFunction.run(object(), 1, 2, grid=(4,), warmup=False, BLOCK=16)
+    assert calls == [((1, 2), (4,), True, {"BLOCK": 16})]  # the launch became a warmup
+    assert JITFunction.run is original
+    assert FakeMode.events == [("enter", True), ("exit",)]
+    with pytest.raises(RuntimeError), compile_ahead.compiling_only(torch.device("cpu"), workers=1):
+        raise RuntimeError("a forward that fails")
+    assert JITFunction.run is original  # restored whatever happened inside
+
+
+def test_reasons_it_does_not_run(monkeypatch):
+    from gmtool.kernels import compile_ahead
+
+    monkeypatch.setenv("GMTOOL_COMPILE_AHEAD", "0")
+    assert "GMTOOL_COMPILE_AHEAD=0" in compile_ahead.unavailable()
+    monkeypatch.delenv("GMTOOL_COMPILE_AHEAD")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert "interpreter" in compile_ahead.unavailable()
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(compile_ahead, "_async_mode", lambda: None)
+    assert "AsyncCompileMode" in compile_ahead.unavailable()
+
+
+def test_only_the_first_capture_warms_up_and_a_failed_cold_capture_is_warmed_and_retried(monkeypatch):
+    """One eager warm-up per executor (cuBLAS's workspace, GPU-NOTES pitfall 1); later shapes capture cold. A
+    cold capture that fails is warmed up and captured again, and then replays like eager."""
+    from gmtool.errors import CaptureError
+    from tests.helpers import Rig, rel
+
+    rig = Rig()
+    ex = rig.ex
+    warmups = []
+    real_warm = ex.forward_impl.warmup
+    monkeypatch.setattr(ex.forward_impl, "warmup", lambda e, fn: warmups.append(1) or real_warm(e, fn))
+    for text in ["1*16", "1*8"]:
+        b = rig.batch(text)
+        assert rel(rig.graph(b), rig.eager(b)) < 1e-5
+    assert [e.warmed_up for e in ex.graphs.values()] == [True, False] and len(warmups) == 1
+    assert ex.compile_ahead_s is None  # the CPU tape compiles nothing
+
+    real_record, fails = ex._record, []
+
+    def record_failing_once(entry, fn):
+        if not fails:
+            fails.append(entry.key)
+            ex.backend.abort()
+            raise CaptureError("a launch the capture refused")
+        return real_record(entry, fn)
+
+    monkeypatch.setattr(ex, "_record", record_failing_once)
+    b = rig.batch("1*4")
+    assert rel(rig.graph(b), rig.eager(b)) < 1e-5
+    entry = ex.graphs[ex.key_for(b)]
+    assert fails and entry.warmed_after_failure and entry.warmed_up and len(warmups) == 2
+
+    ex.warmup_every_capture = True
+    rig.graph(rig.batch("1*30"))
+    assert len(warmups) == 3
