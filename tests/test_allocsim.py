@@ -283,7 +283,13 @@ def test_capture_traces_cut_at_each_capture_and_keep_only_pool_events(monkeypatc
         ["a", seg + 512, 700, 0],
     ]
     assert first["after"] == [["f", seg + 512, 700, 0]] and second["events"] == [] and first["pool_bytes"] == 2 * MiB
-    assert t.to_dict()["dropped_entries"] == 3
+    assert t.to_dict()["dropped_entries"] == 3 and t.to_dict()["failed_captures"] == []
+    t.begin("d2", (0, 1))  # a capture that fails: no end; its events are not the previous capture's tail
+    h.buf += [{"action": "alloc", "addr": seg, "size": 100}]
+    t.begin("d1", (0, 1))
+    t.end("d1", (0, 1), [{"address": seg, "total_size": 2 * MiB}])
+    t.finish()
+    assert t.to_dict()["failed_captures"] == ["d2"] and t.captures[1]["after"] == []
     assert replay_recorded({"captures": [first, second]}).total_bytes == 2 * MiB
 
 

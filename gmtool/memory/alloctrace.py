@@ -83,18 +83,26 @@ class CaptureTraces:
         self.pools: dict[tuple, int] = {}  # pool id -> ordinal
         self.spans: list[tuple[int, int, int]] = []  # every pool segment seen so far
         self.dropped = 0  # entries outside our pools (default pool: eager runs, warm-up)
+        self.failed: list[str] = []  # captures that began and never ended (their events are left out)
+        self._open = None
 
     def begin(self, key, pool_id) -> None:
-        """Before a capture (MemoryStrategy.pool_for): what happened since the last capture ended is its tail."""
+        """Before a capture (MemoryStrategy.pool_for): what happened since the last capture ended is its tail;
+        after a capture that failed, the failed capture's events, which are left out."""
         if not self.recorder.on:
             self.recorder.start()
+        elif self._open is not None:
+            self.failed.append(self._open)
+            self.dropped += len(self.recorder.cut())
         else:
             self._tail(self.recorder.cut())
         self.pools.setdefault(tuple(pool_id), len(self.pools))
+        self._open = str(key)
 
     def end(self, key, pool_id, segments: list[dict]) -> None:
         """After the capture (MemoryStrategy.captured): segments are its pool's, from torch.cuda.memory_snapshot."""
         entries = self.recorder.cut()
+        self._open = None
         ordinal = self.pools[tuple(pool_id)]
         known = {lo for lo, _, _ in self.spans}
         self.spans += [
@@ -116,8 +124,11 @@ class CaptureTraces:
 
     def finish(self) -> None:
         """The last capture's tail, and recording off: call while the graphs still live."""
-        if self.recorder.on:
+        if self.recorder.on and self._open is None:
             self._tail(self.recorder.cut())
+        elif self._open is not None:
+            self.failed.append(self._open)
+            self._open = None
         self.recorder.stop()
 
     def _tail(self, entries: list[dict]) -> None:
@@ -127,4 +138,9 @@ class CaptureTraces:
             self.captures[-1]["after"] += events
 
     def to_dict(self) -> dict:
-        return {"captures": self.captures, "pools": len(self.pools), "dropped_entries": self.dropped}
+        return {
+            "captures": self.captures,
+            "pools": len(self.pools),
+            "dropped_entries": self.dropped,
+            "failed_captures": self.failed,
+        }
