@@ -410,3 +410,13 @@ def _events(p: Program) -> list[list]:
         else:
             out.append(["f", addr[op[1]], 0, 0])
     return out
+
+
+def test_allocator_settings_the_simulator_does_not_model_are_named():
+    from gmtool.memory.allocsim import unmodeled_settings
+
+    assert unmodeled_settings({}) == []
+    assert unmodeled_settings({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}) == []
+    got = unmodeled_settings({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,release_lock_on_cudamalloc:True"})
+    assert got == ["PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128"]
+    assert unmodeled_settings({"PYTORCH_ALLOC_CONF": "expandable_segments:True"})

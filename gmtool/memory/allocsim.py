@@ -42,6 +42,25 @@ class AllocatorConfig:
 
 
 DEFAULT = AllocatorConfig()
+CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+HARMLESS_OPTIONS = ("release_lock_on_cudamalloc", "pinned_", "graph_capture_record_stream_reuse")  # no effect on pools
+
+
+def unmodeled_settings(environ=None) -> list[str]:
+    """The allocator options set in the environment that change what the simulator assumes (the defaults):
+    max_split_size_mb, roundup_power2_divisions, expandable_segments, garbage_collection_threshold, ..."""
+    import os
+
+    env = os.environ if environ is None else environ
+    out = []
+    for var in CONF_VARS:
+        for item in (env.get(var) or "").split(","):
+            name = item.split(":")[0].strip()
+            if name and not name.startswith(HARMLESS_OPTIONS):
+                value = item.split(":", 1)[1].strip() if ":" in item else ""
+                if not (name == "expandable_segments" and value.lower() == "false"):
+                    out.append(f"{var}={item.strip()}")
+    return out
 
 
 def round_size(size: int) -> int:

@@ -59,6 +59,8 @@ def _simulated(row, line: Prediction, buckets) -> Prediction:
     caps = (row.traces or {}).get("captures") or []
     if not caps or row.strategy not in allocsim.ORDERS:
         return line
+    if unmodeled := allocsim.unmodeled_settings():
+        return dataclasses.replace(line, notes=[f"allocator settings the simulator does not model ({unmodeled[0]})"])
     try:
         sim = allocsim.predict_strategy(row.strategy, caps, buckets, order=row.order)
     except (ValueError, KeyError, AssertionError) as e:
