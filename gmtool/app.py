@@ -160,7 +160,8 @@ def run_memreport(
         return _memreport_runs(cfg, strategies, out_dir, progress, on_strategy, SharedWorkbench(cfg))
     small = sampled_config(cfg, sample)
     shared = SharedWorkbench(cfg if check else small)
-    doc, paths = _memreport_runs(small, strategies, out_dir, progress, on_strategy, shared, "sampled ")
+    # the sampled captures' allocator events: the simulator predicts from them (gmtool.memory.allocsim)
+    doc, paths = _memreport_runs(small, strategies, out_dir, progress, on_strategy, shared, "sampled ", traces=True)
     predicted = predict_document(doc, cfg.bucket_sizes)
     if check:
         doc, paths = _memreport_runs(cfg, strategies, out_dir, progress, on_strategy, shared)
@@ -174,14 +175,14 @@ def run_memreport(
     return doc, write_report(out_dir, doc)
 
 
-def _memreport_runs(cfg, strategies, out_dir, progress, on_strategy, shared, what: str = ""):
+def _memreport_runs(cfg, strategies, out_dir, progress, on_strategy, shared, what: str = "", traces: bool = False):
     from gmtool.memory.report import build_document, run_strategy, write_report
 
     rows, result, doc, paths = [], None, None, []
     try:
         for name in strategies:
             with progress(f"memreport {what}{name}") as p:
-                row, res = run_strategy(cfg, name, p, shared)
+                row, res = run_strategy(cfg, name, p, shared, **({"record_traces": True} if traces else {}))
             rows.append(row)
             result = result or res
             if on_strategy:

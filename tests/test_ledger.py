@@ -207,7 +207,9 @@ def test_memreport_check_predicts_each_strategy_from_four_buckets(tmp_path, monk
     monkeypatch.setattr(
         report,
         "run_strategy",
-        lambda cfg, name, p=None, shared=None: seen.append(len(cfg.bucket_sizes)) or _recorded_strategy(cfg, name),
+        lambda cfg, name, p=None, shared=None, **kw: (
+            seen.append(len(cfg.bucket_sizes)) or _recorded_strategy(cfg, name)
+        ),
     )
     cfg = SweepConfig(device="cpu", buckets="1,2,4,8:256:8", modes=("eager", "full"))
     doc, paths = run_memreport(cfg, ["shared", "independent"], tmp_path, sample=4, check=True)
@@ -236,7 +238,9 @@ def test_memreport_sample_alone_predicts_without_an_error(tmp_path, monkeypatch)
     from gmtool.config import SweepConfig
     from gmtool.report.ledger import prediction_table
 
-    monkeypatch.setattr(report, "run_strategy", lambda cfg, name, p=None, shared=None: _recorded_strategy(cfg, name))
+    monkeypatch.setattr(
+        report, "run_strategy", lambda cfg, name, p=None, shared=None, **kw: _recorded_strategy(cfg, name)
+    )
     cfg = SweepConfig(device="cpu", buckets="1,2,4,8:256:8", modes=("eager", "full"))
     doc, _ = run_memreport(cfg, ["independent"], tmp_path, sample=3)
     (p,) = doc.prediction

@@ -58,6 +58,7 @@ INPUTS = "tests/test_inputs.py::"
 BUCKETS = "tests/test_buckets.py::"
 VMM = "tests/test_vmm_bookkeeping.py::"
 REPORT = "tests/test_report.py::"
+ALLOCSIM = "tests/test_allocsim.py::"
 
 MUTANTS: list[Mutant] = [
     # -- copy-in: fields and padding (gmtool/core/inputs.py, gmtool/core/batch.py) -----------------------------------
@@ -782,6 +783,23 @@ MUTANTS: list[Mutant] = [
         "",
         "tests/test_pdl.py::test_pdl_under_interpreter",
         "--pdl: the small-M GEMM's prefetch leaves the last line of a step out where a row does not start on a line",
+    ),
+    # -- the caching-allocator simulator (gmtool/memory/allocsim.py) ------------------------------------------
+    M(
+        "allocsim-no-coalescing",
+        "gmtool/memory/allocsim.py",
+        "            if other is not None and not other.allocated:\n",
+        "            if other is not None and not other.allocated and False:\n",
+        ALLOCSIM + "test_freed_neighbours_coalesce_into_one_block",
+        "a freed block never merges with its free neighbours: the pool fragments",
+    ),
+    M(
+        "allocsim-large-segment-unrounded",
+        "gmtool/memory/allocsim.py",
+        "    return K_ROUND_LARGE * ((size + K_ROUND_LARGE - 1) // K_ROUND_LARGE)\n",
+        "    return size\n",
+        ALLOCSIM + "test_sizes_round_to_512_and_segments_by_kind",
+        "a segment for a request of 10 MiB or more is not rounded up to 2 MiB",
     ),
 ]
 

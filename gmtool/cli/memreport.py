@@ -136,6 +136,9 @@ def memreport(
     for table in (memreport_ledger_table(doc.to_dict()), prediction_table(doc.to_dict())):
         if table is not None:
             out_.show(table)
+    for p in doc.prediction:  # the allocator simulator's: buckets whose events were not interpolated alike
+        for note in p.notes:
+            out_.show(f"[dim]prediction ({p.strategy}, {p.method}):[/] {note}", highlight=False)
     for r in doc.strategies:
         for w in r.warning_list:
             out_.show(f"[yellow]warning ({r.strategy}):[/] {w}", highlight=False)

@@ -60,6 +60,7 @@ class StrategyRow:
     errors: list[str] = _detail()
     warning_list: list[str] = _detail()
     vmm: dict | None = _detail(lambda: None)
+    traces: dict | None = _detail(lambda: None)  # each capture's allocator events (gmtool.memory.alloctrace)
     nvml_source: str | None = _detail(lambda: None)
 
     def csv_row(self) -> dict:
@@ -77,12 +78,14 @@ class Prediction:
     strategy: str
     first_bucket: int  # captured first: its pool as measured
     first_bytes: float
-    slope: float  # what each later capture added: slope * bucket + intercept bytes
-    intercept: float
+    slope: float | None  # line: what each later capture added: slope * bucket + intercept bytes (allocsim: None)
+    intercept: float | None
     sample_bytes: float  # what the sampled captures added up to
     predicted_bytes: float
     measured_bytes: float | None = None
     error_pct: float | None = None
+    method: str = "line"  # line (gmtool.memory.ledger.predict) | allocsim (gmtool.memory.allocsim, from traces)
+    notes: list[str] = field(default_factory=list)  # the simulator's: buckets whose events were not interpolated
 
 
 @dataclass(kw_only=True)

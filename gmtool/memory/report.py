@@ -21,6 +21,7 @@ from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.core.executor import AttentionRunner
 from gmtool.memory.document import ROW_FIELDS, UNAVAILABLE, MemDocument, StrategyRow
 from gmtool.memory.ledger import inputs_bytes, strategy_ledger
+from gmtool.memory.allocsim import ORDERS as SIMULATED
 from gmtool.memory.strategies import make_strategy
 from gmtool.report.fitted import Column, FittedTable
 from gmtool.report.tables import _f, fmt_bytes
@@ -107,9 +108,13 @@ def held_storages(executors: dict) -> list[tuple[int, int]]:
 
 
 # -- one strategy ------------------------------------------------------------------------------------
-def run_strategy(cfg, name: str, progress=None, shared=None, **vmm_opts) -> tuple[StrategyRow, object]:
+def run_strategy(
+    cfg, name: str, progress=None, shared=None, record_traces: bool = False, **vmm_opts
+) -> tuple[StrategyRow, object]:
     """(the strategy's row, the SweepResult or None). Failures become the row's status, never exceptions.
-    shared: a SharedWorkbench the run takes its model from (None: it builds its own)."""
+    shared: a SharedWorkbench the run takes its model from (None: it builds its own). record_traces: each
+    capture's allocator events go into the row's traces (gmtool.memory.alloctrace; CUDA's allocator history,
+    where torch has it), for the allocator simulator's prediction (gmtool.memory.allocsim)."""
     if len(cfg.graph_modes) != 1:
         raise GmtoolError("memreport measures one graph mode at a time")
     mode = cfg.graph_modes[0]
@@ -117,6 +122,8 @@ def run_strategy(cfg, name: str, progress=None, shared=None, **vmm_opts) -> tupl
         strategy = make_strategy(name, cfg.torch_device, **vmm_opts)
     except GmtoolError as e:
         return derive({"strategy": name, "mode": mode, "status": UNAVAILABLE, "reason": str(e)}), None
+    if record_traces and name in SIMULATED and _history_available():  # VMM's prediction needs no traces
+        strategy.record_traces()
     probe = ShuffledReplayProbe(strategy, cfg.seed)
     sweep = Sweep(cfg, progress, lambda mode, s=strategy: s, probes=(probe,))
     raw = {"strategy": name, "mode": mode, "order": strategy.order}
@@ -143,6 +150,9 @@ def run_strategy(cfg, name: str, progress=None, shared=None, **vmm_opts) -> tupl
         inputs=probe.inputs.get(mode, {}),
         warnings=list(strategy.warnings),
     )
+    if getattr(strategy, "traces", None) is not None:
+        strategy.traces.finish()  # a no-op when release() finished it
+        raw["traces"] = strategy.traces.to_dict()
     if res is not None:
         raw.update(
             records=[r.to_dict() for r in res.records if r.mode in (mode, GraphMode.EAGER)],
@@ -156,6 +166,12 @@ def run_strategy(cfg, name: str, progress=None, shared=None, **vmm_opts) -> tupl
     # the ledger's "after release": what the driver did not get back (graph exec objects kept alive, say)
     raw["after_release_bytes"] = free0 - torch.cuda.mem_get_info(cfg.torch_device)[0]
     return derive(raw), res
+
+
+def _history_available() -> bool:
+    from gmtool.memory.alloctrace import history_available
+
+    return history_available()[0]
 
 
 def shape_totals(per_key: list[dict]) -> tuple[int | None, int | None]:

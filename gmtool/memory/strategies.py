@@ -108,16 +108,27 @@ class MemoryStrategy:
         self.warnings: list[str] = []
         self._before = None
         self.released = False
+        self.traces = None  # a CaptureTraces when record_traces() asked for each capture's allocator events
+
+    def record_traces(self) -> None:
+        """Record each capture's allocator events (gmtool.memory.alloctrace), for gmtool.memory.allocsim."""
+        from gmtool.memory.alloctrace import CaptureTraces
+
+        self.traces = CaptureTraces(self.meter.index)
 
     # -- the executor's hooks ------------------------------------------------------------------------
     def pool_for(self, key):
         self.pool_ids[key] = self._pool(key)
+        if self.traces is not None:  # before the meter: cutting the history takes a snapshot
+            self.traces.begin(key, self.pool_ids[key])
         self._before = self.meter.read()  # after the pool is set up: only the capture's own memory counts
         return self.pool_ids[key]
 
     def captured(self, key, entry) -> None:
         (free0, nv0), (free1, nv1) = self._before, self.meter.read()
         segs = pool_segments([self.pool_ids[key]], self.meter.index)[tuple(self.pool_ids[key])]
+        if self.traces is not None:
+            self.traces.end(key, self.pool_ids[key], segs)
         self.per_key[str(key)] = {
             "key": str(key),
             "bucket": key.num_tokens,
@@ -131,11 +142,15 @@ class MemoryStrategy:
         }
 
     def release(self) -> None:
+        if self.traces is not None:
+            self.traces.finish()
         self.pool_ids.clear()  # torch frees a handle's pool once its graphs are gone
         self.released = True
 
     # -- what memreport reads while the graphs are alive ---------------------------------------------
     def measure(self) -> dict:
+        if self.traces is not None:  # the captures are over: their traces end here, graphs still alive
+            self.traces.finish()
         pools = pool_segments(set(map(tuple, self.pool_ids.values())), self.meter.index)
         total = sum(s["total_size"] for segs in pools.values() for s in segs)
         return {

@@ -88,7 +88,9 @@ def prediction_table(doc: dict) -> FittedTable | None:
         [
             p["strategy"],
             f"{p['first_bucket']}: {fmt_bytes(p['first_bytes'])}",
-            f"{fmt_bytes(p['intercept'])} + {fmt_bytes(p['slope'])}/token",
+            f"{fmt_bytes(p['intercept'])} + {fmt_bytes(p['slope'])}/token"
+            if p.get("method", "line") == "line"
+            else "allocator simulated",
             fmt_bytes(p["sample_bytes"]),
             fmt_bytes(p["predicted_bytes"]),
             fmt_bytes(p["measured_bytes"]),
