@@ -304,6 +304,8 @@ def stage_capture_once(args, fuse: bool = False) -> dict:
         "capture_only_s": sum(caps),
         "fuse": fuse,
         "warmed_up": sum(e.warmed_up for e in ex.graphs.values()),
+        "compile_ahead_s": ex.compile_ahead_s,
+        "compile_ahead_note": ex.compile_ahead_note,
     }
 
 
