@@ -117,7 +117,7 @@ def test_a_failed_compile_ahead_is_said_and_the_capture_goes_on(monkeypatch):
     key = ex.key_for(b)
     ex.inputs.load(b, key)
     ex.device = torch.device("cuda")  # past the CPU check, for this call only
-    ex._compile_ahead(key, b, lambda: None)
+    compile_ahead.before_first_capture(ex, key, b, lambda: None)
     ex.device = torch.device("cpu")
     assert "A thread initializer failed" in ex.compile_ahead_note and ex.compile_ahead_s is None
     assert rel(rig.graph(b), rig.eager(b)) < 1e-5

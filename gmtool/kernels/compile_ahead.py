@@ -78,3 +78,37 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
             yield
         finally:
             JITFunction.run = launch
+
+
+def before_first_capture(ex, key, batch, fn) -> None:
+    """Before an executor's first warm-up (with GMTOOL_COMPILE_AHEAD=1, on CUDA): this shape's forward and the
+    smallest decode bucket's run inside compiling_only(), so the kernels later shapes need (split decode for
+    small batches) are compiled too. Their torch ops run over the views' current contents; the warm-up and the
+    capture's upload then compute the batch properly. Sets ex.compile_ahead_s, or ex.compile_ahead_note: why not."""
+    import time
+
+    from gmtool.model.attention import forward_context
+
+    ex.compile_ahead_note = unavailable()
+    if ex.device.type != "cuda" or ex.compile_ahead_note is not None:
+        return
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        ex.compile_ahead_note = "not under --tp (every rank would run collectives on skipped kernels' output)"
+        return
+    small = ex.policy.key_for(ex.policy.sizes[0], min(ex.policy.sizes[0], batch.num_seqs), True)
+    other = key.decode and small != key
+    t0 = time.perf_counter()
+    try:
+        with compiling_only(ex.device), torch.no_grad():
+            fn()  # within the caller's forward context: this shape, this batch
+            if other:  # a zeroed arena: every index the torch ops read is 0, in range (the null block, token 0)
+                ex.inputs.arena.zero_()
+                views = ex.inputs.views(small)
+                with forward_context(ex._context(small, views, batch)):
+                    ex.forward(views)
+        ex.compile_ahead_s = time.perf_counter() - t0
+    except Exception as e:  # an optimization only: kernels then compile at their first launch, as before
+        ex.compile_ahead_note = f"failed ({type(e).__name__}: {str(e).strip()[:120]}); kernels compile at launch"
+    if other:
+        ex.inputs.invalidate()  # the next load rewrites every field and padding lane
+        ex.inputs.load(batch, key)
