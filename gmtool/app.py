@@ -156,6 +156,7 @@ def run_memreport(
     from gmtool.memory.predict import check_document, predict_document, sampled_config
     from gmtool.memory.report import write_report
 
+    out_dir.mkdir(parents=True, exist_ok=True)  # a library caller's folder, as the CLI makes it
     if not sample and not check:
         return _memreport_runs(cfg, strategies, out_dir, progress, on_strategy, SharedWorkbench(cfg))
     small = sampled_config(cfg, sample)

@@ -57,6 +57,7 @@ class SweepConfig:
     compile: bool = False  # Inductor-compile the non-attention parts before capture
     fuse: bool = False  # gmtool.model.fused: fewer kernels per decoder layer
     small_m_gemm: bool = False  # with fuse: decode projections on gmtool.kernels.small_m instead of cuBLAS
+    pdl: bool = False  # with small_m_gemm: Programmatic Dependent Launch for the fused layers (gmtool.kernels.pdl)
     attention: str = "auto"  # attention kernels: auto (triton on CUDA when available) | torch | triton
     max_kv_len: int | None = None
     max_tokens: int | None = None
@@ -102,6 +103,10 @@ class SweepConfig:
             raise GmtoolError("--compile needs CUDA: the CPU tape backend cannot capture Inductor's CPU kernels")
         if self.small_m_gemm and not self.fuse:
             raise GmtoolError("small_m_gemm runs the fused layers' projections: it needs fuse (--fuse) as well")
+        if self.pdl and not self.small_m_gemm:
+            raise GmtoolError(
+                "pdl overlaps the small-M GEMM's weight reads: it needs small_m_gemm (--small-m-gemm) too"
+            )
         if self.model is None:
             self.model = GPU_DEFAULT_MODEL if cuda else CPU_DEFAULT_MODEL
             if not cuda:

@@ -57,6 +57,7 @@ CASES = [
     ("--dtype unknown", ["capture", *CPU, "--dtype", "int3"], "unknown dtype"),
     ("--compile on the CPU", ["capture", *CPU, "--compile"], "--compile"),
     ("--small-m-gemm without --fuse", ["compare", *CPU, "--small-m-gemm"], "needs fuse (--fuse) as well"),
+    ("--pdl without --small-m-gemm", ["compare", *CPU, "--fuse", "--pdl"], "needs small_m_gemm (--small-m-gemm)"),
     ("--format unknown", ["capture", *CPU, "--format", "yaml"], "'yaml' is not one of 'human', 'json', 'quiet'"),
     ("--compositions 1@10000000", ["capture", *CPU, "--compositions", "1@10000000"], "--max-kv-len"),
     ("--max-kv-len 100000000", ["capture", *CPU, "--max-kv-len", "100000000"], "--max-kv-len"),

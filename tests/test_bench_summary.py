@@ -179,6 +179,43 @@ def test_summary_judges_the_small_m_gemm(tmp_path):
     assert stack[0] == "2.00x faster"
 
 
+def test_summary_judges_the_goal_on_the_faster_small_m_stage(tmp_path):
+    """With fused-pdl beside fused-smallm: the 0.8 ms goal on the faster of the two, B=32 against --fuse for
+    each, PDL on against off; a fused-pdl stage that fell back says so."""
+
+    def row(bucket, ms):
+        return {"bucket": bucket, "composition": f"1*{bucket}@1023", "status": "ok", "latency_ms": _lat(ms)}
+
+    stages = {
+        "fused": {"rows": [row(1, 1.21), row(32, 1.50)]},
+        "fused-smallm": {"rows": [row(1, 0.95), row(32, 1.45)]},
+        "fused-pdl": {"rows": [row(1, 0.78), row(32, 1.55)], "notes": []},
+    }
+    for name, data in stages.items():
+        (tmp_path / f"bench-{name}.json").write_text(json.dumps(data))
+    rows = {r[0]: r[1:] for r in summary(tmp_path, Console(file=io.StringIO()))}
+    what = (
+        "decode B=1 kv=1024, --fuse with the small-M GEMM and PDL, --fuse alone 1.210 ms (faster of: "
+        "the small-M GEMM 0.950 ms, the small-M GEMM and PDL 0.780 ms)"
+    )
+    assert rows[what] == ("0.780 ms", "<= 0.8 ms", "met")
+    assert rows["decode B=32 kv=1024: --fuse with / without the small-M GEMM (1.450 vs 1.500 ms)"][1:] == (
+        "<= 1.00x",
+        "met",
+    )
+    assert rows["decode B=32 kv=1024: --fuse with / without the small-M GEMM and PDL (1.550 vs 1.500 ms)"][1:] == (
+        "<= 1.00x",
+        "NOT met",
+    )
+    assert rows["decode B=1 kv=1024: PDL on / off, small-M GEMM (0.780 vs 0.950 ms)"][0] == "0.82x"
+    stages["fused-pdl"]["notes"] = ["--pdl: off, PDL needs sm_90 (Hopper) or later, this device is sm_8x"]
+    stages["fused-pdl"]["rows"] = [row(1, 0.99)]
+    (tmp_path / "bench-fused-pdl.json").write_text(json.dumps(stages["fused-pdl"]))
+    rows = {r[0]: r[1:] for r in summary(tmp_path, Console(file=io.StringIO()))}
+    assert any(k.startswith("decode B=1 kv=1024, --fuse with the small-M GEMM, --fuse alone") for k in rows)
+    assert "fused-pdl: --pdl: off, PDL needs sm_90 (Hopper) or later, this device is sm_8x" in rows
+
+
 def test_capture_stage_runs_cold_then_warm_processes_on_one_new_triton_cache(monkeypatch):
     """Two fresh processes, one new Triton cache directory: the first compiles every kernel (cold), the second
     loads them from disk (warm); a process that fails is said, not read."""

@@ -212,7 +212,8 @@ def test_memreport_check_predicts_each_strategy_from_four_buckets(tmp_path, monk
         ),
     )
     cfg = SweepConfig(device="cpu", buckets="1,2,4,8:256:8", modes=("eager", "full"))
-    doc, paths = run_memreport(cfg, ["shared", "independent"], tmp_path, sample=4, check=True)
+    out = tmp_path / "new" / "folder"  # made by run_memreport itself, as a library caller expects
+    doc, paths = run_memreport(cfg, ["shared", "independent"], out, sample=4, check=True)
     assert seen == [4, 4, 35, 35]  # the sampled run of each strategy, then every bucket
     assert doc.sampled_buckets == [1, 72, 168, 256]
     pred = {p.strategy: p for p in doc.prediction}
@@ -221,7 +222,7 @@ def test_memreport_check_predicts_each_strategy_from_four_buckets(tmp_path, monk
     for p in pred.values():
         assert abs(p.error_pct) < 5, p  # the goal, on these recorded figures
     assert pred["shared"].error_pct == pytest.approx(0.0, abs=1e-6)  # a straight line, and the first as measured
-    saved = json.loads((tmp_path / "memreport.json").read_text())
+    saved = json.loads((out / "memreport.json").read_text())
     assert [p["strategy"] for p in saved["prediction"]] == ["shared", "independent"]
     assert saved["strategies"][0]["ledger"][0]["workspace_bytes"] is not None
     shared = saved["strategies"][0]

@@ -766,6 +766,24 @@ MUTANTS: list[Mutant] = [
         "tests/test_parallel.py::test_tp2_matches_tp1_eager_within_tolerance",
         "--tp: every rank's cached prefixes hold rank 0's KV heads",
     ),
+    M(
+        "pdl-write-kv-reads-before-wait",
+        "gmtool/kernels/kv_write.py",
+        "    pdl_mod.enter(PDL)  # before the slot test: a program that returns early has waited too\n"
+        "    t = tl.program_id(0)\n"
+        "    slot = tl.load(slot_ptr + t)\n",
+        "    t = tl.program_id(0)\n    slot = tl.load(slot_ptr + t)\n    pdl_mod.enter(PDL)\n",
+        "tests/test_pdl.py::test_pdl_variants_compile_for_hopper_and_wait_before_reading",
+        "--pdl: the K/V write reads its slot before waiting for the kernel before it (a race under PDL)",
+    ),
+    M(
+        "pdl-prefetch-misses-a-line",
+        "gmtool/kernels/small_m.py",
+        "            prefetch_l2(w_rows + tl.minimum(k0 + kk + BLOCK_K - 1, K - 1))\n",
+        "",
+        "tests/test_pdl.py::test_pdl_under_interpreter",
+        "--pdl: the small-M GEMM's prefetch leaves the last line of a step out where a row does not start on a line",
+    ),
     # -- the caching-allocator simulator (gmtool/memory/allocsim.py) ------------------------------------------
     M(
         "allocsim-no-coalescing",

@@ -170,6 +170,13 @@ SmallMGemmOpt = Annotated[
         help="With --fuse: the projections of steps of up to 32 tokens (decode) on gmtool's small-M GEMM, a Triton kernel that streams the weights, instead of cuBLAS (not in what --compile hands to Inductor, which picks its own GEMMs).",
     ),
 ]
+PdlOpt = Annotated[
+    Optional[bool],
+    flag(
+        "pdl",
+        help="With --small-m-gemm: launch the fused layers' Triton kernels with Programmatic Dependent Launch, each GEMM prefetching its weight into L2 while the kernel before it runs. Hopper or later, Triton 3.4+; elsewhere (CPU, interpreter, older GPUs) the kernels launch plainly and the run's notes say why.",
+    ),
+]
 CompileOpt = Annotated[
     Optional[bool],
     flag(

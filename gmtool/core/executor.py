@@ -16,6 +16,7 @@ from gmtool.kernels.native_loop import PENDING_RETRIES, build_step_loop
 from gmtool.model.attention import PLAIN, TORCH_ATTENTION, ForwardContext, LayerOpts, forward_context
 from gmtool.core.backends import make_backend
 from gmtool.core.batch import Batch
+from gmtool.kernels import compile_ahead
 from gmtool.core.buckets import BucketKey, BucketPolicy
 from gmtool.errors import CaptureError, GmtoolError, OutOfMemory
 from gmtool.core.inputs import PersistentInputs, StepViews
@@ -256,7 +257,7 @@ class GraphExecutor:
         with forward_context(ctx), torch.no_grad():
             warm = self.warmup_every_capture or not self.warmed or self.forward_impl.compiles
             if not self.warmed and not self.forward_impl.compiles:
-                self._compile_ahead(key, batch, fn)
+                compile_ahead.before_first_capture(self, key, batch, fn)
             if warm:
                 self._warm_up(entry, fn)
             if self.mode.piecewise:
@@ -282,41 +283,13 @@ class GraphExecutor:
         self.graphs[key] = entry
         return entry
 
-    def _compile_ahead(self, key: BucketKey, batch: Batch, fn) -> None:
-        """Before the executor's first warm-up: this shape's forward and the smallest bucket's of its kind run with
-        their Triton launches compiling side by side instead (gmtool.kernels.compile_ahead), so the kernels later
-        shapes need (split decode for small batches) are compiled too. Their torch ops run over the views'
-        current contents; the warm-up and the capture's upload then compute this batch properly."""
-        from gmtool.kernels import compile_ahead
-
-        self.compile_ahead_note = compile_ahead.unavailable()
-        if self.device.type != "cuda" or self.compile_ahead_note is not None:
-            return
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            self.compile_ahead_note = "not under --tp (every rank would run collectives on skipped kernels' output)"
-            return
-        small = self.policy.key_for(self.policy.sizes[0], min(self.policy.sizes[0], batch.num_seqs), True)
-        other = key.decode and small != key
-        t0 = time.perf_counter()
-        with compile_ahead.compiling_only(self.device), torch.no_grad():
-            fn()  # within the current forward context: this shape, this batch
-            if other:  # a zeroed arena: every index the torch ops read is 0, in range (the null block, token 0)
-                self.inputs.arena.zero_()
-                views = self.inputs.views(small)
-                with forward_context(self._context(small, views, batch)):
-                    self.forward(views)
-        if other:
-            self.inputs.invalidate()  # the next load rewrites every field and padding lane
-            self.inputs.load(batch, key)
-        self.compile_ahead_s = time.perf_counter() - t0
-
     def _warm_up(self, entry: CapturedGraph, fn) -> None:
         """An eager pass on the capture stream. The executor's first capture needs one: cuBLAS makes its workspace
         at the stream's first GEMM, and it must not land in a graph's pool (GPU-NOTES pitfall 1). A forward that
         traces per shape (fx, --compile) needs one per shape. Other shapes capture straight away: their kernels
         are the same, a Triton variant not compiled yet compiles at its launch under capture, and the upload
-        after capture is their first run. Warming up every shape cost 2.5 of 3.9 s over the 35 default decode
-        buckets (H200, warm Triton cache); warmup_every_capture restores it."""
+        after capture is their first run. Warming up every shape, the 35 default decode
+        buckets took 3.88 s with a warm Triton cache, 2.66 s with one (H200); warmup_every_capture restores it."""
         entry.ctx.planned_with.clear()
         t0 = time.perf_counter()
         self.forward_impl.warmup(self, fn)  # with fx: the trace and split of this shape happen here

@@ -7,6 +7,11 @@ cores (Triton 3.9). `compiling_only()` runs a forward whose Triton launches comp
 not run (Triton's AsyncCompileMode with every launch turned into a warmup); leaving it waits for every
 compile. The torch ops of such a forward still run, over whatever the skipped kernels left in their outputs:
 only floating values, never an index, come out of gmtool's Triton kernels, so nothing reads out of bounds.
+
+Off unless GMTOOL_COMPILE_AHEAD=1: in the one H200 run with it on (2026-12-01, 3ad1318), a cold capture of the 35
+default decode buckets took 6.29 s against 6.06 s without it, and 1.1 s of compiling still fell inside the
+captures; that run did not record whether it compiled anything, so it stays an experiment until one does
+(`bench --stages capture` records compile_ahead_s and compile_ahead_note now).
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ WORKERS = 8
 
 def unavailable() -> str | None:
     """Why kernels cannot be compiled ahead here; None when they can."""
-    if os.environ.get("GMTOOL_COMPILE_AHEAD", "1") == "0":
-        return "turned off (GMTOOL_COMPILE_AHEAD=0)"
+    if os.environ.get("GMTOOL_COMPILE_AHEAD", "0") != "1":
+        return "off unless GMTOOL_COMPILE_AHEAD=1 (no gain measured yet)"
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "the Triton interpreter compiles nothing"
     if _async_mode() is None:
@@ -57,9 +62,15 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
     def compile_instead(self, *args, grid, warmup, **kwargs):
         return launch(self, *args, grid=grid, warmup=True, **kwargs)
 
-    def bind_device():  # a thread's current CUDA device is its own; Triton compiles for the current one
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+    # a thread's current CUDA device is its own, and Triton compiles for the current one: the workers take this
+    # thread's (a device without an index, "cuda", names it)
+    index = (
+        (device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else None
+    )
+
+    def bind_device():
+        if index is not None:
+            torch.cuda.set_device(index)
 
     with ThreadPoolExecutor(workers, initializer=bind_device) as pool, mode(pool):
         JITFunction.run = compile_instead
@@ -67,3 +78,37 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
             yield
         finally:
             JITFunction.run = launch
+
+
+def before_first_capture(ex, key, batch, fn) -> None:
+    """Before an executor's first warm-up (with GMTOOL_COMPILE_AHEAD=1, on CUDA): this shape's forward and the
+    smallest decode bucket's run inside compiling_only(), so the kernels later shapes need (split decode for
+    small batches) are compiled too. Their torch ops run over the views' current contents; the warm-up and the
+    capture's upload then compute the batch properly. Sets ex.compile_ahead_s, or ex.compile_ahead_note: why not."""
+    import time
+
+    from gmtool.model.attention import forward_context
+
+    ex.compile_ahead_note = unavailable()
+    if ex.device.type != "cuda" or ex.compile_ahead_note is not None:
+        return
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        ex.compile_ahead_note = "not under --tp (every rank would run collectives on skipped kernels' output)"
+        return
+    small = ex.policy.key_for(ex.policy.sizes[0], min(ex.policy.sizes[0], batch.num_seqs), True)
+    other = key.decode and small != key
+    t0 = time.perf_counter()
+    try:
+        with compiling_only(ex.device), torch.no_grad():
+            fn()  # within the caller's forward context: this shape, this batch
+            if other:  # a zeroed arena: every index the torch ops read is 0, in range (the null block, token 0)
+                ex.inputs.arena.zero_()
+                views = ex.inputs.views(small)
+                with forward_context(ex._context(small, views, batch)):
+                    ex.forward(views)
+        ex.compile_ahead_s = time.perf_counter() - t0
+    except Exception as e:  # an optimization only: kernels then compile at their first launch, as before
+        ex.compile_ahead_note = f"failed ({type(e).__name__}: {str(e).strip()[:120]}); kernels compile at launch"
+    if other:
+        ex.inputs.invalidate()  # the next load rewrites every field and padding lane
+        ex.inputs.load(batch, key)

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gmtool.kernels import pdl as pdl_mod
 from gmtool.kernels.common import LOG2E, NEG_INIT, check_cache, dot_precision, num_sms, pow2
 from gmtool.kernels.jit_helpers import softcap_log2
 from gmtool.kernels.launcher import BoundKernel, KernelLaunch
@@ -90,7 +91,9 @@ def _decode_split_kernel(
     WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,
     SINKS: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    pdl_mod.enter(PDL)  # q, the cache and kv_lens are earlier kernels' writes
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -175,7 +178,9 @@ def _combine_kernel(
     D_PAD: tl.constexpr,
     S_PAD: tl.constexpr,
     SINKS: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    pdl_mod.enter(PDL)  # the partials are the split kernel's
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, S_PAD)
@@ -267,6 +272,7 @@ def _arguments(
             WINDOW=window or 0,
             SOFTCAP=float(softcap or 0.0),
             SINKS=sinks is not None,
+            PDL=0,  # decode_attention sets its mode; bound (piecewise) runners launch plainly
         ),
     )
     combine = None
@@ -280,6 +286,7 @@ def _arguments(
                 D_PAD=dv_pad,
                 S_PAD=pow2(MAX_SPLITS),  # one variant for every split count: past the count, masked
                 SINKS=sinks is not None,
+                PDL=0,
             ),
         )
     return out, split, combine
@@ -300,20 +307,26 @@ def decode_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks=None,
+    pdl: int | None = None,
 ):
     """q [B, H, Dk] -> [B, H, Dv]; sequence b attends to its first kv_lens[b] tokens via block_tables[b], the
     last `window` of them with a window; softcap caps the logits; sinks [H] are per-head sink logits.
 
     kv_lens[b] == 0 (a padded slot) gives zeros. Buffers allocated here have bucket-only shapes, so the
-    call can be captured in a CUDA graph (after one eager call has compiled the kernels).
+    call can be captured in a CUDA graph (after one eager call has compiled the kernels). pdl: a
+    gmtool.kernels.pdl.Pdl mode for both kernels; None: the caller's scope (pdl.launches).
     """
     out, (grid, args, consts), combine = _arguments(
         q, k_cache, v_cache, block_tables, kv_lens, scale, num_splits, out, block_n, window, softcap, sinks
     )
-    _decode_split_kernel[grid](*args, **consts, num_warps=num_warps, num_stages=num_stages)
+    mode = pdl_mod.current() if pdl is None else pdl
+    on = dict(PDL=int(mode))
+    _decode_split_kernel[grid](
+        *args, **(consts | on), num_warps=num_warps, num_stages=num_stages, **pdl_mod.launch_options(mode)
+    )
     if combine is not None:
         grid, args, consts = combine
-        _combine_kernel[grid](*args, **consts, num_warps=NUM_WARPS)
+        _combine_kernel[grid](*args, **(consts | on), num_warps=NUM_WARPS, **pdl_mod.launch_options(mode))
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from gmtool.kernels import pdl as pdl_mod
 from gmtool.kernels.common import check_cache, pow2
 from gmtool.kernels.launcher import BoundKernel, KernelLaunch
 
@@ -37,7 +38,9 @@ def _write_kv_kernel(
     DV: tl.constexpr,
     DV_PAD: tl.constexpr,
     PAGE: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    pdl_mod.enter(PDL)  # before the slot test: a program that returns early has waited too
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)
     if slot < 0:
@@ -87,13 +90,21 @@ def _arguments(k_cache, v_cache, k, v, slot_mapping) -> tuple[tuple, dict]:
         v_cache.stride(2),
     )
     consts = dict(
-        HKV=kv_heads, H_PAD=pow2(kv_heads), D=dim, D_PAD=pow2(dim), DV=dv, DV_PAD=pow2(dv), PAGE=k_cache.shape[1]
+        HKV=kv_heads,
+        H_PAD=pow2(kv_heads),
+        D=dim,
+        D_PAD=pow2(dim),
+        DV=dv,
+        DV_PAD=pow2(dv),
+        PAGE=k_cache.shape[1],
+        PDL=0,  # write_kv sets its mode; bound (piecewise) runners launch plainly
     )
     return args, consts
 
 
-def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
-    """k [T, Hkv, Dk], v [T, Hkv, Dv] into the caches at slot_mapping [T]; negative slots are left out."""
+def write_kv(k_cache, v_cache, k, v, slot_mapping, pdl: int | None = None) -> None:
+    """k [T, Hkv, Dk], v [T, Hkv, Dv] into the caches at slot_mapping [T]; negative slots are left out.
+    pdl: a gmtool.kernels.pdl.Pdl mode; None: the caller's scope (pdl.launches)."""
     if k.stride(-1) != 1:
         k = k.contiguous()
     if v.stride(-1) != 1:
@@ -101,7 +112,10 @@ def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
     if k.shape[0] == 0:
         return
     args, consts = _arguments(k_cache, v_cache, k, v, slot_mapping)
-    _write_kv_kernel[(k.shape[0],)](*args, **consts, num_warps=4)
+    mode = pdl_mod.current() if pdl is None else pdl
+    _write_kv_kernel[(k.shape[0],)](
+        *args, **(consts | dict(PDL=int(mode))), num_warps=4, **pdl_mod.launch_options(mode)
+    )
 
 
 class BoundWrite:

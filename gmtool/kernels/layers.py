@@ -2,7 +2,9 @@
 RoPE, SiLU-and-multiply.
 
 Each launcher allocates its output from the input shapes only and never reads device values on the host,
-so a call can be captured in a CUDA graph (after one eager call has compiled the kernel). Math is fp32,
+so a call can be captured in a CUDA graph (after one eager call has compiled the kernel). pdl: a
+gmtool.kernels.pdl.Pdl mode: each kernel's first statement then waits for the kernel before it and lets the
+next one (a GEMM that prefetches its weight) launch; off, the kernels compile as they did without it. Math is fp32,
 with the roundings Hugging Face's modules make kept where they change the result (the normalized value
 is rounded to the activation dtype before the weight multiply). gmtool.model.layers_ref holds the torch
 references these are checked against.
@@ -14,13 +16,15 @@ import torch
 import triton
 import triton.language as tl
 
+from gmtool.kernels import pdl as pdl_mod
 from gmtool.kernels.common import pow2
 
 SILU_BLOCK = 1024
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, eps, H: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, eps, H: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_mod.enter(PDL)
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2**31 at long prefills
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -33,8 +37,19 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, eps, H: tl.constexpr, BLOC
 
 @triton.jit
 def _add_rms_norm_kernel(
-    x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, eps, H: tl.constexpr, BLOCK: tl.constexpr
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    out_ptr,
+    sum_ptr,
+    stride_x,
+    stride_r,
+    eps,
+    H: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    pdl_mod.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -68,7 +83,9 @@ def _qk_norm_rope_kernel(
     HALF: tl.constexpr,
     HALF_PAD: tl.constexpr,
     NORM: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    pdl_mod.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     D: tl.constexpr = 2 * HALF
@@ -101,7 +118,8 @@ def _qk_norm_rope_kernel(
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, stride_x, I: tl.constexpr, BLOCK: tl.constexpr):  # noqa: E741 (I: the intermediate size, as in the papers)
+def _silu_mul_kernel(x_ptr, out_ptr, stride_x, I: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):  # noqa: E741 (I: the intermediate size, as in the papers)
+    pdl_mod.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
@@ -115,7 +133,7 @@ def _unit_last(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: int = pdl_mod.Pdl.OFF) -> torch.Tensor:
     """x [N, H] -> contiguous [N, H] of x.dtype: weight * (x / rms(x)) as LlamaRMSNorm/Qwen3RMSNorm."""
     x = _unit_last(x)
     rows, hidden = x.shape
@@ -126,13 +144,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return out
     block = pow2(hidden)
     _rms_norm_kernel[(rows,)](
-        x, weight.contiguous(), out, x.stride(0), eps, H=hidden, BLOCK=block, num_warps=8 if block >= 2048 else 4
+        x,
+        weight.contiguous(),
+        out,
+        x.stride(0),
+        eps,
+        H=hidden,
+        BLOCK=block,
+        PDL=int(pdl),
+        num_warps=8 if block >= 2048 else 4,
+        **pdl_mod.launch_options(pdl),
     )
     return out
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, pdl: int = pdl_mod.Pdl.OFF
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(residual + x), residual + x), both contiguous [N, H]: the residual add of one block and the
     norm of the next in one kernel (what engines call fused_add_rms_norm; out of place here)."""
@@ -159,7 +186,9 @@ def add_rms_norm(
         eps,
         H=hidden,
         BLOCK=block,
+        PDL=int(pdl),
         num_warps=8 if block >= 2048 else 4,
+        **pdl_mod.launch_options(pdl),
     )
     return out, total
 
@@ -174,6 +203,7 @@ def qk_norm_rope(
     q_weight: torch.Tensor | None = None,
     k_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    pdl: int = pdl_mod.Pdl.OFF,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, Hq, D] and k [T, Hkv, D] from a fused qkv [T, (Hq + 2 Hkv) D]: optional per-head RMSNorm
     (Qwen3's q_norm/k_norm; None for Llama), then rotate_half RoPE with cos/sin [T, D]. v is not read."""
@@ -212,12 +242,14 @@ def qk_norm_rope(
         HALF=half,
         HALF_PAD=pow2(half),
         NORM=norm,
+        PDL=int(pdl),
         num_warps=1,  # a head is 64-128 elements: small programs, many resident per SM
+        **pdl_mod.launch_options(pdl),
     )
     return q, k
 
 
-def silu_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_mul(x: torch.Tensor, pdl: int = pdl_mod.Pdl.OFF) -> torch.Tensor:
     """x [T, 2I] (gate | up) -> contiguous [T, I] = silu(gate) * up, as the SwiGLU MLP of Llama/Qwen3."""
     x = _unit_last(x)
     tokens, width = x.shape
@@ -228,6 +260,6 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     if tokens == 0:
         return out
     _silu_mul_kernel[(tokens, triton.cdiv(inter, SILU_BLOCK))](
-        x, out, x.stride(0), I=inter, BLOCK=SILU_BLOCK, num_warps=4
+        x, out, x.stride(0), I=inter, BLOCK=SILU_BLOCK, PDL=int(pdl), num_warps=4, **pdl_mod.launch_options(pdl)
     )
     return out

@@ -22,7 +22,9 @@ import triton
 import triton.language as tl
 
 from gmtool.kernels.common import SMALL_M_MAX as MAX_M
+from gmtool.kernels import pdl as pdl_mod
 from gmtool.kernels.common import dot_precision, num_sms, pow2
+from gmtool.kernels.pdl import prefetch_l2
 
 REDUCE_BLOCK = 1024
 
@@ -81,6 +83,9 @@ def _small_m_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr = 0,  # gmtool.kernels.pdl.Pdl: 0 compiles no griddepcontrol and no prefetch
+    PF_LINES: tl.constexpr = 1,  # with PDL: L2 lines per W row per BLOCK_K step, PF_STRIDE elements apart
+    PF_STRIDE: tl.constexpr = 1,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -93,8 +98,20 @@ def _small_m_kernel(
     w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + rm[:, None] * stride_xm
     k0 = pid_k * steps_per_split * BLOCK_K  # a multiple of BLOCK_K the compiler can see: vector loads
+    span = tl.minimum(steps_per_split * BLOCK_K, K - k0)  # the last slice may be shorter
+    if PDL != 0:
+        # This program's W slice into L2 while the kernel before still runs: weights are read-only, so this may
+        # precede the wait. Every 128-byte line of the slice, clamped to the row (no address past K); the step's
+        # last element too, whose line is a new one where a row does not start on a line.
+        lines = tl.arange(0, PF_LINES) * PF_STRIDE
+        for kk in range(0, span, BLOCK_K):
+            prefetch_l2(w_rows + tl.minimum(k0 + kk + lines, K - 1)[None, :])
+            prefetch_l2(w_rows + tl.minimum(k0 + kk + BLOCK_K - 1, K - 1))
+        # x (and the output's memory) belong to earlier kernels: nothing below runs before the wait. The next
+        # kernel may launch after it, in every mode: a GEMM ends a launch-early cascade (pdl.Pdl.EARLY).
+        pdl_mod.enter(1)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kk in range(0, tl.minimum(steps_per_split * BLOCK_K, K - k0), BLOCK_K):  # the last slice may be shorter
+    for kk in range(0, span, BLOCK_K):
         k = k0 + kk + rk
         if EVEN_K:
             w = tl.load(w_rows + k[None, :])
@@ -115,7 +132,10 @@ def _small_m_kernel(
 
 
 @triton.jit(do_not_specialize=["M"])
-def _split_reduce_kernel(p_ptr, b_ptr, out_ptr, M, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+def _split_reduce_kernel(
+    p_ptr, b_ptr, out_ptr, M, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0
+):
+    pdl_mod.enter(PDL)  # the partials are the GEMM's: read after its end
     m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
@@ -127,9 +147,17 @@ def _split_reduce_kernel(p_ptr, b_ptr, out_ptr, M, N, SPLIT: tl.constexpr, HAS_B
     tl.store(out_ptr + m * N + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: Config | None = None):
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: Config | None = None,
+    pdl: int = pdl_mod.Pdl.OFF,
+):
     """x [M, K] (M <= MAX_M), weight [N, K] as nn.Linear stores it, bias [N] or None -> contiguous [M, N] of
-    x.dtype, accumulated in fp32. config: block sizes to use instead of pick's (tests, tuning)."""
+    x.dtype, accumulated in fp32. config: block sizes to use instead of pick's (tests, tuning). pdl: a
+    gmtool.kernels.pdl.Pdl mode (the caller checked pdl.problem()): launched with PDL, W prefetched into L2
+    before the wait for the kernel ahead."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     if weight.stride(-1) != 1:
@@ -156,6 +184,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     split = triton.cdiv(steps, per)  # slices that hold any K
     b = bias.contiguous() if bias is not None else x  # unread without HAS_BIAS
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    lines = max(1, cfg.block_k * weight.element_size() // pdl_mod.L2_LINE)  # at least one address per step
     _small_m_kernel[(triton.cdiv(n, cfg.block_n), split)](
         x,
         weight,
@@ -174,11 +203,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         PRECISION=dot_precision(x.dtype),
+        PDL=int(pdl),
+        PF_LINES=lines,
+        PF_STRIDE=cfg.block_k // lines,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl_mod.launch_options(pdl),
     )
     if split > 1:
         _split_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
-            dst, b, out, m, n, SPLIT=split, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4
+            dst,
+            b,
+            out,
+            m,
+            n,
+            SPLIT=split,
+            HAS_BIAS=bias is not None,
+            BLOCK=REDUCE_BLOCK,
+            PDL=int(pdl),
+            num_warps=4,
+            **pdl_mod.launch_options(pdl),
         )
     return out

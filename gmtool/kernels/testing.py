@@ -168,6 +168,15 @@ def compile_for_hopper(jit_fn, consts: dict, arg_type):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
 
+    import inspect
+
+    # constexprs with a default (the kernels' PDL mode) take it unless consts names them, as a launch does
+    defaults = {
+        p.name: p.default
+        for p in jit_fn.params
+        if p.is_constexpr and p.default is not inspect.Parameter.empty and p.name not in consts
+    }
+    consts = {**defaults, **consts}
     sig, attrs = {}, {}
     for i, name in enumerate(jit_fn.arg_names):
         if name in consts:

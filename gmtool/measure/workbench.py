@@ -59,6 +59,23 @@ def _most_seqs(cfg: SweepConfig) -> int:
     return max(c.num_seqs for cs in cfg.compositions_by_bucket.values() for c in cs)
 
 
+def _pdl_mode(cfg: SweepConfig, notes: list[str]) -> int:
+    """--pdl as a gmtool.kernels.pdl.Pdl mode: where PDL cannot run (no CUDA, the Triton interpreter, before
+    Hopper, an old Triton) the fused kernels launch plainly and the run's notes say why."""
+    if not cfg.pdl:
+        return 0
+    if cfg.attention_backend != "triton":
+        notes.append("--pdl: off, the fused layers run torch ops here (no Triton kernels to launch with PDL)")
+        return 0
+    from gmtool.kernels import pdl
+
+    why = pdl.problem(cfg.torch_device)
+    if why:
+        notes.append(f"--pdl: off, {why}")
+        return 0
+    return int(pdl.Pdl.AFTER_WAIT)
+
+
 def build_need(cfg: SweepConfig) -> tuple:
     """What Workbench.build makes of a config: every option but the bucket list, and what the buckets decide
     there (the KV cache's size from the most sequences of a batch, the eager buffers' from the most tokens).
@@ -102,7 +119,8 @@ class Workbench:
             from gmtool.model.fused import fuse_layers
 
             small_m = SMALL_M_MAX if cfg.small_m_gemm else 0
-            lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout, small_m)
+            pdl = _pdl_mode(cfg, lm.notes)
+            lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout, small_m, pdl)
         spec = KVCacheSpec(
             lm.num_layers,
             lm.rank_kv_heads,

@@ -17,6 +17,7 @@ which Inductor fuses itself; otherwise they run gmtool's Triton kernels on CUDA,
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -44,31 +45,51 @@ class LayerOps:
     gmtool's small-M GEMM (gmtool.kernels.small_m) instead of F.linear; 0 leaves them all to F.linear. A graph
     holds one token count, so each bucket's graph takes one side of the threshold for good."""
 
-    def __init__(self, attention_backend: str, small_m: int = 0):
+    def __init__(self, attention_backend: str, small_m: int = 0, pdl: int = 0):
         from gmtool.kernels.common import SMALL_M_MAX
 
         if not 0 <= small_m <= SMALL_M_MAX:
             raise ValueError(f"small_m {small_m}: the small-M GEMM takes 0 to {SMALL_M_MAX} tokens")
         self.triton = attention_backend == "triton"
         self.small_m = small_m
+        # gmtool.kernels.pdl.Pdl (an int here: that module imports triton): the fused layers' Triton kernels
+        # launched with Programmatic Dependent Launch, the small-M GEMM prefetching its weight before its wait.
+        # The caller checked pdl.problem(); 0 launches them plainly. May be changed before capture, as small_m.
+        self.pdl = int(pdl)
 
     def __call__(self, x: torch.Tensor) -> SimpleNamespace:
         if self.triton and _triton_runs(x):
             from gmtool.kernels import layers
 
-            return layers
+            return layers if not self.pdl else _with_pdl(layers, self.pdl)
         return _REF
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.triton and x.shape[0] <= self.small_m and _triton_runs(x):
             from gmtool.kernels import small_m
 
-            return small_m.linear(x, weight, bias)
+            return small_m.linear(x, weight, bias, pdl=self.pdl) if self.pdl else small_m.linear(x, weight, bias)
         return F.linear(x, weight, bias)
+
+    def attention_launches(self, x: torch.Tensor):
+        """The scope the attention kernels launch in: PDL ones when on (they are reached through the forward
+        context and the attention backend, which take no launch options), else nothing changes."""
+        if self.pdl and self.triton and _triton_runs(x):
+            from gmtool.kernels import pdl
+
+            return pdl.launches(self.pdl)
+        return contextlib.nullcontext()
 
     def project(self, m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """m(x) for a row-parallel (--tp) or other Linear subclass, whose forward adds more than the product."""
         return self.linear(x, m.weight, m.bias) if type(m) is torch.nn.Linear else m(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _with_pdl(layers, mode: int) -> SimpleNamespace:
+    """gmtool.kernels.layers' launchers with pdl=mode."""
+    names = ("rms_norm", "add_rms_norm", "qk_norm_rope", "silu_mul")
+    return SimpleNamespace(**{n: functools.partial(getattr(layers, n), pdl=mode) for n in names})
 
 
 _REF = SimpleNamespace(
@@ -131,7 +152,8 @@ def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
         cos, sin = (e.reshape(t, dim) for e in position_embeddings)
         q, k = ops(x).qk_norm_rope(qkv, heads, kv_heads, dim, cos, sin, qw, kw, eps)
         v = qkv[:, v_at:].view(t, kv_heads, dim)
-        out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling, opts)  # the layer's window, cap, sinks
+        with ops.attention_launches(x):
+            out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling, opts)  # the layer's window, cap, sinks
         o = ops.project(m.o_proj, out.reshape(t, heads * dim))
         return o.view(*hidden_states.shape[:-1], o.shape[-1]), None
 
@@ -260,13 +282,17 @@ class FusedLayers:
         )
         if self.ops is not None and self.ops.triton and self.ops.small_m:
             s += f"; projections of up to {self.ops.small_m} tokens on gmtool's small-M GEMM"
+        if self.ops is not None and self.ops.triton and self.ops.pdl:
+            s += "; Triton kernels launched with PDL (the small-M GEMM prefetches its weight into L2 first)"
         return s + (f"; left as they are: {'; '.join(sorted(set(self.skipped)))}" if self.skipped else "")
 
 
-def fuse_layers(model: torch.nn.Module, attention_backend: str, layout=None, small_m: int = 0) -> FusedLayers:
+def fuse_layers(
+    model: torch.nn.Module, attention_backend: str, layout=None, small_m: int = 0, pdl: int = 0
+) -> FusedLayers:
     """layout: the model's probed KVLayout (gmtool.model.probe), whose per-layer options the fused attention
-    passes on as the model's own forward does. small_m: see LayerOps."""
-    cfg, ops = model.config, LayerOps(attention_backend, small_m)
+    passes on as the model's own forward does. small_m, pdl: see LayerOps."""
+    cfg, ops = model.config, LayerOps(attention_backend, small_m, pdl)
     fused = FusedLayers(ops=ops)
     fused_attention: set[int] = set()
     act = str(getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None) or "").lower()

@@ -1,0 +1,108 @@
+"""Programmatic Dependent Launch (PDL) for the fused decode chain: a kernel may start before the one ahead of it
+ends, so the next projection's weights are on their way into L2 while the small kernel before it still runs.
+
+A decode step at small batch is a chain of short kernels, each of which starts cold: the GEMMs request their
+weight bytes (which depend on no earlier kernel) only once they start. Launched with PDL (`launch_pdl=True`,
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION; a CUDA graph capture keeps it as a programmatic edge on
+CUDA 12.3+), a kernel's programs may be scheduled as soon as every program of the kernel before it has called
+`gdc_launch_dependents()` (or exited). The rule that keeps results right: only memory read after `gdc_wait()`
+is guaranteed complete, since the wait returns once the kernel before has finished and its writes are visible.
+So every PDL-aware kernel calls `gdc_wait()` unconditionally, on every path, before it reads or writes anything
+another kernel touches; only the GEMM's L2 prefetch of its (read-only) weight runs ahead of the wait. Because
+each kernel waits before it can finish, "the kernel before has finished" carries down the chain.
+
+Modes (the kernels' PDL constexpr): OFF compiles the kernels as before (no griddepcontrol instruction) and
+launches them plainly. AFTER_WAIT: wait, then let the next kernel launch (one kernel ahead at a time, what
+issue 17 asked for). EARLY: the element-wise kernels let the next kernel launch before their own wait, so a
+GEMM after them can prefetch while the kernel two ahead still runs; the GEMM itself still triggers only after
+its wait, which stops the cascade at each GEMM (an experiment for tools/pdl_decode.py, not a CLI choice).
+
+Triton 3.6 and 3.9 both have `triton.language.extra.cuda.gdc_wait` / `gdc_launch_dependents` and the
+`launch_pdl` launch option. The interpreter has neither griddepcontrol nor inline assembly: there, before
+Hopper, or without those names, `problem()` says why and the fused layers run with PDL off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from enum import IntEnum
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # triton >= 3.4; checked by problem() before any PDL variant compiles
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older triton
+    gdc_wait = gdc_launch_dependents = None
+
+
+class Pdl(IntEnum):
+    OFF = 0
+    AFTER_WAIT = 1
+    EARLY = 2
+
+
+L2_LINE = 128  # bytes: the prefetch granularity
+
+
+def problem(device: torch.device | None = None) -> str | None:
+    """Why PDL cannot run here (None when it can): the fused layers then run the plain variants, saying so."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "the Triton interpreter has no griddepcontrol or inline assembly"
+    if gdc_wait is None:
+        return f"triton {triton.__version__} has no triton.language.extra.cuda.gdc_wait (3.4 or later has)"
+    device = device or torch.device("cuda")
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return "PDL needs a CUDA device"
+    major, _ = torch.cuda.get_device_capability(device)
+    if major < 9:
+        return f"PDL needs sm_90 (Hopper) or later, this device is sm_{major}x"
+    return None
+
+
+def launch_options(mode: int) -> dict:
+    """kernel[grid] keyword arguments for a launch in this mode: none when off, so the plain launch is unchanged
+    (and the interpreter, which knows no launch_pdl, never sees one)."""
+    return {"launch_pdl": True} if mode else {}
+
+
+_scope = Pdl.OFF  # what launchers without an explicit mode use (the attention kernels, reached through ctx)
+
+
+def current() -> Pdl:
+    return _scope
+
+
+@contextlib.contextmanager
+def launches(mode: int):
+    """PDL launches for gmtool's attention kernels (write_kv, decode attention) called inside: the fused layers
+    reach them through the forward context and the attention backend, which take no launch options."""
+    global _scope
+    prev, _scope = _scope, Pdl(mode)
+    try:
+        yield
+    finally:
+        _scope = prev
+
+
+@triton.jit
+def enter(PDL: tl.constexpr):
+    """A PDL-aware kernel's first statement: wait for the kernel before (its writes visible), and let the next one
+    launch, before (EARLY) or after (AFTER_WAIT) the wait. OFF: nothing at all (also under the interpreter)."""
+    if PDL == 2:
+        gdc_launch_dependents()
+    if PDL != 0:
+        gdc_wait()
+    if PDL == 1:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """Ask L2 for the 128-byte lines holding ptrs: no register waits on it, so a program can prefetch its whole
+    weight slice before gdc_wait. The asm's result is a dummy (inline asm must return a value)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
