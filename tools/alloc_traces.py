@@ -119,6 +119,7 @@ def memreport_check(model: str, root: Path) -> dict:
         num_iters_warmup=1,
     )
     t0 = time.perf_counter()
+    (root / "memreport").mkdir(parents=True, exist_ok=True)  # run_memreport writes into an existing folder
     doc, _ = run_memreport(cfg, list(STRATEGIES), root / "memreport", sample=4, check=True)
     out = {"wall_s": time.perf_counter() - t0, "sampled": doc.sampled_buckets, "prediction": []}
     print(f"memreport --sample 4 --check ({out['wall_s']:.0f} s), sampled {doc.sampled_buckets}:")
