@@ -216,7 +216,6 @@ class GraphExecutor:
         )
         self.graphs: dict[BucketKey, CapturedGraph] = {}
         self.refresh_runner_metadata = True  # False only to demonstrate the stale-metadata bug
-        self.warmed = False  # an eager pass has run on the capture stream (see _warm_up)
         self.warmup_every_capture = False  # True: an eager pass before every capture, as before 2026-12-01
         self.compile_ahead_s: float | None = None  # Triton kernels compiled before the first capture (CUDA)
         self.compile_ahead_note: str | None = None  # why they were not
@@ -255,8 +254,8 @@ class GraphExecutor:
         entry = CapturedGraph(key, self.mode, ctx.impl, [], ctx, captured_with=batch.composition.label)
         fn = lambda: self.forward(views)  # noqa: E731
         with forward_context(ctx), torch.no_grad():
-            warm = self.warmup_every_capture or not self.warmed or self.forward_impl.compiles
-            if not self.warmed and not self.forward_impl.compiles:
+            warm = self.warmup_every_capture or not self.backend.warmed or self.forward_impl.compiles
+            if not self.backend.warmed and not self.forward_impl.compiles:
                 compile_ahead.before_first_capture(self, key, batch, fn)
             if warm:
                 self._warm_up(entry, fn)
@@ -290,19 +289,16 @@ class GraphExecutor:
         are the same, a Triton variant not compiled yet compiles at its launch under capture, and the upload
         after capture is their first run. Warming up every shape, the 35 default decode
         buckets took 3.88 s with a warm Triton cache, 2.66 s with one (H200); warmup_every_capture restores it."""
-        entry.ctx.planned_with.clear()
         t0 = time.perf_counter()
         self.forward_impl.warmup(self, fn)  # with fx: the trace and split of this shape happen here
         if self.forward_impl.compiles:
             entry.compile_s = time.perf_counter() - t0
-        entry.ctx.planned_with.clear()
         entry.warmed_up = True
-        self.warmed = True
 
     def _capture_measured(self, entry: CapturedGraph, batch: Batch, fn) -> list:
         """Capture under _memory_of; returns the host plans the capture used (a whole graph bakes them in)."""
         ctx = entry.ctx
-        ctx.planned_with.clear()
+        ctx.planned_with.clear()  # what a warm-up planned is not the capture's
         # the upload replays the capture's own batch (its KV writes repeat the warm-up's, if any)
         held = getattr(self.memory, "physical_bytes", None)  # an optional strategy hook (VMM's)
         with _memory_of(entry, self.device, upload=lambda: entry.replay(batch), held=held):

@@ -17,6 +17,7 @@ class Graph(Protocol):
 
 class GraphBackend(Protocol):
     name: str
+    warmed: bool  # an eager pass has run on the capture stream: the executor's later captures skip theirs
 
     def warmup(self, fn) -> None: ...
 

@@ -212,8 +212,11 @@ class CpuTapeBackend:
         self._tape: _Tape | None = None
         self.graphs: list[TapeGraph] = []
 
+    warmed = False  # an eager pass has run (the executor warms up once, as on CUDA)
+
     def warmup(self, fn) -> None:
         fn()
+        self.warmed = True
 
     def begin(self) -> None:
         assert self._tape is None, "capture already in progress"
