@@ -128,10 +128,14 @@ def _decode(params, signature: dict) -> tuple:
 
 
 class FakeDriver:
-    def __init__(self, fail_kernel: int = 0, sizes=None):
-        self.launch_shapes = []
+    def __init__(self, fail_kernel: int = 0, sizes=None, graphs=None):
+        self.launch_shapes, self.graph_launches = [], 0
 
         def graph(exec_handle, stream):
+            self.graph_launches += 1
+            if graphs is not None and exec_handle in graphs.execs:  # a stitched graph: what each node launches
+                LOG.extend(graphs.launch(exec_handle, stream))
+                return graphs.fail_launch
             LOG.append(("graph", exec_handle, stream))
             return 0
 
@@ -143,7 +147,78 @@ class FakeDriver:
 
         self.cbs = (GRAPH_LAUNCH(graph), KERNEL_LAUNCH(kernel))
         addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
-        self.driver = Driver(addr(self.cbs[0]), addr(self.cbs[1]), sizes, self.cbs)
+        self.driver = Driver(addr(self.cbs[0]), addr(self.cbs[1]), sizes, self.cbs, graphs)
+
+
+CHILD = 0x10000  # a fake piece's CUgraph: its exec handle + CHILD
+
+
+class FakeGraphs:
+    """The driver's graph building as native_loop.CudaGraphBuilder calls it: graphs of nodes in a chain, execs
+    that copy their graph's nodes, kernel nodes holding the parameters copied at add or set time (the driver
+    copies the values then). Launching a stitched exec logs what its nodes launch, as the op-by-op path logs."""
+
+    def __init__(self, fail_set: int = 0, fail_add: int = 0):
+        self.graphs, self.execs, self.sets, self.destroyed = {}, {}, [], []
+        self.fail_set, self.fail_add, self.fail_launch = fail_set, fail_add, 0
+        self._ids = iter(range(0x70000, 0x80000))
+
+        def node_set(exec_handle, node, params):
+            self.sets.append(node)
+            if self.fail_set:
+                return self.fail_set
+            nodes = self.execs[exec_handle]
+            nodes[[n for n, _ in nodes].index(node)] = (node, self._copy(params.contents))
+            return 0
+
+        self.cb = native_loop.NODE_SET(node_set)
+        self.node_set = ctypes.cast(self.cb, ctypes.c_void_p).value
+
+    @staticmethod
+    def _copy(p) -> tuple:
+        c = FUNCTIONS[p.func]
+        params = ctypes.cast(p.params, ctypes.POINTER(ctypes.c_void_p))
+        return ("kernel", p.func, tuple(p.grid), tuple(p.block), p.shared, _decode(params, c.src.signature))
+
+    def create(self):
+        g = next(self._ids)
+        self.graphs[g] = []
+        return g
+
+    def _add(self, graph, deps, what):
+        nodes = self.graphs[graph]
+        assert deps == ([nodes[-1][0]] if nodes else [])  # a chain, in order
+        if self.fail_add and len(nodes) == self.fail_add:
+            raise native_loop.NotNative("cuGraphAddKernelNode failed: CUDA error 1")
+        node = next(self._ids)
+        nodes.append((node, what))
+        return node
+
+    def add_child(self, graph, deps, child):
+        return self._add(graph, deps, ("graph", child - CHILD))
+
+    def add_kernel(self, graph, deps, params):
+        return self._add(graph, deps, self._copy(params))
+
+    def instantiate(self, graph):
+        e = next(self._ids)
+        self.execs[e] = list(self.graphs[graph])
+        return e
+
+    def destroy(self, graph, exec_handle):
+        self.destroyed.append((graph, exec_handle))
+
+    def launch(self, exec_handle, stream) -> list:
+        out = []
+        for _, what in self.execs[exec_handle]:
+            if what[0] == "graph":
+                out.append(("graph", what[1], stream))
+            else:
+                _, func, grid, block, shared, params = what
+                meta = FUNCTIONS[func].metadata
+                assert block == (32 * meta.num_warps, 1, 1) and shared == meta.shared
+                out.append(("kernel", func, grid, stream, params))
+        return out
 
 
 class FakeGraph:
@@ -152,6 +227,9 @@ class FakeGraph:
 
     def exec_handle(self):
         return self.handle
+
+    def graph_handle(self):
+        return self.handle + CHILD
 
     def replay(self):
         LOG.append(("graph", self.handle, STREAM))
@@ -394,3 +472,93 @@ def test_without_a_driver_the_reason_is_given():
     native_loop.cuda_driver.cache_clear()
     why = native_loop.cuda_driver()
     assert isinstance(why, str) and "libcuda.so.1" in why
+
+
+# -- stitched: one graph launch per step -----------------------------------------------------------------------------
+def _stitched(monkeypatch, graphs=None, **entry_kw):
+    graphs = graphs or FakeGraphs()
+    fake = FakeDriver(graphs=graphs)
+    _native(monkeypatch, fake)
+    entry, out = _entry(**entry_kw)
+    _step(entry, PLANS[0])
+    return entry, fake, graphs
+
+
+@pytest.mark.parametrize("impl", ["planned", "decode"])
+def test_a_stitched_step_launches_what_the_python_loop_launches(monkeypatch, impl):
+    """Where the driver builds graphs, each native segment is one graph (the pieces as child graphs, the
+    runners' kernels as kernel nodes, in order): a step is one launch of it, and what its nodes launch (their
+    grids and parameters as last set) equals the Python loop's launches for every plan, in any order."""
+    entry, fake, graphs = _stitched(monkeypatch, impl=impl)
+    assert entry.launch_path == native_loop.STITCHED
+    # the last two differ in query tiles alone (the grid's second value), not in num_seqs
+    plans = PLANS[1:] + PLANS[:1] + PLANS[1:2] + [((64, 64),), ((70, 70),)]
+    before = fake.graph_launches
+    stitched = [_step(entry, plan) for plan in plans]  # one run, no A/B in between: nodes as the steps left them
+    assert fake.graph_launches == before + len(plans)  # the whole segment: one graph launch per step
+    with native_loop.python_path(entry):
+        python = [_step(entry, plan) for plan in plans]
+    with native_loop.unstitched(entry):
+        by_op = [_step(entry, plan) for plan in plans]
+    for plan, a, b, c in zip(plans, stitched, python, by_op):
+        assert a == b == c, plan
+
+
+def test_a_run_of_one_shape_sets_no_node(monkeypatch):
+    """Kernel nodes are set when the step's values change, and only then: a run of steps of one plan launches
+    the graph as it stands; the next plan sets every kernel node once, with its own grid and num_seqs."""
+    entry, fake, graphs = _stitched(monkeypatch, layers=2)
+    _step(entry, PLANS[1])
+    first = native_loop.node_sets(entry)
+    assert first == 2  # one varlen kernel per runner
+    for _ in range(3):
+        _step(entry, PLANS[1])
+    assert native_loop.node_sets(entry) == first
+    log = _step(entry, ((3, 3),) * 7)
+    assert native_loop.node_sets(entry) == first + 2
+    assert [(x[2], _param(x, "num_seqs")) for x in log if x[0] == "kernel"] == [((7, 1, 4), 7)] * 2
+
+
+def test_a_failed_node_update_raises_and_sets_again(monkeypatch):
+    """A driver error while setting a node: the step raises with the op and the code, and the next step sets
+    every node again (none is taken as already holding the new values)."""
+    graphs = FakeGraphs()
+    entry, fake, _ = _stitched(monkeypatch, graphs)
+    graphs.fail_set = 700
+    with pytest.raises(RuntimeError, match="update of .* failed: CUDA error 700"):
+        _step(entry, PLANS[1])
+    graphs.fail_set = 0
+    stitched = _step(entry, PLANS[1])
+    with native_loop.python_path(entry):
+        assert stitched == _step(entry, PLANS[1])
+    graphs.fail_launch = 719
+    with pytest.raises(RuntimeError, match="stitched graph failed: CUDA error 719"):
+        _step(entry, PLANS[2])
+
+
+def test_what_keeps_a_segment_unstitched(monkeypatch):
+    """A piece without its CUgraph, a failed build (nothing kept: the graph destroyed) and the switch: native op
+    by op, and the path says why."""
+    kept = FakeGraph.graph_handle
+    monkeypatch.setattr(FakeGraph, "graph_handle", lambda self: (_ for _ in ()).throw(launcher.NotNative("not kept")))
+    entry, _, _ = _stitched(monkeypatch)
+    assert entry.launch_path == "native (not stitched: FakeGraph: not kept)"
+    monkeypatch.setattr(FakeGraph, "graph_handle", kept)
+    entry, _, graphs = _stitched(monkeypatch, FakeGraphs(fail_add=2))
+    assert entry.launch_path == "native (not stitched: cuGraphAddKernelNode failed: CUDA error 1)"
+    assert len(graphs.destroyed) == 1 and graphs.destroyed[0][1] is None
+    assert [x[0] for x in _step(entry, PLANS[1])] == ["graph", "kernel", "graph", "kernel", "graph", "tail"]
+    monkeypatch.setenv(native_loop.STITCH_ENV, "0")
+    entry, _, _ = _stitched(monkeypatch)
+    assert entry.launch_path == native_loop.NATIVE
+
+
+def test_a_dropped_loop_destroys_its_graph(monkeypatch):
+    """The stitched graph and its exec go with the entry's loop (release drops it before the pools)."""
+    import gc
+
+    entry, _, graphs = _stitched(monkeypatch)
+    assert graphs.destroyed == []
+    entry.loop = None
+    gc.collect()
+    assert len(graphs.destroyed) == 1 and all(graphs.destroyed[0])

@@ -307,10 +307,26 @@ MUTANTS: list[Mutant] = [
     M(
         "native-loop-stale-ints",
         "gmtool/kernels/step_loop.c",
-        "                    memcpy(pt->dst, &x, 4);\n",
-        "                    (void)x;\n",
+        "            memcpy(pt->dst, &x, 4);\n",
+        "            (void)x;\n",
         "tests/test_native_loop.py::test_a_second_step_patches_its_own_num_seqs",
         "the native step loop launches with the packed num_seqs of its build, not the step's",
+    ),
+    M(
+        "stitched-compares-one-value",
+        "gmtool/kernels/step_loop.c",
+        "memcmp(p->applied, v, sizeof p->applied)",
+        "memcmp(p->applied, v, sizeof(int64_t))",
+        "tests/test_native_loop.py::test_a_stitched_step_launches_what_the_python_loop_launches",
+        "a stitched step sets its kernel nodes only when num_seqs changed, not when another grid value did",
+    ),
+    M(
+        "stitched-sets-once",
+        "gmtool/kernels/step_loop.c",
+        "if (!p->applied_valid || memcmp(",
+        "if (!p->applied_valid && memcmp(",
+        "tests/test_native_loop.py::test_a_stitched_step_launches_what_the_python_loop_launches",
+        "a stitched graph's kernel nodes keep the launch shape of the first step",
     ),
     M(
         "native-loop-reversed",

@@ -1,5 +1,7 @@
-"""Host time of a piecewise prefill step through the native step loop, the Python loop over its steps, and a full
-graph (wide key) of the same bucket (GPU). Two figures per way, medians:
+"""Host time of a piecewise prefill step through the native step loop (stitched: one graph launch; by_op: each
+piece and kernel launched on its own), the Python loop over its steps, and a full graph (wide key) of the same
+bucket (GPU). Two batches of the bucket with other grids (3 and 4 sequences) take turns: each step of a stitched
+graph sets its kernel nodes (`same` rows: one batch, nothing set). Two figures per way, medians:
 - launch: entry.replay alone, back to back while the device still runs earlier steps (a sync every 8 replays keeps
   the launch queue short; it is not timed);
 - step: copy-in plus launch issued while the device runs the previous step (gmtool.measure.timing.host_us_steady,
@@ -13,20 +15,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import statistics
 import time
 from pathlib import Path
 
 
-def launch_us(entry, batch, iters: int) -> list[float]:
+def launch_us(entry, batches, iters: int) -> list[float]:
+    import itertools
+
     import torch
 
     out = []
+    turn = itertools.cycle(batches)
     torch.cuda.synchronize()
     for i in range(iters):
+        b = next(turn)
         t0 = time.perf_counter()
-        entry.replay(batch)
+        entry.replay(b)
         out.append((time.perf_counter() - t0) * 1e6)
         if i % 8 == 7:
             torch.cuda.synchronize()
@@ -47,7 +54,7 @@ def main() -> int:
 
     from gmtool.config import SweepConfig
     from gmtool.core.compositions import parse_composition
-    from gmtool.kernels.native_loop import cuda_driver, python_path
+    from gmtool.kernels.native_loop import cuda_driver, node_sets, python_path, unstitched
     from gmtool.measure.timing import host_us_steady
     from gmtool.measure.workbench import Workbench
     from gmtool.modes import GraphMode
@@ -73,26 +80,36 @@ def main() -> int:
     bench = Workbench.build(cfg)
     for tokens in (int(t) for t in args.tokens.split(",")):
         batch = bench.batch(parse_composition(f"{tokens // 2}+{tokens // 4}*2", seed=0))
+        other = bench.batch(parse_composition(f"{tokens // 4}*4", seed=1))
         row = {"tokens": tokens}
         for mode in (GraphMode.FULL, GraphMode.PIECEWISE):
             ex = bench.executor(mode)
             entry = ex.prepare(batch)
             ex.step(batch)
+            ex.step(other)
             ways = {"full": contextlib.nullcontext}
             if mode is GraphMode.PIECEWISE:
-                ways = {"native": contextlib.nullcontext, "python": lambda e=entry: python_path(e)}
+                ways = {
+                    "stitched": contextlib.nullcontext,
+                    "by_op": lambda e=entry: unstitched(e),
+                    "python": lambda e=entry: python_path(e),
+                }
                 row["runners"], row["launch_path"] = entry.runners, entry.launch_path
             for way, switch in ways.items():
                 with switch():
-                    row[f"{way}_launch_us"] = med(launch_us(entry, batch, args.iters))
-                    steady = host_us_steady(lambda: ex.step(batch), ex.inputs.copied_in, args.iters)
+                    sets = node_sets(entry)
+                    row[f"{way}_launch_us"] = med(launch_us(entry, (batch, other), args.iters))
+                    turn = itertools.cycle((batch, other))
+                    steady = host_us_steady(lambda: ex.step(next(turn)), ex.inputs.copied_in, args.iters)
                     row[f"{way}_step_us"] = med(steady)
+                    row[f"{way}_same_launch_us"] = med(launch_us(entry, (batch,), args.iters))
+                    row[f"{way}_node_sets"] = node_sets(entry) - sets
             ex.release()
-        for way in ("native", "python"):
-            for what in ("launch", "step"):
-                extra = (row[f"{way}_{what}_us"] - row[f"full_{what}_us"]) / max(1, row["runners"])
-                row[f"{way}_{what}_extra_us_per_runner"] = extra
-        row["goal_met"] = row["native_step_extra_us_per_runner"] <= 5
+        for way in ("stitched", "by_op", "python"):
+            for what in ("launch", "step", "same_launch"):
+                base = row[f"full_{what}_us"]
+                row[f"{way}_{what}_extra_us_per_runner"] = (row[f"{way}_{what}_us"] - base) / max(1, row["runners"])
+        row["goal_met"] = row["stitched_step_extra_us_per_runner"] <= 5
         doc["rows"].append(row)
         print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

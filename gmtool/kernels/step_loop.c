@@ -5,7 +5,13 @@
  * array pointing into it). What follows the step is given per call: up to GMT_VALUES ints (the step's grid and
  * num_seqs, ForwardContext.prepare), which a kernel op takes as grid dimensions and patches into its parameter
  * buffer. No CUDA header and no link to libcuda: the few types are declared here, and the driver's entry
- * points (cuGraphLaunch, cuLaunchKernel) are handed in by the caller, so tests hand in fakes that record.
+ * points (cuGraphLaunch, cuLaunchKernel, cuGraphExecKernelNodeSetParams) are handed in by the caller, so tests
+ * hand in fakes that record.
+ *
+ * Stitched: where the caller built one graph of all the ops (the pieces as child graphs, each kernel as a kernel
+ * node: native_loop.stitch), a step is that graph's one launch. Its kernel nodes take the step's values
+ * (cuGraphExecKernelNodeSetParams: grid and patched parameters, copied by the driver, applied from the next
+ * launch on) only when they differ from the values last applied: a run of steps of one shape sets nothing.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +29,19 @@ enum {
 };
 
 typedef int (*gmt_graph_launch)(void *exec, void *stream); /* cuGraphLaunch */
+
+typedef struct { /* CUDA_KERNEL_NODE_PARAMS_v2; the v1 entry point reads its first fields, the same */
+    void *func;
+    unsigned grid[3];
+    unsigned block[3];
+    unsigned shared;
+    void **params;
+    void **extra;
+    void *kern;
+    void *ctx;
+} gmt_node_params;
+
+typedef int (*gmt_node_set)(void *exec, void *node, const gmt_node_params *p); /* cuGraphExecKernelNodeSetParams */
 typedef int (*gmt_kernel_launch)(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                  unsigned by, unsigned bz, unsigned shared, void *stream, void **params,
                                  void **extra); /* cuLaunchKernel */
@@ -37,6 +56,7 @@ typedef struct {
     int32_t num_patches;
     void *handle;           /* CUgraphExec or CUfunction */
     void **params;          /* kernel: one pointer per parameter, into its packed buffer */
+    void *node;             /* kernel, stitched: its node in the stitched graph */
 } gmt_op;
 
 typedef struct {
@@ -51,11 +71,16 @@ typedef struct {
     const gmt_op *ops;
     const gmt_patch *patches;
     int32_t num_ops;
-    int32_t failed_op; /* out: the op a driver call failed on */
+    int32_t failed_op; /* out: the op a driver call failed on; num_ops: the stitched graph's launch */
     int32_t error;     /* out: that call's code */
+    gmt_node_set node_set;
+    void *stitched;         /* the CUgraphExec of all ops, or NULL: each op launched on its own */
+    int64_t applied[GMT_VALUES]; /* the values the stitched graph's kernel nodes hold */
+    int32_t applied_valid;
+    int32_t node_sets;      /* out: kernel nodes set so far (counted: tests, benchmarks) */
 } gmt_program;
 
-int gmt_abi_version(void) { return 1; }
+int gmt_abi_version(void) { return 2; }
 
 /* Every check first, then every launch: a step the loop refuses has launched nothing, so the caller can run
  * it the Python way instead (a planned step with no sequence zeroes its output there). */
@@ -84,36 +109,73 @@ static int check(const gmt_program *p, const int64_t *v) {
     return 0;
 }
 
+/* A kernel op's step values into its packed parameters, and its grid. */
+static void shape(const gmt_op *op, const gmt_patch *patches, const int64_t *v, unsigned g[3]) {
+    for (int32_t j = op->first_patch; j < op->first_patch + op->num_patches; j++) {
+        const gmt_patch *pt = &patches[j];
+        if (pt->size == 4) {
+            int32_t x = (int32_t)v[pt->value];
+            memcpy(pt->dst, &x, 4);
+        } else {
+            memcpy(pt->dst, &v[pt->value], 8);
+        }
+    }
+    for (int d = 0; d < 3; d++)
+        g[d] = op->grid_value[d] >= 0 ? (unsigned)v[op->grid_value[d]] : op->grid_const[d];
+}
+
+static int fail(gmt_program *p, int32_t op, int rc) {
+    p->failed_op = op;
+    p->error = rc;
+    return rc;
+}
+
+static int run_stitched(gmt_program *p, void *stream, const int64_t *v) {
+    if (!p->applied_valid || memcmp(p->applied, v, sizeof p->applied) != 0) {
+        p->applied_valid = 0; /* a failure part-way leaves nodes of both steps: set them all next time */
+        for (int32_t i = 0; i < p->num_ops; i++) {
+            const gmt_op *op = &p->ops[i];
+            if (op->kind != GMT_KERNEL)
+                continue;
+            gmt_node_params np;
+            memset(&np, 0, sizeof np);
+            shape(op, p->patches, v, np.grid);
+            np.func = op->handle;
+            np.block[0] = op->block_x;
+            np.block[1] = np.block[2] = 1;
+            np.shared = op->shared;
+            np.params = op->params;
+            int rc = p->node_set(p->stitched, op->node, &np);
+            if (rc != 0)
+                return fail(p, i, rc);
+            p->node_sets++;
+        }
+        memcpy(p->applied, v, sizeof p->applied);
+        p->applied_valid = 1;
+    }
+    int rc = p->graph_launch(p->stitched, stream);
+    return rc != 0 ? fail(p, p->num_ops, rc) : 0;
+}
+
 int gmt_run(gmt_program *p, void *stream, int64_t v0, int64_t v1, int64_t v2, int64_t v3) {
     const int64_t v[GMT_VALUES] = {v0, v1, v2, v3};
     int rc = check(p, v);
     if (rc != 0)
         return rc;
+    if (p->stitched != NULL)
+        return run_stitched(p, stream, v);
     for (int32_t i = 0; i < p->num_ops; i++) {
         const gmt_op *op = &p->ops[i];
         if (op->kind == GMT_GRAPH) {
             rc = p->graph_launch(op->handle, stream);
         } else {
-            for (int32_t j = op->first_patch; j < op->first_patch + op->num_patches; j++) {
-                const gmt_patch *pt = &p->patches[j];
-                if (pt->size == 4) {
-                    int32_t x = (int32_t)v[pt->value];
-                    memcpy(pt->dst, &x, 4);
-                } else {
-                    memcpy(pt->dst, &v[pt->value], 8);
-                }
-            }
             unsigned g[3];
-            for (int d = 0; d < 3; d++)
-                g[d] = op->grid_value[d] >= 0 ? (unsigned)v[op->grid_value[d]] : op->grid_const[d];
+            shape(op, p->patches, v, g);
             rc = p->kernel_launch(op->handle, g[0], g[1], g[2], op->block_x, 1, 1, op->shared, stream, op->params,
                                   NULL);
         }
-        if (rc != 0) {
-            p->failed_op = i;
-            p->error = rc;
-            return rc;
-        }
+        if (rc != 0)
+            return fail(p, i, rc);
     }
     return 0;
 }

@@ -201,6 +201,10 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 
     """Every source builds the model from its config on the device (random weights); a checkpoint's stored
     weights are then copied in (gmtool.model.checkpoint)."""
     attention.register()
+    if device.type == "cuda":
+        from gmtool.kernels.compile_ahead import hash_triton_in_background
+
+        hash_triton_in_background()  # overlaps the model's build: Triton's first kernel needs it
     path = Path(spec)
     torch.manual_seed(seed)
     weights, notes = [], []

@@ -1,7 +1,8 @@
 """The native step loop on CUDA (gmtool.kernels.native_loop): a piecewise entry's steps launch through one C call
-per step, and its replays equal the Python loop's bit for bit and eager within tolerance, the step's own metadata
-(grid, num_seqs) taken each step. Host times are printed, not asserted: tools/native_loop_timing.py and make
-bench's lean stage measure them."""
+per step, stitched into one graph launch (its attention kernel nodes set to the step's grid and num_seqs when
+they change), and its replays equal the Python loop's and the op-by-op loop's bit for bit and eager within
+tolerance, the step's own metadata (grid, num_seqs) taken each step. Host times are printed, not asserted:
+tools/native_loop_timing.py and make bench's lean stage measure them."""
 
 import functools
 import time
@@ -11,7 +12,14 @@ import torch
 
 from gmtool.config import SweepConfig
 from gmtool.core.compositions import parse_composition
-from gmtool.kernels.native_loop import NATIVE, cuda_driver, library, python_path
+from gmtool.kernels.native_loop import (
+    STITCHED,
+    cuda_driver,
+    library,
+    node_sets,
+    python_path,
+    unstitched,
+)
 from gmtool.measure.timing import rel_err_per_seq, tolerances_for
 from gmtool.measure.workbench import Workbench
 from gmtool.modes import GraphMode
@@ -46,6 +54,7 @@ def test_the_loop_builds_here():
     lib, driver = library(), cuda_driver()
     assert not isinstance(lib, str), lib
     assert not isinstance(driver, str), driver
+    assert driver.graphs is not None, "the driver has no graph-building entry points"
     print(f"cuFuncGetParamInfo: {'checked' if driver.param_info else 'absent: layouts not checked'}")
 
 
@@ -63,16 +72,23 @@ def test_native_replays_equal_the_python_loop_bit_for_bit(scenario, bucket, comp
     tol_same, tol = tolerances_for(torch.bfloat16)
     for i, text in enumerate(comps):
         b = bench.batch(parse_composition(text, seed=i))
+        sets = sum(node_sets(e) for e in ex.graphs.values())
         native = ex.step(b).clone()
         (entry,) = ex.graphs.values()
-        assert entry.launch_path == NATIVE, entry.launch_path
+        assert entry.launch_path == STITCHED, entry.launch_path
         with python_path(entry):
             python = ex.step(b).clone()
+        with unstitched(entry):
+            by_op = ex.step(b).clone()
         fn, logits = bench.eager_fn(b)
         fn()
         err = rel_err_per_seq(native, logits)
-        print(f"{scenario} {impl} {text}: native == python: {torch.equal(native, python)}, rel err {err:.2e}")
-        assert torch.equal(native, python), text
+        same = (torch.equal(native, python), torch.equal(by_op, python))
+        print(
+            f"{scenario} {impl} {text}: stitched, op by op == python: {same}, rel err {err:.2e}, "
+            f"nodes set {node_sets(entry) - sets}"
+        )
+        assert same == (True, True), text
         assert err < tol and rel_err_per_seq(native, ex.eager_same_shape(b)) < tol_same, text
     ex.release()
 
@@ -95,9 +111,14 @@ def test_host_time_per_step_native_vs_python():
                 torch.cuda.synchronize()
         return sorted(out)[n // 2]
 
-    native = median_us()
+    stitched = median_us()
+    with unstitched(entry):
+        by_op = median_us()
     with python_path(entry):
         python = median_us()
-    print(f"prefill 128, {entry.runners} runners: native {native:.0f} us per step, python {python:.0f} us")
-    assert entry.launch_path == NATIVE
+    print(
+        f"prefill 128, {entry.runners} runners: stitched {stitched:.0f} us per step, op by op {by_op:.0f} us, "
+        f"python {python:.0f} us"
+    )
+    assert entry.launch_path == STITCHED
     ex.release()

@@ -33,6 +33,19 @@ class CudaGraph:
         except RuntimeError as e:
             raise NotNative(f"no instantiated graph: {str(e).splitlines()[0]}") from None
 
+    def graph_handle(self) -> int:
+        """The cudaGraph_t a stitched graph embeds (native_loop.NativeProgram.stitch): kept by torch only for
+        a graph made with keep_graph=True (the backend's default)."""
+        from gmtool.kernels.launcher import NotNative
+
+        get = getattr(self.graph, "raw_cuda_graph", None)
+        if get is None:
+            raise NotNative(f"torch {torch.__version__} has no CUDAGraph.raw_cuda_graph")
+        try:
+            return int(get())
+        except RuntimeError as e:
+            raise NotNative(f"the graph was not kept: {str(e).splitlines()[0]}") from None
+
 
 class CudaGraphBackend:
     name = "cuda"
@@ -45,7 +58,9 @@ class CudaGraphBackend:
         self._capturing: torch.cuda.CUDAGraph | None = None
         self._stream_ctx = None
         self.warmed = False
-        self.keep_graph = False  # True: graphs keep their cudaGraph_t for inspection (gmtool.verify.graphnodes)
+        # graphs keep their cudaGraph_t: piecewise steps embed them in one stitched graph (gmtool.kernels.native_loop),
+        # gmtool.verify.graphnodes reads their nodes; host memory only
+        self.keep_graph = True
 
     def warmup(self, fn) -> None:
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
