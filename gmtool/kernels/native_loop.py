@@ -26,10 +26,10 @@ it off (for A/B in benchmarks).
 Stitched (launch_path "stitched", the default where the driver builds graphs): each native segment becomes one
 CUDA graph, built once, its pieces as child graph nodes and its kernels as kernel nodes in order; a step is one
 cuGraphLaunch, after setting the kernel nodes (cuGraphExecKernelNodeSetParams) only when the step's values
-differ from those the nodes hold. On the H200 (2026-12-01, qwen3-0.6b prefill 128, 28 runners) a step's launch
-took 80 us of host time with one batch and 139 us with two grids taking turns, against 233 and 242 us op by op
-and 372 us through Python; one full graph's launch takes 10-15 us. Attention still runs with each step's
-own launch shape: the graph holds no attention kernel at a captured grid. GMTOOL_STITCH=0 launches op by op.
+differ from those the nodes hold. On the H200 (2026-12-01, qwen3-0.6b prefill 128 and 512, 28 runners) a step's
+launch took 78-141 us of host time, against 217-240 us op by op and 359-391 us through Python; one full graph's
+launch 9-15 us (tools/native_loop_timing.py). Attention still runs at each step's own launch shape: the graph
+holds no attention kernel at a captured grid. GMTOOL_STITCH=0 launches op by op.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ KERNEL_LAUNCH = ctypes.CFUNCTYPE(
 class Driver(NamedTuple):
     """Addresses of cuGraphLaunch and cuLaunchKernel (or fakes with their signatures), and param_info(function,
     index) -> (rc, size) from cuFuncGetParamInfo, None where the driver lacks it. graphs: what builds stitched
-    graphs (GraphBuilder's methods), None: segments launch op by op. keep: what must stay alive."""
+    graphs (CudaGraphBuilder's methods), None: segments launch op by op. keep: what must stay alive."""
 
     graph_launch: int
     kernel_launch: int
@@ -600,10 +600,10 @@ def build_step_loop(entry, driver: Driver | None = None, stream=None, lib=None) 
         return None, f"{PYTHON}: {why}"
     stream = stream or default_stream()
     starts = {seg[0]: seg for seg in segments}
-    parts, i, unstitched = [], 0, None
+    parts, i, why_unstitched = [], 0, None
     stitch = driver.graphs is not None and os.environ.get(STITCH_ENV, "1") != "0"
     if not stitch:
-        unstitched = f"{STITCH_ENV}=0" if driver.graphs is not None else "the driver builds no graphs"
+        why_unstitched = f"{STITCH_ENV}=0" if driver.graphs is not None else "the driver builds no graphs"
     while i < len(entry.steps):
         seg = starts.get(i)
         if seg is None:
@@ -617,15 +617,15 @@ def build_step_loop(entry, driver: Driver | None = None, stream=None, lib=None) 
             try:
                 program.stitch(driver.graphs)
             except NotNative as e:
-                unstitched = unstitched or str(e)
+                why_unstitched = why_unstitched or str(e)
         parts.append(NativeSegment(steps, program, entry.ctx, stream))
         i = seg[-1] + 1
     native = sum(map(len, segments))
     counted = sum(not getattr(s, "is_tail", False) for s in entry.steps)
-    name = STITCHED if stitch and unstitched is None else NATIVE
+    name = STITCHED if stitch and why_unstitched is None else NATIVE
     path = name if why is None else f"{name} for {native} of {counted} steps; {PYTHON}: {why}"
-    if stitch and unstitched is not None:
-        path += f" (not stitched: {unstitched})"
+    if stitch and why_unstitched is not None:
+        path += f" (not stitched: {why_unstitched})"
     return StepLoop(parts, path), path
 
 
