@@ -56,18 +56,23 @@ def _weight(n, k, dtype, seed):
 @pytest.mark.parametrize(
     "m, n, k, want",
     [
-        # qwen3-0.6b at B=1: qkv and gate/up make two programs per SM at BLOCK_N 16; o_proj and down (N 1024)
-        # make 64: each program keeps more K in flight instead of a split that would need a second kernel
-        (1, 4096, 1024, dict(block_m=16, block_n=16, block_k=256, split=1)),
-        (1, 1024, 2048, dict(block_m=16, block_n=16, block_k=512, split=1)),
-        (1, 6144, 1024, dict(block_m=16, block_n=16, block_k=256, split=1)),
+        # up to 16 rows (tuned on the H200): BLOCK_N 64; qwen3-0.6b's qkv and gate/up as 64 and 96 programs
+        (1, 4096, 1024, dict(block_m=16, block_n=64, block_k=256, split=1)),
+        (1, 6144, 1024, dict(block_m=16, block_n=64, block_k=256, split=1)),
+        # o_proj and down (N 1024: 16 blocks, under a third of 132 SMs): split-K to 64 programs, BLOCK_K 128
+        (1, 1024, 2048, dict(block_m=16, block_n=64, block_k=128, split=4)),
+        (8, 1024, 3072, dict(block_m=16, block_n=64, block_k=128, split=4)),
+        # llama-3.1-8b: down's K of 14,336 split to at most 32 steps a program; gate/up's 448 blocks: BLOCK_K 128
+        (8, 4096, 14336, dict(block_m=16, block_n=64, block_k=256, split=2)),
+        (1, 28672, 4096, dict(block_m=16, block_n=64, block_k=128, split=1)),
+        (1, 4096, 4096, dict(block_m=16, block_n=64, block_k=256, split=1)),
+        # few rows of W: the split stops at two BLOCK_K steps a slice; a narrow N narrows the block
+        (1, 256, 4096, dict(block_m=16, block_n=64, block_k=128, split=16)),
+        (1, 64, 256, dict(block_m=16, block_n=64, block_k=128, split=1)),
+        (1, 16, 64, dict(block_m=16, block_n=16, block_k=64, split=1)),
+        # more rows (B up to 32): the rule before, untuned
         (32, 1024, 3072, dict(block_m=32, block_n=16, block_k=512, split=1)),
-        # 8B shapes: enough rows for wide blocks
         (32, 28672, 4096, dict(block_m=32, block_n=64, block_k=128, split=1)),
-        (8, 4096, 14336, dict(block_m=16, block_n=16, block_k=256, split=1)),
-        # N too small for a quarter of the SMs: split-K, slices of at least two BLOCK_K steps
-        (1, 256, 4096, dict(block_m=16, block_n=16, block_k=512, split=4)),
-        (1, 64, 1024, dict(block_m=16, block_n=16, block_k=512, split=1)),  # two steps only: no split
     ],
 )
 def test_pick_by_shape(m, n, k, want):
@@ -84,7 +89,8 @@ def test_pick_by_shape(m, n, k, want):
 def test_pick_takes_fewer_stages_for_fp32():
     from gmtool.kernels.small_m import pick
 
-    assert pick(1, 1024, 2048, H200_SMS, 4).num_stages < pick(1, 1024, 2048, H200_SMS, 2).num_stages
+    # BLOCK_N 64 x BLOCK_K 256: 40 KB a stage in bf16 (4 stages), 80 KB in fp32
+    assert pick(1, 8192, 4096, H200_SMS, 4).num_stages < pick(1, 8192, 4096, H200_SMS, 2).num_stages
 
 
 @needs_triton

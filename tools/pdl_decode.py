@@ -32,7 +32,7 @@ from gmtool.measure.workbench import Workbench  # noqa: E402
 from gmtool.modes import GraphMode  # noqa: E402
 
 # name: (small_m tokens, gmtool.kernels.pdl.Pdl mode)
-VARIANTS = {"fuse": (0, 0), "smallm": (32, 0), "pdl": (32, 1), "pdl-early": (32, 2)}
+VARIANTS = {"fuse": (0, 0), "smallm": (16, 0), "pdl": (16, 1), "pdl-early": (16, 2)}  # as --small-m-gemm: 16 rows
 BATCHES = {1: "1*1@1023", 32: "1*32@1023"}
 WARMUP = 20
 

@@ -167,7 +167,7 @@ SmallMGemmOpt = Annotated[
     Optional[bool],
     flag(
         "small_m_gemm",
-        help="With --fuse: the projections of steps of up to 32 tokens (decode) on gmtool's small-M GEMM, a Triton kernel that streams the weights, instead of cuBLAS (not in what --compile hands to Inductor, which picks its own GEMMs).",
+        help="With --fuse: the projections of steps of up to 16 tokens (decode) on gmtool's small-M GEMM, a Triton kernel that streams the weights, instead of cuBLAS (not in what --compile hands to Inductor, which picks its own GEMMs).",
     ),
 ]
 PdlOpt = Annotated[

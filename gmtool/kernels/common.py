@@ -12,6 +12,10 @@ NEG_INIT = -1.0e30
 LOG2E = 1.4426950408889634
 # The most rows gmtool.kernels.small_m's GEMM takes (decode batches); above it cuBLAS's tiles fit the work.
 SMALL_M_MAX = 32
+# The most rows --small-m-gemm sends to it: at 17-32 rows cuBLAS was faster at each qwen3-0.6b projection (H200,
+# gemm_bench, 2026-12-01: 5.3-7.7 against 5.9-8.5 us), at 1 and 8 rows the small-M GEMM (4.9-6.0 against
+# 5.3-12.7 us)
+SMALL_M_DEFAULT = 16
 
 
 def pow2(n: int, floor: int = 1) -> int:

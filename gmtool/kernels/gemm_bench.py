@@ -123,7 +123,7 @@ def tune(m: int, n: int, k: int) -> tuple[float, object]:
     from gmtool.kernels.small_m import Config
 
     case, best = _Case(m, n, k, False), None
-    for bn, bk, split, stages in itertools.product((16, 32, 64), (128, 256, 512), (1, 2, 4), (2, 3, 4)):
+    for bn, bk, split, stages in itertools.product((16, 32, 64), (128, 256, 512), (1, 2, 4, 8), (3, 4)):
         if split > 1 and -(-k // bk) < 2 * split:
             continue
         cfg = Config(16 if m <= 16 else 32, bn, bk, split, 4, stages)

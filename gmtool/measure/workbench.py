@@ -115,10 +115,10 @@ class Workbench:
             lm.notes.append(shard_model(lm.model, rank, cfg.tp))
             lm.tp = cfg.tp
         if cfg.fuse:
-            from gmtool.kernels.common import SMALL_M_MAX
+            from gmtool.kernels.common import SMALL_M_DEFAULT
             from gmtool.model.fused import fuse_layers
 
-            small_m = SMALL_M_MAX if cfg.small_m_gemm else 0
+            small_m = SMALL_M_DEFAULT if cfg.small_m_gemm else 0
             pdl = _pdl_mode(cfg, lm.notes)
             lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout, small_m, pdl)
         spec = KVCacheSpec(
