@@ -245,7 +245,8 @@ def _lines(t: torch.Tensor, cols: int) -> set[int]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_interp_pdl_gemm_equals_plain_and_prefetches_its_weight(gdc_as_no_ops, dtype):
     """The small-M GEMM with PDL (AFTER_WAIT, EARLY) against PDL off: the same numbers (pick's blocks, a split-K
-    of 3 with an uneven last slice and its reduce kernel, K not a multiple of BLOCK_K); every program waited;
+    of 3 with an uneven last slice and its reduce kernel, K not a multiple of BLOCK_K, BLOCK_K 64); every
+    program waited;
     the prefetched addresses are W's elements, and cover every line of W the GEMM reads."""
     from gmtool.kernels.small_m import Config, linear
 
@@ -256,7 +257,9 @@ def test_interp_pdl_gemm_equals_plain_and_prefetches_its_weight(gdc_as_no_ops, d
         big = torch.full((n, k + 8), float("nan"), dtype=dtype)  # NaN past K: a read there shows
         big[:, :k] = torch.randn(n, k, generator=g).to(dtype) / k**0.5
         w = big[:, :k]
-        for cfg in (None, Config(32, 16, 32, 3)):
+        # Config(16, 16, 64, 1): a row's last step ends inside a line no other step prefetches (the rows of W
+        # start off a line), which only the step's last-element prefetch covers
+        for cfg in (None, Config(32, 16, 32, 3), Config(32, 16, 64, 1)):
             addresses.clear()
             plain = linear(x, w, None, cfg)
             assert counts["wait"] == 0 and not addresses

@@ -27,8 +27,9 @@ Stitched (launch_path "stitched", the default where the driver builds graphs): e
 CUDA graph, built once, its pieces as child graph nodes and its kernels as kernel nodes in order; a step is one
 cuGraphLaunch, after setting the kernel nodes (cuGraphExecKernelNodeSetParams) only when the step's values
 differ from those the nodes hold. On the H200 (2026-12-01, qwen3-0.6b prefill 128 and 512, 28 runners) a step's
-launch took 78-141 us of host time, against 217-240 us op by op and 359-391 us through Python; one full graph's
-launch 9-15 us (tools/native_loop_timing.py). Attention still runs at each step's own launch shape: the graph
+replay took 78-141 us of host time, against 217-240 us op by op and 359-391 us through Python; one full graph's
+9-15 us (tools/native_loop_timing.py). The stitched graph's own launch is not the cost: launched alone it took
+9.9 us (tools/stitched_launch_probe.py). Attention still runs at each step's own launch shape: the graph
 holds no attention kernel at a captured grid. GMTOOL_STITCH=0 launches op by op.
 """
 
