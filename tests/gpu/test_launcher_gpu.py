@@ -6,32 +6,13 @@ is printed, not asserted: make bench's lean stage judges it (< 5 us)."""
 import pytest
 import torch
 
-from gmtool.config import SweepConfig
 from gmtool.core.compositions import parse_composition
 from gmtool.kernels.launcher import DIRECT
 from gmtool.measure.bench import piecewise_vs_full
 from gmtool.measure.timing import rel_err_per_seq, tolerances_for
-from gmtool.measure.workbench import Workbench
-from gmtool.modes import GraphMode
+from tests.gpu.rigs import MODEL, piecewise_rig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-MODEL = "qwen3-0.6b"
-
-
-def _rig(scenario: str, buckets: str, impl: str):
-    cfg = SweepConfig(
-        model=MODEL,
-        device="cuda",
-        dtype="bf16",
-        attention="triton",
-        scenario=scenario,
-        buckets=buckets,
-        modes=(GraphMode.EAGER, GraphMode.PIECEWISE),
-        max_kv_len=1024,
-        piecewise_impl=impl,
-    )
-    bench = Workbench.build(cfg, num_blocks=4096)
-    return bench, bench.executor(GraphMode.PIECEWISE)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +26,7 @@ def _rig(scenario: str, buckets: str, impl: str):
     ],
 )
 def test_piecewise_runners_launch_directly_and_match_eager(scenario, bucket, comps, impl):
-    bench, ex = _rig(scenario, bucket, impl)
+    bench, ex = piecewise_rig(scenario, bucket, impl)
     tol_same, tol = tolerances_for(torch.bfloat16)
     for i, text in enumerate(comps):
         b = bench.batch(parse_composition(text, seed=i))

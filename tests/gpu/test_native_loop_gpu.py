@@ -4,13 +4,11 @@ they change), and its replays equal the Python loop's and the op-by-op loop's bi
 tolerance, the step's own metadata (grid, num_seqs) taken each step. Host times are printed, not asserted:
 tools/native_loop_timing.py and make bench's lean stage measure them."""
 
-import functools
 import time
 
 import pytest
 import torch
 
-from gmtool.config import SweepConfig
 from gmtool.core.compositions import parse_composition
 from gmtool.kernels.native_loop import (
     STITCHED,
@@ -21,32 +19,9 @@ from gmtool.kernels.native_loop import (
     unstitched,
 )
 from gmtool.measure.timing import rel_err_per_seq, tolerances_for
-from gmtool.measure.workbench import Workbench
-from gmtool.modes import GraphMode
+from tests.gpu.rigs import piecewise_rig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-MODEL = "qwen3-0.6b"
-
-
-@functools.cache  # one workbench per configuration for the module: building the model is most of the time
-def _bench(scenario: str, buckets: str, impl: str) -> Workbench:
-    cfg = SweepConfig(
-        model=MODEL,
-        device="cuda",
-        dtype="bf16",
-        attention="triton",
-        scenario=scenario,
-        buckets=buckets,
-        modes=(GraphMode.EAGER, GraphMode.PIECEWISE),
-        max_kv_len=1024,
-        piecewise_impl=impl,
-    )
-    return Workbench.build(cfg, num_blocks=4096)
-
-
-def _rig(scenario: str, buckets: str, impl: str):
-    bench = _bench(scenario, buckets, impl)
-    return bench, bench.executor(GraphMode.PIECEWISE)
 
 
 def test_the_loop_builds_here():
@@ -68,7 +43,7 @@ def test_the_loop_builds_here():
     ],
 )
 def test_native_replays_equal_the_python_loop_bit_for_bit(scenario, bucket, comps, impl):
-    bench, ex = _rig(scenario, bucket, impl)
+    bench, ex = piecewise_rig(scenario, bucket, impl)
     tol_same, tol = tolerances_for(torch.bfloat16)
     for i, text in enumerate(comps):
         b = bench.batch(parse_composition(text, seed=i))
@@ -95,7 +70,7 @@ def test_native_replays_equal_the_python_loop_bit_for_bit(scenario, bucket, comp
 
 def test_host_time_per_step_native_vs_python():
     """Printed: the host time of one piecewise prefill step's launches (device busy, syncs not timed)."""
-    bench, ex = _rig("prefill", "128", "breakable")
+    bench, ex = piecewise_rig("prefill", "128", "breakable")
     b = bench.batch(parse_composition("64+32*2", seed=0))
     ex.step(b)
     (entry,) = ex.graphs.values()

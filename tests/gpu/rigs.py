@@ -1,0 +1,31 @@
+"""Workbenches the GPU tests share: qwen3-0.6b in bf16 with gmtool's Triton attention, eager and piecewise."""
+
+import functools
+
+from gmtool.config import SweepConfig
+from gmtool.measure.workbench import Workbench
+from gmtool.modes import GraphMode
+
+MODEL = "qwen3-0.6b"
+
+
+@functools.cache  # one workbench per configuration for the session: building the model is most of the time
+def piecewise_bench(scenario: str, buckets: str, impl: str) -> Workbench:
+    cfg = SweepConfig(
+        model=MODEL,
+        device="cuda",
+        dtype="bf16",
+        attention="triton",
+        scenario=scenario,
+        buckets=buckets,
+        modes=(GraphMode.EAGER, GraphMode.PIECEWISE),
+        max_kv_len=1024,
+        piecewise_impl=impl,
+    )
+    return Workbench.build(cfg, num_blocks=4096)
+
+
+def piecewise_rig(scenario: str, buckets: str, impl: str):
+    """The shared workbench and a new piecewise executor on it (release it when done)."""
+    bench = piecewise_bench(scenario, buckets, impl)
+    return bench, bench.executor(GraphMode.PIECEWISE)
