@@ -39,7 +39,12 @@ def test_summary_ratios_and_goals(tmp_path):
         "capture": {
             "cold": {"buckets": 35, "total_s": 12.0, "capture_only_s": 2.0},
             "warm": {"buckets": 35, "total_s": 0.9, "capture_only_s": 0.5},
-            "cold --fuse": {"buckets": 35, "total_s": 1.5, "capture_only_s": 0.4},
+            "cold --fuse": {
+                "buckets": 35,
+                "total_s": 1.5,
+                "capture_only_s": 0.4,
+                "triton": {"compiles": 7, "compile_s": 0.75, "kernels": {}},
+            },
         },
         "host": {
             "numpy_write_us": 0.8,
@@ -67,6 +72,10 @@ def test_summary_ratios_and_goals(tmp_path):
         ("12.00 s", "<= 2 s", "NOT met"),
         ("0.90 s", "<= 1 s", "met"),
         ("1.50 s", "<= 2 s", "met"),
+    ]
+    assert [k for k in cap if "Triton compiled 7 variants in 0.75 s" in k] == [
+        "capture 35 default decode buckets --fuse, cold Triton cache (capture alone 0.40 s; warm-up, compiling and "
+        "the rest 1.10 s; Triton compiled 7 variants in 0.75 s)"
     ]
     assert "cold Triton cache" in next(iter(cap)) and "the rest 10.00 s" in next(iter(cap))
     assert list(cap)[2].startswith("capture 35 default decode buckets --fuse, cold Triton cache")

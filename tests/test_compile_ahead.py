@@ -121,3 +121,32 @@ def test_a_failed_compile_ahead_is_said_and_the_capture_goes_on(monkeypatch):
     ex.device = torch.device("cpu")
     assert "A thread initializer failed" in ex.compile_ahead_note and ex.compile_ahead_s is None
     assert rel(rig.graph(b), rig.eager(b)) < 1e-5
+
+
+def test_the_compile_log_counts_variants_and_seconds_per_kernel_and_restores_triton_s_hooks():
+    """Triton calls jit_cache_hook before a compile (or a load from its disk cache) and jit_post_compile_hook
+    after: the log pairs them per thread; leaving restores whatever hooks were set."""
+    import time
+    from types import SimpleNamespace
+
+    from triton import knobs
+
+    from gmtool.kernels import compile_ahead
+
+    mine = lambda **kw: None  # noqa: E731
+    knobs.runtime.jit_cache_hook = mine
+    try:
+        with compile_ahead.compile_log() as log:
+            hooks = knobs.runtime
+            for name, repr_, sleep in (("_rms", "a", 0.02), ("_rms", "b", 0.0), ("_gemm", "c", 0.05)):
+                assert hooks.jit_cache_hook(key=repr_, repr=repr_, fn=SimpleNamespace(name=name)) is None
+                time.sleep(sleep)
+                hooks.jit_post_compile_hook(key=repr_, repr=repr_, fn=SimpleNamespace(name=name))
+            hooks.jit_post_compile_hook(key="d", repr="d", fn=SimpleNamespace(name="_async"))  # no start: no s
+        assert knobs.runtime.jit_cache_hook is mine and knobs.runtime.jit_post_compile_hook is None
+    finally:
+        knobs.runtime.jit_cache_hook = None
+    s = log.summary()
+    assert s["compiles"] == 4 and 0.07 <= s["compile_s"] < 1
+    assert list(s["kernels"]) == ["_gemm", "_rms", "_async"]
+    assert s["kernels"]["_rms"]["variants"] == 2 and s["kernels"]["_async"] == {"variants": 1, "s": 0.0}

@@ -4,7 +4,7 @@ import torch
 from gmtool.core.backends.cpu import CpuTapeBackend, TapeGraph
 from gmtool.core.buckets import BucketKey
 from gmtool.errors import CaptureError
-from gmtool.core.executor import AttentionRunner, LogitsRunner
+from gmtool.core.executor import AttentionRunner
 from tests.helpers import Rig, rel
 
 
@@ -93,12 +93,9 @@ def test_piecewise_instruction_order_alternates_graph_and_runner():
     b = rig.batch("8+8", seed=1)
     rig.graph(b)
     steps = rig.ex.graphs[rig.ex.key_for(b)].steps
-    kinds = [
-        "runner" if isinstance(s, AttentionRunner) else "head" if isinstance(s, LogitsRunner) else "graph"
-        for s in steps
-    ]
+    kinds = ["runner" if isinstance(s, AttentionRunner) else "graph" for s in steps]
     n = rig.lm.num_layers
-    assert kinds == ["graph", "runner"] * n + ["graph", "head"]  # the LM head after the last piece, as engines
+    assert kinds == ["graph", "runner"] * n + ["graph"]  # the last piece ends with the LM head
     assert [s.layer for s in steps if isinstance(s, AttentionRunner)] == list(range(n))
 
 
@@ -190,7 +187,8 @@ def test_fx_piecewise_splits_at_attention_and_matches_eager():
     entry = rig.ex.graphs[rig.ex.key_for(b)]
     n = rig.lm.num_layers
     assert fx.splits == [(n + 1, n)]  # traced once for the 32-token shape: n attention submodules
-    assert (entry.pieces, entry.runners) == (n + 1, n) and entry.piecewise_impl == "fx"
+    # n + 1 pieces, then the LM head's own graph (the pieces capture themselves; the head is captured after them)
+    assert (entry.pieces, entry.runners) == (n + 2, n) and entry.piecewise_impl == "fx"
     assert entry.compile_s is not None and entry.compile_s > 0
     # each runner's op call bound once (K/V write, then attention): replays skip the submodule and the dispatcher
     assert all(s.launch is not None for s in entry.steps if getattr(s, "is_runner", False))

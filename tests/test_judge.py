@@ -242,20 +242,18 @@ def test_a_run_failure_outside_any_row_exits_1_and_bad_input_exits_2(monkeypatch
 
 # -- what the poisoning and the tolerances are for ----------------------------------------------------------
 def _drop_writes_into(mp, tensors):
-    """Capture runs every op, but the tape leaves off the in-place writes into these tensors' storage: replays
-    of the graph never write them."""
+    """Capture runs every op, but the tape leaves off the writes into these tensors' storage (in place, or an
+    out= argument, as the LM head writes the logits): replays of the graph never write them."""
     ptrs = {t.untyped_storage().data_ptr() for t in tensors}
     real = tape._Tape.__torch_dispatch__
 
     def dispatch(self, func, types, args=(), kwargs=None):
         n = len(self.ops)
         out = real(self, func, types, args, kwargs)
-        dst = args[0] if args else None
-        if (
-            func.__name__.split(".")[0].endswith("_")
-            and isinstance(dst, torch.Tensor)
-            and dst.untyped_storage().data_ptr() in ptrs
-        ):
+        dst = (kwargs or {}).get("out")
+        if dst is None and func.__name__.split(".")[0].endswith("_"):
+            dst = args[0] if args else None
+        if isinstance(dst, torch.Tensor) and dst.untyped_storage().data_ptr() in ptrs:
             del self.ops[n:]
         return out
 

@@ -5,6 +5,7 @@ than one full graph (the tape's live-tensor accounting)."""
 from __future__ import annotations
 
 import gc
+import json
 import weakref
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from gmtool.core.backends.cpu import CpuTapeBackend, TapeGraph, pool_bytes
 from gmtool.core.executor import AttentionRunner
+from gmtool.profiles import PROFILES_DIR
 from tests.helpers import Rig, rel
 
 
@@ -145,25 +147,42 @@ def test_bench_lean_stage_on_the_cpu_tape():
 
 
 @pytest.mark.parametrize("impl", ["breakable", "fx"])
-def test_the_lm_head_runs_after_the_pieces_over_the_steps_sequences(impl):
-    """A num_tokens key pads the logits rows to every sequence the bucket could hold: in a piece, the LM head over
-    those rows was most of the pieces' memory on the H200 (35 of 38.5 MiB at 128 tokens). It runs after the last
-    piece, as engines run it, over this step's sequences, read from the step's metadata: the pieces' pool no
-    longer depends on max_num_seqs, and a later step with more sequences gets all its rows."""
-    from gmtool.core.executor import LogitsRunner
-
+def test_the_lm_head_ends_the_last_graph_writing_the_persistent_logits(impl, tmp_path):
+    """A num_tokens key pads the logits rows to every sequence the bucket could hold: as a temporary in a piece,
+    those logits were most of the pieces' memory on the H200 (35 of 38.5 MiB at 128 tokens). The LM head ends
+    the last graph and writes straight into the persistent logits rows: the pieces' pool does not depend on
+    max_num_seqs, a step is graphs and runners only (one stitched launch on CUDA), and a later step with more
+    sequences than the capture's gets all its rows."""
+    config = json.loads((PROFILES_DIR / "models" / "tiny-qwen3.json").read_text())["config"]
+    path = tmp_path / "config.json"  # a vocabulary as large against the model as a real one's: logits dominate
+    path.write_text(json.dumps(config | {"vocab_size": 16384}))
     pools = {}
     for max_seqs in (4, 32):
-        rig = Rig(mode="piecewise", buckets=(32,), max_num_seqs=max_seqs, piecewise_impl=impl)
+        rig = Rig(str(path), mode="piecewise", buckets=(32,), max_num_seqs=max_seqs, piecewise_impl=impl)
         a, b = rig.batch("30+2", seed=5), rig.batch("8*4", seed=6)
         assert rel(rig.graph(a), rig.eager(a)) < 1e-5
         entry = rig.ex.graphs[rig.ex.key_for(a)]
-        assert isinstance(entry.steps[-1], LogitsRunner) and entry.pieces == rig.lm.num_layers + 1
-        rows = []
-        real = rig.lm.logits_of
-        rig.lm.logits_of = lambda h: rows.append(h.shape[0]) or real(h)
+        assert isinstance(entry.steps[-1], TapeGraph)
+        assert entry.pieces == rig.lm.num_layers + 1 + (impl == "fx")  # fx: the head is a graph of its own
         assert rel(rig.graph(b), rig.eager(b)) < 1e-5  # captured with 2 sequences, replayed with 4
-        rig.lm.logits_of = real
-        assert rows[0] == 4
         pools[max_seqs] = pool_bytes(entry.steps)
     assert pools[4] == pools[32], pools
+
+
+def test_logits_into_writes_in_place_else_through_a_copy():
+    """The bias-free head of out's dtype multiplies into out itself; any other head (a bias here) is computed
+    and copied, with the same values."""
+    rig = Rig(mode="piecewise", buckets=(16,))
+    lm, head = rig.lm, rig.lm.model.get_output_embeddings()
+    torch.set_grad_enabled(False)
+    hidden = torch.randn(3, lm.head_in_features, dtype=head.weight.dtype)  # no grad: the model is frozen
+    out = torch.zeros(3, lm.vocab_size, dtype=head.weight.dtype)
+    ptr = out.data_ptr()
+    lm.logits_into(hidden, out)
+    assert out.data_ptr() == ptr and rel(out, lm.logits_of(hidden)) < 1e-6
+    head.bias = torch.nn.Parameter(torch.randn(lm.vocab_size, dtype=head.weight.dtype))
+    try:
+        lm.logits_into(hidden, out)
+        assert rel(out, lm.logits_of(hidden)) < 1e-6 and out.abs().sum() > 0
+    finally:
+        head.bias = None

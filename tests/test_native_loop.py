@@ -235,13 +235,6 @@ class FakeGraph:
         LOG.append(("graph", self.handle, STREAM))
 
 
-class FakeTail:
-    is_tail = True
-
-    def replay(self):
-        LOG.append(("tail",))
-
-
 def _entry(impl="planned", layers=2, plan=((16, 40), (8, 8))):
     from gmtool.core.buckets import BucketKey
     from gmtool.core.executor import AttentionRunner, CapturedGraph
@@ -252,7 +245,6 @@ def _entry(impl="planned", layers=2, plan=((16, 40), (8, 8))):
     steps = [FakeGraph(0x6000)]
     for layer in range(layers):
         steps += [AttentionRunner(0, q, out, 0.5 + layer, ctx), FakeGraph(0x6001 + layer)]
-    steps.append(FakeTail())
     return CapturedGraph(BucketKey(64), GraphMode.PIECEWISE, impl, steps, ctx), out
 
 
@@ -284,7 +276,7 @@ def test_native_step_launches_what_the_python_loop_launches(monkeypatch, impl):
     entry, _ = _entry(impl)
     first = _step(entry, PLANS[0])  # the Python loop: each runner's first launch goes through Triton
     assert entry.launch_path == "native" and entry.loop is not None
-    assert [x[0] for x in first] == ["graph", "kernel", "graph", "kernel", "graph", "tail"] or impl == "decode"
+    assert [x[0] for x in first] == ["graph", "kernel", "graph", "kernel", "graph"] or impl == "decode"
     for plan in PLANS[1:] + PLANS[:1]:
         native = _step(entry, plan)
         with native_loop.python_path(entry):
@@ -292,9 +284,9 @@ def test_native_step_launches_what_the_python_loop_launches(monkeypatch, impl):
         assert native == python, plan
         kinds = [x[0] for x in native]
         graphs = [x[1] for x in native if x[0] == "graph"]
-        assert graphs == [0x6000, 0x6001, 0x6002] and kinds[-1] == "tail" and kinds[0] == "graph"
+        assert graphs == [0x6000, 0x6001, 0x6002] and kinds[-1] == "graph" and kinds[0] == "graph"
         kernels = [x for x in native if x[0] == "kernel"]
-        assert len(kernels) >= 2 and all(x[-2 if x[0] == "kernel" else -1] == STREAM for x in native[:-1])
+        assert len(kernels) >= 2 and all(x[-2 if x[0] == "kernel" else -1] == STREAM for x in native)
         if impl == "planned":  # one varlen launch per runner, with the step's grid and num_seqs
             n, tiles = len(plan), max(1, -(-max(q for q, _ in plan) // 64))
             assert [x[2] for x in kernels] == [(n, tiles, 4)] * 2
@@ -326,7 +318,7 @@ def test_a_step_of_no_sequence_runs_the_python_way(monkeypatch):
     _step(entry, PLANS[0])
     out.fill_(3.0)
     log = _step(entry, ())
-    assert [x[0] for x in log] == ["graph", "graph", "graph", "tail"] and not out.any()
+    assert [x[0] for x in log] == ["graph", "graph", "graph"] and not out.any()
     assert any(x[0] == "kernel" for x in _step(entry, PLANS[1]))  # and the next step is native again
 
 
@@ -375,7 +367,7 @@ def test_no_compiler_keeps_the_python_path(monkeypatch, tmp_path):
     monkeypatch.setattr(native_loop, "library", lambda: "no C compiler (cc is not on PATH; set CC)")
     entry = _path_after_one_step(monkeypatch)
     assert entry.launch_path == "python: no C compiler (cc is not on PATH; set CC)" and entry.loop is None
-    assert [x[0] for x in _step(entry, PLANS[1])] == ["graph", "kernel", "graph", "kernel", "graph", "tail"]
+    assert [x[0] for x in _step(entry, PLANS[1])] == ["graph", "kernel", "graph", "kernel", "graph"]
 
 
 def test_the_interpreter_keeps_the_python_path(monkeypatch):
@@ -423,7 +415,7 @@ def test_a_segment_around_a_python_runner(monkeypatch):
     _step(entry, PLANS[0])
     assert entry.launch_path.startswith("native for 3 of 5 steps; python: a runner without bound Triton launches")
     log = _step(entry, PLANS[1])
-    assert [x[0] for x in log] == ["graph", "kernel", "graph", "torch", "graph", "tail"]
+    assert [x[0] for x in log] == ["graph", "kernel", "graph", "torch", "graph"]
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiles for sm_90")
@@ -547,7 +539,7 @@ def test_what_keeps_a_segment_unstitched(monkeypatch):
     entry, _, graphs = _stitched(monkeypatch, FakeGraphs(fail_add=2))
     assert entry.launch_path == "native (not stitched: cuGraphAddKernelNode failed: CUDA error 1)"
     assert len(graphs.destroyed) == 1 and graphs.destroyed[0][1] is None
-    assert [x[0] for x in _step(entry, PLANS[1])] == ["graph", "kernel", "graph", "kernel", "graph", "tail"]
+    assert [x[0] for x in _step(entry, PLANS[1])] == ["graph", "kernel", "graph", "kernel", "graph"]
     monkeypatch.setenv(native_loop.STITCH_ENV, "0")
     entry, _, _ = _stitched(monkeypatch)
     assert entry.launch_path == native_loop.NATIVE

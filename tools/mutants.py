@@ -213,12 +213,12 @@ MUTANTS: list[Mutant] = [
         "the baked plan is read after the upload replay re-prepared the context: narrow graphs go unflagged on CUDA",
     ),
     M(
-        "lm-head-capture-seqs",
-        "gmtool/model/attention.py",
-        "        self.step_seqs = len(plan)\n",
-        "",
-        "tests/test_lean_piecewise.py::test_the_lm_head_runs_after_the_pieces_over_the_steps_sequences",
-        "a piecewise LM head computes the capture's sequence count: a step with more sequences gets stale rows",
+        "lm-head-logits-in-the-pool",
+        "gmtool/model/loading.py",
+        "torch.matmul(hidden_rows, head.weight.t(), out=out)",
+        "out.copy_(torch.matmul(hidden_rows, head.weight.t()))",
+        "tests/test_lean_piecewise.py::test_the_lm_head_ends_the_last_graph_writing_the_persistent_logits",
+        "the LM head's padded logits land in the last piece's pool (most of the pieces' memory on the H200)",
     ),
     M(
         "release-keeps-held-entries",

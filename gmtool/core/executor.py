@@ -56,26 +56,6 @@ class AttentionRunner:
 
 
 @dataclass
-class LogitsRunner:
-    """A piecewise step's LM head, outside the graphs as engines run it, over this step's sequences only. In a
-    graph keyed by num_tokens alone its rows would be every sequence the bucket can hold (up to max_num_seqs),
-    and those padded logits were most of the pieces' memory (H200, qwen3-0.6b, 128 tokens: 35 of 38.5 MiB).
-    The last piece leaves the sequences' final hidden rows in a buffer outside the pool; the count comes from
-    the step's metadata (ForwardContext.prepare), never the capture's."""
-
-    is_tail = True
-
-    lm: LoadedModel
-    hidden: torch.Tensor  # [seq slots, hidden]: what the last piece wrote
-    logits: torch.Tensor  # [seq slots, vocab]: the key's rows of the persistent logits
-    ctx: ForwardContext
-
-    def replay(self) -> None:
-        n = self.ctx.step_seqs
-        self.logits[:n].copy_(self.lm.logits_of(self.hidden[:n]))
-
-
-@dataclass
 class CapturedGraph:
     key: BucketKey
     mode: GraphMode
@@ -94,15 +74,15 @@ class CapturedGraph:
     piecewise_impl: str | None = None  # breakable | fx | "breakable (fx could not trace: ...)"
     warmed_up: bool = False  # an eager pass ran before its capture (the executor's first, fx, or a retry)
     warmed_after_failure: bool = False  # its cold capture failed, and it was warmed up and captured again
-    # how a replay launches its steps (gmtool.kernels.native_loop): "native" (one C call per step, the LM head
-    # after it in Python), "python: why", or "pending" until the first replay has compiled every runner's kernels
+    # how a replay launches its steps (gmtool.kernels.native_loop): "stitched" (one graph launch per step),
+    # "native" (one C call), "python: why", or "pending" until the first replay has compiled every runner's kernels
     launch_path: str = "pending"
     loop: object = field(default=None, repr=False)  # the native StepLoop once built
     native_tries: int = field(default=0, repr=False)
 
     @property
     def pieces(self) -> int:
-        return len(self.steps) - self.runners - self.copy_steps - sum(getattr(s, "is_tail", False) for s in self.steps)
+        return len(self.steps) - self.runners - self.copy_steps
 
     @property
     def runners(self) -> int:
@@ -191,7 +171,8 @@ class GraphExecutor:
             if mode.piecewise
             else None
         )
-        # piecewise: the last piece's hidden rows, read by the LogitsRunner (one buffer for every bucket)
+        # piecewise: the last piece's hidden rows, read by the LM head (gmtool.core.forwards.lm_head), one buffer
+        # for every bucket
         self.last_hidden = (
             torch.zeros(self.inputs.logits.shape[0], lm.head_in_features, dtype=lm.model.dtype, device=device)
             if mode.piecewise

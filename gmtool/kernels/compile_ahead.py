@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -81,6 +82,58 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
             JITFunction.run = launch
 
 
+class CompileLog:
+    """What Triton compiled (or, with a warm cache, loaded from disk) while it was open: each compile's kernel,
+    variant (Triton's own description: the constexprs and specializations) and seconds. Kernels compiled
+    in AsyncCompileMode (compiling_only) count, without seconds."""
+
+    def __init__(self):
+        self.events: list[tuple[str, str, float | None]] = []
+        self._started = threading.local()
+
+    def before(self, *, key, repr, fn, **_) -> None:
+        self._started.t = time.perf_counter()
+        return None  # anything truthy would skip the compile
+
+    def after(self, *, key, repr, fn, **_) -> None:
+        t0 = getattr(self._started, "t", None)
+        self._started.t = None
+        self.events.append((fn.name, repr, None if t0 is None else time.perf_counter() - t0))
+
+    def summary(self) -> dict:
+        """compiles, seconds, and per kernel: variants and seconds, the dearest first."""
+        kernels: dict[str, dict] = {}
+        for name, _, sec in self.events:
+            k = kernels.setdefault(name, {"variants": 0, "s": 0.0})
+            k["variants"] += 1
+            k["s"] += sec or 0.0
+        ranked = dict(sorted(kernels.items(), key=lambda kv: -kv[1]["s"]))
+        return {
+            "compiles": len(self.events),
+            "compile_s": sum(sec or 0.0 for *_, sec in self.events),
+            "kernels": {n: {"variants": k["variants"], "s": round(k["s"], 3)} for n, k in ranked.items()},
+        }
+
+
+@contextlib.contextmanager
+def compile_log():
+    """Yields a CompileLog of the Triton compiles inside (an empty one where this Triton has no JIT hooks)."""
+    log = CompileLog()
+    try:
+        from triton import knobs
+
+        hooks = knobs.runtime
+        saved = hooks.jit_cache_hook, hooks.jit_post_compile_hook
+    except (ImportError, AttributeError):
+        yield log
+        return
+    hooks.jit_cache_hook, hooks.jit_post_compile_hook = log.before, log.after
+    try:
+        yield log
+    finally:
+        hooks.jit_cache_hook, hooks.jit_post_compile_hook = saved
+
+
 _triton_key: threading.Thread | None = None
 
 
@@ -112,8 +165,6 @@ def before_first_capture(ex, key, batch, fn) -> None:
     smallest decode bucket's run inside compiling_only(), so the kernels later shapes need (split decode for
     small batches) are compiled too. Their torch ops run over the views' current contents; the warm-up and the
     capture's upload then compute the batch properly. Sets ex.compile_ahead_s, or ex.compile_ahead_note: why not."""
-    import time
-
     from gmtool.model.attention import forward_context
 
     if _triton_key is not None:

@@ -19,7 +19,7 @@ What the loop skips from torch's CUDAGraph.replay: the captured generators' phil
 mode and gmtool's forward draws no random numbers; an RNG op inside a captured forward (gmtool verify reports it,
 capturability's Hazard.RNG, without refusing capture) would repeat its numbers under the native loop.
 
-Steps the loop cannot launch (the LM head, torch attention runners, the CPU tape's graphs) run in Python, in
+Steps the loop cannot launch (torch attention runners, the CPU tape's graphs) run in Python, in
 order, between native segments; `CapturedGraph.launch_path` says which ran and why. GMTOOL_NATIVE_LOOP=0 turns
 it off (for A/B in benchmarks).
 
@@ -29,7 +29,8 @@ cuGraphLaunch, after setting the kernel nodes (cuGraphExecKernelNodeSetParams) o
 differ from those the nodes hold. On the H200 (2026-12-01, qwen3-0.6b prefill 128 and 512, 28 runners) a step's
 replay took 78-141 us of host time, against 217-240 us op by op and 359-391 us through Python; one full graph's
 9-15 us (tools/native_loop_timing.py). The stitched graph's own launch is not the cost: launched alone it took
-9.9 us (tools/stitched_launch_probe.py). Attention still runs at each step's own launch shape: the graph
+9.9 us (tools/stitched_launch_probe.py). The LM head, then run eagerly after the last piece, now ends the
+last piece (gmtool.core.forwards.lm_head), so a step is that one launch. Attention still runs at each step's own launch shape: the graph
 holds no attention kernel at a captured grid. GMTOOL_STITCH=0 launches op by op.
 """
 
@@ -563,7 +564,7 @@ def build_step_loop(entry, driver: Driver | None = None, stream=None, lib=None) 
         return None, f"{PYTHON}: {ENV}=0"
     if not any(getattr(s, "is_runner", False) for s in entry.steps):
         return None, f"{PYTHON}: no runners (one graph launch per step already)"
-    graphs = [s for s in entry.steps if not getattr(s, "is_runner", False) and not getattr(s, "is_tail", False)]
+    graphs = [s for s in entry.steps if not getattr(s, "is_runner", False)]
     if not any(callable(getattr(s, "exec_handle", None)) for s in graphs):  # the CPU tape: nothing to launch
         return None, f"{PYTHON}: {type(graphs[0]).__name__ if graphs else 'no graph'} steps have no native launch"
     pending = [p for s in entry.steps for p in getattr(s, "launch_paths", ()) if p == PENDING]
@@ -580,9 +581,6 @@ def build_step_loop(entry, driver: Driver | None = None, stream=None, lib=None) 
     planned, why = [], None  # per step: its ops, or None (Python)
     for step in entry.steps:
         try:
-            if getattr(step, "is_tail", False):  # the LM head: eager, after the last piece, as engines run it
-                planned.append(None)
-                continue
             planned.append(_step_ops(step, entry.ctx, driver))
         except NotNative as e:
             why = why or str(e)
@@ -622,9 +620,8 @@ def build_step_loop(entry, driver: Driver | None = None, stream=None, lib=None) 
         parts.append(NativeSegment(steps, program, entry.ctx, stream))
         i = seg[-1] + 1
     native = sum(map(len, segments))
-    counted = sum(not getattr(s, "is_tail", False) for s in entry.steps)
     name = STITCHED if stitch and why_unstitched is None else NATIVE
-    path = name if why is None else f"{name} for {native} of {counted} steps; {PYTHON}: {why}"
+    path = name if why is None else f"{name} for {native} of {len(entry.steps)} steps; {PYTHON}: {why}"
     if stitch and why_unstitched is not None:
         path += f" (not stitched: {why_unstitched})"
     return StepLoop(parts, path), path

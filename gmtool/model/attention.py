@@ -276,7 +276,6 @@ class ForwardContext:
     def __post_init__(self) -> None:
         self._run = getattr(self.backend, self.impl)  # looked up once, not per layer
         self.signature = self.backend.plan_signature(self.plan)
-        self.step_seqs = len(self.plan)  # the step's real sequences (a piecewise LM head computes their rows)
         self.step_grid = self.backend.step_grid(self.signature)
 
     def prepare(self, plan: tuple) -> None:
@@ -284,7 +283,6 @@ class ForwardContext:
         backend turns into launch shapes and the grid it launches with. What a replay consumed is forgotten."""
         self.plan = plan
         self.signature = self.backend.plan_signature(plan)
-        self.step_seqs = len(plan)
         self.step_grid = self.backend.step_grid(self.signature)
         self.planned_with.clear()
         self.prepares += 1

@@ -106,6 +106,19 @@ class LoadedModel:
     def logits_of(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         return families.postprocess_logits(self.config, self.model.get_output_embeddings()(hidden_rows))
 
+    def logits_into(self, hidden_rows: torch.Tensor, out: torch.Tensor) -> None:
+        """The LM head written straight into out (the persistent logits rows): under capture, no logits land in
+        the graph's pool, whatever rows the key pads to (a bias-free linear head of out's dtype, as most are;
+        a family's logit rule still makes its own temporaries)."""
+        head = self.model.get_output_embeddings()
+        if type(head) is torch.nn.Linear and head.bias is None and head.weight.dtype == out.dtype:
+            torch.matmul(hidden_rows, head.weight.t(), out=out)
+            logits = families.postprocess_logits(self.config, out)
+        else:
+            logits = self.logits_of(hidden_rows)
+        if logits is not out:
+            out.copy_(logits)
+
     @property
     def head_in_features(self) -> int:
         """The LM head's input width (OPT projects the final hidden state down to word_embed_proj_dim first)."""
