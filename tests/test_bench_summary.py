@@ -150,6 +150,12 @@ def test_summary_of_the_lean_stage(tmp_path):
     # a runner alone: under 5 us, and the way its kernels launched (an older file has no paths)
     assert rows["prefill 128: host time of one attention runner (launches: direct)"] == ("4.0 us", "< 5 us", "met")
     assert rows["prefill 512: host time of one attention runner (launches: -)"] == ("9.0 us", "< 5 us", "NOT met")
+    # stitched: a step launches no runner alone, so that time is shown without a goal
+    lean["128"]["piecewise"]["launch_path"] = "stitched"
+    (tmp_path / "bench-lean.json").write_text(json.dumps(lean))
+    rows = {r[0]: r[1:] for r in summary(tmp_path, Console(file=io.StringIO()))}
+    alone = [v for k, v in rows.items() if k.startswith("prefill 128: one attention runner replayed alone")]
+    assert alone == [("4.0 us", "", "")] and not any(k.startswith("prefill 128: host time of one") for k in rows)
 
 
 def test_summary_judges_the_small_m_gemm(tmp_path):

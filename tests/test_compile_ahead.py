@@ -49,9 +49,11 @@ def test_launches_inside_compile_instead_of_running(monkeypatch):
 def test_reasons_it_does_not_run(monkeypatch):
     from gmtool.kernels import compile_ahead
 
-    monkeypatch.delenv("GMTOOL_COMPILE_AHEAD", raising=False)
-    assert "GMTOOL_COMPILE_AHEAD=1" in compile_ahead.unavailable()  # opt-in: no gain measured yet
-    monkeypatch.setenv("GMTOOL_COMPILE_AHEAD", "1")
+    monkeypatch.setenv("GMTOOL_COMPILE_AHEAD", "0")
+    assert compile_ahead.unavailable() == "off: GMTOOL_COMPILE_AHEAD=0"
+    monkeypatch.delenv("GMTOOL_COMPILE_AHEAD")  # on by default
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert compile_ahead.unavailable() is None or "AsyncCompileMode" in compile_ahead.unavailable()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert "interpreter" in compile_ahead.unavailable()
     monkeypatch.delenv("TRITON_INTERPRET")
@@ -150,3 +152,51 @@ def test_the_compile_log_counts_variants_and_seconds_per_kernel_and_restores_tri
     assert s["compiles"] == 4 and 0.07 <= s["compile_s"] < 1
     assert list(s["kernels"]) == ["_gemm", "_rms", "_async"]
     assert s["kernels"]["_rms"]["variants"] == 2 and s["kernels"]["_async"] == {"variants": 1, "s": 0.0}
+
+
+@pytest.mark.parametrize("callbacks", [1, 2])  # Triton 3.6 passes finalize; 3.9 finalize and cleanup
+def test_compiling_only_loads_each_kernel_in_its_worker(monkeypatch, callbacks):
+    """A worker compiles, then loads the kernel (_init_handles builds Triton's C launcher, a cc run), so the
+    first launch does not build launchers one after the other; a failed load is left to that launch."""
+    import threading
+
+    from gmtool.kernels import compile_ahead
+
+    class FakeMode:
+        active = None
+
+        def __init__(self, executor):
+            self.executor, self.done = executor, []
+
+        def submit(self, key, compile_fn, *rest):
+            assert len(rest) == callbacks
+            kernel = self.executor.submit(compile_fn).result()
+            rest[0](kernel)
+            self.done.append(kernel)
+
+        def __enter__(self):
+            FakeMode.active = self
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    class Kernel:
+        def __init__(self, fail=False):
+            self.fail, self.loaded_in = fail, None
+
+        def _init_handles(self):
+            if self.fail:
+                raise RuntimeError("no launcher")
+            self.loaded_in = threading.current_thread().name
+
+    monkeypatch.setattr(compile_ahead, "_async_mode", lambda: FakeMode)
+    finalized = []
+    cbs = [finalized.append, lambda k: None][:callbacks]
+    with compile_ahead.compiling_only(torch.device("cpu"), workers=2):
+        mode = FakeMode.active
+        mode.submit("a", Kernel, *cbs)
+        mode.submit("b", lambda: Kernel(fail=True), *cbs)
+    good, bad = mode.done
+    assert good.loaded_in not in (None, threading.current_thread().name) and bad.loaded_in is None
+    assert finalized == [good, bad]

@@ -8,10 +8,12 @@ not run (Triton's AsyncCompileMode with every launch turned into a warmup); leav
 compile. The torch ops of such a forward still run, over whatever the skipped kernels left in their outputs:
 only floating values, never an index, come out of gmtool's Triton kernels, so nothing reads out of bounds.
 
-Off unless GMTOOL_COMPILE_AHEAD=1: in the one H200 run with it on (2026-12-01, 3ad1318), a cold capture of the 35
-default decode buckets took 6.29 s against 6.06 s without it, and 1.1 s of compiling still fell inside the
-captures; that run did not record whether it compiled anything, so it stays an experiment until one does
-(`bench --stages capture` records compile_ahead_s and compile_ahead_note now).
+On by default since each worker also loads what it compiled: the load builds Triton's C launcher for the
+kernel's signature (a cc run, about 0.2 s each), which otherwise happened at each first launch, one after the
+other, as long as the compiles themselves. A cold capture of the 35 default decode buckets with --fuse (H200,
+2026-12-01, 8 kernel variants) took 2.95 and 3.63 s with it against 6.49 and 5.71 s without; with a warm Triton
+cache 1.51 and 2.20 s against 1.39 and 1.36 s (the pass itself: 0.36-0.44 s). GMTOOL_COMPILE_AHEAD=0 turns it
+off.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ WORKERS = 8
 
 def unavailable() -> str | None:
     """Why kernels cannot be compiled ahead here; None when they can."""
-    if os.environ.get("GMTOOL_COMPILE_AHEAD", "0") != "1":
-        return "off unless GMTOOL_COMPILE_AHEAD=1 (no gain measured yet)"
+    if os.environ.get("GMTOOL_COMPILE_AHEAD", "1") == "0":
+        return "off: GMTOOL_COMPILE_AHEAD=0"
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "the Triton interpreter compiles nothing"
     if _async_mode() is None:
@@ -74,7 +76,23 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
         if index is not None:
             torch.cuda.set_device(index)
 
-    with ThreadPoolExecutor(workers, initializer=bind_device) as pool, mode(pool):
+    class LoadingToo(mode):
+        """Each worker loads the kernel it compiled too: the load builds Triton's C launcher for the kernel's
+        signature (a cc run, about 0.2 s each on the H200's host, once per signature and Triton cache) and
+        would otherwise happen at the first launch, one after the other."""
+
+        def submit(self, key, compile_fn, *callbacks):  # finalize (and, from Triton 3.9, cleanup)
+            def compile_and_load():
+                kernel = compile_fn()
+                try:
+                    kernel._init_handles()
+                except Exception:  # the first launch loads it again, and says what is wrong
+                    pass
+                return kernel
+
+            return super().submit(key, compile_and_load, *callbacks)
+
+    with ThreadPoolExecutor(workers, initializer=bind_device) as pool, LoadingToo(pool):
         JITFunction.run = compile_instead
         try:
             yield
@@ -161,7 +179,7 @@ def hash_triton_in_background() -> None:
 
 
 def before_first_capture(ex, key, batch, fn) -> None:
-    """Before an executor's first warm-up (with GMTOOL_COMPILE_AHEAD=1, on CUDA): this shape's forward and the
+    """Before an executor's first warm-up (on CUDA, unless GMTOOL_COMPILE_AHEAD=0): this shape's forward and the
     smallest decode bucket's run inside compiling_only(), so the kernels later shapes need (split decode for
     small batches) are compiled too. Their torch ops run over the views' current contents; the warm-up and the
     capture's upload then compute the batch properly. Sets ex.compile_ahead_s, or ex.compile_ahead_note: why not."""
