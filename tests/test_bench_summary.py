@@ -38,7 +38,13 @@ def test_summary_ratios_and_goals(tmp_path):
         "kernel": {"kernel_GBps": 3000.0, "copy_GBps": 4000.0, "ratio": 0.75},
         "capture": {
             "cold": {"buckets": 35, "total_s": 12.0, "capture_only_s": 2.0},
-            "warm": {"buckets": 35, "total_s": 0.9, "capture_only_s": 0.5},
+            "warm": {
+                "buckets": 35,
+                "total_s": 0.9,
+                "capture_only_s": 0.5,
+                "compile_ahead_s": 0.25,
+                "triton": {"compiles": 8, "untimed": 8, "compile_s": 0.0, "kernels": {}},
+            },
             "cold --fuse": {
                 "buckets": 35,
                 "total_s": 1.5,
@@ -73,6 +79,7 @@ def test_summary_ratios_and_goals(tmp_path):
         ("0.90 s", "<= 1 s", "met"),
         ("1.50 s", "<= 2 s", "met"),
     ]
+    assert any(k.endswith("Triton loaded 8 variants, 8 ahead in threads (that pass 0.25 s))") for k in cap)
     assert [k for k in cap if "Triton compiled 7 variants in 0.75 s" in k] == [
         "capture 35 default decode buckets --fuse, cold Triton cache (capture alone 0.40 s; warm-up, compiling and "
         "the rest 1.10 s; Triton compiled 7 variants in 0.75 s)"

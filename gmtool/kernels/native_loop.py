@@ -26,12 +26,12 @@ it off (for A/B in benchmarks).
 Stitched (launch_path "stitched", the default where the driver builds graphs): each native segment becomes one
 CUDA graph, built once, its pieces as child graph nodes and its kernels as kernel nodes in order; a step is one
 cuGraphLaunch, after setting the kernel nodes (cuGraphExecKernelNodeSetParams) only when the step's values
-differ from those the nodes hold. On the H200 (2026-12-01, qwen3-0.6b prefill 128 and 512, 28 runners) a step's
-replay took 78-141 us of host time, against 217-240 us op by op and 359-391 us through Python; one full graph's
-9-15 us (tools/native_loop_timing.py). The stitched graph's own launch is not the cost: launched alone it took
-9.9 us (tools/stitched_launch_probe.py). The LM head, then run eagerly after the last piece, now ends the
-last piece (gmtool.core.forwards.lm_head), so a step is that one launch. Attention still runs at each step's own launch shape: the graph
-holds no attention kernel at a captured grid. GMTOOL_STITCH=0 launches op by op.
+differ from those the nodes hold. The LM head ends the last piece (gmtool.core.forwards.lm_head), so a step is
+that one launch: on the H200 (2026-12-01, qwen3-0.6b prefill 128, 28 runners) a replay took 14.5-14.9 us of
+host time back to back against the full graph's 12.6-13.4 (tools/stitched_launch_probe.py); with the head
+run eagerly after the graph it had taken 69-154 us. Setting the 28 attention nodes when the grid changes
+costs about 2 us a runner (tools/native_loop_timing.py). Attention still runs at each step's own launch
+shape: the graph holds no attention kernel at a captured grid. GMTOOL_STITCH=0 launches op by op.
 """
 
 from __future__ import annotations

@@ -763,12 +763,14 @@ def summary(out: Path, console: Console) -> list[tuple]:
             continue
         rest = cap["total_s"] - cap["capture_only_s"]
         tri = cap.get("triton") or {}
-        kernels = (
-            f"; Triton {'compiled' if cache == 'cold' else 'loaded'} {tri['compiles']} variants in "
-            f"{tri['compile_s']:.2f} s"
-            if tri
-            else ""
-        )
+        kernels = ""
+        if tri:
+            kernels = f"; Triton {'compiled' if cache == 'cold' else 'loaded'} {tri['compiles']} variants"
+            ahead = cap.get("compile_ahead_s")
+            if tri.get("untimed") and ahead is not None:  # compile-ahead's threads: their time is its pass's
+                kernels += f", {tri['untimed']} ahead in threads (that pass {ahead:.2f} s)"
+            else:
+                kernels += f" in {tri['compile_s']:.2f} s"
         rows.append(
             (
                 f"capture {cap['buckets']} default decode buckets{' ' + forward if forward else ''}, {cache} Triton "

@@ -193,8 +193,8 @@ def _share_output(parts: list) -> None:
     graphs = [ex for ex in parts if not ex.mode.piecewise]
     if not graphs:
         raise GmtoolError(
-            "--inject share-output-across-buckets: piecewise runs the LM head after its graphs, so no graph "
-            "hands out an output to share; use full, full-narrow or auto"
+            "--inject share-output-across-buckets: it is modeled on full graphs (piecewise ends with the LM "
+            "head's own write into the persistent logits); use full, full-narrow or auto"
         )
     inputs, held = graphs[0].inputs, {}
     output = inputs.output

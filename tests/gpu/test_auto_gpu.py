@@ -64,10 +64,12 @@ def test_piecewise_memory_and_host_time_against_full(tokens):
         f"per runner ({pw['runners']} runners; a runner alone {pw['runner_us']:.1f} us)"
     )
     assert pw["runners"] == 28  # qwen3-0.6b: one runner per layer
-    assert pw["runner_us"] > 0 and pw["host_steady_us"] > full["host_steady_us"] > 0  # host-time goals: make bench
-    # The 1.1x goal is not met on CUDA yet (11.6x at 128 tokens, 5.7x at 512 on the H200, 2026-12-01): the
-    # pieces' captures do not reuse each other's pool blocks there as the tape's accounting does. Reported as
-    # an expected failure with the figure (make bench's lean stage shows it too), never as a pass.
+    # host-time goals: make bench (stitched, a piecewise step costs about what the full graph's does, and either
+    # may come out ahead by noise: 24.7 against 23.0 us at 512 tokens, H200 2026-12-01)
+    assert pw["runner_us"] > 0 and pw["host_steady_us"] > 0 and full["host_steady_us"] > 0
+    # The 1.1x goal was not met on CUDA before the pieces shared one pool and the LM head left them (11.6x at 128
+    # tokens, 5.7x at 512); 1.00x since (H200, 2026-12-01). Above the bound it is reported as an expected
+    # failure with the figure (make bench's lean stage shows it too), never as a pass.
     if x["mem_ratio"] > MEM_BOUND:
         pytest.xfail(
             f"piecewise holds {x['mem_ratio']:.2f}x the full graph's memory at {tokens} tokens "

@@ -57,18 +57,25 @@ def test_every_strategy_replays_like_eager_in_shuffled_order(rows, name):
 def test_memory_follows_the_strategy(rows):
     by_name, _ = rows
     ind, shared, vmm = by_name["independent"], by_name["shared"], by_name["vmm"]
+    figures = {
+        n: {k: r.get(k) for k in ("graph_pool_bytes", "sum_shape_bytes", "physical_bytes")} for n, r in by_name.items()
+    }
     # every independent pool holds at least its own shape's peak
-    assert ind["graph_pool_bytes"] >= ind["sum_shape_bytes"]
-    assert shared["graph_pool_bytes"] < ind["graph_pool_bytes"]
+    assert ind["graph_pool_bytes"] >= ind["sum_shape_bytes"], figures
+    assert shared["graph_pool_bytes"] < ind["graph_pool_bytes"], figures
     st = vmm["vmm"]
     chunk, ranges = st["chunk_bytes"], st["ranges"]
     assert len(ranges) == vmm["captures"]
     # a shape's need as its pool saw it (torch rounds segments up, e.g. to 20 MiB for 1-10 MiB requests)
-    largest_pool = max(r["used_bytes"] for r in ranges)
-    assert vmm["physical_bytes"] <= largest_pool + len(ranges) * chunk
-    assert vmm["physical_bytes"] == -(-largest_pool // chunk) * chunk  # exactly the largest range, rounded
-    assert vmm["physical_bytes"] < vmm["sum_shape_bytes"], (vmm["physical_bytes"], vmm["sum_shape_bytes"])
-    assert vmm["physical_bytes"] < ind["graph_pool_bytes"]
+    used = [r["used_bytes"] for r in ranges]
+    largest_pool = max(used)
+    assert vmm["physical_bytes"] <= largest_pool + len(ranges) * chunk, (used, figures)
+    assert vmm["physical_bytes"] == -(-largest_pool // chunk) * chunk, (used, figures)  # the largest, rounded
+    # max(shape), not sum: less than the ranges' sum (what separate pools hold). Not against sum_shape_bytes,
+    # the peaks: since the LM head writes the persistent logits, a decode shape's graph holds a few MiB, and
+    # rounding to chunks can pass the peaks' sum (as test_vmm_piecewise_pieces_share_physical_memory_safely)
+    assert vmm["physical_bytes"] < sum(used), (used, figures)
+    assert vmm["physical_bytes"] < ind["graph_pool_bytes"], figures
     assert vmm["virtual_mapped_bytes"] >= vmm["physical_bytes"]
 
 
