@@ -9,11 +9,13 @@ its stored (K-contiguous) layout and the small M is the MMA's narrow side.
 
 Split-K programs write fp32 partials; a second kernel sums them in a fixed order, adds the bias and rounds:
 no atomics, so a result does not depend on the order programs ran in. Summing them in the GEMM instead (the
-last program of each block to arrive, counted on a device counter) was bit-exact and removed 56 kernels from a
-qwen3-0.6b decode step, but was no faster under PDL (H200, 2026-12-01, B=1 kv 1024: 0.997 and 1.000 ms
-against 1.016 and 0.987 with the second kernel, measured alternately in one run): it was dropped. Block sizes come from the shape
-(`pick`), never from autotuning: autotune would time kernels inside a CUDA graph capture. Launchers allocate
-from shapes only and read no device value, so a call can be captured (after one eager call compiled it).
+last program of each block to arrive, counted on a device counter) was bit-exact and removed 56 kernels from
+a qwen3-0.6b decode step, but was no faster under PDL (H200, 2026-12-01, B=1 kv 1024: 0.997 and 1.000 ms
+against 1.016 and 0.987 with the second kernel, measured alternately in one run): it was dropped.
+
+Block sizes come from the shape (`pick`), never from autotuning: autotune would time kernels inside a CUDA
+graph capture. Launchers allocate from shapes only and read no device value, so a call can be captured (after
+one eager call compiled it).
 """
 
 from __future__ import annotations
