@@ -200,3 +200,34 @@ def test_compiling_only_loads_each_kernel_in_its_worker(monkeypatch, callbacks):
     good, bad = mode.done
     assert good.loaded_in not in (None, threading.current_thread().name) and bad.loaded_in is None
     assert finalized == [good, bad]
+
+
+def test_a_capture_times_its_warm_up_capture_and_measurement_apart_and_the_split_adds_up(monkeypatch):
+    """Each entry says how long its eager warm-up (the executor's first capture only), its capture and its
+    memory readings with the upload took; bench's capture_split puts them beside compile-ahead's pass, and its
+    rest is what none of them holds."""
+    import time
+
+    from gmtool.measure.bench import capture_split
+    from tests.helpers import Rig
+
+    rig = Rig()
+    ex = rig.ex
+    real_warm = ex.forward_impl.warmup
+
+    def slow_warmup(e, fn):
+        time.sleep(0.05)
+        real_warm(e, fn)
+
+    monkeypatch.setattr(ex.forward_impl, "warmup", slow_warmup)
+    t0 = time.perf_counter()
+    entries = [ex.capture(ex.key_for(b), b) for b in (rig.batch("1*16"), rig.batch("1*8"))]
+    total = time.perf_counter() - t0
+    first, second = entries
+    assert first.warmup_s >= 0.05 and second.warmup_s == 0.0
+    assert all(e.capture_s > 0 and e.measure_s >= 0 for e in entries)
+    split = capture_split(entries, 0.25, total)
+    assert split["warm_up"] == first.warmup_s and split["compile_ahead"] == 0.25
+    assert split["capture"] == first.capture_s + second.capture_s
+    assert sum(split.values()) == pytest.approx(total)
+    assert capture_split(entries, None, total)["compile_ahead"] == 0.0

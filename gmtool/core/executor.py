@@ -62,7 +62,9 @@ class CapturedGraph:
     impl: str
     steps: list
     ctx: ForwardContext
-    capture_s: float = 0.0
+    capture_s: float = 0.0  # capture, instantiation and the wait for them (the upload not included)
+    warmup_s: float = 0.0  # the eager pass before it, if any (warmed_up)
+    measure_s: float = 0.0  # its memory reading (CUDA: mem_get_info, allocator stats) and the upload replay
     graph_mem_bytes: int | None = None  # peak memory the capture allocated (the shape's need; CUDA only)
     pool_growth_bytes: int | None = None  # reserved memory the capture added (CUDA only)
     outside_pool_bytes: int | None = None  # device memory the capture took beyond the pool (CUDA only)
@@ -272,6 +274,7 @@ class GraphExecutor:
         buckets took 3.88 s with a warm Triton cache, 2.66 s with one (H200); warmup_every_capture restores it."""
         t0 = time.perf_counter()
         self.forward_impl.warmup(self, fn)  # with fx: the trace and split of this shape happen here
+        entry.warmup_s += time.perf_counter() - t0
         if self.forward_impl.compiles:
             entry.compile_s = time.perf_counter() - t0
         entry.warmed_up = True
@@ -282,6 +285,7 @@ class GraphExecutor:
         ctx.planned_with.clear()  # what a warm-up planned is not the capture's
         # the upload replays the capture's own batch (its KV writes repeat the warm-up's, if any)
         held = getattr(self.memory, "physical_bytes", None)  # an optional strategy hook (VMM's)
+        t_in = time.perf_counter()
         with _memory_of(entry, self.device, upload=lambda: entry.replay(batch), held=held):
             t0 = time.perf_counter()
             self._record(entry, fn)
@@ -289,6 +293,7 @@ class GraphExecutor:
             planned = list(ctx.planned_with)
             self.backend.synchronize()
             entry.capture_s = time.perf_counter() - t0
+        entry.measure_s = time.perf_counter() - t_in - entry.capture_s
         return planned
 
     def _record(self, entry: CapturedGraph, fn) -> None:
