@@ -169,20 +169,32 @@ def test_the_lm_head_ends_the_last_graph_writing_the_persistent_logits(impl, tmp
     assert pools[4] == pools[32], pools
 
 
-def test_logits_into_writes_in_place_else_through_a_copy():
-    """The bias-free head of out's dtype multiplies into out itself; any other head (a bias here) is computed
-    and copied, with the same values."""
-    rig = Rig(mode="piecewise", buckets=(16,))
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-gemma2"])  # tiny-gemma2 soft-caps its logits
+def test_logits_into_writes_in_place_else_through_a_copy(model, monkeypatch):
+    """A bias-free linear head of out's dtype and shape multiplies into out itself and applies the family's
+    logit rule there: no temporary of the logits' size (logits_of is never called). Any other head (a bias
+    here) is computed and copied, with the same values; logits of another width raise instead of resizing
+    the persistent view."""
+    rig = Rig(model, mode="piecewise", buckets=(16,))
     lm, head = rig.lm, rig.lm.model.get_output_embeddings()
-    torch.set_grad_enabled(False)
-    hidden = torch.randn(3, lm.head_in_features, dtype=head.weight.dtype)  # no grad: the model is frozen
-    out = torch.zeros(3, lm.vocab_size, dtype=head.weight.dtype)
-    ptr = out.data_ptr()
-    lm.logits_into(hidden, out)
-    assert out.data_ptr() == ptr and rel(out, lm.logits_of(hidden)) < 1e-6
-    head.bias = torch.nn.Parameter(torch.randn(lm.vocab_size, dtype=head.weight.dtype))
-    try:
+    real = lm.logits_of
+    with torch.no_grad():
+        hidden = torch.randn(3, lm.head_in_features, dtype=head.weight.dtype)
+        expect = real(hidden)
+        out = torch.zeros(3, lm.vocab_size, dtype=head.weight.dtype)
+        monkeypatch.setattr(lm, "logits_of", lambda h: pytest.fail("a temporary of the logits' size"))
         lm.logits_into(hidden, out)
-        assert rel(out, lm.logits_of(hidden)) < 1e-6 and out.abs().sum() > 0
-    finally:
-        head.bias = None
+        assert rel(out, expect) < 1e-6
+        if model == "tiny-gemma2":
+            assert out.abs().max() <= lm.config.final_logit_softcapping  # the soft-cap was applied
+        monkeypatch.setattr(lm, "logits_of", real)
+        head.bias = torch.nn.Parameter(torch.randn(lm.vocab_size, dtype=head.weight.dtype))
+        try:
+            lm.logits_into(hidden, out)
+            assert rel(out, real(hidden)) < 1e-6 and not torch.equal(out, expect)
+        finally:
+            head.bias = None
+        narrow = torch.zeros(3, lm.vocab_size - 1, dtype=head.weight.dtype)
+        with pytest.raises(RuntimeError):
+            lm.logits_into(hidden, narrow)
+        assert narrow.shape == (3, lm.vocab_size - 1)

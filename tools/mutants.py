@@ -215,10 +215,18 @@ MUTANTS: list[Mutant] = [
     M(
         "lm-head-logits-in-the-pool",
         "gmtool/model/loading.py",
-        "torch.matmul(hidden_rows, head.weight.t(), out=out)",
-        "out.copy_(torch.matmul(hidden_rows, head.weight.t()))",
+        "torch.matmul(hidden_rows, w.t(), out=out)",
+        "out.copy_(torch.matmul(hidden_rows, w.t()))",
         "tests/test_lean_piecewise.py::test_the_lm_head_ends_the_last_graph_writing_the_persistent_logits",
         "the LM head's padded logits land in the last piece's pool (most of the pieces' memory on the H200)",
+    ),
+    M(
+        "logit-rule-not-in-place",
+        "gmtool/model/families.py",
+        "return logits.div_(cap).tanh_().mul_(cap) if in_place else",
+        "return torch.tanh(logits / cap) * cap if in_place else",
+        "tests/test_lean_piecewise.py::test_logits_into_writes_in_place_else_through_a_copy",
+        "the LM head's soft-cap makes new logits instead of overwriting the persistent ones: they go unwritten",
     ),
     M(
         "release-keeps-held-entries",

@@ -64,7 +64,9 @@ class CapturedGraph:
     ctx: ForwardContext
     capture_s: float = 0.0  # capture, instantiation and the wait for them (the upload not included)
     warmup_s: float = 0.0  # the eager pass before it, if any (warmed_up)
-    measure_s: float = 0.0  # its memory reading (CUDA: mem_get_info, allocator stats) and the upload replay
+    # its memory reading (CUDA: mem_get_info, allocator stats) and the upload replay (piecewise: that first replay
+    # also builds the native step loop, compiling step_loop.c once per machine)
+    measure_s: float = 0.0
     graph_mem_bytes: int | None = None  # peak memory the capture allocated (the shape's need; CUDA only)
     pool_growth_bytes: int | None = None  # reserved memory the capture added (CUDA only)
     outside_pool_bytes: int | None = None  # device memory the capture took beyond the pool (CUDA only)

@@ -27,12 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 WORKERS = 8
+OFF = ("0", "false", "off", "no")  # GMTOOL_COMPILE_AHEAD values that turn it off
 
 
 def unavailable() -> str | None:
     """Why kernels cannot be compiled ahead here; None when they can."""
-    if os.environ.get("GMTOOL_COMPILE_AHEAD", "1") == "0":
-        return "off: GMTOOL_COMPILE_AHEAD=0"
+    if os.environ.get("GMTOOL_COMPILE_AHEAD", "1").strip().lower() in OFF:
+        return f"off: GMTOOL_COMPILE_AHEAD={os.environ['GMTOOL_COMPILE_AHEAD']}"
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "the Triton interpreter compiles nothing"
     if _async_mode() is None:
@@ -100,22 +101,31 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
             JITFunction.run = launch
 
 
+def _async_compiling() -> bool:
+    """Whether an AsyncCompileMode is active in this context: its compiles run in threads, and Triton calls
+    the post-compile hook when the mode exits, not when the compile ends."""
+    try:
+        from triton.runtime._async_compile import active_mode
+    except ImportError:
+        return False
+    return active_mode.get() is not None
+
+
 class CompileLog:
     """What Triton compiled (or, with a warm cache, loaded from disk) while it was open: each compile's kernel,
     variant (Triton's own description: the constexprs and specializations) and seconds. Kernels compiled
-    in AsyncCompileMode (compiling_only) count, without seconds."""
+    in AsyncCompileMode (compiling_only) count, without seconds: compile-ahead's pass times them together."""
 
     def __init__(self):
         self.events: list[tuple[str, str, float | None]] = []
-        self._started = threading.local()
+        self._started: dict[str, float | None] = {}  # per compile key: when it began (None: in a thread)
 
     def before(self, *, key, repr, fn, **_) -> None:
-        self._started.t = time.perf_counter()
+        self._started[str(key)] = None if _async_compiling() else time.perf_counter()
         return None  # anything truthy would skip the compile
 
     def after(self, *, key, repr, fn, **_) -> None:
-        t0 = getattr(self._started, "t", None)
-        self._started.t = None
+        t0 = self._started.pop(str(key), None)
         self.events.append((fn.name, repr, None if t0 is None else time.perf_counter() - t0))
 
     def summary(self) -> dict:

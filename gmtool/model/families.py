@@ -20,16 +20,22 @@ from typing import Callable
 import torch
 
 
-def _final_softcap(config, logits: torch.Tensor) -> torch.Tensor:
+# A logit rule: (text config, logits, in_place) -> logits. In place, it overwrites logits with the same values
+# (the same ops in the same order): an LM head writing a graph's persistent logits makes no temporaries.
+def _final_softcap(config, logits: torch.Tensor, in_place: bool = False) -> torch.Tensor:
     cap = getattr(config, "final_logit_softcapping", None)
-    return logits if not cap else torch.tanh(logits / cap) * cap
+    if not cap:
+        return logits
+    return logits.div_(cap).tanh_().mul_(cap) if in_place else torch.tanh(logits / cap) * cap
 
 
 def _scaled(attr: str, divide: bool = False) -> Callable:
-    def scale(config, logits: torch.Tensor) -> torch.Tensor:
+    def scale(config, logits: torch.Tensor, in_place: bool = False) -> torch.Tensor:
         s = getattr(config, attr, None)
         if s is None or s == 1:
             return logits
+        if in_place:
+            return logits.div_(s) if divide else logits.mul_(s)
         return logits / s if divide else logits * s
 
     return scale
@@ -110,9 +116,9 @@ def load_refusal(config) -> str | None:
     return None
 
 
-def postprocess_logits(config, logits: torch.Tensor) -> torch.Tensor:
+def postprocess_logits(config, logits: torch.Tensor, in_place: bool = False) -> torch.Tensor:
     """The family's logit rule, else a final soft-cap where the config sets one (every causal LM that has the
     field applies it: Gemma 2/3/3n/4, VaultGemma, nanochat, ...). gmtool.model.probe checks the result against
-    the causal LM's own forward at load."""
+    the causal LM's own forward at load. in_place: logits overwritten and returned, no temporary."""
     f = family(config).logits or _final_softcap
-    return f(text_config(config), logits)  # a multimodal model's language config holds the fields
+    return f(text_config(config), logits, in_place)  # a multimodal model's language config holds the fields

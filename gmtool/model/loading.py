@@ -107,17 +107,22 @@ class LoadedModel:
         return families.postprocess_logits(self.config, self.model.get_output_embeddings()(hidden_rows))
 
     def logits_into(self, hidden_rows: torch.Tensor, out: torch.Tensor) -> None:
-        """The LM head written straight into out (the persistent logits rows): under capture, no logits land in
-        the graph's pool, whatever rows the key pads to (a bias-free linear head of out's dtype, as most are;
-        a family's logit rule still makes its own temporaries)."""
+        """The LM head written straight into out (the persistent logits rows), its family's logit rule applied
+        in place: under capture, no logits land in the graph's pool, whatever rows the key pads to. Any other
+        head than a bias-free linear one of out's dtype and shape, as most are, is computed and copied in."""
         head = self.model.get_output_embeddings()
-        if type(head) is torch.nn.Linear and head.bias is None and head.weight.dtype == out.dtype:
-            torch.matmul(hidden_rows, head.weight.t(), out=out)
-            logits = families.postprocess_logits(self.config, out)
+        w = getattr(head, "weight", None)
+        if (
+            type(head) is torch.nn.Linear
+            and head.bias is None
+            and w.dtype == out.dtype == hidden_rows.dtype
+            and w.shape == (out.shape[-1], hidden_rows.shape[-1])
+            and hidden_rows.shape[0] == out.shape[0]
+        ):
+            torch.matmul(hidden_rows, w.t(), out=out)  # out= with another shape would resize the persistent view
+            families.postprocess_logits(self.config, out, in_place=True)
         else:
-            logits = self.logits_of(hidden_rows)
-        if logits is not out:
-            out.copy_(logits)
+            out.copy_(self.logits_of(hidden_rows))
 
     @property
     def head_in_features(self) -> int:

@@ -67,7 +67,7 @@ def test_piecewise_memory_and_host_time_against_full(tokens):
     # host-time goals: make bench (stitched, a piecewise step costs about what the full graph's does, and either
     # may come out ahead by noise: 24.7 against 23.0 us at 512 tokens, H200 2026-12-01)
     assert pw["runner_us"] > 0 and pw["host_steady_us"] > 0 and full["host_steady_us"] > 0
-    # The 1.1x goal was not met on CUDA before the pieces shared one pool and the LM head left them (11.6x at 128
+    # The 1.1x goal was not met on CUDA before the pieces shared one pool and the logits left it (11.6x at 128
     # tokens, 5.7x at 512); 1.00x since (H200, 2026-12-01). Above the bound it is reported as an expected
     # failure with the figure (make bench's lean stage shows it too), never as a pass.
     if x["mem_ratio"] > MEM_BOUND:

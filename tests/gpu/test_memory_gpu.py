@@ -80,7 +80,7 @@ def test_memory_follows_the_strategy(rows):
 
 
 def test_vmm_piecewise_pieces_share_physical_memory_safely():
-    """Prefill shapes: since the LM head left the pieces, a decode bucket's pieces hold a few MiB, under VMM's
+    """Prefill shapes: since the LM head's logits left the pool, a decode bucket's pieces hold a few MiB, under VMM's
     2 MiB chunk granularity (32 and 128 tokens: 6 MiB physical against 4.2 MiB summed, H200 2026-12-01)."""
     from gmtool.memory.report import run_strategy
 
