@@ -396,8 +396,8 @@ MUTANTS: list[Mutant] = [
     M(
         "final-logit-softcap-dropped",
         "gmtool/model/families.py",
-        "return logits if not cap else torch.tanh(logits / cap) * cap",
-        "return logits",
+        "    if not cap:\n        return logits\n",
+        "    if True:\n        return logits\n",
         "tests/test_architectures.py::test_gmtool_attention_computes_what_transformers_does[tiny-gemma2]",
         "Gemma 2's final logit soft-cap not applied by gmtool's forward",
     ),

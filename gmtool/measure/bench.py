@@ -323,6 +323,10 @@ def stage_capture_once(args, fuse: bool = False) -> dict:
         "total_s": total,
         "capture_only_s": sum(e.capture_s for e in entries),
         "split_s": capture_split(entries, ex.compile_ahead_s, total),
+        # per bucket, largest first: bucket, warm-up, capture, memory and upload (s): where first-use costs fall
+        "per_bucket_s": [
+            [e.key.num_tokens, round(e.warmup_s, 4), round(e.capture_s, 4), round(e.measure_s, 4)] for e in entries
+        ],
         "fuse": fuse,
         "warmed_up": sum(e.warmed_up for e in ex.graphs.values()),
         "compile_ahead_s": ex.compile_ahead_s,
