@@ -45,6 +45,7 @@ def test_summary_ratios_and_goals(tmp_path):
                 "compile_ahead_s": 0.25,
                 "triton": {"compiles": 8, "untimed": 8, "compile_s": 0.0, "kernels": {}},
                 "split_s": {"compile_ahead": 0.25, "warm_up": 0.1, "capture": 0.4, "measure": 0.05, "rest": 0.1},
+                "second_executor": {"total_s": 0.6, "capture_only_s": 0.3, "split_s": {}},
             },
             "cold --fuse": {
                 "buckets": 35,
@@ -84,8 +85,8 @@ def test_summary_ratios_and_goals(tmp_path):
     split = [k for k in cap if "eager warm-up" in k]
     assert split == [
         "capture 35 default decode buckets, warm Triton cache (capture alone 0.40 s, eager warm-up 0.10, "
-        "compile-ahead 0.25, memory readings and uploads 0.05, the rest 0.10; Triton loaded 8 variants, 8 ahead "
-        "in threads (that pass 0.25 s))"
+        "compile-ahead 0.25, memory readings and uploads 0.05, the rest 0.10; a second executor in the process "
+        "0.60 s; Triton loaded 8 variants, 8 ahead in threads (that pass 0.25 s))"
     ]
     assert [k for k in cap if "Triton compiled 7 variants in 0.75 s" in k] == [
         "capture 35 default decode buckets --fuse, cold Triton cache (capture alone 0.40 s; warm-up, compiling and "
