@@ -175,8 +175,8 @@ class GraphExecutor:
             if mode.piecewise
             else None
         )
-        # piecewise: the last piece's hidden rows, read by the LM head (gmtool.core.forwards.lm_head), one buffer
-        # for every bucket
+        # piecewise fx: the last piece's hidden rows, read by the LM head's graph (gmtool.core.forwards.lm_head),
+        # one buffer for every bucket
         self.last_hidden = (
             torch.zeros(self.inputs.logits.shape[0], lm.head_in_features, dtype=lm.model.dtype, device=device)
             if mode.piecewise

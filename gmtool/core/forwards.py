@@ -33,7 +33,7 @@ class WholeGraph:
 
 
 def lm_head(ex, views) -> None:
-    """The LM head over the hidden rows the pieces left in ex.last_hidden (outside the pool), written straight
+    """fx: the LM head over the hidden rows its pieces left in ex.last_hidden (outside the pool), written straight
     into the persistent logits: a num_tokens key pads its rows to every sequence the bucket can hold, and those
     padded logits in a piece's pool were most of the pieces' memory (H200, qwen3-0.6b, 128 tokens: 35 of
     38.5 MiB). Inside the last graph, a stitched step is one launch: run eagerly after it, the head cost
@@ -44,12 +44,7 @@ def lm_head(ex, views) -> None:
 class RuntimeSplit(WholeGraph):
     """Pieces end at each attention call; the last one ends with the LM head."""
 
-    label = "breakable"
-
-    def run(self, ex, views) -> None:
-        rows = ex.lm.forward_hidden(views.input_ids, views.positions, views.logits_indices)
-        ex.last_hidden[: rows.shape[0]].copy_(rows)
-        lm_head(ex, views)
+    label = "breakable"  # run: WholeGraph's; the head reads the forward's rows where they are, in the last piece
 
     def record(self, ex, entry, fn) -> None:
         def attention_break(layer, q, k, v, scale, opts):
