@@ -53,6 +53,13 @@ def test_summary_ratios_and_goals(tmp_path):
                 "capture_only_s": 0.4,
                 "triton": {"compiles": 7, "compile_s": 0.75, "kernels": {}},
             },
+            "warm --fuse": {
+                "buckets": 35,
+                "total_s": 0.8,
+                "capture_only_s": 0.5,
+                "compile_ahead_note": "skipped: this configuration's kernels were compiled into /tmp/t before",
+                "triton": {"compiles": 7, "untimed": 0, "compile_s": 0.2, "kernels": {}},
+            },
         },
         "host": {
             "numpy_write_us": 0.8,
@@ -80,8 +87,13 @@ def test_summary_ratios_and_goals(tmp_path):
         ("12.00 s", "<= 2 s", "NOT met"),
         ("0.90 s", "<= 1 s", "met"),
         ("1.50 s", "<= 2 s", "met"),
+        ("0.80 s", "<= 1 s", "met"),
     ]
     assert any(k.endswith("Triton loaded 8 variants, 8 ahead in threads (that pass 0.25 s))") for k in cap)
+    assert list(cap)[3].endswith(
+        "Triton loaded 7 variants in 0.20 s; compile-ahead skipped, its marker found (this configuration was "
+        "compiled ahead before))"
+    )
     split = [k for k in cap if "eager warm-up" in k]
     assert split == [
         "capture 35 default decode buckets, warm Triton cache (capture alone 0.40 s, eager warm-up 0.10, "

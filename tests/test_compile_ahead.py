@@ -242,3 +242,67 @@ def test_a_capture_times_its_warm_up_capture_and_measurement_apart_and_the_split
     assert alone["warm_up"] == first.warmup_s and alone["capture"] == first.capture_s + second.capture_s
     split = capture_split(entries, 0.25, total)
     assert split["compile_ahead"] == 0.25 and split["rest"] == pytest.approx(alone["rest"] - 0.25)
+
+
+def test_a_finished_pass_leaves_a_marker_that_skips_the_next_for_the_same_configuration_only(monkeypatch, tmp_path):
+    """With every variant already in Triton's disk cache, the pass cost more than loading the kernels at their
+    first launches; its marker (a digest of what decides the variants, in the cache directory) skips it. The
+    marker is written only after a pass that finished, and another shape or model digests differently."""
+    import contextlib
+
+    from gmtool.kernels import compile_ahead
+    from tests.helpers import Rig, rel
+
+    passes = []
+
+    @contextlib.contextmanager
+    def counting(device, workers=8):
+        passes.append(device)
+        yield
+
+    monkeypatch.setattr(compile_ahead, "compiling_only", counting)
+    monkeypatch.setattr(compile_ahead, "unavailable", lambda: None)
+    monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+
+    def first_capture(rig, text):
+        ex, b = rig.ex, rig.batch(text)
+        key = ex.key_for(b)
+        ex.inputs.load(b, key)
+        ex.compile_ahead_s = ex.compile_ahead_note = None
+        ex.device = torch.device("cuda")  # past the CPU check, for this call only
+        try:
+            compile_ahead.before_first_capture(ex, key, b, lambda: None)
+        finally:
+            ex.device = torch.device("cpu")
+        return ex, b
+
+    rig = Rig()
+    ex, b = first_capture(rig, "1*8")
+    assert len(passes) == 1 and ex.compile_ahead_s is not None and ex.compile_ahead_note is None
+    markers = list((tmp_path / "gmtool-compiled-ahead").iterdir())
+    assert len(markers) == 1
+
+    again = Rig()
+    ex, b = first_capture(again, "1*8")  # a new executor, the same configuration: skipped
+    assert len(passes) == 1 and ex.compile_ahead_s is None
+    assert ex.compile_ahead_note.startswith(compile_ahead.SKIPPED) and str(tmp_path) in ex.compile_ahead_note
+    assert rel(again.graph(b), again.eager(b)) < 1e-5
+
+    first_capture(Rig(), "1*4")  # another first shape: another digest, the pass runs
+    assert len(passes) == 2 and len(list((tmp_path / "gmtool-compiled-ahead").iterdir())) == 2
+
+    monkeypatch.setenv("TRITON_DEBUG", "1")  # an environment Triton compiles differently under
+    first_capture(Rig(), "1*8")
+    assert len(passes) == 3
+
+    @contextlib.contextmanager
+    def failing(device, workers=8):
+        passes.append(device)
+        raise RuntimeError("a compile failed")
+        yield
+
+    monkeypatch.setattr(compile_ahead, "compiling_only", failing)
+    first_capture(Rig(), "1*2")
+    assert len(passes) == 4 and len(list((tmp_path / "gmtool-compiled-ahead").iterdir())) == 3  # no marker

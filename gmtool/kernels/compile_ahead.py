@@ -13,16 +13,20 @@ kernel's signature (a cc run, about 0.2 s each), which otherwise happened at eac
 other, as long as the compiles themselves. A cold capture of the 35 default decode buckets with --fuse (H200,
 2026-12-01, 8 kernel variants) took 2.95 and 3.63 s with it against 6.49 and 5.71 s without; with a warm Triton
 cache 1.51 and 2.20 s against 1.39 and 1.36 s (the pass itself: 0.36-0.44 s). GMTOOL_COMPILE_AHEAD=0 turns it
-off.
+off. A warm cache is why a finished pass leaves a marker for its configuration (done_marker): the next run of
+the same configuration skips the pass and loads each kernel at its first launch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import torch
 
@@ -163,6 +167,75 @@ def compile_log():
         hooks.jit_cache_hook, hooks.jit_post_compile_hook = saved
 
 
+SKIPPED = "skipped"  # the note's first word when a finished pass for this configuration left its marker
+
+
+def _triton_cache_dir() -> Path | None:
+    """Triton's disk cache (TRITON_CACHE_DIR, else its default under the home directory); None if unknown."""
+    try:
+        from triton import knobs
+
+        d = knobs.cache.dir
+    except (ImportError, AttributeError):
+        d = os.environ.get("TRITON_CACHE_DIR")
+    return Path(d) if d else None
+
+
+def configuration(ex, key, small, batch) -> dict:
+    """What decides which Triton variants a pass compiles: the software, the device, gmtool's kernel sources,
+    the model and its fused layers, the cache and the two shapes the pass runs."""
+    import triton
+
+    sources = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        sources.update(f.name.encode() + f.read_bytes())
+    lm, dev = ex.lm, ex.device
+    config = lm.config.to_json_string() if hasattr(lm.config, "to_json_string") else repr(lm.config)
+    fused = getattr(lm, "fused", None)
+    return {
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
+        "capability": list(torch.cuda.get_device_capability(dev)) if dev.type == "cuda" else None,
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TRITON_") and k != "TRITON_CACHE_DIR"},
+        "kernels": sources.hexdigest(),
+        "model": hashlib.sha256(config.encode()).hexdigest(),
+        "dtype": str(next(lm.model.parameters()).dtype),
+        "fused": getattr(fused, "summary", None),
+        "tp": getattr(lm, "tp", 1),
+        "forward": type(ex.forward_impl).__name__,
+        "attention": getattr(ex.attention, "name", type(ex.attention).__name__),
+        "cache": [repr(ex.cache.spec), ex.cache.num_blocks],
+        "shapes": [repr(key), repr(small), batch.num_seqs],
+    }
+
+
+def done_marker(ex, key, small, batch) -> Path | None:
+    """The file a finished pass leaves in Triton's cache directory for this configuration. Its presence skips
+    the pass: with every variant on disk, loading them at their first launches, one by one, was faster than the
+    pass (H200, 2026-12-01, 35 decode buckets --fuse, warm cache: 1.84 and 1.45 s without it against 2.32 and
+    1.86 s with it). If the cache lost kernels since, they compile at their first launch, as without the pass.
+    None where the directory is unknown (the pass then always runs)."""
+    root = _triton_cache_dir()
+    if root is None:
+        return None
+    try:
+        digest = hashlib.sha256(json.dumps(configuration(ex, key, small, batch), sort_keys=True).encode())
+    except Exception:  # a model or config without what the digest reads: run the pass, as before
+        return None
+    return root / "gmtool-compiled-ahead" / digest.hexdigest()[:32]
+
+
+def _mark(marker: Path | None) -> None:
+    if marker is None:
+        return
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+    except OSError:  # a read-only cache: the next run compiles ahead again
+        pass
+
+
 _triton_key: threading.Thread | None = None
 
 
@@ -206,6 +279,10 @@ def before_first_capture(ex, key, batch, fn) -> None:
         return
     small = ex.policy.key_for(ex.policy.sizes[0], min(ex.policy.sizes[0], batch.num_seqs), True)
     other = key.decode and small != key
+    marker = done_marker(ex, key, small, batch)
+    if marker is not None and marker.exists():
+        ex.compile_ahead_note = f"{SKIPPED}: this configuration's kernels were compiled into {marker.parents[1]} before"
+        return
     t0 = time.perf_counter()
     try:
         with compiling_only(ex.device), torch.no_grad():
@@ -216,6 +293,7 @@ def before_first_capture(ex, key, batch, fn) -> None:
                 with forward_context(ex._context(small, views, batch)):
                     ex.forward(views)
         ex.compile_ahead_s = time.perf_counter() - t0
+        _mark(marker)
     except Exception as e:  # an optimization only: kernels then compile at their first launch, as before
         ex.compile_ahead_note = f"failed ({type(e).__name__}: {str(e).strip()[:120]}); kernels compile at launch"
     if other:

@@ -42,6 +42,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from gmtool.kernels.compile_ahead import SKIPPED as COMPILE_AHEAD_SKIPPED  # imports Triton lazily
 from gmtool.records import Status
 
 STAGES = (
@@ -818,6 +819,9 @@ def summary(out: Path, console: Console) -> list[tuple]:
                 kernels += f", {tri['untimed']} ahead in threads (that pass {ahead:.2f} s)"
             else:
                 kernels += f" in {tri['compile_s']:.2f} s"
+        note = cap.get("compile_ahead_note") or ""
+        if note.startswith(COMPILE_AHEAD_SKIPPED):
+            kernels += "; compile-ahead skipped, its marker found (this configuration was compiled ahead before)"
         rows.append(
             (
                 f"capture {cap['buckets']} default decode buckets{' ' + forward if forward else ''}, {cache} Triton "
