@@ -221,6 +221,22 @@ MUTANTS: list[Mutant] = [
         "the LM head's padded logits land in the last piece's pool (most of the pieces' memory on the H200)",
     ),
     M(
+        "fast-launch-ignores-alignment",
+        "gmtool/kernels/launcher.py",
+        "return (a.dtype, value % 16 == 0)",
+        "return (a.dtype,)",
+        "tests/test_fast_launch.py::test_what_triton_specializes_on_goes_through_triton_first",
+        "a misaligned tensor launches the variant compiled for 16-byte-aligned pointers",
+    ),
+    M(
+        "fast-launch-ignores-int-one",
+        "gmtool/kernels/launcher.py",
+        "return (v == 1, v % 16 == 0, -_I32 <= v < _I32, v < _I64)",
+        "return (v % 16 == 0, -_I32 <= v < _I32, v < _I64)",
+        "tests/test_fast_launch.py::test_what_triton_specializes_on_goes_through_triton_first",
+        "an int equal to 1 (a constant in Triton's variant) launches the variant compiled for other values",
+    ),
+    M(
         "logit-rule-not-in-place",
         "gmtool/model/families.py",
         "return logits.div_(cap).tanh_().mul_(cap) if in_place else",

@@ -22,7 +22,7 @@ import triton.language as tl
 from gmtool.kernels import pdl as pdl_mod
 from gmtool.kernels.common import LOG2E, NEG_INIT, check_cache, dot_precision, num_sms, pow2
 from gmtool.kernels.jit_helpers import softcap_log2
-from gmtool.kernels.launcher import BoundKernel, KernelLaunch
+from gmtool.kernels.launcher import BoundKernel, FastLaunch, KernelLaunch
 
 _NEG = tl.constexpr(NEG_INIT)
 BLOCK_N = 64  # tokens per iteration: several 16-token pages, so each step has enough bytes in flight
@@ -292,6 +292,9 @@ def _arguments(
     return out, split, combine
 
 
+_DECODE_SPLIT, _COMBINE = FastLaunch(_decode_split_kernel), FastLaunch(_combine_kernel)  # no per-call binding
+
+
 def decode_attention(
     q,
     k_cache,
@@ -321,12 +324,12 @@ def decode_attention(
     )
     mode = pdl_mod.current() if pdl is None else pdl
     on = dict(PDL=int(mode))
-    _decode_split_kernel[grid](
+    _DECODE_SPLIT[grid](
         *args, **(consts | on), num_warps=num_warps, num_stages=num_stages, **pdl_mod.launch_options(mode)
     )
     if combine is not None:
         grid, args, consts = combine
-        _combine_kernel[grid](*args, **(consts | on), num_warps=NUM_WARPS, **pdl_mod.launch_options(mode))
+        _COMBINE[grid](*args, **(consts | on), num_warps=NUM_WARPS, **pdl_mod.launch_options(mode))
     return out
 
 

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from gmtool.kernels import pdl as pdl_mod
 from gmtool.kernels.common import check_cache, pow2
-from gmtool.kernels.launcher import BoundKernel, KernelLaunch
+from gmtool.kernels.launcher import BoundKernel, FastLaunch, KernelLaunch
 
 
 @triton.jit
@@ -102,6 +102,9 @@ def _arguments(k_cache, v_cache, k, v, slot_mapping) -> tuple[tuple, dict]:
     return args, consts
 
 
+_WRITE_KV = FastLaunch(_write_kv_kernel)  # no per-call binding once a variant is known
+
+
 def write_kv(k_cache, v_cache, k, v, slot_mapping, pdl: int | None = None) -> None:
     """k [T, Hkv, Dk], v [T, Hkv, Dv] into the caches at slot_mapping [T]; negative slots are left out.
     pdl: a gmtool.kernels.pdl.Pdl mode; None: the caller's scope (pdl.launches)."""
@@ -113,9 +116,7 @@ def write_kv(k_cache, v_cache, k, v, slot_mapping, pdl: int | None = None) -> No
         return
     args, consts = _arguments(k_cache, v_cache, k, v, slot_mapping)
     mode = pdl_mod.current() if pdl is None else pdl
-    _write_kv_kernel[(k.shape[0],)](
-        *args, **(consts | dict(PDL=int(mode))), num_warps=4, **pdl_mod.launch_options(mode)
-    )
+    _WRITE_KV[(k.shape[0],)](*args, **(consts | dict(PDL=int(mode))), num_warps=4, **pdl_mod.launch_options(mode))
 
 
 class BoundWrite:

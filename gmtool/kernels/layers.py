@@ -18,6 +18,7 @@ import triton.language as tl
 
 from gmtool.kernels import pdl as pdl_mod
 from gmtool.kernels.common import pow2
+from gmtool.kernels.launcher import FastLaunch
 
 SILU_BLOCK = 1024
 
@@ -128,6 +129,11 @@ def _silu_mul_kernel(x_ptr, out_ptr, stride_x, I: tl.constexpr, BLOCK: tl.conste
     tl.store(out_ptr + t * I + cols, (gate * tl.sigmoid(gate) * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+# launched without Triton's per-call binding once a variant is known (gmtool.kernels.launcher.FastLaunch)
+_RMS_NORM, _ADD_RMS_NORM = FastLaunch(_rms_norm_kernel), FastLaunch(_add_rms_norm_kernel)
+_QK_NORM_ROPE, _SILU_MUL = FastLaunch(_qk_norm_rope_kernel), FastLaunch(_silu_mul_kernel)
+
+
 def _unit_last(x: torch.Tensor) -> torch.Tensor:
     # Rows may be strided views (a slice of a fused projection); elements within a row must be adjacent.
     return x if x.stride(-1) == 1 else x.contiguous()
@@ -143,7 +149,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: int = pdl_m
     if rows == 0:
         return out
     block = pow2(hidden)
-    _rms_norm_kernel[(rows,)](
+    _RMS_NORM[(rows,)](
         x,
         weight.contiguous(),
         out,
@@ -175,7 +181,7 @@ def add_rms_norm(
     if rows == 0:
         return out, total
     block = pow2(hidden)
-    _add_rms_norm_kernel[(rows,)](
+    _ADD_RMS_NORM[(rows,)](
         x,
         residual,
         weight.contiguous(),
@@ -225,7 +231,7 @@ def qk_norm_rope(
     qw = q_weight.contiguous() if norm else qkv  # unread without NORM; any pointer will do
     kw = k_weight.to(qw.dtype).contiguous() if norm else qkv  # both branches of the kernel's `if` share a type
     half = head_dim // 2
-    _qk_norm_rope_kernel[(tokens, num_heads + num_kv_heads)](
+    _QK_NORM_ROPE[(tokens, num_heads + num_kv_heads)](
         qkv,
         cos,
         sin,
@@ -259,7 +265,7 @@ def silu_mul(x: torch.Tensor, pdl: int = pdl_mod.Pdl.OFF) -> torch.Tensor:
     out = torch.empty((tokens, inter), dtype=x.dtype, device=x.device)
     if tokens == 0:
         return out
-    _silu_mul_kernel[(tokens, triton.cdiv(inter, SILU_BLOCK))](
+    _SILU_MUL[(tokens, triton.cdiv(inter, SILU_BLOCK))](
         x, out, x.stride(0), I=inter, BLOCK=SILU_BLOCK, PDL=int(pdl), num_warps=4, **pdl_mod.launch_options(pdl)
     )
     return out

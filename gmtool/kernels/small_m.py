@@ -29,6 +29,7 @@ import triton.language as tl
 from gmtool.kernels.common import SMALL_M_MAX as MAX_M
 from gmtool.kernels import pdl as pdl_mod
 from gmtool.kernels.common import dot_precision, num_sms, pow2
+from gmtool.kernels.launcher import FastLaunch
 from gmtool.kernels.pdl import prefetch_l2
 
 REDUCE_BLOCK = 1024
@@ -177,6 +178,9 @@ def _split_reduce_kernel(
     tl.store(out_ptr + m * N + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_SMALL_M, _SPLIT_REDUCE = FastLaunch(_small_m_kernel), FastLaunch(_split_reduce_kernel)  # no per-call binding
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -215,7 +219,7 @@ def linear(
     b = bias.contiguous() if bias is not None else x  # unread without HAS_BIAS
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     lines = max(1, cfg.block_k * weight.element_size() // pdl_mod.L2_LINE)  # at least one address per step
-    _small_m_kernel[(triton.cdiv(n, cfg.block_n), split)](
+    _SMALL_M[(triton.cdiv(n, cfg.block_n), split)](
         x,
         weight,
         b,
@@ -241,7 +245,7 @@ def linear(
         **pdl_mod.launch_options(pdl),
     )
     if split > 1:
-        _split_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
+        _SPLIT_REDUCE[(m, triton.cdiv(n, REDUCE_BLOCK))](
             dst,
             b,
             out,

@@ -1,0 +1,71 @@
+"""FastLaunch on the GPU (gmtool.kernels.launcher): each fused-layer kernel, its attention kernels and the small-M
+GEMM called through their wrappers, once on Triton's own path and then on the direct one (a known variant), on
+fresh inputs each time: the direct launches' outputs equal Triton's bit for bit, at aligned and misaligned
+addresses (another variant), and the direct path was taken."""
+
+import pytest
+import torch
+
+from gmtool.kernels import decode_attention as da
+from gmtool.kernels import kv_write, launcher, layers, small_m
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+DEV = torch.device("cuda")
+BF = torch.bfloat16
+HQ, HKV, D, H, INTER, EPS = 16, 8, 128, 1024, 3072, 1e-6
+
+
+def _r(*shape, seed, dtype=BF):
+    return torch.randn(*shape, generator=torch.Generator(device=DEV).manual_seed(seed), device=DEV).to(dtype)
+
+
+def _calls(seed: int, skew: int):
+    """Each wrapper on fresh inputs; skew > 0 shifts the inputs' addresses by that many elements."""
+
+    def off(t):
+        if not skew:
+            return t
+        flat = torch.empty(t.numel() + skew, dtype=t.dtype, device=DEV)
+        flat[skew:] = t.flatten()
+        return flat[skew:].view(t.shape)
+
+    t = 7
+    x, r, w = off(_r(t, H, seed=seed)), off(_r(t, H, seed=seed + 1)), _r(H, seed=seed + 2)
+    qkv = off(_r(t, (HQ + 2 * HKV) * D, seed=seed + 3))
+    cos, sin = off(_r(t, D, seed=seed + 4)), off(_r(t, D, seed=seed + 5))
+    qn, kn = _r(D, seed=seed + 6), _r(D, seed=seed + 7)
+    gu = off(_r(t, 2 * INTER, seed=seed + 8))
+    wt = _r(2 * H, H, seed=seed + 9)
+    blocks, page = 64, 16
+    kc, vc = _r(blocks, page, HKV, D, seed=seed + 10), _r(blocks, page, HKV, D, seed=seed + 11)
+    k, v = _r(t, HKV, D, seed=seed + 12), _r(t, HKV, D, seed=seed + 13)
+    slots = torch.randperm(blocks * page - page, device=DEV)[:t] + page
+    q = _r(4, HQ, D, seed=seed + 14)
+    tables = torch.arange(1, 61, device=DEV, dtype=torch.int64).view(4, 15)
+    lens = torch.tensor([1, 40, 200, 240], device=DEV, dtype=torch.int64)
+    out = {
+        "rms_norm": layers.rms_norm(x, w, EPS),
+        "add_rms_norm": torch.cat(layers.add_rms_norm(x, r, w, EPS)),
+        "qk_norm_rope": torch.cat([a.flatten() for a in layers.qk_norm_rope(qkv, HQ, HKV, D, cos, sin, qn, kn, EPS)]),
+        "silu_mul": layers.silu_mul(gu),
+        "small_m": small_m.linear(x, wt),
+        "small_m_1": small_m.linear(x[:1], wt),
+    }
+    kv_write.write_kv(kc, vc, k, v, slots)
+    out["write_kv"] = torch.cat([kc.flatten(), vc.flatten()])
+    out["decode"] = da.decode_attention(q, kc, vc, tables, lens, D**-0.5)
+    return out
+
+
+@pytest.mark.parametrize("skew", [0, 1])
+def test_direct_launches_equal_triton_s_bit_for_bit(monkeypatch, skew):
+    _calls(0, skew)  # first calls: through Triton, variants kept
+    direct = _calls(100, skew)
+    monkeypatch.setattr(launcher.FastLaunch, "_direct_allowed", lambda self: False)
+    via_triton = _calls(100, skew)
+    torch.cuda.synchronize()
+    for name, got in direct.items():
+        assert torch.equal(got, via_triton[name]), name
+    fast = [layers._RMS_NORM, layers._ADD_RMS_NORM, layers._QK_NORM_ROPE, layers._SILU_MUL, kv_write._WRITE_KV]
+    fast += [da._DECODE_SPLIT, small_m._SMALL_M]
+    assert all(f.path == launcher.DIRECT for f in fast), [f.path for f in fast]

@@ -1,0 +1,144 @@
+"""FastLaunch (gmtool.kernels.launcher) on the CPU: a fake JITFunction stands in for Triton's, so the keying runs
+without a GPU. A call whose arguments key like an earlier one goes straight to that variant's launcher with its
+own addresses and values; anything Triton would specialize differently on (a tensor's dtype or 16-byte
+alignment, an int equal to 1 or divisible by 16, a constexpr, a launch option) goes through kernel[grid]
+first. A launch hook, a replaced JITFunction.run (compile-ahead's pass) or a compiled kernel without the
+launcher's convention keep every call on Triton's path."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gmtool.kernels import launcher
+from gmtool.kernels.launcher import DIRECT, FastLaunch
+
+NAMES = ("x_ptr", "out_ptr", "n", "eps", "BLOCK", "PDL")
+CONSTEXPR = ("BLOCK", "PDL")
+
+
+class FakeCompiled:
+    def __init__(self, tag, signature=True):
+        if signature:
+            self.src = SimpleNamespace(signature={n: "constexpr" if n in CONSTEXPR else "i32" for n in NAMES})
+            self.function, self.packed_metadata = f"fn{tag}", f"meta{tag}"
+        self.launches = []
+
+    def run(self, *a):
+        self.launches.append(a)
+
+
+class JITFunction:
+    """Named as Triton's class: FastLaunch takes only a JIT function's launches."""
+
+    def __init__(self):
+        self.arg_names = list(NAMES)
+        self.params = [
+            SimpleNamespace(name=n, is_constexpr=n in CONSTEXPR, has_default=n == "PDL", default=0) for n in NAMES
+        ]
+        self.pre_run_hooks = []
+        self.through_triton = []  # each call of kernel[grid]: (grid, args, kwargs)
+        self.compiled = FakeCompiled(0)
+
+    def run(self, *args, grid, **kwargs):
+        self.through_triton.append((grid, args, kwargs))
+        return self.compiled
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: type(self).run(self, *args, grid=grid, **kwargs)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(
+        launcher,
+        "_active_driver",
+        lambda: SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda d: 7),
+    )
+    from triton import knobs
+
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", None)
+    k = JITFunction()
+    return k, FastLaunch(k)
+
+
+def _x(offset=0, dtype=torch.bfloat16):
+    return torch.zeros(64, dtype=dtype)[offset:]
+
+
+def test_a_known_variant_launches_directly_with_this_call_s_addresses_and_values(fake):
+    k, fast = fake
+    x, out = _x(), _x()
+    fast[(4,)](x, out, 3, 1e-6, BLOCK=64, num_warps=4)
+    assert len(k.through_triton) == 1 and fast.path == DIRECT
+    x2, out2 = _x(8), _x(16)  # other tensors, still 16-byte aligned; another int of the same class
+    fast[(5, 2)](x2, out2, 5, 1e-5, BLOCK=64, num_warps=4)
+    assert len(k.through_triton) == 1
+    (launch,) = k.compiled.launches
+    # grid padded to three, the stream, the variant's function and metadata, no launch metadata or hooks; then
+    # every parameter in order: addresses for tensors, the call's ints and floats, constexprs (default: PDL=0)
+    assert launch == (5, 2, 1, 7, "fn0", "meta0", None, None, None, x2.data_ptr(), out2.data_ptr(), 5, 1e-5, 64, 0)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda a, kw: ((_x(1), *a[1:]), kw),  # 2 bytes off: not 16-byte aligned
+        lambda a, kw: ((_x(dtype=torch.float16), *a[1:]), kw),
+        lambda a, kw: ((*a[:2], 1, a[3]), kw),  # an int equal to 1
+        lambda a, kw: ((*a[:2], 32, a[3]), kw),  # divisible by 16
+        lambda a, kw: ((*a[:2], 2**40, a[3]), kw),  # beyond int32
+        lambda a, kw: (a, {**kw, "BLOCK": 128}),
+        lambda a, kw: (a, {**kw, "num_warps": 8}),
+        lambda a, kw: (a, {**kw, "PDL": 1}),
+    ],
+)
+def test_what_triton_specializes_on_goes_through_triton_first(fake, change):
+    k, fast = fake
+    args, kw = (_x(), _x(), 3, 1e-6), dict(BLOCK=64, num_warps=4)
+    fast[(1,)](*args, **kw)
+    args2, kw2 = change(args, kw)
+    fast[(1,)](*args2, **kw2)
+    assert len(k.through_triton) == 2 and not k.compiled.launches
+    fast[(1,)](*args2, **kw2)  # now known: direct
+    assert len(k.through_triton) == 2 and len(k.compiled.launches) == 1
+
+
+def test_hooks_a_replaced_run_and_an_unconventional_kernel_keep_triton_s_path(fake, monkeypatch):
+    from triton import knobs
+
+    k, fast = fake
+    args, kw = (_x(), _x(), 3, 1e-6), dict(BLOCK=64)
+    fast[(1,)](*args, **kw)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)  # a profiler
+    fast[(1,)](*args, **kw)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
+    k.pre_run_hooks.append(lambda *a, **kw: None)
+    fast[(1,)](*args, **kw)
+    k.pre_run_hooks.clear()
+    real = JITFunction.run
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, **kw: real(self, *a, grid=grid, **kw))
+    fast[(1,)](*args, **kw)  # compile-ahead's pass replaces JITFunction.run: its launches must compile, not run
+    monkeypatch.setattr(JITFunction, "run", real)
+    assert len(k.through_triton) == 4 and not k.compiled.launches
+    fast[(1,)](*args, **kw)
+    assert len(k.through_triton) == 4 and len(k.compiled.launches) == 1
+
+    k2 = JITFunction()
+    k2.compiled = FakeCompiled(1, signature=False)  # a future from an async compile, say: not kept
+    fast2 = FastLaunch(k2)
+    for _ in range(3):
+        fast2[(1,)](*args, **kw)
+    assert len(k2.through_triton) == 3 and fast2.path != DIRECT
+
+
+def test_under_the_interpreter_every_call_goes_through_triton(fake, monkeypatch):
+    k, fast = fake
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for _ in range(2):
+        fast[(1,)](_x(), _x(), 3, 1e-6, BLOCK=64)
+    assert len(k.through_triton) == 2 and fast.path.startswith(launcher.VIA_TRITON)
