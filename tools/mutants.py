@@ -237,6 +237,14 @@ MUTANTS: list[Mutant] = [
         "an int equal to 1 (a constant in Triton's variant) launches the variant compiled for other values",
     ),
     M(
+        "fast-launch-runs-during-compile-ahead",
+        "gmtool/kernels/launcher.py",
+        'getattr(self.kernel.run, "__func__", None) is self._run',
+        "True",
+        "tests/test_fast_launch.py::test_hooks_a_replaced_run_and_an_unconventional_kernel_keep_triton_s_path",
+        "a known variant launches for real while compile-ahead's pass has made launches compiles only",
+    ),
+    M(
         "logit-rule-not-in-place",
         "gmtool/model/families.py",
         "return logits.div_(cap).tanh_().mul_(cap) if in_place else",

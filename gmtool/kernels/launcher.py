@@ -199,7 +199,8 @@ class FastLaunch:
     finding the variant Triton already has.
 
     Always through Triton: under the interpreter, with a launch hook set (a profiler) or a pre-run hook on the
-    kernel, while JITFunction.run is replaced (compile-ahead's pass turns launches into compiles), for a grid
+    kernel, while the kernel's run is replaced (compile-ahead's pass turns launches into compiles; a test's spy
+    sees every launch), for a grid
     given as a function, and for an argument of another kind (a tuple, a descriptor)."""
 
     __slots__ = ("kernel", "variants", "const_at", "tail", "path", "_run", "_device", "_stream", "_hooks")
@@ -222,7 +223,7 @@ class FastLaunch:
 
         self.const_at = frozenset(i for i, p in enumerate(params) if p.is_constexpr)
         self.tail = [(p.name, p.default if p.has_default else _MISSING) for p in params]
-        self._run = kind.run  # replaced while compile-ahead's pass runs: then Triton takes every launch
+        self._run = kind.run  # replaced while compile-ahead's pass runs (or by a spy): then Triton takes every launch
         self._hooks = knobs.runtime
         active = _active_driver()
         self._stream, self._device = active.get_current_stream, active.get_current_device
@@ -267,7 +268,7 @@ class FastLaunch:
     def _direct_allowed(self) -> bool:
         h = self._hooks
         return (
-            type(self.kernel).run is self._run
+            getattr(self.kernel.run, "__func__", None) is self._run  # a run replaced on the class or the kernel
             and not getattr(self.kernel, "pre_run_hooks", None)
             and not _hooked(h.launch_enter_hook)
             and not _hooked(h.launch_exit_hook)

@@ -39,7 +39,8 @@ def _calls(seed: int, skew: int):
     blocks, page = 64, 16
     kc, vc = _r(blocks, page, HKV, D, seed=seed + 10), _r(blocks, page, HKV, D, seed=seed + 11)
     k, v = _r(t, HKV, D, seed=seed + 12), _r(t, HKV, D, seed=seed + 13)
-    slots = torch.randperm(blocks * page - page, device=DEV)[:t] + page
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    slots = torch.randperm(blocks * page - page, device=DEV, generator=g)[:t] + page
     q = _r(4, HQ, D, seed=seed + 14)
     tables = torch.arange(1, 61, device=DEV, dtype=torch.int64).view(4, 15)
     lens = torch.tensor([1, 40, 200, 240], device=DEV, dtype=torch.int64)
