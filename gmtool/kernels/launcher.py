@@ -200,8 +200,8 @@ class FastLaunch:
 
     Always through Triton: under the interpreter, with a launch hook set (a profiler) or a pre-run hook on the
     kernel, while the kernel's run is replaced (compile-ahead's pass turns launches into compiles; a test's spy
-    sees every launch), for a grid
-    given as a function, and for an argument of another kind (a tuple, a descriptor)."""
+    sees every launch), for a grid given as a function, and for an argument of another kind (a tuple, a
+    descriptor)."""
 
     __slots__ = ("kernel", "variants", "const_at", "tail", "path", "_run", "_device", "_stream", "_hooks")
 
