@@ -145,3 +145,44 @@ def test_under_the_interpreter_every_call_goes_through_triton(fake, monkeypatch)
     for _ in range(2):
         fast[(1,)](_x(), _x(), 3, 1e-6, BLOCK=64)
     assert len(k.through_triton) == 2 and fast.path.startswith(launcher.VIA_TRITON)
+
+
+def test_a_first_launch_inside_compile_ahead_s_pass_leaves_the_direct_path_for_after(fake, monkeypatch):
+    """compile-ahead's pass replaces JITFunction.run with a stand-in naming Triton's in __wrapped__: a kernel's
+    first launch in the process may be the pass's. Inside the pass no launch is direct (it must compile only);
+    after it, known variants launch directly again."""
+    import functools
+
+    k, fast = fake
+    real = JITFunction.run
+
+    @functools.wraps(real)
+    def compile_instead(self, *a, grid, **kw):
+        real(self, *a, grid=grid, **kw)
+        return object()  # a future, as AsyncCompileMode's: not kept
+
+    args, kw = (_x(), _x(), 3, 1e-6), dict(BLOCK=64)
+    monkeypatch.setattr(JITFunction, "run", compile_instead)
+    for _ in range(2):
+        fast[(1,)](*args, **kw)
+    assert len(k.through_triton) == 2 and not k.compiled.launches
+    monkeypatch.setattr(JITFunction, "run", real)  # the pass ends
+    for _ in range(3):
+        fast[(1,)](*args, **kw)
+    assert len(k.through_triton) == 3 and len(k.compiled.launches) == 2
+
+
+def test_keywords_key_by_type_and_value_and_triton_s_per_call_options_count(fake, monkeypatch):
+    """n=3 and n=3.0 are other variants for Triton (i32, fp32), though equal in Python; a change of the debug
+    knob, which Triton's run reads on every call, compiles anew."""
+    from triton import knobs
+
+    k, fast = fake
+    fast[(1,)](_x(), _x(), n=3, eps=1e-6, BLOCK=64)
+    fast[(1,)](_x(), _x(), n=3.0, eps=1e-6, BLOCK=64)
+    assert len(k.through_triton) == 2
+    fast[(1,)](_x(), _x(), n=3.0, eps=1e-6, BLOCK=64)
+    assert len(k.through_triton) == 2 and len(k.compiled.launches) == 1
+    monkeypatch.setattr(knobs.runtime, "debug", not knobs.runtime.debug)
+    fast[(1,)](_x(), _x(), n=3.0, eps=1e-6, BLOCK=64)
+    assert len(k.through_triton) == 3

@@ -245,6 +245,22 @@ MUTANTS: list[Mutant] = [
         "a known variant launches for real while compile-ahead's pass has made launches compiles only",
     ),
     M(
+        "fast-launch-keeps-the-pass-s-run",
+        "gmtool/kernels/launcher.py",
+        'self._run = getattr(kind.run, "__wrapped__", kind.run)',
+        "self._run = kind.run",
+        "tests/test_fast_launch.py::test_a_first_launch_inside_compile_ahead_s_pass_leaves_the_direct_path_for_after",
+        "a kernel first launched inside compile-ahead's pass launches directly during it, and never after",
+    ),
+    M(
+        "fast-launch-keywords-by-value-only",
+        "gmtool/kernels/launcher.py",
+        "tuple((k, type(v), v) for k, v in kwargs.items())",
+        "tuple(kwargs.items())",
+        "tests/test_fast_launch.py::test_keywords_key_by_type_and_value_and_triton_s_per_call_options_count",
+        "n=3.0 by keyword launches the variant compiled for n=3 (i32), with 3 frozen in",
+    ),
+    M(
         "logit-rule-not-in-place",
         "gmtool/model/families.py",
         "return logits.div_(cap).tanh_().mul_(cap) if in_place else",

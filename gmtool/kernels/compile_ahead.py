@@ -20,6 +20,7 @@ the same configuration skips the pass and loads each kernel at its first launch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -68,6 +69,7 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
     mode = _async_mode()
     launch = JITFunction.run
 
+    @functools.wraps(launch)  # __wrapped__ names Triton's run: launcher.FastLaunch compares launches with it
     def compile_instead(self, *args, grid, warmup, **kwargs):
         return launch(self, *args, grid=grid, warmup=True, **kwargs)
 
@@ -176,19 +178,34 @@ def _triton_cache_dir() -> Path | None:
         from triton import knobs
 
         d = knobs.cache.dir
-    except (ImportError, AttributeError):
+    except Exception:  # no knobs in this Triton, or a setting it cannot read
         d = os.environ.get("TRITON_CACHE_DIR")
     return Path(d) if d else None
 
 
+def _cache_env() -> dict:
+    """Every TRITON_* variable (TRITON_DEBUG, say, changes the compile options) and those Triton's own cache key
+    reads (DISABLE_LLVM_OPT and the like)."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_") and k != "TRITON_CACHE_DIR"}
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        env.update(get_cache_invalidating_env_vars())
+    except Exception:  # a Triton without the list: the TRITON_* ones stand
+        pass
+    return dict(sorted(env.items()))
+
+
 def configuration(ex, key, small, batch) -> dict:
-    """What decides which Triton variants a pass compiles: the software, the device, gmtool's kernel sources,
-    the model and its fused layers, the cache and the two shapes the pass runs."""
+    """What decides which Triton variants a pass compiles: the software, the device, gmtool's sources (the
+    kernels, and the code choosing their constexprs and shapes), the model and its fused layers, the cache and the
+    two shapes the pass runs."""
     import triton
 
     sources = hashlib.sha256()
-    for f in sorted(Path(__file__).parent.glob("*.py")):
-        sources.update(f.name.encode() + f.read_bytes())
+    package = Path(__file__).parents[1]
+    for f in sorted(package.rglob("*.py")):
+        sources.update(str(f.relative_to(package)).encode() + f.read_bytes())
     lm, dev = ex.lm, ex.device
     config = lm.config.to_json_string() if hasattr(lm.config, "to_json_string") else repr(lm.config)
     fused = getattr(lm, "fused", None)
@@ -197,11 +214,12 @@ def configuration(ex, key, small, batch) -> dict:
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
         "capability": list(torch.cuda.get_device_capability(dev)) if dev.type == "cuda" else None,
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TRITON_") and k != "TRITON_CACHE_DIR"},
-        "kernels": sources.hexdigest(),
+        "env": _cache_env(),
+        "sources": sources.hexdigest(),
         "model": hashlib.sha256(config.encode()).hexdigest(),
         "dtype": str(next(lm.model.parameters()).dtype),
         "fused": getattr(fused, "summary", None),
+        "ops": [getattr(getattr(fused, "ops", None), a, None) for a in ("triton", "small_m", "pdl")],
         "tp": getattr(lm, "tp", 1),
         "forward": type(ex.forward_impl).__name__,
         "attention": getattr(ex.attention, "name", type(ex.attention).__name__),
@@ -224,6 +242,13 @@ def done_marker(ex, key, small, batch) -> Path | None:
     except Exception:  # a model or config without what the digest reads: run the pass, as before
         return None
     return root / "gmtool-compiled-ahead" / digest.hexdigest()[:32]
+
+
+def _exists(marker: Path) -> bool:
+    try:
+        return marker.exists()
+    except OSError:  # an unreadable cache directory: run the pass
+        return False
 
 
 def _mark(marker: Path | None) -> None:
@@ -280,7 +305,7 @@ def before_first_capture(ex, key, batch, fn) -> None:
     small = ex.policy.key_for(ex.policy.sizes[0], min(ex.policy.sizes[0], batch.num_seqs), True)
     other = key.decode and small != key
     marker = done_marker(ex, key, small, batch)
-    if marker is not None and marker.exists():
+    if marker is not None and _exists(marker):
         ex.compile_ahead_note = f"{SKIPPED}: this configuration's kernels were compiled into {marker.parents[1]} before"
         return
     t0 = time.perf_counter()

@@ -198,12 +198,24 @@ class FastLaunch:
     (the convention BoundKernel relies on). A finer key only means more first calls through Triton, each
     finding the variant Triton already has.
 
-    Always through Triton: under the interpreter, with a launch hook set (a profiler) or a pre-run hook on the
-    kernel, while the kernel's run is replaced (compile-ahead's pass turns launches into compiles; a test's spy
+    Not checked per call, unlike Triton: that the globals a kernel read when compiled are unchanged, and that a
+    tensor lives on the launching device. Always through Triton: under the interpreter, with a launch hook set
+    (a profiler), a stages-inspection hook or a pre-run hook on the kernel, while the kernel's run is replaced (compile-ahead's pass turns launches into compiles; a test's spy
     sees every launch), for a grid given as a function, and for an argument of another kind (a tuple, a
     descriptor)."""
 
-    __slots__ = ("kernel", "variants", "const_at", "tail", "path", "_run", "_device", "_stream", "_hooks")
+    __slots__ = (
+        "kernel",
+        "variants",
+        "const_at",
+        "tail",
+        "path",
+        "_run",
+        "_device",
+        "_stream",
+        "_hooks",
+        "_compilation",
+    )
 
     def __init__(self, kernel):
         self.kernel, self.variants, self.path = kernel, {}, PENDING  # set up at the first launch (not at import)
@@ -223,8 +235,10 @@ class FastLaunch:
 
         self.const_at = frozenset(i for i, p in enumerate(params) if p.is_constexpr)
         self.tail = [(p.name, p.default if p.has_default else _MISSING) for p in params]
-        self._run = kind.run  # replaced while compile-ahead's pass runs (or by a spy): then Triton takes every launch
-        self._hooks = knobs.runtime
+        # Triton's run: replaced while compile-ahead's pass runs (its stand-in names the original in __wrapped__,
+        # as functools.wraps does) or by a spy; while replaced, Triton takes every launch
+        self._run = getattr(kind.run, "__wrapped__", kind.run)
+        self._hooks, self._compilation = knobs.runtime, getattr(knobs, "compilation", None)
         active = _active_driver()
         self._stream, self._device = active.get_current_stream, active.get_current_device
         self.path = "ready"
@@ -240,7 +254,13 @@ class FastLaunch:
         device = self._device()
         try:
             values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
-            key = (device, len(args), tuple(kwargs.items()), *map(self._arg_key, range(len(args)), args, values))
+            key = (
+                device,
+                self._options(),
+                len(args),
+                tuple((k, type(v), v) for k, v in kwargs.items()),  # 3 and 3.0, 1 and True: other variants
+                *map(self._arg_key, range(len(args)), args, values),
+            )
             variant = self.variants.get(key)
         except (_Unkeyed, TypeError):  # TypeError: an unhashable keyword value
             return self.kernel[grid](*args, **kwargs)
@@ -272,6 +292,17 @@ class FastLaunch:
             and not getattr(self.kernel, "pre_run_hooks", None)
             and not _hooked(h.launch_enter_hook)
             and not _hooked(h.launch_exit_hook)
+            and getattr(h, "add_stages_inspection_hook", None) is None
+        )
+
+    def _options(self) -> tuple:
+        """The compile options Triton's run reads from its knobs on every call (a change compiles anew)."""
+        c = self._compilation
+        return (
+            getattr(self.kernel, "debug", None),
+            getattr(self._hooks, "debug", None),
+            getattr(c, "instrumentation_mode", None),
+            getattr(c, "fpsan_homomorphic_casts", None),
         )
 
     def _arg_key(self, i: int, a, value):
