@@ -7,7 +7,7 @@ import pytest
 
 from rich.console import Console
 
-from gmtool.measure.bench import summary
+from gmtool.measure.bench_summary import summary
 
 
 def _lat(ms):
