@@ -70,3 +70,37 @@ def test_direct_launches_equal_triton_s_bit_for_bit(monkeypatch, skew):
     fast = [layers._RMS_NORM, layers._ADD_RMS_NORM, layers._QK_NORM_ROPE, layers._SILU_MUL, kv_write._WRITE_KV]
     fast += [da._DECODE_SPLIT, small_m._SMALL_M]
     assert all(f.path == launcher.DIRECT for f in fast), [f.path for f in fast]
+
+
+def test_kernels_first_launched_in_compile_ahead_s_pass_launch_directly_after_it(monkeypatch, tmp_path):
+    """The usual cold start: an executor's first capture runs compile-ahead's pass, where each kernel's first
+    launch in the process happens under the pass's stand-in for Triton's run. After it, the fused layers'
+    kernels launch directly (the review of 2026-12-01 found them on Triton's path for good), and the captured
+    graphs replay like eager."""
+    from gmtool.core.batch import make_batch
+    from gmtool.core.compositions import parse_composition
+    from gmtool.kernels import compile_ahead
+    from gmtool.measure import bench
+    from gmtool.measure.timing import rel_err_per_seq
+
+    fresh = {
+        (layers, "_RMS_NORM"): layers._rms_norm_kernel,
+        (layers, "_ADD_RMS_NORM"): layers._add_rms_norm_kernel,
+        (layers, "_QK_NORM_ROPE"): layers._qk_norm_rope_kernel,
+        (layers, "_SILU_MUL"): layers._silu_mul_kernel,
+        (kv_write, "_WRITE_KV"): kv_write._write_kv_kernel,
+        (da, "_DECODE_SPLIT"): da._decode_split_kernel,
+    }
+    for (module, name), kernel in fresh.items():  # not set up yet: their first launch is the pass's
+        monkeypatch.setattr(module, name, launcher.FastLaunch(kernel))
+    monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: tmp_path)  # no marker: the pass runs
+    monkeypatch.delenv("GMTOOL_COMPILE_AHEAD", raising=False)
+    ex = bench._executor([1, 8], 1024, 64 * 16 + 1, fuse=True)
+    batch = make_batch(parse_composition("1*8", seed=3), ex.cache, ex.lm.vocab_size, 8)
+    ex.capture(ex.key_for(batch), batch)
+    assert ex.compile_ahead_s is not None, ex.compile_ahead_note
+    eager = ex.eager_same_shape(batch).clone()  # an eager forward after the pass: known variants go direct
+    paths = {name: getattr(module, name).path for module, name in fresh}
+    assert all(p == launcher.DIRECT for p in paths.values()), paths
+    assert rel_err_per_seq(ex.step(batch), eager) < 2e-2
+    ex.release()
