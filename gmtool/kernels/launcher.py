@@ -73,6 +73,12 @@ def direct_launch_problem(kernel, compiled, varying: tuple[str, ...] = ()) -> st
     return None
 
 
+def direct_head(compiled) -> tuple:
+    """What the launcher takes between the stream and the parameters: the function and its packed metadata, then
+    no launch metadata and no enter/exit hooks (a direct path runs only where no hook is set)."""
+    return (compiled.function, compiled.packed_metadata, None, None, None)
+
+
 class BoundKernel:
     """One call site of a Triton kernel, its arguments fixed but the grid and the `varying` ints.
 
@@ -142,7 +148,7 @@ class BoundKernel:
         # addresses instead of tensors: the launcher then neither calls data_ptr() nor asks the driver about them
         self._direct = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self.args]
         self._direct += list(self.constexprs.values())
-        self._head = (compiled.function, compiled.packed_metadata, None, None, None)  # no metadata, no hooks
+        self._head = direct_head(compiled)
         self._stream = _stream_source()
         self._run = compiled.run
         self.compiled = compiled
@@ -268,20 +274,10 @@ class FastLaunch:
             compiled = self.kernel[grid](*args, **kwargs)
             self._learn(key, compiled, args, kwargs)
             return compiled
-        compiled, tail = variant
+        compiled, head, tail = variant
         n = len(grid)
         compiled.run(
-            grid[0],
-            grid[1] if n > 1 else 1,
-            grid[2] if n > 2 else 1,
-            self._stream(device),
-            compiled.function,
-            compiled.packed_metadata,
-            None,
-            None,
-            None,
-            *values,
-            *tail,
+            grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, self._stream(device), *head, *values, *tail
         )
         return compiled
 
@@ -332,7 +328,7 @@ class FastLaunch:
             tail.append(v.data_ptr() if isinstance(v, torch.Tensor) else v)
         if any(isinstance(kwargs.get(n), torch.Tensor) for n, _ in self.tail[len(args) :]):
             return  # a tensor by keyword: its address would be frozen into the tail; leave it to Triton
-        self.variants[key] = (compiled, tail)
+        self.variants[key] = (compiled, direct_head(compiled), tail)
         self.path = DIRECT
 
 
