@@ -16,6 +16,10 @@ class CaptureError(RunFailure):
     """Graph capture failed (an op that cannot be captured, or a host sync inside capture)."""
 
 
+class InputsNotLoaded(RunFailure):
+    """A graph replayed over another bucket's inputs: a caller skipped the load (executor.prepare) before it."""
+
+
 class OutOfMemory(RunFailure):
     """The device ran out of memory; what was done before it is kept."""
 

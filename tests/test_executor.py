@@ -3,7 +3,7 @@ import torch
 
 from gmtool.core.backends.cpu import CpuTapeBackend, TapeGraph
 from gmtool.core.buckets import BucketKey
-from gmtool.errors import CaptureError
+from gmtool.errors import CaptureError, InputsNotLoaded
 from gmtool.core.executor import AttentionRunner
 from tests.helpers import Rig, rel
 
@@ -38,6 +38,24 @@ def test_stale_input_not_copied_in_is_detected():
     stale = rig.ex.inputs.views(entry.key).logits[:8].clone()
     assert rel(stale, rig.eager(b)) > 1e-2
     assert rel(rig.graph(b), rig.eager(b)) < 1e-5  # with copy-in it is right again
+
+
+@pytest.mark.parametrize("mode", ["full", "piecewise"])
+def test_a_replay_over_another_bucket_s_inputs_is_refused(mode):
+    """Keys lay the arena out at their own offsets: bucket 4's graph replayed after bucket 16 was loaded would read
+    bucket 16's token ids as positions and its positions as sequence lengths (on the H200: an illegal address).
+    The replay refuses; a load of its own batch makes it right again."""
+    rig = Rig(mode=mode)
+    small, large = rig.batch("1*4", seed=1), rig.batch("1*16", seed=2)
+    rig.graph(small)
+    rig.graph(large)
+    entry = rig.ex.graphs[rig.ex.key_for(small)]
+    with pytest.raises(InputsNotLoaded, match="another bucket"):
+        entry.replay(small)
+    entry = rig.ex.prepare(small)
+    rig.ex.inputs.invalidate()  # poison and fault injection rewrite the padding: the layout stays bucket 4's
+    entry.replay(small)
+    assert rel(rig.ex.inputs.output(entry.key, 4).clone(), rig.eager(small)) < 1e-5
 
 
 def test_replacing_a_buffer_object_is_not_seen_by_replay():

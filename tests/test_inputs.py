@@ -90,3 +90,25 @@ def test_a_load_that_fails_part_way_is_not_trusted_for_padding():
     fresh.load(small, key)
     end = 4 * 8 + 3 * 8 + 1 + 8 * w
     assert torch.equal(inputs.arena[:end], fresh.arena[:end])
+
+
+def test_a_load_that_fails_part_way_leaves_no_layout_to_replay():
+    """A load that raised after writing some fields leaves the arena neither the old batch nor the new: no graph
+    may replay over it (GraphExecutor's replay asks holds()) until a load succeeds."""
+    import copy
+
+    import numpy as np
+
+    rig = Rig(buckets=(8,), max_num_seqs=8)
+    w = rig.cache.spec.blocks_per_seq
+    inputs, key = PersistentInputs(8, 8, w, rig.lm.vocab_size, torch.float32, rig.ex.device), BucketKey(8)
+    small = rig.batch("1")
+    inputs.load(small, key)
+    assert inputs.holds(key) and inputs.holds(BucketKey(8)) and not inputs.holds(BucketKey(4))
+    bad = copy.copy(rig.batch("6", seed=1))
+    bad.block_table_array = np.zeros((1, w + 1), dtype=np.int64)  # wider than the arena's tables
+    with pytest.raises(ValueError):
+        inputs.load(bad, key)
+    assert not inputs.holds(key)
+    inputs.load(small, key)
+    assert inputs.holds(key)

@@ -66,8 +66,8 @@ MUTANTS: list[Mutant] = [
         "inputs-inplace-pad-dead",
         "gmtool/core/inputs.py",
         "        before = self._written if self._written_key is key else None\n"
-        "        self._written_key = None  # a write that raises part-way leaves nothing to trust\n",
-        "        self._written_key = None  # a write that raises part-way leaves nothing to trust\n"
+        "        self._written_key = self._layout_key = None  # a write that raises part-way leaves nothing to trust\n",
+        "        self._written_key = self._layout_key = None  # a write that raises part-way leaves nothing to trust\n"
         "        before = self._written if self._written_key is key else None\n",
         INPUTS + "test_staging_written_in_place_equals_a_fresh_write",
         "copy-in's in-place padding branch is dead: every load pads in full",
@@ -107,8 +107,8 @@ MUTANTS: list[Mutant] = [
     M(
         "inputs-failed-load-trusted",
         "gmtool/core/inputs.py",
-        "        self._written_key = None  # a write that raises part-way leaves nothing to trust\n",
-        "",
+        "        self._written_key = self._layout_key = None  # a write that raises part-way leaves nothing to trust\n",
+        "        self._layout_key = None\n",
         INPUTS + "test_a_load_that_fails_part_way_is_not_trusted_for_padding",
         "a load that raised part-way is still trusted by the next in-place padding",
     ),
@@ -259,6 +259,22 @@ MUTANTS: list[Mutant] = [
         "tuple(kwargs.items())",
         "tests/test_fast_launch.py::test_keywords_key_by_type_and_value_and_triton_s_per_call_options_count",
         "n=3.0 by keyword launches the variant compiled for n=3 (i32), with 3 frozen in",
+    ),
+    M(
+        "replay-over-another-bucket-s-inputs",
+        "gmtool/core/inputs.py",
+        "return self._layout_key is key or self._layout_key == key",
+        "return True",
+        "tests/test_executor.py::test_a_replay_over_another_bucket_s_inputs_is_refused",
+        "a graph replays over another bucket's arena layout, reading its token ids as positions",
+    ),
+    M(
+        "load-keeps-the-layout-key-on-failure",
+        "gmtool/core/inputs.py",
+        "self._written_key = self._layout_key = None  # a write",
+        "self._written_key = None  # a write",
+        "tests/test_inputs.py::test_a_load_that_fails_part_way_leaves_no_layout_to_replay",
+        "a load that raised part-way leaves the arena half rewritten, and a graph of the old key replays over it",
     ),
     M(
         "logit-rule-not-in-place",
@@ -610,8 +626,8 @@ MUTANTS: list[Mutant] = [
     M(
         "replay-error-crashes",
         "gmtool/measure/check.py",
-        "    except (RuntimeError, IndexError) as e:",
-        "    except IndexError as e:",
+        "    except (RuntimeError, IndexError, InputsNotLoaded) as e:",
+        "    except (IndexError, InputsNotLoaded) as e:",
         JUDGE + "test_a_replay_that_raises_is_unsafe_not_a_crash",
         "a replay that raises RuntimeError crashes the sweep",
     ),

@@ -198,16 +198,17 @@ def main() -> int:
                 row["rel_err_vs_smallm_graph"] = rel_err_per_seq(first, plain[b])
                 row["equal_to_smallm_graph"] = bool(torch.equal(first, plain[b]))
             result["rows"].append(row)
-            held.append((row, entry, batch))
+            held.append((row, ex, batch))
         print(f"[{time.perf_counter() - t0:5.1f} s] {name}: captured and timed", flush=True)
-    # written before profiling: on the H200 (torch 2.11, 2026-12-01) the profiler over these graphs ended the
-    # process with a segmentation fault, after every timing had been taken
+    # written before profiling: in case the profiler ends the process (the "segmentation fault" and illegal
+    # address seen here on the H200 were this tool replaying a graph over another bucket's inputs, which
+    # CapturedGraph.replay now refuses)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     if not args.no_profile:
-        for row, entry, batch in held:
-            try:
-                row["profile"] = kernels_of_one_replay(entry, batch)
+        for row, ex, batch in held:
+            try:  # prepare: the arena holds the last batch's bucket, whose layout this graph does not read
+                row["profile"] = kernels_of_one_replay(ex.prepare(batch), batch)
             except Exception as e:  # the profiler is optional
                 row["profile"] = {"error": repr(e)}
     result["wall_s"] = time.perf_counter() - t0

@@ -18,7 +18,7 @@ from gmtool.core.backends import make_backend
 from gmtool.core.batch import Batch
 from gmtool.kernels import compile_ahead
 from gmtool.core.buckets import BucketKey, BucketPolicy
-from gmtool.errors import CaptureError, GmtoolError, OutOfMemory
+from gmtool.errors import CaptureError, GmtoolError, InputsNotLoaded, OutOfMemory
 from gmtool.core.inputs import PersistentInputs, StepViews
 from gmtool.core.kv_cache import PagedKVCache
 from gmtool.model.loading import LoadedModel
@@ -83,6 +83,7 @@ class CapturedGraph:
     launch_path: str = "pending"
     loop: object = field(default=None, repr=False)  # the native StepLoop once built
     native_tries: int = field(default=0, repr=False)
+    inputs: PersistentInputs | None = field(default=None, repr=False)  # the arena its copy-in and views read
 
     @property
     def pieces(self) -> int:
@@ -93,6 +94,11 @@ class CapturedGraph:
         return sum(getattr(s, "is_runner", False) for s in self.steps)
 
     def replay(self, batch: Batch, refresh_metadata: bool = True) -> None:
+        if self.inputs is not None and not self.inputs.holds(self.key):
+            raise InputsNotLoaded(
+                f"bucket {self.key} replayed while the input arena holds another bucket's batch: its graph would "
+                "read that batch's fields at its own offsets; load the batch first (GraphExecutor.prepare)"
+            )
         if refresh_metadata:
             self.ctx.prepare(batch.plan)
         if self.loop is not None:
@@ -236,7 +242,9 @@ class GraphExecutor:
         """Warm up on the capture stream, then capture; piecewise ends a graph at every attention call."""
         views = self.inputs.load(batch, key)
         ctx = self._context(key, views, batch)
-        entry = CapturedGraph(key, self.mode, ctx.impl, [], ctx, captured_with=batch.composition.label)
+        entry = CapturedGraph(
+            key, self.mode, ctx.impl, [], ctx, captured_with=batch.composition.label, inputs=self.inputs
+        )
         fn = lambda: self.forward(views)  # noqa: E731
         with forward_context(ctx), torch.no_grad():
             warm = self.warmup_every_capture or not self.backend.warmed or self.forward_impl.compiles

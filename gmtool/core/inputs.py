@@ -65,6 +65,9 @@ class PersistentInputs:
         self._outputs: dict[tuple, torch.Tensor] = {}
         self._written_key: BucketKey | None = None  # the key whose layout the staging arena holds now,
         self._written: tuple | None = None  # and its last batch's (tokens, seqs, block-table width)
+        # the key whose layout the arena holds, whatever its padding: another key's graph would read these
+        # fields at its own offsets (positions from token ids, sequence lengths from positions)
+        self._layout_key: BucketKey | None = None
         # external: captured into a graph, record() becomes an event-record node, so a graph that copies its
         # own inputs still tells the host when the staging arena may be rewritten
         self._copied = torch.cuda.Event(external=True) if device.type == "cuda" else None
@@ -119,13 +122,13 @@ class PersistentInputs:
         src = batch.block_table_array
         w = src.shape[1]
         before = self._written if self._written_key is key else None
-        self._written_key = None  # a write that raises part-way leaves nothing to trust
+        self._written_key = self._layout_key = None  # a write that raises part-way leaves nothing to trust
         tok[:, :n] = batch.token_fields
         seq[:, :b] = batch.seq_fields
         cu[: b + 1] = batch.cu_q
         bt[:b, :w] = src
         self._pad(tok, seq, cu, bt, (n, b, w), before)
-        self._written_key, self._written = key, (n, b, w)
+        self._written_key, self._written, self._layout_key = key, (n, b, w), key
         if copy:
             self.copy_in(key)
         return self.views(key)
@@ -158,6 +161,10 @@ class PersistentInputs:
         """The staging arena's host views of key's fields: (token block [4, T], sequence block [2, S],
         cu_q [S + 1], block tables [S, W]); what the next copy-in of key sends to the device."""
         return (self._host.get(key) or self._host_slots(key))[:4]
+
+    def holds(self, key: BucketKey) -> bool:
+        """True when the last load was for key: the arena (and what the last copy-in sent) is in key's layout."""
+        return self._layout_key is key or self._layout_key == key
 
     def invalidate(self) -> None:
         """Forget what the staging arena holds: the next load rewrites all of its key's padding."""

@@ -17,6 +17,7 @@ import torch
 
 from gmtool.core.batch import Batch
 from gmtool.core.kv_cache import PagedKVCache
+from gmtool.errors import InputsNotLoaded
 from gmtool.measure.timing import rel_err_per_seq
 
 
@@ -101,7 +102,8 @@ def checked_replay(ex, batch: Batch, ref: EagerReference, before_replay=None, af
         replay_error = None
     except torch.OutOfMemoryError:
         raise
-    except (RuntimeError, IndexError) as e:  # on the CPU tape, a graph replayed out of its shape's bounds
+    # on the CPU tape, a graph replayed out of its shape's bounds; anywhere, a graph served for another bucket
+    except (RuntimeError, IndexError, InputsNotLoaded) as e:
         replay_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if after_replay is not None:
         after_replay(entry)

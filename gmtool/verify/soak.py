@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from gmtool.errors import InputsNotLoaded
 from gmtool.measure.check import checked_replay, written_kv
 from gmtool.measure.timing import rel_err_per_seq, tolerances_for
 from gmtool.modes import GraphMode
@@ -121,7 +122,8 @@ class Soak:
                             entry.replay(batch, ex.refresh_runner_metadata)
                         except torch.OutOfMemoryError:
                             raise
-                        except (RuntimeError, IndexError):  # CPU tape: an index out of range; check the step
+                        # CPU tape: an index out of range; anywhere: a graph served for another bucket; check the step
+                        except (RuntimeError, IndexError, InputsNotLoaded):
                             checks += 1
                             mismatch = self._check(batch, step)
                             break
@@ -214,7 +216,7 @@ class Soak:
             self.poisoner.apply(entry, batch, live, step, only=only)
         try:
             entry.replay(batch, ex.refresh_runner_metadata)
-        except (RuntimeError, IndexError) as e:
+        except (RuntimeError, IndexError, InputsNotLoaded) as e:
             return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         if only is None or only:
             self.poisoner.after_replay(entry, only=only)
