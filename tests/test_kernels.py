@@ -150,14 +150,14 @@ def test_num_splits_depends_on_bucket_only():
     from gmtool.kernels.decode_attention import MAX_SPLITS, choose_num_splits
 
     assert choose_num_splits(32, 8, 4096, 132) * 32 * 8 >= 4 * 132  # fills an H200 at the goal shape
-    assert choose_num_splits(1, 8, 4096, 132) == 32  # capped by the kv length: >= 128 tokens per split
+    assert choose_num_splits(1, 8, 1024, 132) == 16  # capped by the kv length: >= 64 tokens per split
     assert choose_num_splits(1, 1, 1 << 20, 132) == MAX_SPLITS
     assert choose_num_splits(512, 8, 4096, 132) == 1
     assert choose_num_splits(8, 8, 16, 132) == 1
     from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS
 
     splits = {choose_num_splits(b, 8, 1024, 132) for b in DEFAULT_DECODE_BUCKETS}
-    assert splits == {1, 2, 4, 8}  # powers of two only
+    assert splits == {1, 2, 4, 8, 16}  # powers of two only
 
 
 _INDEX_PTRS = ("bt_ptr", "lens_ptr", "cu_ptr", "slot_ptr")

@@ -186,8 +186,8 @@ def test_layer_kernels_compile_for_hopper():
     for ptr in ("*bf16", "*fp32"):
         assert _compile_for_hopper(layers._rms_norm_kernel, {"H": 4096, "BLOCK": 4096}, ptr).asm["cubin"]
         assert _compile_for_hopper(layers._add_rms_norm_kernel, {"H": 1024, "BLOCK": 1024}, ptr).asm["cubin"]
-        for norm, half in ((True, 64), (False, 64), (True, 48)):
-            consts = {"HQ": 16, "HKV": 8, "HALF": half, "HALF_PAD": 64, "NORM": norm}
+        for norm, half, write in ((True, 64, False), (False, 64, False), (True, 48, False), (True, 64, True)):
+            consts = {"HQ": 16, "HKV": 8, "HALF": half, "HALF_PAD": 64, "NORM": norm, "PAGE": 16, "WRITE_KV": write}
             assert _compile_for_hopper(layers._qk_norm_rope_kernel, consts, ptr).asm["cubin"]
         assert _compile_for_hopper(layers._silu_mul_kernel, {"I": 3072, "BLOCK": 1024}, ptr).asm["cubin"]
 
@@ -264,6 +264,35 @@ def test_interp_qk_norm_rope(dtype, norm, tokens, hq, hkv, dim):
 
 
 @interp_only
+@pytest.mark.parametrize("dtype,cache_dtype", [(F32, F32), (F16, F16), (F16, F32)])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("hq,hkv", HEADS)
+@pytest.mark.parametrize("dim", [64, 96])
+def test_interp_qk_norm_rope_write_kv(dtype, cache_dtype, norm, tokens, hq, hkv, dim):
+    """q as qk_norm_rope gives it, and the caches as write_kv leaves them after qk_norm_rope: k normalized and
+    rotated, v as the qkv row holds it, at each token's slot; a negative slot writes nothing, and no other slot
+    of the cache changes (it is filled with a sentinel first)."""
+    from gmtool.kernels.layers import qk_norm_rope, qk_norm_rope_write_kv
+    from gmtool.model.attention import write_kv
+
+    qkv, weights = _qk_case(tokens, hq, hkv, dim, dtype, norm, seed=3 * tokens + dim)
+    qkv[:, (hq + hkv) * dim :] = _randn(tokens, hkv * dim, seed=dim, dtype=dtype)  # v: read here
+    cos, sin = _cos_sin(_angles(tokens, dim), dtype)
+    blocks, page = 5, 4
+    slots = torch.tensor([9, -1, 17][:tokens], dtype=torch.int64)  # block 2 offset 1; padding; block 4 offset 1
+    kc, vc = (torch.full((blocks, page, hkv, dim), 7.0, dtype=cache_dtype) for _ in range(2))
+    q = qk_norm_rope_write_kv(qkv, hq, hkv, dim, cos, sin, *weights, EPS, kc, vc, slots)
+    eq, ek = qk_norm_rope(qkv, hq, hkv, dim, cos, sin, *weights, eps=EPS)
+    ekc, evc = (torch.full((blocks, page, hkv, dim), 7.0, dtype=cache_dtype) for _ in range(2))
+    keep = slots >= 0
+    v = qkv[:, (hq + hkv) * dim :].reshape(tokens, hkv, dim)
+    write_kv(ekc, evc, ek[keep].to(cache_dtype), v[keep].to(cache_dtype), slots[keep])
+    assert torch.equal(q, eq)
+    assert torch.equal(kc, ekc) and torch.equal(vc, evc)
+
+
+@interp_only
 @pytest.mark.parametrize("dtype", [F32, F16])
 @pytest.mark.parametrize("tokens", [1, 3, 7])
 @pytest.mark.parametrize("inter", [96, 1000])
@@ -272,3 +301,39 @@ def test_interp_silu_mul(dtype, tokens, inter):
 
     x = _strided(tokens, 2 * inter, dtype, seed=inter + tokens, scale=3.0)
     _check(silu_mul(x), silu_mul_ref(x), dtype)
+
+
+@interp_only
+@pytest.mark.parametrize("composition", ["1*4@9", "5+2@3"])  # a decode step; a prefill and a decode row
+def test_interp_fused_forward_writes_the_cache_in_the_qk_kernel(monkeypatch, composition):
+    """tiny-qwen3 with gmtool's fused layers, their Triton kernels interpreted: every layer writes its K/V in the
+    QK-norm + RoPE kernel, and the logits and the whole cache equal those of the same forward writing them
+    through the attention's write_kv (cache_writer off), from the same starting cache."""
+    from gmtool.kernels import layers
+    from gmtool.model import attention
+    from gmtool.model import fused as fused_mod
+
+    from .helpers import Rig
+
+    monkeypatch.setattr(fused_mod, "_triton_runs", lambda x: True)
+    rig = Rig()
+    fused_mod.fuse_layers(rig.lm.model, "triton", rig.lm.layout)
+    batch = rig.batch(composition, seed=2)
+    start = [t.clone() for t in rig.cache.k + rig.cache.v]
+    writes = []
+    real = layers.qk_norm_rope_write_kv
+    monkeypatch.setattr(layers, "qk_norm_rope_write_kv", lambda *a, **k: writes.append(1) or real(*a, **k))
+
+    def run():
+        for t, s in zip(rig.cache.k + rig.cache.v, start):
+            t.copy_(s)
+        return rig.eager(batch).clone(), [t.clone() for t in rig.cache.k + rig.cache.v]
+
+    fused_out, fused_cache = run()
+    assert len(writes) == rig.lm.model.config.num_hidden_layers
+    monkeypatch.setattr(attention, "cache_writer", lambda: None)
+    plain_out, plain_cache = run()
+    assert len(writes) == rig.lm.model.config.num_hidden_layers  # the second forward wrote through write_kv
+    assert torch.equal(fused_out, plain_out)
+    assert all(torch.equal(a, b) for a, b in zip(fused_cache, plain_cache))
+    assert not all(torch.equal(a, s) for a, s in zip(fused_cache, start))  # the forward wrote the cache

@@ -277,6 +277,22 @@ MUTANTS: list[Mutant] = [
         "a load that raised part-way leaves the arena half rewritten, and a graph of the old key replays over it",
     ),
     M(
+        "qk-kernel-writes-no-v",
+        "gmtool/kernels/layers.py",
+        "num_heads + (2 if cache else 1) * num_kv_heads",
+        "num_heads + num_kv_heads",
+        "tests/test_layer_kernels.py::test_layer_kernels_under_interpreter",
+        "the QK-norm + RoPE kernel that writes the cache launches no v heads: V never reaches the cache",
+    ),
+    M(
+        "fused-kv-write-to-layer-0",
+        "gmtool/model/fused.py",
+        "kc, vc = ctx.cache.k[layer], ctx.cache.v[layer]",
+        "kc, vc = ctx.cache.k[0], ctx.cache.v[0]",
+        "tests/test_layer_kernels.py::test_layer_kernels_under_interpreter",
+        "every fused layer writes its K/V into layer 0's cache",
+    ),
+    M(
         "logit-rule-not-in-place",
         "gmtool/model/families.py",
         "return logits.div_(cap).tanh_().mul_(cap) if in_place else",

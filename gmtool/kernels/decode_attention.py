@@ -28,7 +28,11 @@ _NEG = tl.constexpr(NEG_INIT)
 BLOCK_N = 64  # tokens per iteration: several 16-token pages, so each step has enough bytes in flight
 NUM_WARPS = 4
 NUM_STAGES = 2
-MIN_SPLIT_TOKENS = 128  # below this a split's fixed cost (q load, partial write, combine) dominates
+# Below this a split's fixed cost (q load, partial write, combine) dominates. 64 (one BLOCK_N tile a split):
+# qwen3-0.6b's --fuse --small-m-gemm --pdl decode graph at B=1 kv 1024 took 1.004 ms against 1.039 at 128
+# (H200, 2026-12-01, one process, alternating); B=32 unchanged (2.385 ms: its split count is set by the SMs).
+# K/V prefetched into L2 before the PDL wait was tried there too: 7-14 us less at B=1, 300 us more at B=32.
+MIN_SPLIT_TOKENS = 64
 MAX_SPLITS = 64
 # Programs per SM to aim for. Compiled for sm_90 at D=128 bf16 (triton 3.9), a program takes ~39 KB of
 # shared memory (two pipeline stages of K and V tiles) and 80 registers a thread, so about 5 fit on an SM:

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from gmtool.kernels import pdl as pdl_mod
-from gmtool.kernels.common import pow2
+from gmtool.kernels.common import check_cache, pow2
 from gmtool.kernels.launcher import FastLaunch
 
 SILU_BLOCK = 1024
@@ -75,15 +75,26 @@ def _qk_norm_rope_kernel(
     kw_ptr,
     q_ptr,
     k_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,
     stride_t,
     stride_cos,
     stride_sin,
+    stride_kblk,
+    stride_kt,
+    stride_kh,
+    stride_vblk,
+    stride_vt,
+    stride_vh,
     eps,
     HQ: tl.constexpr,
     HKV: tl.constexpr,
     HALF: tl.constexpr,
     HALF_PAD: tl.constexpr,
     NORM: tl.constexpr,
+    PAGE: tl.constexpr = 1,
+    WRITE_KV: tl.constexpr = False,  # k and v go to the paged cache at the token's slot (no k tensor)
     PDL: tl.constexpr = 0,
 ):
     pdl_mod.enter(PDL)
@@ -92,16 +103,26 @@ def _qk_norm_rope_kernel(
     D: tl.constexpr = 2 * HALF
     i = tl.arange(0, HALF_PAD)
     mask = i < HALF
-    # q heads and k heads sit back to back in the qkv row, so head h's slice is at h * D for both.
+    # q, k and v heads sit back to back in the qkv row, so head h's slice is at h * D for all three.
     src = qkv_ptr + t * stride_t + h * D
     x1 = tl.load(src + i, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    slot = t * 0
+    written = mask
+    if WRITE_KV:
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        written = mask & ((slot + i * 0) >= 0)  # a block, as the interpreter's masks must be
+        if h >= HQ + HKV:  # a v head (grid HQ + 2 HKV): into the cache as it is
+            hv = h - HQ - HKV
+            vdst = vc_ptr + (slot // PAGE) * stride_vblk + (slot % PAGE) * stride_vt + hv * stride_vh
+            vt = vc_ptr.dtype.element_ty
+            tl.store(vdst + i, x1.to(vt), mask=written)
+            tl.store(vdst + HALF + i, x2.to(vt), mask=written)
+            return
     if h < HQ:
         w_ptr = qw_ptr
-        dst = q_ptr + t * (HQ * D) + h * D
     else:
         w_ptr = kw_ptr
-        dst = k_ptr + t * (HKV * D) + (h - HQ) * D
     dt = q_ptr.dtype.element_ty
     if NORM:
         r = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D + eps)
@@ -114,8 +135,21 @@ def _qk_norm_rope_kernel(
     c2 = tl.load(cos_ptr + t * stride_cos + HALF + i, mask=mask, other=0.0).to(tl.float32)
     s1 = tl.load(sin_ptr + t * stride_sin + i, mask=mask, other=0.0).to(tl.float32)
     s2 = tl.load(sin_ptr + t * stride_sin + HALF + i, mask=mask, other=0.0).to(tl.float32)
-    tl.store(dst + i, (x1 * c1 - x2 * s1).to(dt), mask=mask)
-    tl.store(dst + HALF + i, (x2 * c2 + x1 * s2).to(dt), mask=mask)
+    o1 = (x1 * c1 - x2 * s1).to(dt)
+    o2 = (x2 * c2 + x1 * s2).to(dt)
+    if h < HQ:
+        dst = q_ptr + t * (HQ * D) + h * D
+        tl.store(dst + i, o1, mask=mask)
+        tl.store(dst + HALF + i, o2, mask=mask)
+    elif WRITE_KV:  # as write_kv: a negative slot is left out; k rounded as the k tensor was, then cast
+        kdst = kc_ptr + (slot // PAGE) * stride_kblk + (slot % PAGE) * stride_kt + (h - HQ) * stride_kh
+        kt = kc_ptr.dtype.element_ty
+        tl.store(kdst + i, o1.to(kt), mask=written)
+        tl.store(kdst + HALF + i, o2.to(kt), mask=written)
+    else:
+        dst = k_ptr + t * (HKV * D) + (h - HQ) * D
+        tl.store(dst + i, o1, mask=mask)
+        tl.store(dst + HALF + i, o2, mask=mask)
 
 
 @triton.jit
@@ -213,6 +247,38 @@ def qk_norm_rope(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, Hq, D] and k [T, Hkv, D] from a fused qkv [T, (Hq + 2 Hkv) D]: optional per-head RMSNorm
     (Qwen3's q_norm/k_norm; None for Llama), then rotate_half RoPE with cos/sin [T, D]. v is not read."""
+    return _qk_norm_rope(qkv, num_heads, num_kv_heads, head_dim, cos, sin, q_weight, k_weight, eps, pdl, None)
+
+
+def qk_norm_rope_write_kv(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    pdl: int = pdl_mod.Pdl.OFF,
+) -> torch.Tensor:
+    """qk_norm_rope with the step's K/V written into the paged caches ([blocks, page, Hkv, D]) at slot_mapping
+    [T], as gmtool.kernels.kv_write.write_kv would (negative slots left out): one kernel instead of two, and no
+    k tensor. Returns q."""
+    check_cache(k_cache, v_cache)
+    shape = (num_kv_heads, head_dim)
+    if tuple(k_cache.shape[2:]) != shape or tuple(v_cache.shape[2:]) != shape or k_cache.stride(-1) != 1:
+        raise ValueError(f"caches {tuple(k_cache.shape)}/{tuple(v_cache.shape)} do not hold {shape} heads")
+    if slot_mapping.shape != (qkv.shape[0],):
+        raise ValueError(f"slot_mapping {tuple(slot_mapping.shape)} does not fit {qkv.shape[0]} tokens")
+    cache = (k_cache, v_cache, slot_mapping)
+    return _qk_norm_rope(qkv, num_heads, num_kv_heads, head_dim, cos, sin, q_weight, k_weight, eps, pdl, cache)[0]
+
+
+def _qk_norm_rope(qkv, num_heads, num_kv_heads, head_dim, cos, sin, q_weight, k_weight, eps, pdl, cache):
     qkv, cos, sin = _unit_last(qkv), _unit_last(cos), _unit_last(sin)
     tokens = qkv.shape[0]
     if head_dim % 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
@@ -224,30 +290,42 @@ def qk_norm_rope(
     if (q_weight is None) != (k_weight is None):
         raise ValueError("pass both q_weight and k_weight, or neither")
     q = torch.empty((tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    k = torch.empty((tokens, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    k = None if cache else torch.empty((tokens, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if tokens == 0:
         return q, k
     norm = q_weight is not None
     qw = q_weight.contiguous() if norm else qkv  # unread without NORM; any pointer will do
     kw = k_weight.to(qw.dtype).contiguous() if norm else qkv  # both branches of the kernel's `if` share a type
     half = head_dim // 2
-    _QK_NORM_ROPE[(tokens, num_heads + num_kv_heads)](
+    if cache is None:  # unread: the k tensor is the destination
+        kc, vc, slots, kc_strides, vc_strides, page = q, q, q, (0, 0, 0), (0, 0, 0), 1
+    else:
+        kc, vc, slots = cache
+        kc_strides, vc_strides, page = kc.stride()[:3], vc.stride()[:3], kc.shape[1]
+    _QK_NORM_ROPE[(tokens, num_heads + (2 if cache else 1) * num_kv_heads)](
         qkv,
         cos,
         sin,
         qw,
         kw,
         q,
-        k,
+        q if k is None else k,
+        kc,
+        vc,
+        slots,
         qkv.stride(0),
         cos.stride(0),
         sin.stride(0),
+        *kc_strides,
+        *vc_strides,
         eps,
         HQ=num_heads,
         HKV=num_kv_heads,
         HALF=half,
         HALF_PAD=pow2(half),
         NORM=norm,
+        PAGE=page,
+        WRITE_KV=cache is not None,
         PDL=int(pdl),
         num_warps=1,  # a head is 64-128 elements: small programs, many resident per SM
         **pdl_mod.launch_options(pdl),

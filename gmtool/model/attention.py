@@ -400,6 +400,15 @@ def probing(calls: list):
         _probe = prev
 
 
+def cache_writer() -> ForwardContext | None:
+    """The forward's context when a layer may write this step's K/V into ctx.cache itself (at
+    ctx.views.slot_mapping) and then call ctx.attend_cached: None while FX traces (the opaque op takes k and v)
+    or a piecewise capture breaks at attention (the piece writes them), and outside a forward."""
+    if _opaque or _current is None or _current.breaker is not None:
+        return None
+    return _current
+
+
 def attend_tokens(layer: int, q, k, v, scale: float, opts: LayerOpts = PLAIN) -> torch.Tensor:
     """q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv] -> [T, H, Dv]: the opaque op (FX), a piecewise break, or the
     attention."""

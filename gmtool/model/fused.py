@@ -88,7 +88,7 @@ class LayerOps:
 @functools.lru_cache(maxsize=None)
 def _with_pdl(layers, mode: int) -> SimpleNamespace:
     """gmtool.kernels.layers' launchers with pdl=mode."""
-    names = ("rms_norm", "add_rms_norm", "qk_norm_rope", "silu_mul")
+    names = ("rms_norm", "add_rms_norm", "qk_norm_rope", "qk_norm_rope_write_kv", "silu_mul")
     return SimpleNamespace(**{n: functools.partial(getattr(layers, n), pdl=mode) for n in names})
 
 
@@ -150,10 +150,21 @@ def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
         t = x.shape[0]
         qkv = ops.linear(x, w, b)
         cos, sin = (e.reshape(t, dim) for e in position_embeddings)
-        q, k = ops(x).qk_norm_rope(qkv, heads, kv_heads, dim, cos, sin, qw, kw, eps)
-        v = qkv[:, v_at:].view(t, kv_heads, dim)
-        with ops.attention_launches(x):
-            out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling, opts)  # the layer's window, cap, sinks
+        kernels = ops(x)
+        ctx = attention.cache_writer() if kernels is not _REF else None
+        if ctx is not None:  # this step's K/V go straight into the cache: one kernel fewer a layer
+            layer = m.layer_idx
+            kc, vc = ctx.cache.k[layer], ctx.cache.v[layer]
+            q = kernels.qk_norm_rope_write_kv(
+                qkv, heads, kv_heads, dim, cos, sin, qw, kw, eps, kc, vc, ctx.views.slot_mapping
+            )
+            with ops.attention_launches(x):
+                out = ctx.attend_cached(layer, q, m.scaling, opts=opts)
+        else:
+            q, k = kernels.qk_norm_rope(qkv, heads, kv_heads, dim, cos, sin, qw, kw, eps)
+            v = qkv[:, v_at:].view(t, kv_heads, dim)
+            with ops.attention_launches(x):
+                out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling, opts)  # the layer's window, cap, sinks
         o = ops.project(m.o_proj, out.reshape(t, heads * dim))
         return o.view(*hidden_states.shape[:-1], o.shape[-1]), None
 
@@ -276,7 +287,8 @@ class FusedLayers:
     def summary(self) -> str:
         c = self.counts
         s = (
-            f"--fuse: {c['attention']} attention blocks (one QKV GEMM, QK-norm+RoPE in one kernel), {c['mlp']} MLPs "
+            f"--fuse: {c['attention']} attention blocks (one QKV GEMM, QK-norm+RoPE in one kernel, which with Triton "
+            f"also writes the step's K/V into the cache), {c['mlp']} MLPs "
             f"(one gate/up GEMM, SiLU-and-mul in one kernel), {c['rmsnorm']} RMSNorms in one kernel each, "
             f"{c['residual_adds']} residual adds inside the RMSNorm after them"
         )
