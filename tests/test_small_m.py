@@ -134,9 +134,6 @@ def test_small_m_kernels_compile_for_hopper():
             assert kernel.asm["cubin"]
             if even and ptr == "*bf16":  # the weight streams through pipelined 16-byte copies, not 2-byte loads
                 assert "cp.async.cg.shared.global" in kernel.asm["ptx"]
-        gated = consts | dict(HAS_BIAS=False, PARTIAL=False, GATED=True)
-        kernel = compile_for_hopper(small_m._small_m_kernel, gated, lambda n, p=ptr: p if n[-4:] == "_ptr" else "i32")
-        assert kernel.asm["cubin"]
     consts = {"SPLIT": 4, "HAS_BIAS": True, "BLOCK": small_m.REDUCE_BLOCK}
     reduce = compile_for_hopper(
         small_m._split_reduce_kernel,
@@ -177,39 +174,6 @@ def test_interp_linear_matches_matmul(shape, bias, dtype):
 
 
 @interp_only
-@pytest.mark.parametrize("dtype", [F32, F16])
-@pytest.mark.parametrize("m, n, k", [(1, 40, 72), (3, 100, 300), (16, 64, 512)])
-def test_interp_gated_equals_the_gemm_then_silu_mul(m, n, k, dtype):
-    """linear_gated over a stacked [gate; up] weight: the values of the plain GEMM followed by silu_mul (to the
-    last bits: the interpreter's dot sums tiles of another width in another order), at N and K that are no
-    multiple of the blocks; none of W's NaN padding read. An up half read from the gate's rows, or the SiLU on
-    the wrong half, is off by far more."""
-    from gmtool.kernels.layers import silu_mul
-    from gmtool.kernels.small_m import Config, linear, linear_gated
-
-    x, w = _strided_x(m, k, dtype, seed=m), _weight(2 * n, k, dtype, seed=n)
-    for block_n in (16, 32):
-        y = linear_gated(x, w, Config(16 if m <= 16 else 32, block_n, 64, 1))
-        expect = silu_mul(linear(x, w, config=Config(16 if m <= 16 else 32, 2 * block_n, 64, 1)))
-        assert y.shape == (m, n) and y.is_contiguous() and not y.isnan().any()
-        torch.testing.assert_close(y, expect, atol=TOL[dtype], rtol=TOL[dtype], msg=str(block_n))
-
-
-def test_gated_blocks_or_why_not():
-    """gated_config: pick's blocks for the stacked weight, rows halved between gate and up; none where K would
-    be split (the SiLU needs whole sums) or a half would be under 16 rows."""
-    pytest.importorskip("triton")
-    from gmtool.kernels.small_m import gated_config, linear_gated, pick
-
-    cfg = gated_config(1, 3072, 1024, H200_SMS)  # qwen3-0.6b's gate/up at B=1
-    whole = pick(1, 6144, 1024, H200_SMS)
-    assert whole.split == 1 and (cfg.block_n, cfg.block_k, cfg.split) == (whole.block_n // 2, whole.block_k, 1)
-    assert pick(1, 2048, 8192, H200_SMS).split > 1 and gated_config(1, 1024, 8192, H200_SMS) is None
-    with pytest.raises(ValueError, match="equal rows"):
-        linear_gated(torch.zeros(1, 8), torch.zeros(7, 8))
-
-
-@interp_only
 def test_interp_split_k_is_deterministic():
     from gmtool.kernels.small_m import Config, linear
 
@@ -230,17 +194,14 @@ def test_interp_fused_step_with_small_m_equals_without(monkeypatch):
 
     monkeypatch.setattr(fused_mod, "_triton_runs", lambda x: True)
     calls = []
-    real, real_gated = small_m.linear, small_m.linear_gated
+    real = small_m.linear
     monkeypatch.setattr(small_m, "linear", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
-    gated = lambda *a, **kw: calls.append(-a[0].shape[0]) or real_gated(*a, **kw)  # noqa: E731
-    monkeypatch.setattr(small_m, "linear_gated", gated)
     rig = Rig()
     fused = fused_mod.fuse_layers(rig.lm.model, "triton", rig.lm.layout, small_m=4)
     assert "up to 4 tokens on gmtool's small-M GEMM" in fused.summary
     decode, prefill = rig.batch("1*4", seed=1), rig.batch("5+3@20", seed=2)
     on = rig.eager(decode)
-    # qkv, gate/up with its SiLU-and-multiply (negative), o_proj, down in every layer; not the LM head
-    assert calls == [4, 4, -4, 4] * rig.lm.num_layers
+    assert calls == [4] * 4 * rig.lm.num_layers  # qkv, o_proj, gate/up, down in every layer; not the LM head
     fused.ops.small_m = 0
     off = rig.eager(decode)  # right after: a batch's eager pass writes K/V that another batch may read
     assert len(calls) == 4 * rig.lm.num_layers and "small-M" not in fused.summary

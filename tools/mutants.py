@@ -293,22 +293,6 @@ MUTANTS: list[Mutant] = [
         "every fused layer writes its K/V into layer 0's cache",
     ),
     M(
-        "gated-up-from-gate-rows",
-        "gmtool/kernels/small_m.py",
-        "u_rows = w_rows + N * stride_wn",
-        "u_rows = w_rows",
-        "tests/test_small_m.py::test_small_m_under_interpreter",
-        "the gated GEMM reads its up projection from the gate's rows",
-    ),
-    M(
-        "gated-silu-on-up",
-        "gmtool/kernels/small_m.py",
-        "(gate * tl.sigmoid(gate) * up)",
-        "(up * tl.sigmoid(up) * gate)",
-        "tests/test_small_m.py::test_small_m_under_interpreter",
-        "the gated GEMM applies SiLU to the up projection instead of the gate",
-    ),
-    M(
         "logit-rule-not-in-place",
         "gmtool/model/families.py",
         "return logits.div_(cap).tanh_().mul_(cap) if in_place else",

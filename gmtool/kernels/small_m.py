@@ -117,7 +117,6 @@ def _small_m_kernel(
     PDL: tl.constexpr = 0,  # gmtool.kernels.pdl.Pdl: 0 compiles no griddepcontrol and no prefetch
     PF_LINES: tl.constexpr = 1,  # with PDL: L2 lines per W row per BLOCK_K step, PF_STRIDE elements apart
     PF_STRIDE: tl.constexpr = 1,
-    GATED: tl.constexpr = False,  # W holds [gate; up] (2N rows): out = silu(x @ gate^T) * (x @ up^T), [M, N]
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -128,7 +127,6 @@ def _small_m_kernel(
     m_mask = rm < M
     # rows past N re-read row N-1 instead of being masked: the loads stay unpredicated along K
     w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
-    u_rows = w_rows + N * stride_wn  # GATED: the up projection's rows, N below the gate's
     x_rows = x_ptr + rm[:, None] * stride_xm
     k0 = pid_k * steps_per_split * BLOCK_K  # a multiple of BLOCK_K the compiler can see: vector loads
     span = tl.minimum(steps_per_split * BLOCK_K, K - k0)  # the last slice may be shorter
@@ -140,37 +138,22 @@ def _small_m_kernel(
         for kk in range(0, span, BLOCK_K):
             prefetch_l2(w_rows + tl.minimum(k0 + kk + lines, K - 1)[None, :])
             prefetch_l2(w_rows + tl.minimum(k0 + kk + BLOCK_K - 1, K - 1))
-            if GATED:
-                prefetch_l2(u_rows + tl.minimum(k0 + kk + lines, K - 1)[None, :])
-                prefetch_l2(u_rows + tl.minimum(k0 + kk + BLOCK_K - 1, K - 1))
         # x (and the output's memory) belong to earlier kernels: nothing below runs before the wait. The next
         # kernel may launch after it, in every mode: a GEMM ends a launch-early cascade (pdl.Pdl.EARLY).
         pdl_mod.enter(1)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kk in range(0, span, BLOCK_K):
         k = k0 + kk + rk
         if EVEN_K:
             w = tl.load(w_rows + k[None, :])
             x = tl.load(x_rows + k[None, :], mask=m_mask[:, None], other=0.0)
-            if GATED:
-                u = tl.load(u_rows + k[None, :])
         else:
             k_mask = k < K
             w = tl.load(w_rows + k[None, :], mask=k_mask[None, :], other=0.0)
             x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            if GATED:
-                u = tl.load(u_rows + k[None, :], mask=k_mask[None, :], other=0.0)
         acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)
-        if GATED:
-            acc_up = tl.dot(u, tl.trans(x), acc_up, input_precision=PRECISION)
     mask = n_mask[:, None] & m_mask[None, :]
-    if GATED:  # as silu_mul after the plain GEMM: gate and up rounded to x's dtype, then SiLU(gate) * up in fp32
-        dt = out_ptr.dtype.element_ty
-        gate = acc.to(dt).to(tl.float32)
-        up = acc_up.to(dt).to(tl.float32)
-        tl.store(out_ptr + rm[None, :] * N + rn[:, None], (gate * tl.sigmoid(gate) * up).to(dt), mask=mask)
-    elif PARTIAL:  # partials [split, M, N] in fp32, summed by _split_reduce_kernel
+    if PARTIAL:  # partials [split, M, N] in fp32, summed by _split_reduce_kernel
         dst = out_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None]
         tl.store(dst, acc, mask=mask)
     else:
@@ -209,48 +192,6 @@ def linear(
     x.dtype, accumulated in fp32. config: block sizes to use instead of pick's (tests, tuning). pdl: a
     gmtool.kernels.pdl.Pdl mode (the caller checked pdl.problem()): launched with PDL, W prefetched into L2
     before the wait for the kernel ahead."""
-    x, m, n, k = _checked(x, weight)
-    if bias is not None and bias.shape != (n,):
-        raise ValueError(f"bias {tuple(bias.shape)} does not fit {n} outputs")
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m == 0 or n == 0:
-        return out
-    if k == 0:
-        return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
-    cfg = config or pick(m, n, k, num_sms(x.device), x.element_size())
-    _launch(x, weight, bias, out, cfg, pdl, gated=False)
-    return out
-
-
-def gated_config(m: int, n: int, k: int, sms: int, elem_bytes: int = 2) -> Config | None:
-    """Block sizes for linear_gated of a [2n, K] weight: pick's for the whole weight, each program's rows split
-    between gate and up (so it streams as many bytes as the plain GEMM's); None where pick would split K (the
-    SiLU needs whole sums: the plain GEMM and silu_mul then)."""
-    cfg = pick(m, 2 * n, k, sms, elem_bytes)
-    if cfg.split > 1 or cfg.block_n < 32:
-        return None
-    return Config(cfg.block_m, cfg.block_n // 2, cfg.block_k, 1, cfg.num_warps, cfg.num_stages)
-
-
-def linear_gated(x: torch.Tensor, weight: torch.Tensor, config: Config | None = None, pdl: int = pdl_mod.Pdl.OFF):
-    """silu(x @ gate^T) * (x @ up^T) for weight [gate; up] ([2N, K], a SwiGLU MLP's two projections stacked) ->
-    contiguous [M, N]: the same values as silu_mul(linear(x, weight)), in one kernel. config: gated_config's
-    (raises ValueError where it gives None)."""
-    x, m, n2, k = _checked(x, weight)
-    if n2 % 2:
-        raise ValueError(f"weight {tuple(weight.shape)}: a gated weight stacks two projections of equal rows")
-    n = n2 // 2
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m == 0 or n == 0:
-        return out
-    cfg = config or gated_config(m, n, k, num_sms(x.device), x.element_size())
-    if cfg is None or cfg.split != 1 or k == 0:
-        raise ValueError(f"x {tuple(x.shape)} @ weight {tuple(weight.shape)}: no gated block sizes (K is split)")
-    _launch(x, weight, None, out, cfg, pdl, gated=True)
-    return out
-
-
-def _checked(x: torch.Tensor, weight: torch.Tensor):
     if x.stride(-1) != 1:
         x = x.contiguous()
     if weight.stride(-1) != 1:
@@ -262,12 +203,14 @@ def _checked(x: torch.Tensor, weight: torch.Tensor):
             f"x {tuple(x.shape)} {x.dtype} and weight {tuple(weight.shape)} {weight.dtype}: "
             f"need x [M <= {MAX_M}, K], weight [N, K] of one dtype"
         )
-    return x, m, n, k
-
-
-def _launch(x, weight, bias, out, cfg: Config, pdl: int, gated: bool) -> None:
-    m, k = x.shape
-    n = out.shape[1]
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias {tuple(bias.shape)} does not fit {n} outputs")
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
+    cfg = config or pick(m, n, k, num_sms(x.device), x.element_size())
     if cfg.block_m < m:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the {m} rows of x")
     steps = triton.cdiv(k, cfg.block_k)
@@ -297,7 +240,6 @@ def _launch(x, weight, bias, out, cfg: Config, pdl: int, gated: bool) -> None:
         PDL=int(pdl),
         PF_LINES=lines,
         PF_STRIDE=cfg.block_k // lines,
-        GATED=gated,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_mod.launch_options(pdl),
@@ -316,3 +258,4 @@ def _launch(x, weight, bias, out, cfg: Config, pdl: int, gated: bool) -> None:
             num_warps=4,
             **pdl_mod.launch_options(pdl),
         )
+    return out

@@ -71,20 +71,6 @@ class LayerOps:
             return small_m.linear(x, weight, bias, pdl=self.pdl) if self.pdl else small_m.linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
-    def silu_gate_up(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """silu(x @ gate^T) * (x @ up^T) of a stacked [gate; up] weight: one small-M kernel where its rows take
-        the small-M GEMM and K needs no split (gmtool.kernels.small_m.linear_gated), else the GEMM, then
-        silu_mul."""
-        if self.triton and x.shape[0] <= self.small_m and _triton_runs(x):
-            from gmtool.kernels import small_m
-            from gmtool.kernels.common import num_sms
-
-            m, k = x.shape
-            cfg = small_m.gated_config(m, weight.shape[0] // 2, k, num_sms(x.device), x.element_size())
-            if cfg is not None and weight.shape[0] % 2 == 0:
-                return small_m.linear_gated(x, weight, cfg, pdl=self.pdl)
-        return self(x).silu_mul(self.linear(x, weight))
-
     def attention_launches(self, x: torch.Tensor):
         """The scope the attention kernels launch in: PDL ones when on (they are reached through the forward
         context and the attention backend, which take no launch options), else nothing changes."""
@@ -191,7 +177,7 @@ def _mlp_forward(m, ops: LayerOps):
 
     def forward(x):
         rows = x.reshape(-1, x.shape[-1])
-        return ops.project(down, ops.silu_gate_up(rows, w)).view(*x.shape[:-1], -1)
+        return ops.project(down, ops(x).silu_mul(ops.linear(rows, w))).view(*x.shape[:-1], -1)
 
     return forward
 
@@ -307,7 +293,7 @@ class FusedLayers:
             f"{c['residual_adds']} residual adds inside the RMSNorm after them"
         )
         if self.ops is not None and self.ops.triton and self.ops.small_m:
-            s += f"; projections of up to {self.ops.small_m} tokens on gmtool's small-M GEMM (gate/up with the SiLU-and-mul in it)"
+            s += f"; projections of up to {self.ops.small_m} tokens on gmtool's small-M GEMM"
         if self.ops is not None and self.ops.triton and self.ops.pdl:
             s += "; Triton kernels launched with PDL (the small-M GEMM prefetches its weight into L2 first)"
         return s + (f"; left as they are: {'; '.join(sorted(set(self.skipped)))}" if self.skipped else "")

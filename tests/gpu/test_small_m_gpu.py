@@ -39,29 +39,6 @@ def test_small_m_matches_matmul_at_every_profile_shape(model):
             torch.testing.assert_close(out.float(), expect, atol=2e-2, rtol=2e-2, msg=what)
 
 
-@pytest.mark.parametrize("model", model_profiles())
-def test_gated_small_m_matches_silu_mul_of_matmul(model):
-    """linear_gated (gate/up GEMM with the SiLU-and-multiply in it) at every profile's gate/up shape, M = 1 and 8,
-    against SiLU(gate) * up of fp32 matmuls; where gated_config declines (K would be split), it says so."""
-    from gmtool.kernels.common import num_sms
-    from gmtool.kernels.small_m import gated_config, linear_gated
-
-    n2, k, _ = projection_shapes(load_model_profile(model)["config"])["gate_up"]
-    w = _randn(n2, k, seed=n2 + k, scale=k**-0.5)
-    for m in (1, 8):
-        cfg = gated_config(m, n2 // 2, k, num_sms(DEV))
-        if cfg is None:
-            continue
-        x = _randn(m, k, seed=m)
-        gu = torch.matmul(x.float(), w.float().t())
-        gate, up = gu[:, : n2 // 2], gu[:, n2 // 2 :]
-        expect = torch.nn.functional.silu(gate) * up
-        out = linear_gated(x, w, cfg)
-        what = f"{model} gate_up M={m} N={n2} K={k}"
-        assert out.shape == (m, n2 // 2) and not out.isnan().any(), what
-        torch.testing.assert_close(out.float(), expect, atol=3e-2, rtol=3e-2, msg=what)
-
-
 def test_small_m_replays_in_a_graph():
     """Split-K (N=256 splits K: a partials buffer and the reduce kernel) and plain, captured once, replayed
     after x changes in place."""
