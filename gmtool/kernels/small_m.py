@@ -13,6 +13,11 @@ last program of each block to arrive, counted on a device counter) was bit-exact
 a qwen3-0.6b decode step, but was no faster under PDL (H200, 2026-12-01, B=1 kv 1024: 0.997 and 1.000 ms
 against 1.016 and 0.987 with the second kernel, measured alternately in one run): it was dropped.
 
+SiLU-and-multiply in the gate/up GEMM's epilogue (each program streaming gate and up rows into two
+accumulators: one kernel fewer a layer) was tried too (H200, 2026-12-01, qwen3-0.6b B=1 kv 1024, the two trees
+alternated): 1.000 and 0.996 ms under --pdl against 0.978 and 0.975 without it; 1.109 and 1.000 against 1.124
+and 1.003 without PDL. Slower where it matters: dropped, as SiLU in the down projection's loads was before.
+
 Block sizes come from the shape (`pick`), never from autotuning: autotune would time kernels inside a CUDA
 graph capture. Launchers allocate from shapes only and read no device value, so a call can be captured (after
 one eager call compiled it).
