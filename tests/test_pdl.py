@@ -167,6 +167,20 @@ def test_pdl_falls_back_with_a_note_where_it_cannot_run():
     assert _pdl_mode(SweepConfig(device="cpu", fuse=True, small_m_gemm=True), notes) == 0 and len(notes) == 1
 
 
+def test_pdl_runs_the_early_mode_where_it_can(monkeypatch):
+    """--pdl where PDL can run: EARLY (element-wise kernels let the next launch before their wait), no note."""
+    pytest.importorskip("triton")
+    from gmtool.config import SweepConfig
+    from gmtool.kernels import pdl
+    from gmtool.measure.workbench import _pdl_mode
+
+    monkeypatch.setattr(pdl, "problem", lambda device=None: None)
+    cfg = SweepConfig(device="cpu", fuse=True, small_m_gemm=True, pdl=True)
+    cfg.attention_backend = "triton"  # as on a Hopper GPU
+    notes = []
+    assert _pdl_mode(cfg, notes) == pdl.Pdl.EARLY and notes == []
+
+
 def test_fused_ops_pass_the_mode_on(monkeypatch):
     """LayerOps with pdl: the element-wise launchers get pdl=mode, the GEMM too, the attention runs in its scope;
     without it nothing is passed (the plain launch, as before)."""

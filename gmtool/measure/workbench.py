@@ -60,8 +60,9 @@ def _most_seqs(cfg: SweepConfig) -> int:
 
 
 def _pdl_mode(cfg: SweepConfig, notes: list[str]) -> int:
-    """--pdl as a gmtool.kernels.pdl.Pdl mode: where PDL cannot run (no CUDA, the Triton interpreter, before
-    Hopper, an old Triton) the fused kernels launch plainly and the run's notes say why."""
+    """--pdl as a gmtool.kernels.pdl.Pdl mode, EARLY (the element-wise kernels let the next kernel launch before
+    their wait, so a GEMM prefetches its weight two kernels ahead): where PDL cannot run (no CUDA, the Triton
+    interpreter, before Hopper, an old Triton) the fused kernels launch plainly and the run's notes say why."""
     if not cfg.pdl:
         return 0
     if cfg.attention_backend != "triton":
@@ -73,7 +74,7 @@ def _pdl_mode(cfg: SweepConfig, notes: list[str]) -> int:
     if why:
         notes.append(f"--pdl: off, {why}")
         return 0
-    return int(pdl.Pdl.AFTER_WAIT)
+    return int(pdl.Pdl.EARLY)
 
 
 def build_need(cfg: SweepConfig) -> tuple:
