@@ -92,6 +92,38 @@ def test_one_arena_and_disjoint_keys(auto):
     assert len(ex.graphs) == len(full.graphs) + len(pw.graphs)
 
 
+def test_an_eager_step_over_another_bucket_s_inputs_is_refused(auto):
+    """Above the largest bucket the step runs eagerly over the arena's views at its own key's offsets: after
+    another batch was loaded there, it refuses as a graph does; loaded again, it is right."""
+    from gmtool.errors import InputsNotLoaded
+
+    bench, ex = auto
+    big, small = bench.batch(parse_composition("1*12", seed=5)), bench.batch(parse_composition("1*3", seed=6))
+    entry = ex.prepare(big)
+    assert isinstance(entry, EagerStep)
+    ex.step(small)
+    with pytest.raises(InputsNotLoaded, match="another bucket"):
+        entry.replay(big)
+    assert rel(ex.step(big).clone(), _eager(bench, big)) < 1e-5
+
+
+def test_fused_layers_write_k_v_only_where_the_attention_is_in_the_graph(auto):
+    """The forward context tells --fuse's QK kernel whether it may write the step's K/V itself: yes in a full
+    executor (and eager), no in a piecewise one, whose capture writes them at the end of each piece, so that its
+    warm-ups and compile-ahead's pass launch the kernels its capture records."""
+    from gmtool.model import attention
+
+    bench, ex = auto
+    for kind, writes in (("decode", True), ("mixed", False)):
+        part = ex.parts[kind]
+        batch = bench.batch(parse_composition("1*3" if kind == "decode" else "3+2", seed=1))
+        key = part.key_for(batch)
+        ctx = part._context(key, part.inputs.load(batch, key), batch)
+        assert ctx.layers_write_kv is writes, kind
+        with attention.forward_context(ctx):
+            assert (attention.cache_writer() is ctx) is writes, kind
+
+
 def test_above_max_tokens_is_one_line(auto):
     from gmtool.errors import GmtoolError
 

@@ -293,6 +293,22 @@ MUTANTS: list[Mutant] = [
         "every fused layer writes its K/V into layer 0's cache",
     ),
     M(
+        "eager-step-skips-the-input-check",
+        "gmtool/core/auto.py",
+        "self.check_inputs()  # its views are the arena's at this key's offsets, as a graph's",
+        "pass",
+        "tests/test_auto.py::test_an_eager_step_over_another_bucket_s_inputs_is_refused",
+        "auto's eager step runs over another bucket's arena layout",
+    ),
+    M(
+        "piecewise-layers-write-kv",
+        "gmtool/core/executor.py",
+        "layers_write_kv=not self.mode.piecewise,",
+        "layers_write_kv=True,",
+        "tests/test_auto.py::test_fused_layers_write_k_v_only_where_the_attention_is_in_the_graph",
+        "a piecewise executor's warm-ups launch --fuse's cache-writing QK kernel, which its capture never records",
+    ),
+    M(
         "logit-rule-not-in-place",
         "gmtool/model/families.py",
         "return logits.div_(cap).tanh_().mul_(cap) if in_place else",

@@ -28,6 +28,7 @@ class EagerStep(CapturedGraph):
     executor: GraphExecutor | None = None  # whose forward strategy runs it
 
     def replay(self, batch: Batch, refresh_metadata: bool = True) -> None:
+        self.check_inputs()  # its views are the arena's at this key's offsets, as a graph's
         self.ctx.prepare(batch.plan)
         with forward_context(self.ctx), torch.no_grad():
             self.executor.forward(self.ctx.views)
@@ -104,7 +105,14 @@ class AutoExecutor:
                 self.cache, views, impl, batch.plan, batch.num_seqs, backend=self._decode_part.attention
             )
             entry = self.eager[key] = EagerStep(
-                key, GraphMode.EAGER, impl, [], ctx, captured_with=batch.composition.label, executor=self._decode_part
+                key,
+                GraphMode.EAGER,
+                impl,
+                [],
+                ctx,
+                captured_with=batch.composition.label,
+                inputs=self.inputs,
+                executor=self._decode_part,
             )
         return entry
 

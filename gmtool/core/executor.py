@@ -93,12 +93,17 @@ class CapturedGraph:
     def runners(self) -> int:
         return sum(getattr(s, "is_runner", False) for s in self.steps)
 
-    def replay(self, batch: Batch, refresh_metadata: bool = True) -> None:
+    def check_inputs(self) -> None:
+        """Raises InputsNotLoaded unless the input arena holds this key's batch (a replay reads it at this key's
+        offsets: another key's batch there gives wrong positions and lengths, or an illegal address)."""
         if self.inputs is not None and not self.inputs.holds(self.key):
             raise InputsNotLoaded(
                 f"bucket {self.key} replayed while the input arena holds another bucket's batch: its graph would "
                 "read that batch's fields at its own offsets; load the batch first (GraphExecutor.prepare)"
             )
+
+    def replay(self, batch: Batch, refresh_metadata: bool = True) -> None:
+        self.check_inputs()
         if refresh_metadata:
             self.ctx.prepare(batch.plan)
         if self.loop is not None:
@@ -236,6 +241,9 @@ class GraphExecutor:
             key.num_seqs or 0,
             backend=self.attention,
             scratch=self.decode_scratch,
+            # a piecewise capture writes K/V at the end of each piece: its warm-ups and compile-ahead's pass must
+            # launch the kernels the capture will (not --fuse's QK kernel that writes the cache itself)
+            layers_write_kv=not self.mode.piecewise,
         )
 
     def capture(self, key: BucketKey, batch: Batch) -> CapturedGraph:

@@ -220,7 +220,9 @@ def _rows_with_batches(bench, records):
 
 
 # -- under --trace: the step's time by kernel class ----------------------------------------------------
-KERNEL_CLASSES = (  # first match wins: attention kernels may name a GEMM inside them
+# first match wins: attention kernels may name a GEMM inside them. With --fuse on Triton the K/V write is inside
+# the QK-norm + RoPE kernel, so it counts as norm there (write_kv, attention, elsewhere).
+KERNEL_CLASSES = (
     ("attention", re.compile(r"attention|attn|sdpa|flash|fmha|decode_split|combine_kernel|varlen|write_kv", re.I)),
     ("GEMM", re.compile(r"gemm|gemv|matmul|\bmm\b|aten::mm|addmm|bmm|linear|cutlass|xmma|cublas|nvjet|sm\d+_", re.I)),
     ("norm", re.compile(r"norm|rsqrt", re.I)),

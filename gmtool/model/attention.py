@@ -272,6 +272,7 @@ class ForwardContext:
     scratch: object = None  # the executor's reserved decode split partials for bound runners (Triton)
 
     prepares: int = 0  # how many times a step's metadata was prepared (once per step, for all its runners)
+    layers_write_kv: bool = True  # a fused layer may write this step's K/V itself (cache_writer); not piecewise
 
     def __post_init__(self) -> None:
         self._run = getattr(self.backend, self.impl)  # looked up once, not per layer
@@ -403,8 +404,9 @@ def probing(calls: list):
 def cache_writer() -> ForwardContext | None:
     """The forward's context when a layer may write this step's K/V into ctx.cache itself (at
     ctx.views.slot_mapping) and then call ctx.attend_cached: None while FX traces (the opaque op takes k and v)
-    or a piecewise capture breaks at attention (the piece writes them), and outside a forward."""
-    if _opaque or _current is None or _current.breaker is not None:
+    or a piecewise capture breaks at attention (the piece writes them), in a piecewise executor's warm-ups (they
+    launch what its capture will), and outside a forward."""
+    if _opaque or _current is None or _current.breaker is not None or not _current.layers_write_kv:
         return None
     return _current
 

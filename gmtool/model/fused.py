@@ -2,8 +2,10 @@
 
 A Hugging Face Llama/Qwen layer launches about 50 kernels per decode step (RMSNorm alone is 6-7, RoPE about
 10); inside a CUDA graph each still costs its launch latency, so at small batches the replay is the sum of
-many tiny kernels. Fused, a layer is about 11: add+RMSNorm, one QKV GEMM, one QK-norm+RoPE kernel, KV write,
-attention, o_proj, add+RMSNorm, one gate/up GEMM, one SiLU-and-mul kernel, down_proj. Each residual add
+many tiny kernels. Fused, a layer is about 10: add+RMSNorm, one QKV GEMM, one QK-norm+RoPE kernel that also
+writes the step's K/V into the cache (with Triton, where the layer attends in place: whole graphs and eager;
+a piecewise capture writes them at the end of its piece), attention, o_proj, add+RMSNorm, one gate/up GEMM,
+one SiLU-and-mul kernel, down_proj. Each residual add
 moves into the RMSNorm after it, as engines carry (hidden, residual) pairs through their layers: for the
 architectures whose decoder layer is the plain pre-norm block, the base model's forward is replaced by that
 loop (`_residual_stream_forward`).
@@ -288,7 +290,7 @@ class FusedLayers:
         c = self.counts
         s = (
             f"--fuse: {c['attention']} attention blocks (one QKV GEMM, QK-norm+RoPE in one kernel, which with Triton "
-            f"also writes the step's K/V into the cache), {c['mlp']} MLPs "
+            f"also writes the step's K/V into the cache where the graph holds the attention), {c['mlp']} MLPs "
             f"(one gate/up GEMM, SiLU-and-mul in one kernel), {c['rmsnorm']} RMSNorms in one kernel each, "
             f"{c['residual_adds']} residual adds inside the RMSNorm after them"
         )
