@@ -69,7 +69,7 @@ def _kernels():
         (
             "decode combine",
             da._combine_kernel,
-            dict(NUM_HEADS=16, D=128, D_PAD=128, S_PAD=64, SINKS=False),
+            dict(NUM_HEADS=16, D=128, D_PAD=128, S_PAD=64, SINKS=False, WINDOW=0, BLOCK_N=64),
             ptr,
         ),
     ]
@@ -182,8 +182,8 @@ def test_pdl_runs_the_early_mode_where_it_can(monkeypatch):
 
 
 def test_fused_ops_pass_the_mode_on(monkeypatch):
-    """LayerOps with pdl: the element-wise launchers get pdl=mode, the GEMM too, the attention runs in its scope;
-    without it nothing is passed (the plain launch, as before)."""
+    """LayerOps with pdl: the element-wise launchers get pdl=mode, the GEMM too, the attention runs in its scope,
+    for steps the small-M GEMM serves; above them, and without pdl, nothing is passed (the plain launch)."""
     from gmtool.model import fused as fused_mod
 
     pytest.importorskip("triton")
@@ -199,6 +199,10 @@ def test_fused_ops_pass_the_mode_on(monkeypatch):
     with ops.attention_launches(x):
         assert pdl.current() == pdl.Pdl.AFTER_WAIT
     assert pdl.current() == pdl.Pdl.OFF
+    above = torch.zeros(1, 5, 4)  # 5 tokens, past small_m: cuBLAS's GEMMs, so no PDL launches either
+    assert ops(above) is layers and ops.pdl_for(above) == 0
+    with ops.attention_launches(above):
+        assert pdl.current() == pdl.Pdl.OFF
     ops.pdl = 0
     assert ops(x) is layers
     ops.linear(x, x)

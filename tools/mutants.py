@@ -309,6 +309,22 @@ MUTANTS: list[Mutant] = [
         "a piecewise executor's warm-ups launch --fuse's cache-writing QK kernel, which its capture never records",
     ),
     M(
+        "combine-reads-every-split",
+        "gmtool/kernels/decode_attention.py",
+        "s_ok = s * per_split < kv_len - first",
+        "s_ok = s < num_splits",
+        "tests/test_attention_features.py::test_kernels_under_the_interpreter",
+        "the decode combine reads the partials of splits past a sequence's tokens, which wrote none",
+    ),
+    M(
+        "pdl-past-small-m",
+        "gmtool/model/fused.py",
+        "return self.pdl if x.numel() <= self.small_m * x.shape[-1] else 0",
+        "return self.pdl",
+        "tests/test_pdl.py::test_fused_ops_pass_the_mode_on",
+        "steps above the small-M GEMM's rows launch with PDL, which only costs there (no weight prefetch)",
+    ),
+    M(
         "logit-rule-not-in-place",
         "gmtool/model/families.py",
         "return logits.div_(cap).tanh_().mul_(cap) if in_place else",

@@ -6,7 +6,9 @@ at run time, and each program reads only the pages that cover its share of [0, k
 
 Stage 1: grid (B, Hkv, num_splits). A program owns all G query heads of one kv head (so K/V are read once
 per kv head, not G times) and one contiguous split of the sequence; online softmax in fp32, exp2 domain.
-Stage 2: grid (B, H) combines the splits by log-sum-exp. With one split stage 1 writes the output itself.
+Stage 2: grid (B, H) combines the splits by log-sum-exp. With one split stage 1 writes the output itself. The
+split count is the bucket's (from its longest possible sequence), so a short sequence leaves splits empty: those
+programs return at once and the combine reads only the splits that held tokens.
 
 Layer options (compile-time constants, static per layer): a sliding window reads only the last WINDOW tokens'
 pages, the splits dividing the window rather than the whole sequence; SOFTCAP caps the logits; learned sinks
@@ -103,13 +105,12 @@ def _decode_split_kernel(
     split = tl.program_id(2)
 
     kv_len = tl.load(lens_ptr + b)
-    first = kv_len * 0  # the first token this query sees: the window's start, else 0
-    if WINDOW > 0:
-        first = tl.maximum(kv_len - WINDOW, 0)
-    # Splits divide what this sequence's query sees, rounded to whole tiles: short sequences stay cheap.
-    per_split = tl.cdiv(tl.cdiv(kv_len - first, num_splits), BLOCK_N) * BLOCK_N
+    first, per_split = _split_span(kv_len, num_splits, WINDOW, BLOCK_N)
     lo = first + split * per_split
     hi = tl.minimum(lo + per_split, kv_len)
+    if SPLIT:
+        if lo >= hi:  # past this sequence's tokens: the combine reads only the splits that hold some
+            return
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
@@ -168,12 +169,23 @@ def _decode_split_kernel(
         tl.store(lse_ptr + row, tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf")), mask=g_ok)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit
+def _split_span(kv_len, num_splits, WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(the first token a sequence's query sees, tokens per split): the splits divide what the query sees, in
+    whole tiles, so a short sequence fills the first few splits and leaves the rest empty."""
+    first = kv_len * 0
+    if WINDOW > 0:
+        first = tl.maximum(kv_len - WINDOW, 0)
+    return first, tl.cdiv(tl.cdiv(kv_len - first, num_splits), BLOCK_N) * BLOCK_N
+
+
+@triton.jit(do_not_specialize=["num_splits"], do_not_specialize_on_alignment=["lens_ptr"])
 def _combine_kernel(
     part_ptr,
     lse_ptr,
     out_ptr,
     sink_ptr,
+    lens_ptr,
     stride_ob,
     stride_oh,
     num_splits,
@@ -182,6 +194,8 @@ def _combine_kernel(
     D_PAD: tl.constexpr,
     S_PAD: tl.constexpr,
     SINKS: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
     pdl_mod.enter(PDL)  # the partials are the split kernel's
@@ -189,7 +203,10 @@ def _combine_kernel(
     h = tl.program_id(1)
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, D_PAD)
-    s_ok = s < num_splits
+    # only the splits that held tokens wrote partials (the split kernel's span, again from kv_lens)
+    kv_len = tl.load(lens_ptr + b)
+    first, per_split = _split_span(kv_len, num_splits, WINDOW, BLOCK_N)
+    s_ok = s * per_split < kv_len - first
     d_ok = d < D
     row = (b * NUM_HEADS + h) * num_splits + s
     lse = tl.load(lse_ptr + row, mask=s_ok, other=float("-inf"))
@@ -283,13 +300,15 @@ def _arguments(
     if num_splits > 1:
         combine = (
             (batch, heads, 1),
-            (part, lse, out, sink_arg, out.stride(0), out.stride(1), num_splits),
+            (part, lse, out, sink_arg, kv_lens, out.stride(0), out.stride(1), num_splits),
             dict(
                 NUM_HEADS=heads,
                 D=dv,
                 D_PAD=dv_pad,
                 S_PAD=pow2(MAX_SPLITS),  # one variant for every split count: past the count, masked
                 SINKS=sinks is not None,
+                WINDOW=window or 0,
+                BLOCK_N=block_n,
                 PDL=0,
             ),
         )
@@ -315,16 +334,18 @@ def decode_attention(
     softcap: float | None = None,
     sinks=None,
     pdl: int | None = None,
+    scratch=None,
 ):
     """q [B, H, Dk] -> [B, H, Dv]; sequence b attends to its first kv_lens[b] tokens via block_tables[b], the
     last `window` of them with a window; softcap caps the logits; sinks [H] are per-head sink logits.
 
     kv_lens[b] == 0 (a padded slot) gives zeros. Buffers allocated here have bucket-only shapes, so the
     call can be captured in a CUDA graph (after one eager call has compiled the kernels). pdl: a
-    gmtool.kernels.pdl.Pdl mode for both kernels; None: the caller's scope (pdl.launches).
+    gmtool.kernels.pdl.Pdl mode for both kernels; None: the caller's scope (pdl.launches). scratch(role, numel):
+    the split partials' buffers ("part", "lse"; default: fresh ones).
     """
     out, (grid, args, consts), combine = _arguments(
-        q, k_cache, v_cache, block_tables, kv_lens, scale, num_splits, out, block_n, window, softcap, sinks
+        q, k_cache, v_cache, block_tables, kv_lens, scale, num_splits, out, block_n, window, softcap, sinks, scratch
     )
     mode = pdl_mod.current() if pdl is None else pdl
     on = dict(PDL=int(mode))
