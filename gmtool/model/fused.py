@@ -5,10 +5,9 @@ A Hugging Face Llama/Qwen layer launches about 50 kernels per decode step (RMSNo
 many tiny kernels. Fused, a layer is about 10: add+RMSNorm, one QKV GEMM, one QK-norm+RoPE kernel that also
 writes the step's K/V into the cache (with Triton, where the layer attends in place: whole graphs and eager;
 a piecewise capture writes them at the end of its piece), attention, o_proj, add+RMSNorm, one gate/up GEMM,
-one SiLU-and-mul kernel, down_proj. Each residual add
-moves into the RMSNorm after it, as engines carry (hidden, residual) pairs through their layers: for the
-architectures whose decoder layer is the plain pre-norm block, the base model's forward is replaced by that
-loop (`_residual_stream_forward`).
+one SiLU-and-mul kernel, down_proj. Each residual add moves into the RMSNorm after it, as engines carry
+(hidden, residual) pairs through their layers: for the architectures whose decoder layer is the plain
+pre-norm block, the base model's forward is replaced by that loop (`_residual_stream_forward`).
 
 The weights are not copied: q/k/v (and gate/up) become views of one concatenated weight, so the original
 modules still hold their weights and `unfused()` gives the Hugging Face forwards back (the hf-compiled peer
