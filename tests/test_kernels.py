@@ -160,6 +160,18 @@ def test_num_splits_depends_on_bucket_only():
     assert splits == {1, 2, 4, 8, 16}  # powers of two only
 
 
+def test_decode_split_count_is_bounded():
+    """More splits than the combine reads (MAX_SPLITS) would drop the last ones' tokens: refused."""
+    pytest.importorskip("triton")
+    from gmtool.kernels.decode_attention import MAX_SPLITS, decode_attention
+    from gmtool.kernels.testing import decode_case
+
+    case, q = decode_case([3], num_slots=1, kv_heads=1, group=1, blocks_per_seq=1, dtype=torch.float32)
+    for bad in (0, MAX_SPLITS + 1):
+        with pytest.raises(ValueError, match=f"num_splits {bad}"):
+            decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, 0.3, num_splits=bad)
+
+
 _INDEX_PTRS = ("bt_ptr", "lens_ptr", "cu_ptr", "slot_ptr")
 
 

@@ -311,7 +311,7 @@ MUTANTS: list[Mutant] = [
     M(
         "combine-reads-every-split",
         "gmtool/kernels/decode_attention.py",
-        "s_ok = s * per_split < kv_len - first",
+        "s_ok = (s < num_splits) & (s * per_split < kv_len - first)",
         "s_ok = s < num_splits",
         "tests/test_attention_features.py::test_kernels_under_the_interpreter",
         "the decode combine reads the partials of splits past a sequence's tokens, which wrote none",

@@ -206,7 +206,7 @@ def _combine_kernel(
     # only the splits that held tokens wrote partials (the split kernel's span, again from kv_lens)
     kv_len = tl.load(lens_ptr + b)
     first, per_split = _split_span(kv_len, num_splits, WINDOW, BLOCK_N)
-    s_ok = s * per_split < kv_len - first
+    s_ok = (s < num_splits) & (s * per_split < kv_len - first)
     d_ok = d < D
     row = (b * NUM_HEADS + h) * num_splits + s
     lse = tl.load(lse_ptr + row, mask=s_ok, other=float("-inf"))
@@ -238,6 +238,8 @@ def _arguments(
     if num_splits is None:
         seen = block_tables.shape[1] * page if window is None else min(window, block_tables.shape[1] * page)
         num_splits = choose_num_splits(batch, kv_heads, seen, num_sms(q.device))
+    if not 1 <= num_splits <= MAX_SPLITS:  # the combine reads MAX_SPLITS partials at most
+        raise ValueError(f"num_splits {num_splits}: 1 to {MAX_SPLITS}")
     if out is None:
         out = q.new_empty(batch, heads, dv)
     elif out.shape != (batch, heads, dv) or out.stride(-1) != 1:
