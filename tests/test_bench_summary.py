@@ -293,3 +293,61 @@ def test_capture_stage_runs_cold_then_warm_processes_on_one_new_triton_cache(mon
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=1, stdout="", stderr="boom"))
     with pytest.raises(RuntimeError, match="cold capture process failed: boom"):
         bench.stage_capture(None)
+
+
+def test_summary_judges_the_small_m_goals_on_the_variants_in_turns(tmp_path):
+    """decode-ab's figures (one process, the variants in turns) decide the small-M rows where it ran, not the
+    stages timed one after another; a B=32 ratio that shows as 1.00x is not slower."""
+    from gmtool.measure import decode_ab
+
+    def row(variant, bucket, ms):
+        return {
+            "variant": variant,
+            "bucket": bucket,
+            "composition": f"1*{bucket}@1023",
+            "status": "ok",
+            "latency_ms": _lat(ms),
+            "round_medians_ms": [ms] * 3,
+        }
+
+    ab = {
+        "rows": [row("fuse", 1, 1.25), row("fuse", 32, 2.200), row("smallm", 1, 0.99), row("smallm", 32, 2.204)]
+        + [row("pdl", 1, 0.93), row("pdl", 32, 2.250)],
+        "notes": [],
+    }
+    assert set(decode_ab.as_stages(ab)) == {"fuse", "smallm", "pdl"}
+    stages = {
+        "fused": {"rows": [row("", 1, 1.0), row("", 32, 1.0)]},  # a fast first stage: must not be the baseline
+        "fused-smallm": {"rows": [row("", 1, 0.5), row("", 32, 0.5)]},
+        "decode-ab": ab,
+    }
+    for name, data in stages.items():
+        (tmp_path / f"bench-{name}.json").write_text(json.dumps(data))
+    rows = {r[0]: r[1:] for r in summary(tmp_path, Console(file=io.StringIO()))}
+    tag = " [decode-ab: one process, in turns]"
+    (goal,) = [v for k, v in rows.items() if k.startswith("decode B=1 kv=1024, --fuse with the small-M GEMM and PDL")]
+    assert goal == ("0.930 ms", "<= 0.8 ms", "NOT met")
+    assert rows[f"decode B=32 kv=1024: --fuse with / without the small-M GEMM (2.204 vs 2.200 ms){tag}"] == (
+        "1.00x",
+        "<= 1.00x",
+        "met",
+    )
+    assert rows[f"decode B=32 kv=1024: --fuse with / without the small-M GEMM and PDL (2.250 vs 2.200 ms){tag}"][2] == (
+        "NOT met"
+    )
+    assert not any("0.500 ms" in k for k in rows)
+    ab["rows"] = [r for r in ab["rows"] if r["variant"] != "pdl"]
+    ab["notes"] = ["--pdl: off, PDL needs sm_90 (Hopper) or later, this device is sm_8x"]
+    (tmp_path / "bench-decode-ab.json").write_text(json.dumps(ab))
+    rows = {r[0]: r[1:] for r in summary(tmp_path, Console(file=io.StringIO()))}
+    assert "fused-pdl: --pdl: off, PDL needs sm_90 (Hopper) or later, this device is sm_8x" in rows
+    assert rows[f"decode B=1 kv=1024, --fuse with the small-M GEMM, --fuse alone 1.250 ms{tag}"][0] == "0.990 ms"
+
+
+def test_decode_ab_rounds_rotate_which_variant_goes_first():
+    from gmtool.measure.decode_ab import rotated
+
+    work = ["a1", "a2", "b1", "b2", "c1", "c2"]
+    firsts = [rotated(work, k * 2)[0] for k in range(4)]
+    assert firsts == ["a1", "b1", "c1", "a1"]
+    assert sorted(rotated(work, 3)) == sorted(work)

@@ -11,6 +11,9 @@ Stages (each writes bench-<stage>.json into --out; the table is built from whate
   fused-pdl  --fuse --small-m-gemm --pdl: the same, the fused kernels launched with Programmatic Dependent Launch
            (each GEMM prefetches its weight into L2 while the kernel before runs); the 0.8 ms goal is judged on
            the faster of fused-smallm and fused-pdl
+  decode-ab  --fuse, --fuse --small-m-gemm and --fuse --small-m-gemm --pdl on one model, each captured once and
+           timed in turns, round after round (gmtool.measure.decode_ab): the GPU's speed drifts within a run, so
+           stages timed one after another favour the first; where it ran, the summary judges the small-M goals on it
   compile  the same with --compile (Inductor, then captured)
   compile-fused  --compile --fuse
   gemm     the small-M GEMM against cuBLAS at qwen3-0.6b's projection shapes (M = 1, 8, 32): weight TB/s
@@ -49,6 +52,7 @@ STAGES = (
     "fused",
     "fused-smallm",
     "fused-pdl",
+    "decode-ab",
     "compile",
     "compile-fused",
     "gemm",
@@ -168,6 +172,12 @@ def stage_decode(args, compile_: bool = False, fuse: bool = False, small_m: bool
     res = Sweep(_decode_cfg(compile_, args.iters, fuse, small_m, pdl)).run()
     out = {"rows": _rows(res.records, "full"), "eager": _rows(res.records, "eager"), "errors": res.errors}
     return out | ({"notes": [n for n in res.notes if n.startswith("--pdl")]} if pdl else {})
+
+
+def stage_decode_ab(args) -> dict:
+    from gmtool.measure import decode_ab
+
+    return decode_ab.run(args.iters)
 
 
 def stage_gemm(args) -> dict:
@@ -516,6 +526,7 @@ def main(argv=None) -> int:
         "peer": stage_peer,
         "prefill": stage_prefill,
         "capture": stage_capture,
+        "decode-ab": stage_decode_ab,
         "capture-once": stage_capture_once,
         "capture-once-fused": stage_capture_once_fused,
         "lean": stage_lean,
