@@ -158,6 +158,41 @@ def test_the_upload_replay_at_capture_keeps_the_baked_plan(monkeypatch):
     assert entry.baked_plans and entry.stale_metadata(b) and not entry.stale_metadata(a)
 
 
+def test_capture_uploads_whole_graphs_without_running_them():
+    """A capture ends with the graphs' upload (the ledger's memory outside the pool). Steps that can upload
+    alone (CUDA: cuGraphUpload) are not run; a step that cannot (a runner), or an upload the driver refused,
+    makes the entry replay the capture's batch once instead."""
+    from types import SimpleNamespace
+
+    from gmtool.core.executor import CapturedGraph
+    from gmtool.modes import GraphMode
+
+    class Step:
+        def __init__(self, ok=True, can=True):
+            self.ok, self.uploads, self.replays = ok, 0, 0
+            if not can:
+                self.upload = None
+
+        def upload(self):
+            self.uploads += 1
+            return self.ok
+
+        def replay(self):
+            self.replays += 1
+
+    ctx = SimpleNamespace(prepare=lambda plan: None)
+    batch = SimpleNamespace(plan=None)
+
+    def entry(*steps):
+        e = CapturedGraph(BucketKey(8, 8, True), GraphMode.FULL, "test", list(steps), ctx, launch_path="python: test")
+        e.upload(batch)
+        return [(s.uploads, s.replays) for s in steps]
+
+    assert entry(Step(), Step()) == [(1, 0), (1, 0)]
+    assert entry(Step(), Step(ok=False)) == [(1, 1), (1, 1)]  # every step tries; then one replay of all
+    assert entry(Step(), Step(can=False)) == [(0, 1), (0, 1)]
+
+
 def test_narrow_full_graph_for_prefill_is_flagged_and_wide_key_is_safe():
     narrow = Rig(mode="full")
     a, b = narrow.batch("16+16", seed=1), narrow.batch("8*4", seed=2)

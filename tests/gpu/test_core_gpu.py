@@ -147,3 +147,25 @@ def test_fused_layers_match_hf_layers_and_replay():
     res = Sweep(cfg).run()
     rows = [r.to_dict() for r in res.records if r.mode != "eager"]
     assert len(rows) >= 18 and all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["error"]]
+
+
+def test_a_whole_graph_uploads_without_running_and_then_replays():
+    """The capture's upload (the ledger's memory outside the pool) runs no kernel: cuGraphUpload, not a replay;
+    the first replay after it runs the graph once."""
+    from gmtool.core.backends.cuda import CudaGraphBackend
+
+    backend = CudaGraphBackend(DEV)
+    x = torch.zeros(4, device=DEV)
+    backend.warmup(lambda: x.add_(1))
+    backend.begin()
+    x.add_(1)
+    graph = backend.end()
+    torch.cuda.synchronize()
+    before = x.clone()
+    assert graph.upload()
+    torch.cuda.synchronize()
+    assert torch.equal(x, before)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(x, before + 1)
+    backend.release()

@@ -33,6 +33,24 @@ class CudaGraph:
         except RuntimeError as e:
             raise NotNative(f"no instantiated graph: {str(e).splitlines()[0]}") from None
 
+    def upload(self) -> bool:
+        """The driver's copy of the graph to the device, as its first launch makes it, on the current stream:
+        cuGraphUpload runs no kernel, where a first replay would run the whole step. False where it cannot
+        (no cuda-bindings, no exec handle, a driver error): the caller replays instead."""
+        from gmtool.kernels.launcher import NotNative
+        from gmtool.verify.graphnodes import load_driver
+
+        driver = load_driver()
+        if driver is None:
+            return False
+        try:
+            handle = self.exec_handle()
+        except NotNative:
+            return False
+        stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
+        (err,) = driver.cuGraphUpload(driver.CUgraphExec(handle), stream)
+        return int(err) == 0
+
     def graph_handle(self) -> int:
         """The cudaGraph_t a stitched graph embeds (native_loop.NativeProgram.stitch): kept by torch only for
         a graph made with keep_graph=True (the backend's default)."""
