@@ -203,20 +203,24 @@ def _combine_kernel(
     h = tl.program_id(1)
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, D_PAD)
-    # only the splits that held tokens wrote partials (the split kernel's span, again from kv_lens)
+    # Only the splits that held tokens wrote partials (the split kernel's span, again from kv_lens). The loads
+    # do not wait for kv_len: every split of the count is read at once, and what the empty ones hold (stale, or
+    # never written) is masked after, so the program makes one trip to memory, not two.
     kv_len = tl.load(lens_ptr + b)
-    first, per_split = _split_span(kv_len, num_splits, WINDOW, BLOCK_N)
-    s_ok = (s < num_splits) & (s * per_split < kv_len - first)
     d_ok = d < D
     row = (b * NUM_HEADS + h) * num_splits + s
-    lse = tl.load(lse_ptr + row, mask=s_ok, other=float("-inf"))
+    lse = tl.load(lse_ptr + row, mask=s < num_splits, other=float("-inf"))
+    o = tl.load(part_ptr + row[:, None] * D + d[None, :], mask=(s < num_splits)[:, None] & d_ok[None, :], other=0.0)
+    first, per_split = _split_span(kv_len, num_splits, WINDOW, BLOCK_N)
+    s_ok = (s < num_splits) & (s * per_split < kv_len - first)
+    lse = tl.where(s_ok, lse, float("-inf"))
+    o = tl.where(s_ok[:, None], o, 0.0)  # never 0 * NaN: an unwritten partial may hold anything
     top = tl.max(lse, 0)
     top = tl.where(top == float("-inf"), 0.0, top)  # every split empty: weights become 0, output 0
     w = tl.exp2(lse - top)
     total = tl.sum(w, 0)
     if SINKS:  # once per head, not per split
         total += tl.exp2(tl.load(sink_ptr + h).to(tl.float32) * 1.4426950408889634 - top)
-    o = tl.load(part_ptr + row[:, None] * D + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     res = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d_ok)
 
