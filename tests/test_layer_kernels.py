@@ -190,6 +190,13 @@ def test_layer_kernels_compile_for_hopper():
             consts = {"HQ": 16, "HKV": 8, "HALF": half, "HALF_PAD": 64, "NORM": norm, "PAGE": 16, "WRITE_KV": write}
             assert _compile_for_hopper(layers._qk_norm_rope_kernel, consts, ptr).asm["cubin"]
         assert _compile_for_hopper(layers._silu_mul_kernel, {"I": 3072, "BLOCK": 1024}, ptr).asm["cubin"]
+    from gmtool.kernels.testing import compile_for_hopper
+
+    def partials(name):  # x: a GEMM's split-K partials (fp32), the rest as a bf16 step's
+        return "*fp32" if name == "x_ptr" else "*bf16" if name.endswith("_ptr") else "fp32" if name == "eps" else "i32"
+
+    split = {"H": 1024, "BLOCK": 1024, "SPLIT": 4, "HAS_BIAS": True}
+    assert compile_for_hopper(layers._add_rms_norm_kernel, split, partials).asm["cubin"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
@@ -244,6 +251,33 @@ def test_interp_add_rms_norm(dtype, tokens, hidden):
     e_out, e_total = add_rms_norm_ref(x, r, w, EPS)
     _check(total, e_total, dtype)
     _check(out, e_out, dtype)
+
+
+@interp_only
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_interp_add_rms_norm_sums_a_gemm_s_partials_bit_for_bit(dtype, bias, tokens):
+    """A block's last projection handed over as split-K partials (small_m.linear(partial=True)): add_rms_norm
+    sums them as the GEMM's reduce kernel would, so both outputs equal the reduced path's bit for bit."""
+    from gmtool.kernels.common import Partials
+    from gmtool.kernels.layers import add_rms_norm
+    from gmtool.kernels.small_m import Config, linear
+
+    hidden, k = 96, 96
+    x = _strided(tokens, k, dtype, seed=tokens, scale=0.5)
+    wt = _randn(hidden, k, seed=7, dtype=dtype, scale=0.2)
+    b = _randn(hidden, seed=8, dtype=dtype) if bias else None
+    r = _strided(tokens, hidden, dtype, seed=tokens + 5, scale=6.0)
+    w = _randn(hidden, seed=hidden, dtype=dtype, scale=0.3, shift=1.0)
+    split = Config(16, 32, 32, 3)  # three K slices of 32
+    parts = linear(x, wt, b, split, partial=True)
+    assert isinstance(parts, Partials) and parts.parts.shape == (3, tokens, hidden) and parts.shape == (tokens, hidden)
+    out, total = add_rms_norm(parts, r, w, EPS)
+    e_out, e_total = add_rms_norm(linear(x, wt, b, split), r, w, EPS)
+    assert torch.equal(total, e_total) and torch.equal(out, e_out)
+    _check(out, add_rms_norm_ref(torch.matmul(x, wt.t()) + (b if bias else 0), r, w, EPS)[0], dtype)
+    assert isinstance(linear(x, wt, b, Config(16, 32, 32, 1), partial=True), torch.Tensor)  # nothing to sum
 
 
 @interp_only

@@ -211,6 +211,38 @@ def test_interp_fused_step_with_small_m_equals_without(monkeypatch):
     assert len(calls) == 4 * rig.lm.num_layers  # 8 tokens: above the threshold
 
 
+@interp_only
+def test_interp_fused_step_hands_split_k_partials_to_the_norm(monkeypatch):
+    """With K split, o_proj and down_proj leave their partial sums to the add+RMSNorm after them (no reduce
+    kernel): two a layer, and the step's logits equal, bit for bit, the same step with every product reduced."""
+    from gmtool.kernels import small_m
+    from gmtool.kernels.common import Partials
+    from gmtool.model import fused as fused_mod
+
+    from .helpers import Rig
+
+    monkeypatch.setattr(fused_mod, "_triton_runs", lambda x: True)
+    monkeypatch.setattr(small_m, "pick", lambda m, n, k, sms, elem_bytes=2: small_m.Config(16, 16, 16, 2))
+    handed, reduced = [], []
+    real = small_m.linear
+
+    def counted(*a, **kw):
+        y = real(*a, **kw)
+        handed.append(isinstance(y, Partials))
+        return y
+
+    monkeypatch.setattr(small_m, "linear", counted)
+    rig = Rig()
+    fused_mod.fuse_layers(rig.lm.model, "triton", rig.lm.layout, small_m=4)
+    decode = rig.batch("1*4", seed=1)
+    on = rig.eager(decode)
+    assert handed.count(True) == 2 * rig.lm.num_layers and len(handed) == 4 * rig.lm.num_layers
+    monkeypatch.setattr(small_m, "linear", lambda *a, partial=False, **kw: reduced.append(a) or real(*a, **kw))
+    off = rig.eager(decode)
+    assert len(reduced) == 4 * rig.lm.num_layers
+    assert torch.equal(on, off)
+
+
 def test_projection_shapes_of_the_profiles():
     from gmtool.kernels.gemm_bench import projection_shapes
     from gmtool.profiles import load_model_profile

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -16,6 +17,22 @@ SMALL_M_MAX = 32
 # gemm_bench, 2026-12-01: 5.3-7.7 against 5.9-8.5 us), at 1 and 8 rows the small-M GEMM (4.9-6.0 against
 # 5.3-12.7 us)
 SMALL_M_DEFAULT = 16
+
+
+@dataclass(frozen=True)
+class Partials:
+    """x @ W^T (+ bias) left as its split-K partial sums, parts [split, M, N] fp32: what
+    gmtool.kernels.small_m.linear(partial=True) returns where K is split. The kernel that reads the product next (gmtool.kernels.layers.add_rms_norm) adds
+    them in the order, and with the rounding to dtype, the reduce kernel would: the same bits, one kernel fewer
+    (two a layer in a decode step: o_proj and down_proj)."""
+
+    parts: torch.Tensor
+    bias: torch.Tensor | None
+    dtype: torch.dtype  # the product's (x's): the sum is rounded to it, as the reduce kernel's output is
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.parts.shape[1:]
 
 
 def pow2(n: int, floor: int = 1) -> int:

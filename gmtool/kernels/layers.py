@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from gmtool.kernels import pdl as pdl_mod
-from gmtool.kernels.common import check_cache, pow2
+from gmtool.kernels.common import Partials, check_cache, pow2
 from gmtool.kernels.launcher import FastLaunch
 
 SILU_BLOCK = 1024
@@ -36,18 +36,23 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, eps, H: tl.constexpr, BLOC
     tl.store(out_ptr + row * H + cols, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# M (the rows, read only with SPLIT) is not specialized: one variant serves every bucket
+@triton.jit(do_not_specialize=["M"])
 def _add_rms_norm_kernel(
     x_ptr,
     r_ptr,
     w_ptr,
     out_ptr,
     sum_ptr,
+    b_ptr,
+    M,
     stride_x,
     stride_r,
     eps,
     H: tl.constexpr,
     BLOCK: tl.constexpr,
+    SPLIT: tl.constexpr = 0,  # x: a small-M GEMM's split-K partials [SPLIT, M, H] fp32 (0: x is the rows)
+    HAS_BIAS: tl.constexpr = False,  # with SPLIT: the GEMM's bias, added after the partials
     PDL: tl.constexpr = 0,
 ):
     pdl_mod.enter(PDL)
@@ -55,7 +60,15 @@ def _add_rms_norm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < H
     dt = out_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if SPLIT > 0:  # as gmtool.kernels.small_m's reduce kernel: the same order, then rounded to the dtype
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            acc += tl.load(x_ptr + (s * M + row) * H + cols, mask=mask, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        x = acc.to(dt).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
     s = (x + r).to(dt)  # HF adds in the activation dtype; the norm reads the rounded sum
     tl.store(sum_ptr + row * H + cols, s, mask=mask)
@@ -199,33 +212,46 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: int = pdl_m
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, pdl: int = pdl_mod.Pdl.OFF
+    x: torch.Tensor | Partials,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    pdl: int = pdl_mod.Pdl.OFF,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(residual + x), residual + x), both contiguous [N, H]: the residual add of one block and the
-    norm of the next in one kernel (what engines call fused_add_rms_norm; out of place here)."""
-    x, residual = _unit_last(x), _unit_last(residual)
-    rows, hidden = x.shape
-    if residual.shape != x.shape or residual.dtype != x.dtype or weight.shape != (hidden,):
+    norm of the next in one kernel (what engines call fused_add_rms_norm; out of place here). x may be the block's
+    last projection's split-K Partials (gmtool.kernels.common): summed here, bit for bit as that GEMM's reduce would."""
+    parts = x if isinstance(x, Partials) else None
+    if parts is None:
+        x = _unit_last(x)
+    residual = _unit_last(residual)
+    (rows, hidden), dtype = x.shape, x.dtype
+    if residual.shape != (rows, hidden) or residual.dtype != dtype or weight.shape != (hidden,):
         raise ValueError(
             f"residual {tuple(residual.shape)} {residual.dtype} and weight {tuple(weight.shape)} "
-            f"do not fit x {tuple(x.shape)} {x.dtype}"
+            f"do not fit x {tuple(x.shape)} {dtype}"
         )
-    out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
+    out = torch.empty((rows, hidden), dtype=dtype, device=residual.device)
     total = torch.empty_like(out)
     if rows == 0:
         return out, total
     block = pow2(hidden)
+    bias = parts.bias if parts is not None and parts.bias is not None else residual  # unread without HAS_BIAS
     _ADD_RMS_NORM[(rows,)](
-        x,
+        x if parts is None else parts.parts,
         residual,
         weight.contiguous(),
         out,
         total,
-        x.stride(0),
+        bias,
+        rows,
+        x.stride(0) if parts is None else hidden,
         residual.stride(0),
         eps,
         H=hidden,
         BLOCK=block,
+        SPLIT=0 if parts is None else parts.parts.shape[0],
+        HAS_BIAS=parts is not None and parts.bias is not None,
         PDL=int(pdl),
         num_warps=8 if block >= 2048 else 4,
         **pdl_mod.launch_options(pdl),

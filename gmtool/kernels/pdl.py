@@ -19,6 +19,13 @@ wait, which stops the cascade at each GEMM. Still right: a kernel finishes only 
 so "the kernel before has finished" still carries down the chain. qwen3-0.6b's decode step at B=1 kv 1024 on
 an H200: 0.989 ms against 1.041 for AFTER_WAIT (2026-12-01, tools/pdl_decode.py, one process).
 
+Prefetching further ahead was slower. A tiny kernel in the chain after each QKV GEMM, bulk-prefetching the
+layer's o_proj, gate/up and down weights into L2 (`cp.async.bulk.prefetch.L2`) so attention's latency-bound
+kernels overlap their streaming: 1.126-1.128 ms against 0.936-0.959, 1.31-1.51 with a second such kernel a
+layer (qwen3-0.6b B=1 kv 1024, H200, 2026-12-01, .diag/lookahead.py). Presumably the next kernel's wait then
+covers the prefetching kernel's end, which comes after its prefetches drain. A side stream doing the same had
+been slower too (1.086-1.125 against 1.041 ms).
+
 Triton 3.6 and 3.9 both have `triton.language.extra.cuda.gdc_wait` / `gdc_launch_dependents` and the
 `launch_pdl` launch option. The interpreter has neither griddepcontrol nor inline assembly: there, before
 Hopper, or without those names, `problem()` says why and the fused layers run with PDL off.

@@ -11,7 +11,12 @@ Split-K programs write fp32 partials; a second kernel sums them in a fixed order
 no atomics, so a result does not depend on the order programs ran in. Summing them in the GEMM instead (the
 last program of each block to arrive, counted on a device counter) was bit-exact and removed 56 kernels from
 a qwen3-0.6b decode step, but was no faster under PDL (H200, 2026-12-01, B=1 kv 1024: 0.997 and 1.000 ms
-against 1.016 and 0.987 with the second kernel, measured alternately in one run): it was dropped.
+against 1.016 and 0.987 with the second kernel, measured alternately in one run): it was dropped. Where the
+product's next reader is the residual stream's add+RMSNorm (o_proj and down_proj under --fuse), `partial=True`
+hands it the partials (gmtool.kernels.common.Partials) and it sums them itself, in the same order with the same
+rounding: no second kernel and nothing added to the GEMM. With the decode combine's loads made independent of
+the kv length, the same step took 0.906 and 0.906 ms against 0.961 and 0.962 (H200, 2026-12-01, the two trees
+alternated in one call; 281 graph nodes against 337).
 
 SiLU-and-multiply in the gate/up GEMM's epilogue (each program streaming gate and up rows into two
 accumulators: one kernel fewer a layer) was tried too (H200, 2026-12-01, qwen3-0.6b B=1 kv 1024, the two trees
@@ -33,7 +38,7 @@ import triton.language as tl
 
 from gmtool.kernels.common import SMALL_M_MAX as MAX_M
 from gmtool.kernels import pdl as pdl_mod
-from gmtool.kernels.common import dot_precision, num_sms, pow2
+from gmtool.kernels.common import Partials, dot_precision, num_sms, pow2
 from gmtool.kernels.launcher import FastLaunch
 from gmtool.kernels.pdl import prefetch_l2
 
@@ -192,11 +197,13 @@ def linear(
     bias: torch.Tensor | None = None,
     config: Config | None = None,
     pdl: int = pdl_mod.Pdl.OFF,
+    partial: bool = False,
 ):
     """x [M, K] (M <= MAX_M), weight [N, K] as nn.Linear stores it, bias [N] or None -> contiguous [M, N] of
     x.dtype, accumulated in fp32. config: block sizes to use instead of pick's (tests, tuning). pdl: a
     gmtool.kernels.pdl.Pdl mode (the caller checked pdl.problem()): launched with PDL, W prefetched into L2
-    before the wait for the kernel ahead."""
+    before the wait for the kernel ahead. partial: where K is split, Partials instead (the reduce kernel not
+    launched: the caller's next kernel sums them); an unsplit product is the tensor either way."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     if weight.stride(-1) != 1:
@@ -249,6 +256,8 @@ def linear(
         num_stages=cfg.num_stages,
         **pdl_mod.launch_options(pdl),
     )
+    if split > 1 and partial:
+        return Partials(dst, None if bias is None else b, x.dtype)
     if split > 1:
         _SPLIT_REDUCE[(m, triton.cdiv(n, REDUCE_BLOCK))](
             dst,

@@ -5,7 +5,8 @@ A Hugging Face Llama/Qwen layer launches about 50 kernels per decode step (RMSNo
 many tiny kernels. Fused, a layer is about 10: add+RMSNorm, one QKV GEMM, one QK-norm+RoPE kernel that also
 writes the step's K/V into the cache (with Triton, where the layer attends in place: whole graphs and eager;
 a piecewise capture writes them at the end of its piece), attention, o_proj, add+RMSNorm, one gate/up GEMM,
-one SiLU-and-mul kernel, down_proj. Each residual add moves into the RMSNorm after it, as engines carry
+one SiLU-and-mul kernel, down_proj (where the small-M GEMM splits o_proj's and down_proj's K, the add+RMSNorm
+after each sums the partials: no reduce kernel). Each residual add moves into the RMSNorm after it, as engines carry
 (hidden, residual) pairs through their layers: for the architectures whose decoder layer is the plain
 pre-norm block, the base model's forward is replaced by that loop (`_residual_stream_forward`).
 
@@ -25,6 +26,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
+from gmtool.kernels.common import Partials
 from gmtool.model import attention
 
 from gmtool.model import layers_ref
@@ -73,11 +75,14 @@ class LayerOps:
             return layers if not mode else _with_pdl(layers, mode)
         return _REF
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, partial=False):
+        """x @ weight^T (+ bias). partial: the caller sums split-K partials itself (gmtool.kernels.common.Partials
+        may come back, for add_rms_norm); a tensor otherwise."""
         if self.triton and x.shape[0] <= self.small_m and _triton_runs(x):
             from gmtool.kernels import small_m
 
-            return small_m.linear(x, weight, bias, pdl=self.pdl) if self.pdl else small_m.linear(x, weight, bias)
+            opts = ({"pdl": self.pdl} if self.pdl else {}) | ({"partial": True} if partial else {})
+            return small_m.linear(x, weight, bias, **opts)
         return F.linear(x, weight, bias)
 
     def attention_launches(self, x: torch.Tensor):
@@ -90,9 +95,10 @@ class LayerOps:
             return pdl.launches(mode)
         return contextlib.nullcontext()
 
-    def project(self, m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """m(x) for a row-parallel (--tp) or other Linear subclass, whose forward adds more than the product."""
-        return self.linear(x, m.weight, m.bias) if type(m) is torch.nn.Linear else m(x)
+    def project(self, m: torch.nn.Module, x: torch.Tensor, partial: bool = False):
+        """m(x) for a row-parallel (--tp) or other Linear subclass, whose forward adds more than the product.
+        partial: as linear's."""
+        return self.linear(x, m.weight, m.bias, partial) if type(m) is torch.nn.Linear else m(x)
 
 
 @functools.lru_cache(maxsize=None)
@@ -155,7 +161,8 @@ def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
     eps = qn.variance_epsilon if qn is not None else 1e-6
     v_at = (heads + kv_heads) * dim
 
-    def forward(hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+    def forward(hidden_states, position_embeddings=None, attention_mask=None, partial_sums=False, **kwargs):
+        """partial_sums: o_proj may return Partials (only _residual_stream_forward asks: its norm sums them)."""
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
         t = x.shape[0]
         qkv = ops.linear(x, w, b)
@@ -175,8 +182,8 @@ def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
             v = qkv[:, v_at:].view(t, kv_heads, dim)
             with ops.attention_launches(x):
                 out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling, opts)  # the layer's window, cap, sinks
-        o = ops.project(m.o_proj, out.reshape(t, heads * dim))
-        return o.view(*hidden_states.shape[:-1], o.shape[-1]), None
+        o = ops.project(m.o_proj, out.reshape(t, heads * dim), partial_sums)
+        return (o if isinstance(o, Partials) else o.view(*hidden_states.shape[:-1], o.shape[-1])), None
 
     return forward
 
@@ -185,20 +192,23 @@ def _mlp_forward(m, ops: LayerOps):
     w, _ = _concat_as_views([m.gate_proj, m.up_proj])
     down = m.down_proj
 
-    def forward(x):
+    def forward(x, partial_sums=False):  # as the attention forward's
         rows = x.reshape(-1, x.shape[-1])
-        return ops.project(down, ops(x).silu_mul(ops.linear(rows, w))).view(*x.shape[:-1], -1)
+        y = ops.project(down, ops(x).silu_mul(ops.linear(rows, w)), partial_sums)
+        return y if isinstance(y, Partials) else y.view(*x.shape[:-1], -1)
 
     return forward
 
 
-def _residual_stream_forward(base, ops: LayerOps):
+def _residual_stream_forward(base, ops: LayerOps, fused_mlps: set[int]):
     """The base model's forward with each residual add fused into the RMSNorm after it:
-    x, residual = add_rms_norm(block_output, residual), as engines write their layers."""
+    x, residual = add_rms_norm(block_output, residual), as engines write their layers. A block's last projection
+    on the small-M GEMM with split K hands its partial sums to that norm, which adds them (no reduce kernel)."""
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
     layers = list(base.layers[: base.config.num_hidden_layers])
     norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in layers]
+    mlp_kw = [{"partial_sums": True} if id(layer.mlp) in fused_mlps else {} for layer in layers]
     final = base.norm
 
     def forward(*, input_ids, position_ids, use_cache=False, **kwargs):
@@ -214,14 +224,19 @@ def _residual_stream_forward(base, ops: LayerOps):
         h = h.reshape(-1, shape[-1])
         kern = ops(h)
         residual = None
-        for layer, (pre, post) in zip(layers, norms):
+        rows = h.shape
+
+        def block_output(y):
+            return y if isinstance(y, Partials) else y.reshape(rows)
+
+        for layer, (pre, post), kw in zip(layers, norms, mlp_kw):
             if residual is None:
                 residual, x = h, kern.rms_norm(h, pre.weight, pre.variance_epsilon)
             else:
                 x, residual = kern.add_rms_norm(h, residual, pre.weight, pre.variance_epsilon)
-            a, _ = layer.self_attn(hidden_states=x.view(shape), position_embeddings=pos)
-            x, residual = kern.add_rms_norm(a.reshape(h.shape), residual, post.weight, post.variance_epsilon)
-            h = layer.mlp(x.view(shape)).reshape(h.shape)
+            a, _ = layer.self_attn(hidden_states=x.view(shape), position_embeddings=pos, partial_sums=True)
+            x, residual = kern.add_rms_norm(block_output(a), residual, post.weight, post.variance_epsilon)
+            h = block_output(layer.mlp(x.view(shape), **kw))
         h = (
             kern.add_rms_norm(h, residual, final.weight, final.variance_epsilon)[0]
             if residual is not None
@@ -320,6 +335,7 @@ def fuse_layers(
     cfg, ops = model.config, LayerOps(attention_backend, small_m, pdl)
     fused = FusedLayers(ops=ops)
     fused_attention: set[int] = set()
+    fused_mlps: set[int] = set()
     act = str(getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None) or "").lower()
     silu = act in SILU
     for name, m in model.named_modules():
@@ -338,6 +354,7 @@ def fuse_layers(
             if silu:
                 fused.patched.append((m, _mlp_forward(m, ops)))
                 fused.counts["mlp"] += 1
+                fused_mlps.add(id(m))
             else:
                 fused.skipped.append(f"MLP activation {act}")
         elif _is_rmsnorm(m) and not name.endswith(("q_norm", "k_norm")):
@@ -349,7 +366,7 @@ def fuse_layers(
         if why:
             fused.skipped.append(why)
         else:
-            fused.patched.append((base, _residual_stream_forward(base, ops)))
+            fused.patched.append((base, _residual_stream_forward(base, ops, fused_mlps)))
             fused.counts["residual_adds"] = 2 * base.config.num_hidden_layers
     fused.apply()
     return fused
