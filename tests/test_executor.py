@@ -189,7 +189,8 @@ def test_capture_uploads_whole_graphs_without_running_them():
         return [(s.uploads, s.replays) for s in steps]
 
     assert entry(Step(), Step()) == [(1, 0), (1, 0)]
-    assert entry(Step(), Step(ok=False)) == [(1, 1), (1, 1)]  # every step tries; then one replay of all
+    assert entry(Step(), Step(ok=False)) == [(1, 1), (1, 1)]  # a refusal: one replay of every step
+    assert entry(Step(ok=False), Step()) == [(1, 1), (0, 1)]
     assert entry(Step(), Step(can=False)) == [(0, 1), (0, 1)]
 
 

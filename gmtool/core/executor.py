@@ -64,7 +64,7 @@ class CapturedGraph:
     ctx: ForwardContext
     capture_s: float = 0.0  # capture, instantiation and the wait for them (the upload not included)
     warmup_s: float = 0.0  # the eager pass before it, if any (warmed_up)
-    # its memory reading (CUDA: mem_get_info, allocator stats) and the upload replay (piecewise: that first replay
+    # its memory reading (CUDA: mem_get_info, allocator stats) and the upload (piecewise: a first replay, which
     # also builds the native step loop, compiling step_loop.c once per machine)
     measure_s: float = 0.0
     graph_mem_bytes: int | None = None  # peak memory the capture allocated (the shape's need; CUDA only)
@@ -121,7 +121,7 @@ class CapturedGraph:
         buckets' upload replays took 0.13 s on the H200); a step with runners, whose first replay builds the native
         step loop, or a graph that cannot upload alone, replays batch once."""
         if self.steps and all(getattr(s, "upload", None) is not None for s in self.steps):
-            if all([s.upload() for s in self.steps]):  # a list: every step tries, even after one refused
+            if all(s.upload() for s in self.steps):  # a refusal stops here: the replay uploads every step
                 return
         self.replay(batch)
 
@@ -134,7 +134,7 @@ class CapturedGraph:
 @contextlib.contextmanager
 def _memory_of(entry: CapturedGraph, device: torch.device, upload=None, held=None):
     """CUDA: the capture's peak allocation (the shape's need), the pool memory it added, and what the driver
-    took outside the pool around capture + instantiation and then around upload() (the graph's first launch).
+    took outside the pool around capture + instantiation and then around upload() (the graphs' copy to the device).
     held(): the pools' physical bytes, where the allocator's reserved bytes do not say them (it may return None;
     no held, or None: the reserved bytes). VMM maps every shape's virtual range onto shared chunks: its reserved
     bytes grow by the range, its physical ones by the excess."""
@@ -297,8 +297,8 @@ class GraphExecutor:
         """An eager pass on the capture stream. The executor's first capture needs one: cuBLAS makes its workspace
         at the stream's first GEMM, and it must not land in a graph's pool (GPU-NOTES pitfall 1). A forward that
         traces per shape (fx, --compile) needs one per shape. Other shapes capture straight away: their kernels
-        are the same, a Triton variant not compiled yet compiles at its launch under capture, and the upload
-        after capture is their first run. Warming up every shape, the 35 default decode
+        are the same, and a Triton variant not compiled yet compiles at its launch under capture; their first run is
+        the first replay after capture. Warming up every shape, the 35 default decode
         buckets took 3.88 s with a warm Triton cache, 2.66 s with one (H200); warmup_every_capture restores it."""
         t0 = time.perf_counter()
         self.forward_impl.warmup(self, fn)  # with fx: the trace and split of this shape happen here

@@ -291,7 +291,7 @@ def before_first_capture(ex, key, batch, fn) -> None:
     """Before an executor's first warm-up (on CUDA, unless GMTOOL_COMPILE_AHEAD=0): this shape's forward and the
     smallest decode bucket's run inside compiling_only(), so the kernels later shapes need (split decode for
     small batches) are compiled too. Their torch ops run over the views' current contents; the warm-up and the
-    capture's upload then compute the batch properly. Sets ex.compile_ahead_s, or ex.compile_ahead_note: why not."""
+    capture's first replay then compute the batch properly. Sets ex.compile_ahead_s, or ex.compile_ahead_note: why not."""
     from gmtool.model.attention import forward_context
 
     if _triton_key is not None:

@@ -217,11 +217,11 @@ def linear(
         )
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias {tuple(bias.shape)} does not fit {n} outputs")
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
-        return out
+        return torch.empty((m, n), dtype=x.dtype, device=x.device)
     if k == 0:
-        return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
+        out = torch.zeros((m, n), dtype=x.dtype, device=x.device)
+        return out if bias is None else out.copy_(bias.expand(m, n))
     cfg = config or pick(m, n, k, num_sms(x.device), x.element_size())
     if cfg.block_m < m:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the {m} rows of x")
@@ -229,6 +229,8 @@ def linear(
     per = triton.cdiv(steps, cfg.split)  # BLOCK_K steps per slice
     split = triton.cdiv(steps, per)  # slices that hold any K
     b = bias.contiguous() if bias is not None else x  # unread without HAS_BIAS
+    # no [M, N] output where the caller takes the partials (it would be a graph pool's for nothing)
+    out = None if split > 1 and partial else torch.empty((m, n), dtype=x.dtype, device=x.device)
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     lines = max(1, cfg.block_k * weight.element_size() // pdl_mod.L2_LINE)  # at least one address per step
     _SMALL_M[(triton.cdiv(n, cfg.block_n), split)](

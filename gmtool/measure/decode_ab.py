@@ -21,7 +21,7 @@ import torch
 
 from gmtool.records import Status
 
-ROUNDS = 5
+ROUNDS_PER_VARIANT = 2  # each variant goes first in as many rounds as the others
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,8 @@ def as_stages(result: dict) -> dict[str, dict]:
     return out
 
 
-def run(iters: int, rounds: int = ROUNDS, warmup: int = 10) -> dict:
+def run(iters: int, rounds: int | None = None, warmup: int = 10) -> dict:
+    """rounds: default ROUNDS_PER_VARIANT per variant that runs."""
     from gmtool.core.compositions import parse_composition
     from gmtool.measure.bench import BATCHES, KV_LENS, _decode_cfg
     from gmtool.measure.timing import rel_err_per_seq, time_ms, tolerances_for
@@ -103,31 +104,32 @@ def run(iters: int, rounds: int = ROUNDS, warmup: int = 10) -> dict:
         fn()
         return logits.clone()
 
+    rounds = rounds or ROUNDS_PER_VARIANT * len(variants)
     held, work = {}, []
-    for v in variants:
-        ex = None
-        for (b, kv), batch in batches.items():
-            ref = eager(batch)  # the batches share K/V blocks: eager right before the graph reads the same K/V
-            ops.small_m, ops.pdl = (rows_on if v.small_m else 0), (pdl_on if v.pdl else 0)
-            ex = ex or bench.executor(GraphMode.FULL)
-            w = Workload(v.name, b, kv)
-            w.rel_err = rel_err_per_seq(ex.step(batch), ref)
-            w.ok = w.rel_err < tol
-            work.append(w)
-        held[v.name] = ex
-    ops.small_m, ops.pdl = rows_on, pdl_on
-    for k in range(rounds):
-        for w in rotated(work, k * len(batches)):
-            if not w.ok:
-                continue
-            ex = held[w.variant]
-            batch = batches[(w.bucket, w.kv_len)]
-            entry = ex.prepare(batch)  # loads this batch's layout: the graph reads nothing another bucket left
-            ms = time_ms(lambda: entry.replay(batch, False), iters, warmup, bench.device)  # noqa: B023 (used at once)
-            w.rounds.append(statistics.median(ms))
-            w.samples += ms
-    for ex in held.values():
-        ex.release()
+    try:  # a failing stage leaves the bench's process: its graphs and pools go with it
+        for v in variants:
+            for (b, kv), batch in batches.items():
+                ref = eager(batch)  # the batches share K/V blocks: eager right before the graph reads the same K/V
+                ops.small_m, ops.pdl = (rows_on if v.small_m else 0), (pdl_on if v.pdl else 0)
+                ex = held.get(v.name) or held.setdefault(v.name, bench.executor(GraphMode.FULL))
+                w = Workload(v.name, b, kv)
+                w.rel_err = rel_err_per_seq(ex.step(batch), ref)
+                w.ok = w.rel_err < tol
+                work.append(w)
+        for k in range(rounds):
+            for w in rotated(work, k * len(batches)):
+                if not w.ok:
+                    continue
+                ex = held[w.variant]
+                batch = batches[(w.bucket, w.kv_len)]
+                entry = ex.prepare(batch)  # loads this batch's layout: the graph reads nothing another bucket left
+                ms = time_ms(lambda: entry.replay(batch, False), iters, warmup, bench.device)  # noqa: B023
+                w.rounds.append(statistics.median(ms))
+                w.samples += ms
+    finally:
+        ops.small_m, ops.pdl = rows_on, pdl_on
+        for ex in held.values():
+            ex.release()
     return {
         "variants": {v.name: v.label for v in variants},
         "rounds": rounds,

@@ -4,7 +4,7 @@ JSON-able lists (the input of gmtool.memory.allocsim).
 The recorder turns on torch's allocator history (torch.cuda.memory._record_memory_history, no stack context: an
 entry costs little) and cuts it at each capture's boundaries (MemoryStrategy.pool_for and .captured): the
 events between pool_for and captured are the capture's; those between captured and the next pool_for (the
-upload replay, Python dropping the capture's leftovers, the next bucket's warm-up) are its `after` events.
+upload (a replay where a step has runners), Python dropping the capture's leftovers, the next bucket's warm-up) are its `after` events.
 Cutting takes a snapshot and clears the history, outside the timed capture (capture_s times begin..end only).
 
 An event is [code, addr, size]: codes in CODES, size the bytes requested (alloc, free) or the segment's. Only

@@ -203,7 +203,9 @@ def _mlp_forward(m, ops: LayerOps):
 def _residual_stream_forward(base, ops: LayerOps, fused_mlps: set[int]):
     """The base model's forward with each residual add fused into the RMSNorm after it:
     x, residual = add_rms_norm(block_output, residual), as engines write their layers. A block's last projection
-    on the small-M GEMM with split K hands its partial sums to that norm, which adds them (no reduce kernel)."""
+    on the small-M GEMM with split K hands its partial sums to that norm, which adds them (no reduce kernel): a
+    forward hook on self_attn or mlp then sees gmtool.kernels.common.Partials, not a tensor (gmtool's own hooks,
+    in verify, run on models without --fuse)."""
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
     layers = list(base.layers[: base.config.num_hidden_layers])

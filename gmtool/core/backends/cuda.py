@@ -47,8 +47,11 @@ class CudaGraph:
             handle = self.exec_handle()
         except NotNative:
             return False
-        stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
-        (err,) = driver.cuGraphUpload(driver.CUgraphExec(handle), stream)
+        try:
+            stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
+            (err,) = driver.cuGraphUpload(driver.CUgraphExec(handle), stream)
+        except Exception:  # bindings of another shape (an old cuda-python): the replay does it
+            return False
         return int(err) == 0
 
     def graph_handle(self) -> int:
