@@ -97,6 +97,8 @@ CASES = [
         marks=pytest.mark.skipif(torch.cuda.is_available(), reason="bench runs where there is CUDA"),
     ),
     ("verify --steps 0", ["verify", *CPU, "--steps", "0"], "must be positive"),
+    # before anything runs, with or without CUDA: a typo at the end must not cost the stages before it
+    ("bench --stages with a typo", ["bench", "--stages", "decode,decode-abb"], "unknown stage 'decode-abb'"),
 ]
 
 CAPTURE_LIKE = ("capture", "compare", "memreport", "plan", "verify")

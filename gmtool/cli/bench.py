@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gmtool.errors import GmtoolError
-from gmtool.measure.bench import STAGES, main
+from gmtool.measure.bench import STAGES, main, unknown_stages
 
 
 def bench(
@@ -22,6 +22,9 @@ def bench(
     host time per replay. Reports figures; asserts nothing."""
     import torch
 
+    unknown = unknown_stages(stages)
+    if unknown:
+        raise GmtoolError(f"unknown stage {unknown[0]!r}: choose from {', '.join(STAGES)}")
     if not torch.cuda.is_available():  # refused here, so it is one line on stderr as every other bad input
         raise GmtoolError("gmtool bench needs CUDA (run it on the GPU machine)")
     code = main(["--stages", stages, "--iters", str(iters), "--out", str(out)])

@@ -509,17 +509,7 @@ def stage_host(args) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("gmtool-out/bench"))
-    ap.add_argument("--stages", default=",".join(STAGES))
-    ap.add_argument("--iters", type=int, default=50)
-    args = ap.parse_args(argv)
-    console = Console(width=150)
-    if not torch.cuda.is_available():
-        console.print("[red]error:[/] make bench needs CUDA (run it on the GPU machine)")
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
+def _stage_fns() -> dict:
     fns = {
         "kernel": stage_kernel,
         "window": stage_window,
@@ -535,12 +525,33 @@ def main(argv=None) -> int:
     for stage, _, compile_, fuse, small_m, pdl, _ in DECODE_VARIANTS:
         fns[stage] = lambda a, c=compile_, f=fuse, s=small_m, p=pdl: stage_decode(a, c, f, s, p)
     fns["gemm"] = stage_gemm
+    return fns
+
+
+def unknown_stages(stages: str) -> list[str]:
+    """The names in a --stages list that are no stage (checked before any stage runs)."""
+    fns = _stage_fns()
+    return [s for s in stages.split(",") if s not in fns]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("gmtool-out/bench"))
+    ap.add_argument("--stages", default=",".join(STAGES))
+    ap.add_argument("--iters", type=int, default=50)
+    args = ap.parse_args(argv)
+    console = Console(width=150)
+    unknown = unknown_stages(args.stages)
+    if unknown:  # before anything runs: a typo at the end of the list must not cost the stages before it
+        console.print(f"[red]error:[/] unknown stage {unknown[0]!r}: {', '.join(STAGES)}")
+        return 2
+    if not torch.cuda.is_available():
+        console.print("[red]error:[/] make bench needs CUDA (run it on the GPU machine)")
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    fns = _stage_fns()
     # host counts kernels with the profiler, which slows every later CUDA call of the process: it goes last
-    stages = sorted(args.stages.split(","), key=lambda st: st == "host")
-    for stage in stages:
-        if stage not in fns:
-            console.print(f"[red]error:[/] unknown stage {stage!r}: {', '.join(STAGES)}")
-            return 2
+    for stage in sorted(args.stages.split(","), key=lambda st: st == "host"):
         t0 = time.perf_counter()
         try:
             data = fns[stage](args)
