@@ -195,8 +195,15 @@ def test_layer_kernels_compile_for_hopper():
     def partials(name):  # x: a GEMM's split-K partials (fp32), the rest as a bf16 step's
         return "*fp32" if name == "x_ptr" else "*bf16" if name.endswith("_ptr") else "fp32" if name == "eps" else "i32"
 
-    split = {"H": 1024, "BLOCK": 1024, "SPLIT": 4, "HAS_BIAS": True}
-    assert compile_for_hopper(layers._add_rms_norm_kernel, split, partials).asm["cubin"]
+    split = {"SPLIT": 4, "HAS_BIAS": True}
+    assert compile_for_hopper(layers._add_rms_norm_kernel, {"H": 1024, "BLOCK": 1024} | split, partials).asm["cubin"]
+    assert compile_for_hopper(layers._silu_mul_kernel, {"I": 3072, "BLOCK": 1024} | split, partials).asm["cubin"]
+
+    def qkv_partials(name):
+        return "*fp32" if name == "qkv_ptr" else "*i64" if name == "slot_ptr" else partials(name)
+
+    qk = {"HQ": 16, "HKV": 8, "HALF": 64, "HALF_PAD": 64, "NORM": True, "PAGE": 16, "WRITE_KV": True}
+    assert compile_for_hopper(layers._qk_norm_rope_kernel, qk | split, qkv_partials).asm["cubin"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
@@ -335,6 +342,49 @@ def test_interp_silu_mul(dtype, tokens, inter):
 
     x = _strided(tokens, 2 * inter, dtype, seed=inter + tokens, scale=3.0)
     _check(silu_mul(x), silu_mul_ref(x), dtype)
+
+
+def _gemm_partials(tokens, n, dtype, bias, seed):
+    """A small-M GEMM's product of n columns two ways: as split-K Partials (three K slices) and reduced."""
+    from gmtool.kernels.small_m import Config, linear
+
+    k = 96
+    x = _strided(tokens, k, dtype, seed=seed, scale=0.5)
+    wt = _randn(n, k, seed=seed + 1, dtype=dtype, scale=0.2)
+    b = _randn(n, seed=seed + 2, dtype=dtype) if bias else None
+    split = Config(16, 32, 32, 3)
+    return linear(x, wt, b, split, partial=True), linear(x, wt, b, split)
+
+
+@interp_only
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_interp_silu_mul_sums_a_gemm_s_partials_bit_for_bit(dtype, bias):
+    from gmtool.kernels.layers import silu_mul
+
+    parts, rows = _gemm_partials(3, 2 * 80, dtype, bias, seed=11)
+    assert torch.equal(silu_mul(parts), silu_mul(rows))
+
+
+@interp_only
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("norm", [False, True])
+def test_interp_qk_norm_rope_write_kv_sums_a_gemm_s_partials_bit_for_bit(dtype, bias, norm):
+    """The QKV GEMM's split-K partials: q and both caches (k rotated, v as summed) equal the reduced path's."""
+    from gmtool.kernels.layers import qk_norm_rope_write_kv
+
+    tokens, hq, hkv, dim = 3, 4, 2, 32
+    parts, rows = _gemm_partials(tokens, (hq + 2 * hkv) * dim, dtype, bias, seed=21)
+    _, weights = _qk_case(tokens, hq, hkv, dim, dtype, norm, seed=5)
+    cos, sin = _cos_sin(_angles(tokens, dim), dtype)
+    slots = torch.tensor([9, -1, 17], dtype=torch.int64)
+    outs = []
+    for qkv in (parts, rows):
+        kc, vc = (torch.full((5, 4, hkv, dim), 7.0, dtype=dtype) for _ in range(2))
+        outs.append((qk_norm_rope_write_kv(qkv, hq, hkv, dim, cos, sin, *weights, EPS, kc, vc, slots), kc, vc))
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    assert not torch.equal(outs[0][1], torch.full_like(outs[0][1], 7.0))  # the caches were written
 
 
 @interp_only

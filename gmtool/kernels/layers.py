@@ -12,6 +12,8 @@ references these are checked against.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -21,6 +23,21 @@ from gmtool.kernels.common import Partials, check_cache, pow2
 from gmtool.kernels.launcher import FastLaunch
 
 SILU_BLOCK = 1024
+
+
+@triton.jit
+def _row_block(x_ptr, b_ptr, row, M, stride_x, N, cols, mask, dt, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Elements cols of row `row` of a GEMM's product, fp32: the rows themselves (SPLIT 0, stride_x apart), or its
+    split-K partials [SPLIT, M, N] summed as gmtool.kernels.small_m's reduce kernel would (the same order, the
+    bias after, rounded to dt): the same bits either way."""
+    if SPLIT > 0:
+        acc = tl.zeros(cols.shape, dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            acc += tl.load(x_ptr + (s * M + row) * N + cols, mask=mask, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        return acc.to(dt).to(tl.float32)
+    return tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -60,15 +77,7 @@ def _add_rms_norm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < H
     dt = out_ptr.dtype.element_ty
-    if SPLIT > 0:  # as gmtool.kernels.small_m's reduce kernel: the same order, then rounded to the dtype
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        for s in tl.static_range(SPLIT):
-            acc += tl.load(x_ptr + (s * M + row) * H + cols, mask=mask, other=0.0)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        x = acc.to(dt).to(tl.float32)
-    else:
-        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    x = _row_block(x_ptr, b_ptr, row, M, stride_x, H, cols, mask, dt, SPLIT, HAS_BIAS)
     r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
     s = (x + r).to(dt)  # HF adds in the activation dtype; the norm reads the rounded sum
     tl.store(sum_ptr + row * H + cols, s, mask=mask)
@@ -79,9 +88,11 @@ def _add_rms_norm_kernel(
     tl.store(out_ptr + row * H + cols, (y * w).to(dt), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _qk_norm_rope_kernel(
     qkv_ptr,
+    b_ptr,
+    M,
     cos_ptr,
     sin_ptr,
     qw_ptr,
@@ -108,6 +119,8 @@ def _qk_norm_rope_kernel(
     NORM: tl.constexpr,
     PAGE: tl.constexpr = 1,
     WRITE_KV: tl.constexpr = False,  # k and v go to the paged cache at the token's slot (no k tensor)
+    SPLIT: tl.constexpr = 0,  # qkv: the QKV GEMM's split-K partials [SPLIT, M, (HQ + 2 HKV) D] (0: the rows)
+    HAS_BIAS: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
     pdl_mod.enter(PDL)
@@ -117,9 +130,9 @@ def _qk_norm_rope_kernel(
     i = tl.arange(0, HALF_PAD)
     mask = i < HALF
     # q, k and v heads sit back to back in the qkv row, so head h's slice is at h * D for all three.
-    src = qkv_ptr + t * stride_t + h * D
-    x1 = tl.load(src + i, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    W: tl.constexpr = (HQ + 2 * HKV) * D
+    x1 = _row_block(qkv_ptr, b_ptr, t, M, stride_t, W, h * D + i, mask, q_ptr.dtype.element_ty, SPLIT, HAS_BIAS)
+    x2 = _row_block(qkv_ptr, b_ptr, t, M, stride_t, W, h * D + HALF + i, mask, q_ptr.dtype.element_ty, SPLIT, HAS_BIAS)
     slot = t * 0
     written = mask
     if WRITE_KV:
@@ -165,14 +178,26 @@ def _qk_norm_rope_kernel(
         tl.store(dst + HALF + i, o2, mask=mask)
 
 
-@triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, stride_x, I: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):  # noqa: E741 (I: the intermediate size, as in the papers)
+@triton.jit(do_not_specialize=["M"])
+def _silu_mul_kernel(
+    x_ptr,
+    out_ptr,
+    b_ptr,
+    M,
+    stride_x,
+    I: tl.constexpr,  # noqa: E741 (I: the intermediate size, as in the papers)
+    BLOCK: tl.constexpr,
+    SPLIT: tl.constexpr = 0,  # x: the gate/up GEMM's split-K partials [SPLIT, M, 2I] (0: x is the rows)
+    HAS_BIAS: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
+):
     pdl_mod.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
-    gate = tl.load(x_ptr + t * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + t * stride_x + I + cols, mask=mask, other=0.0).to(tl.float32)
+    dt = out_ptr.dtype.element_ty
+    gate = _row_block(x_ptr, b_ptr, t, M, stride_x, 2 * I, cols, mask, dt, SPLIT, HAS_BIAS)
+    up = _row_block(x_ptr, b_ptr, t, M, stride_x, 2 * I, I + cols, mask, dt, SPLIT, HAS_BIAS)
     tl.store(out_ptr + t * I + cols, (gate * tl.sigmoid(gate) * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -184,6 +209,34 @@ _QK_NORM_ROPE, _SILU_MUL = FastLaunch(_qk_norm_rope_kernel), FastLaunch(_silu_mu
 def _unit_last(x: torch.Tensor) -> torch.Tensor:
     # Rows may be strided views (a slice of a fused projection); elements within a row must be adjacent.
     return x if x.stride(-1) == 1 else x.contiguous()
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A kernel's input rows as _row_block reads them: a tensor, or a GEMM's split-K Partials."""
+
+    ptr: torch.Tensor  # the rows, or the partials [split, M, N]
+    bias: torch.Tensor  # the partials' bias (a placeholder where there is none)
+    stride: int  # between rows (the tensor's)
+    split: int  # 0: rows
+    has_bias: bool
+    shape: tuple
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, x: "torch.Tensor | Partials") -> "_Source":
+        if isinstance(x, Partials):
+            bias = x.parts if x.bias is None else x.bias
+            return cls(x.parts, bias, x.shape[1], x.parts.shape[0], x.bias is not None, tuple(x.shape), x.dtype)
+        x = _unit_last(x)
+        return cls(x, x, x.stride(0), 0, False, tuple(x.shape), x.dtype)
+
+    def args(self) -> tuple:
+        """(x_ptr, b_ptr, M) as the kernels take them; M is the rows (read only with partials)."""
+        return self.ptr, self.bias, self.shape[0]
+
+    def consts(self) -> dict:
+        return {"SPLIT": self.split, "HAS_BIAS": self.has_bias}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: int = pdl_mod.Pdl.OFF) -> torch.Tensor:
@@ -221,37 +274,34 @@ def add_rms_norm(
     """(rms_norm(residual + x), residual + x), both contiguous [N, H]: the residual add of one block and the
     norm of the next in one kernel (what engines call fused_add_rms_norm; out of place here). x may be the block's
     last projection's split-K Partials (gmtool.kernels.common): summed here, bit for bit as that GEMM's reduce would."""
-    parts = x if isinstance(x, Partials) else None
-    if parts is None:
-        x = _unit_last(x)
+    src = _Source.of(x)
     residual = _unit_last(residual)
-    (rows, hidden), dtype = x.shape, x.dtype
+    (rows, hidden), dtype = src.shape, src.dtype
     if residual.shape != (rows, hidden) or residual.dtype != dtype or weight.shape != (hidden,):
         raise ValueError(
             f"residual {tuple(residual.shape)} {residual.dtype} and weight {tuple(weight.shape)} "
-            f"do not fit x {tuple(x.shape)} {dtype}"
+            f"do not fit x {src.shape} {dtype}"
         )
     out = torch.empty((rows, hidden), dtype=dtype, device=residual.device)
     total = torch.empty_like(out)
     if rows == 0:
         return out, total
     block = pow2(hidden)
-    bias = parts.bias if parts is not None and parts.bias is not None else residual  # unread without HAS_BIAS
+    x_ptr, b_ptr, m = src.args()
     _ADD_RMS_NORM[(rows,)](
-        x if parts is None else parts.parts,
+        x_ptr,
         residual,
         weight.contiguous(),
         out,
         total,
-        bias,
-        rows,
-        x.stride(0) if parts is None else hidden,
+        b_ptr,
+        m,
+        src.stride,
         residual.stride(0),
         eps,
         H=hidden,
         BLOCK=block,
-        SPLIT=0 if parts is None else parts.parts.shape[0],
-        HAS_BIAS=parts is not None and parts.bias is not None,
+        **src.consts(),
         PDL=int(pdl),
         num_warps=8 if block >= 2048 else 4,
         **pdl_mod.launch_options(pdl),
@@ -305,31 +355,33 @@ def qk_norm_rope_write_kv(
 
 
 def _qk_norm_rope(qkv, num_heads, num_kv_heads, head_dim, cos, sin, q_weight, k_weight, eps, pdl, cache):
-    qkv, cos, sin = _unit_last(qkv), _unit_last(cos), _unit_last(sin)
-    tokens = qkv.shape[0]
-    if head_dim % 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
-        raise ValueError(
-            f"qkv {tuple(qkv.shape)} does not hold {num_heads}+2*{num_kv_heads} heads of even dim {head_dim}"
-        )
+    src, cos, sin = _Source.of(qkv), _unit_last(cos), _unit_last(sin)
+    tokens, width = src.shape
+    if head_dim % 2 or width != (num_heads + 2 * num_kv_heads) * head_dim:
+        raise ValueError(f"qkv {src.shape} does not hold {num_heads}+2*{num_kv_heads} heads of even dim {head_dim}")
     if cos.shape != (tokens, head_dim) or sin.shape != cos.shape:
         raise ValueError(f"cos/sin {tuple(cos.shape)}/{tuple(sin.shape)} must be [{tokens}, {head_dim}]")
     if (q_weight is None) != (k_weight is None):
         raise ValueError("pass both q_weight and k_weight, or neither")
-    q = torch.empty((tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    k = None if cache else torch.empty((tokens, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    dev = src.ptr.device
+    q = torch.empty((tokens, num_heads, head_dim), dtype=src.dtype, device=dev)
+    k = None if cache else torch.empty((tokens, num_kv_heads, head_dim), dtype=src.dtype, device=dev)
     if tokens == 0:
         return q, k
     norm = q_weight is not None
-    qw = q_weight.contiguous() if norm else qkv  # unread without NORM; any pointer will do
-    kw = k_weight.to(qw.dtype).contiguous() if norm else qkv  # both branches of the kernel's `if` share a type
+    qw = q_weight.contiguous() if norm else q  # unread without NORM; any pointer of the type will do
+    kw = k_weight.to(qw.dtype).contiguous() if norm else q  # both branches of the kernel's `if` share a type
     half = head_dim // 2
     if cache is None:  # unread: the k tensor is the destination
         kc, vc, slots, kc_strides, vc_strides, page = q, q, q, (0, 0, 0), (0, 0, 0), 1
     else:
         kc, vc, slots = cache
         kc_strides, vc_strides, page = kc.stride()[:3], vc.stride()[:3], kc.shape[1]
+    x_ptr, b_ptr, m = src.args()
     _QK_NORM_ROPE[(tokens, num_heads + (2 if cache else 1) * num_kv_heads)](
-        qkv,
+        x_ptr,
+        b_ptr,
+        m,
         cos,
         sin,
         qw,
@@ -339,7 +391,7 @@ def _qk_norm_rope(qkv, num_heads, num_kv_heads, head_dim, cos, sin, q_weight, k_
         kc,
         vc,
         slots,
-        qkv.stride(0),
+        src.stride,
         cos.stride(0),
         sin.stride(0),
         *kc_strides,
@@ -352,6 +404,7 @@ def _qk_norm_rope(qkv, num_heads, num_kv_heads, head_dim, cos, sin, q_weight, k_
         NORM=norm,
         PAGE=page,
         WRITE_KV=cache is not None,
+        **src.consts(),
         PDL=int(pdl),
         num_warps=1,  # a head is 64-128 elements: small programs, many resident per SM
         **pdl_mod.launch_options(pdl),
@@ -359,17 +412,29 @@ def _qk_norm_rope(qkv, num_heads, num_kv_heads, head_dim, cos, sin, q_weight, k_
     return q, k
 
 
-def silu_mul(x: torch.Tensor, pdl: int = pdl_mod.Pdl.OFF) -> torch.Tensor:
-    """x [T, 2I] (gate | up) -> contiguous [T, I] = silu(gate) * up, as the SwiGLU MLP of Llama/Qwen3."""
-    x = _unit_last(x)
-    tokens, width = x.shape
+def silu_mul(x: "torch.Tensor | Partials", pdl: int = pdl_mod.Pdl.OFF) -> torch.Tensor:
+    """x [T, 2I] (gate | up) -> contiguous [T, I] = silu(gate) * up, as the SwiGLU MLP of Llama/Qwen3. x may be the
+    gate/up GEMM's split-K Partials: summed here, bit for bit as that GEMM's reduce would."""
+    src = _Source.of(x)
+    tokens, width = src.shape
     if width % 2:
         raise ValueError(f"silu_mul needs an even last dim, got {width}")
     inter = width // 2
-    out = torch.empty((tokens, inter), dtype=x.dtype, device=x.device)
+    out = torch.empty((tokens, inter), dtype=src.dtype, device=src.ptr.device)
     if tokens == 0:
         return out
+    x_ptr, b_ptr, m = src.args()
     _SILU_MUL[(tokens, triton.cdiv(inter, SILU_BLOCK))](
-        x, out, x.stride(0), I=inter, BLOCK=SILU_BLOCK, PDL=int(pdl), num_warps=4, **pdl_mod.launch_options(pdl)
+        x_ptr,
+        out,
+        b_ptr,
+        m,
+        src.stride,
+        I=inter,
+        BLOCK=SILU_BLOCK,
+        **src.consts(),
+        PDL=int(pdl),
+        num_warps=4,
+        **pdl_mod.launch_options(pdl),
     )
     return out

@@ -55,7 +55,7 @@ class Config:
     num_stages: int = 4
 
 
-def _pick_narrow(n: int, k: int, sms: int, elem_bytes: int) -> Config:
+def _pick_narrow(n: int, k: int, sms: int, elem_bytes: int, partial: bool = False) -> Config:
     """M <= 16 (decode at B <= 16). Tuned on the H200 (gemm_bench --tune, 2026-12-01) at qwen3-0.6b's and
     llama-3.1-8b's shapes, the fastest were wide blocks (BLOCK_N 64) even where they leave SMs idle: 64 programs
     for qwen3-0.6b's QKV beat 256 of 16 rows (4.9 against 5.8 us). Below a third of the SMs (N = 1024: 16
@@ -68,7 +68,10 @@ def _pick_narrow(n: int, k: int, sms: int, elem_bytes: int) -> Config:
     block_k = min(128 if few or blocks >= 2 * sms else 256, pow2(k, 16))
     steps = triton.cdiv(k, block_k)
     split = 1
-    while (few and blocks * split < 64) or triton.cdiv(steps, split) > 32:
+    # partial: the caller's next kernel sums the slices, so a split costs no second kernel: K is split until
+    # the programs fill one wave (NOT TUNED: the heuristic the next GPU call measures)
+    wave = partial and not few
+    while (few and blocks * split < 64) or (wave and blocks * split * 2 <= sms) or triton.cdiv(steps, split) > 32:
         if triton.cdiv(steps, split * 2) < 2:  # each slice at least two BLOCK_K steps
             break
         split *= 2
@@ -77,7 +80,7 @@ def _pick_narrow(n: int, k: int, sms: int, elem_bytes: int) -> Config:
     return Config(16, block_n, block_k, split, num_stages=max(2, min(4, (160 << 10) // stage_bytes)))
 
 
-def pick(m: int, n: int, k: int, sms: int, elem_bytes: int = 2) -> Config:
+def pick(m: int, n: int, k: int, sms: int, elem_bytes: int = 2, partial: bool = False) -> Config:
     """Block sizes by shape. DRAM stays busy when enough weight bytes are in flight (about latency x bandwidth:
     ~3 MB on an H200), spread over the SMs. Where N gives at least two programs per SM, the widest BLOCK_N that
     still does keeps each program's run of rows long. Where it gives fewer programs than SMs but at least a
@@ -87,7 +90,7 @@ def pick(m: int, n: int, k: int, sms: int, elem_bytes: int = 2) -> Config:
     Up to 16 rows: _pick_narrow, tuned on the H200.
     """
     if m <= 16:
-        return _pick_narrow(n, k, sms, elem_bytes)
+        return _pick_narrow(n, k, sms, elem_bytes, partial)
     block_m = 32  # tl.dot needs 16 on each side
     target = 2 * sms
     block_n = next((bn for bn in (64, 32) if triton.cdiv(n, bn) >= target), 16)
@@ -222,7 +225,7 @@ def linear(
     if k == 0:
         out = torch.zeros((m, n), dtype=x.dtype, device=x.device)
         return out if bias is None else out.copy_(bias.expand(m, n))
-    cfg = config or pick(m, n, k, num_sms(x.device), x.element_size())
+    cfg = config or pick(m, n, k, num_sms(x.device), x.element_size(), partial=partial)
     if cfg.block_m < m:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the {m} rows of x")
     steps = triton.cdiv(k, cfg.block_k)

@@ -165,10 +165,11 @@ def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
         """partial_sums: o_proj may return Partials (only _residual_stream_forward asks: its norm sums them)."""
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
         t = x.shape[0]
-        qkv = ops.linear(x, w, b)
-        cos, sin = (e.reshape(t, dim) for e in position_embeddings)
         kernels = ops(x)
         ctx = attention.cache_writer() if kernels is not _REF else None
+        # with the cache written by the QK kernel, v is its to read too: it may sum the GEMM's split-K partials
+        qkv = ops.linear(x, w, b, partial=ctx is not None)
+        cos, sin = (e.reshape(t, dim) for e in position_embeddings)
         if ctx is not None:  # this step's K/V go straight into the cache: one kernel fewer a layer
             layer = m.layer_idx
             kc, vc = ctx.cache.k[layer], ctx.cache.v[layer]
@@ -194,7 +195,7 @@ def _mlp_forward(m, ops: LayerOps):
 
     def forward(x, partial_sums=False):  # as the attention forward's
         rows = x.reshape(-1, x.shape[-1])
-        y = ops.project(down, ops(x).silu_mul(ops.linear(rows, w)), partial_sums)
+        y = ops.project(down, ops(x).silu_mul(ops.linear(rows, w, partial=True)), partial_sums)
         return y if isinstance(y, Partials) else y.view(*x.shape[:-1], -1)
 
     return forward
