@@ -311,11 +311,13 @@ def test_summary_judges_the_small_m_goals_on_the_variants_in_turns(tmp_path):
         }
 
     ab = {
-        "rows": [row("fuse", 1, 1.25), row("fuse", 32, 2.200), row("smallm", 1, 0.99), row("smallm", 32, 2.204)]
-        + [row("pdl", 1, 0.93), row("pdl", 32, 2.250)],
+        "rows": [row("fused", 1, 1.25), row("fused", 32, 2.200), row("fused-smallm", 1, 0.99)]
+        + [row("fused-smallm", 32, 2.204), row("fused-pdl", 1, 0.93), row("fused-pdl", 32, 2.250)],
         "notes": [],
     }
-    assert set(decode_ab.as_stages(ab)) == {"fuse", "smallm", "pdl"}
+    assert (
+        set(decode_ab.as_stages(ab)) == {"fused", "fused-smallm", "fused-pdl"} == {v.name for v in decode_ab.VARIANTS}
+    )
     stages = {
         "fused": {"rows": [row("", 1, 1.0), row("", 32, 1.0)]},  # a fast first stage: must not be the baseline
         "fused-smallm": {"rows": [row("", 1, 0.5), row("", 32, 0.5)]},
@@ -336,7 +338,7 @@ def test_summary_judges_the_small_m_goals_on_the_variants_in_turns(tmp_path):
         "NOT met"
     )
     assert not any("0.500 ms" in k for k in rows)
-    ab["rows"] = [r for r in ab["rows"] if r["variant"] != "pdl"]
+    ab["rows"] = [r for r in ab["rows"] if r["variant"] != "fused-pdl"]
     ab["notes"] = ["--pdl: off, PDL needs sm_90 (Hopper) or later, this device is sm_8x"]
     (tmp_path / "bench-decode-ab.json").write_text(json.dumps(ab))
     rows = {r[0]: r[1:] for r in summary(tmp_path, Console(file=io.StringIO()))}

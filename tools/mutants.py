@@ -263,8 +263,8 @@ MUTANTS: list[Mutant] = [
     M(
         "upload-trusts-a-refused-upload",
         "gmtool/core/executor.py",
-        "if all(s.upload() for s in self.steps):",
-        "if [s.upload() for s in self.steps]:",
+        "if not (alone and all(s.upload() for s in self.steps)):",
+        "if not (alone and [s.upload() for s in self.steps]):",
         "tests/test_executor.py::test_capture_uploads_whole_graphs_without_running_them",
         "a graph the driver would not upload is left for the timed path's first launch, out of the ledger",
     ),

@@ -120,10 +120,9 @@ class CapturedGraph:
         memory outside the pool). Whole graphs upload without running (CUDA: cuGraphUpload; the 35 default decode
         buckets' upload replays took 0.13 s on the H200); a step with runners, whose first replay builds the native
         step loop, or a graph that cannot upload alone, replays batch once."""
-        if self.steps and all(getattr(s, "upload", None) is not None for s in self.steps):
-            if all(s.upload() for s in self.steps):  # a refusal stops here: the replay uploads every step
-                return
-        self.replay(batch)
+        alone = self.steps and all(getattr(s, "upload", None) is not None for s in self.steps)
+        if not (alone and all(s.upload() for s in self.steps)):  # a refusal stops there: the replay uploads all
+            self.replay(batch)
 
     def stale_metadata(self, batch: Batch) -> bool:
         """True when the graph froze a host plan that differs from this batch's: its replay is unsafe."""

@@ -22,9 +22,9 @@ SMALL_M_DEFAULT = 16
 @dataclass(frozen=True)
 class Partials:
     """x @ W^T (+ bias) left as its split-K partial sums, parts [split, M, N] fp32: what
-    gmtool.kernels.small_m.linear(partial=True) returns where K is split. The kernel that reads the product next (gmtool.kernels.layers.add_rms_norm) adds
-    them in the order, and with the rounding to dtype, the reduce kernel would: the same bits, one kernel fewer
-    (two a layer in a decode step: o_proj and down_proj)."""
+    gmtool.kernels.small_m.linear(partial=True) returns where K is split. The kernel that reads the product next
+    (gmtool.kernels.layers.add_rms_norm) adds them in the order, and with the rounding to dtype, the reduce kernel
+    would: the same bits, one kernel fewer (two a layer in a decode step: o_proj and down_proj)."""
 
     parts: torch.Tensor
     bias: torch.Tensor | None

@@ -171,10 +171,8 @@ def summary(out: Path, console: Console) -> list[tuple]:
     ab = load("decode-ab")
     if ab and "rows" in ab:  # the variants in turns in one process: judged there, not across stages
         st = decode_ab.as_stages(ab)
-        pdl = st.get("pdl") or ({"rows": []} if ab.get("notes") else None)
-        if pdl is not None:
-            pdl = {**pdl, "notes": ab.get("notes", [])}
-        rows += _small_m_rows(st.get("fuse"), st.get("smallm"), load("gemm"), pdl, "decode-ab: one process, in turns")
+        fused, small, pdl = st.get("fused"), st.get("fused-smallm"), st.get("fused-pdl")
+        rows += _small_m_rows(fused, small, load("gemm"), pdl, "decode-ab: one process, in turns")
     else:
         rows += _small_m_rows(load("fused"), load("fused-smallm"), load("gemm"), load("fused-pdl"))
     k = load("kernel")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gmtool.measure.bench import DECODE_VARIANTS
 from gmtool.records import Status
 
 ROUNDS_PER_VARIANT = 2  # each variant goes first in as many rounds as the others
@@ -26,16 +27,17 @@ ROUNDS_PER_VARIANT = 2  # each variant goes first in as many rounds as the other
 
 @dataclass(frozen=True)
 class Variant:
-    name: str
+    name: str  # the decode stage that times it alone
     label: str
     small_m: bool
     pdl: bool
 
 
-VARIANTS = (
-    Variant("fuse", "--fuse", False, False),
-    Variant("smallm", "--fuse --small-m-gemm", True, False),
-    Variant("pdl", "--fuse --small-m-gemm --pdl", True, True),
+# the bench's --fuse decode stages without --compile, by their stage names
+VARIANTS = tuple(
+    Variant(stage, label, small_m, pdl)
+    for stage, label, compile_, fuse, small_m, pdl, _ in DECODE_VARIANTS
+    if fuse and not compile_
 )
 
 
@@ -74,11 +76,14 @@ def rotated(items: list, k: int) -> list:
 
 
 def as_stages(result: dict) -> dict[str, dict]:
-    """The stage's rows per variant, shaped as the decode stages' files ({"rows": [...]}): the summary judges
-    them as it judges those."""
+    """The stage's rows per variant, as the decode stage of that name writes them ({"rows": [...]}, the notes on
+    the PDL one's): the summary judges them as it judges those."""
     out: dict[str, dict] = {}
     for r in result.get("rows", []):
         out.setdefault(r["variant"], {"rows": []})["rows"].append(r)
+    for v in VARIANTS:
+        if v.pdl and result.get("notes"):  # PDL could not run: the variant is absent, its reason is not
+            out.setdefault(v.name, {"rows": []})["notes"] = result["notes"]
     return out
 
 
