@@ -274,7 +274,7 @@ MUTANTS: list[Mutant] = [
         "for s in tl.static_range(SPLIT):",
         "for s in tl.static_range(SPLIT - 1):",
         "tests/test_layer_kernels.py::test_layer_kernels_under_interpreter",
-        "the norm after a split-K projection drops its last slice of K",
+        "the kernel after a split-K projection (norm, QK-norm+RoPE, SiLU) drops its last slice of K",
     ),
     M(
         "norm-drops-the-partials-bias",
@@ -282,7 +282,7 @@ MUTANTS: list[Mutant] = [
         "        if HAS_BIAS:\n            acc += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)",
         "        if HAS_BIAS:\n            acc += 0.0",
         "tests/test_layer_kernels.py::test_layer_kernels_under_interpreter",
-        "a projection's bias is lost where its partial sums go to the norm",
+        "a projection's bias is lost where its partial sums go to the next kernel",
     ),
     M(
         "replay-over-another-bucket-s-inputs",
