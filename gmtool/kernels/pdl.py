@@ -24,7 +24,9 @@ layer's o_proj, gate/up and down weights into L2 (`cp.async.bulk.prefetch.L2`) s
 kernels overlap their streaming: 1.126-1.128 ms against 0.936-0.959, 1.31-1.51 with a second such kernel a
 layer (qwen3-0.6b B=1 kv 1024, H200, 2026-12-01, .diag/lookahead.py). Presumably the next kernel's wait then
 covers the prefetching kernel's end, which comes after its prefetches drain. A side stream doing the same had
-been slower too (1.086-1.125 against 1.041 ms).
+been slower too (1.086-1.125 against 1.041 ms). So was letting the decode attention read its kv lengths and
+first block-table row, and prefetch that tile's K/V into L2, before its wait: 0.935-0.936 ms against 0.908-0.909
+at B=1, 2.353 against 2.198 at B=32 (the same call, trees alternated).
 
 Triton 3.6 and 3.9 both have `triton.language.extra.cuda.gdc_wait` / `gdc_launch_dependents` and the
 `launch_pdl` launch option. The interpreter has neither griddepcontrol nor inline assembly: there, before
