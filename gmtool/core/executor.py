@@ -298,7 +298,14 @@ class GraphExecutor:
         traces per shape (fx, --compile) needs one per shape. Other shapes capture straight away: their kernels
         are the same, and a Triton variant not compiled yet compiles at its launch under capture; their first run is
         the first replay after capture. Warming up every shape, the 35 default decode
-        buckets took 3.88 s with a warm Triton cache, 2.66 s with one (H200); warmup_every_capture restores it."""
+        buckets took 3.88 s with a warm Triton cache, 2.66 s with one (H200); warmup_every_capture restores it.
+
+        Nor are the other shapes' GEMMs run ahead. Alone, cuBLAS's first call at a new shape cost about 2 ms under
+        capture and 14-16 us after one eager call, whose own cost was 0.13-0.3 ms (2 ms where it loaded a kernel).
+        Recording the first pass's GEMMs (a TorchDispatchMode) and running each at every bucket size before the
+        captures did not shorten the 35 default decode buckets' --fuse capture: in the warm-up, 1.58 and 1.69 s
+        against 1.16 without (one call); in compile-ahead's pass, while its workers compiled, 2.79-3.61 s cold
+        against 2.71-3.18, three processes each, alternated (H200, 2026-12-01, .diag/coldab.py)."""
         t0 = time.perf_counter()
         self.forward_impl.warmup(self, fn)  # with fx: the trace and split of this shape happen here
         entry.warmup_s += time.perf_counter() - t0
