@@ -141,6 +141,14 @@ class SweepConfig:
             self.bucket_sizes = default
         else:
             self.bucket_sizes = list(CPU_DEFAULT_BUCKETS["decode" if self.scenario == "decode" else "prefill"])
+        if self.max_tokens is not None:  # BucketPolicy would refuse it too, without naming the option
+            if self.max_tokens <= 0:
+                raise GmtoolError(f"--max-tokens must be positive, got {self.max_tokens}")
+            if self.max_tokens < self.bucket_sizes[-1]:
+                raise GmtoolError(
+                    f"--max-tokens {self.max_tokens} is below bucket {self.bucket_sizes[-1]}: the buffers sized by "
+                    "it must hold the largest bucket; raise --max-tokens or lower --buckets"
+                )
         policy = self.policy()
         comps = parse_compositions(self.compositions) if self.compositions else []
         crowded = next((c for c in comps if c.num_seqs > self.max_num_seqs), None)

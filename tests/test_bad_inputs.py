@@ -61,7 +61,17 @@ CASES = [
     ("--format unknown", ["capture", *CPU, "--format", "yaml"], "'yaml' is not one of 'human', 'json', 'quiet'"),
     ("--compositions 1@10000000", ["capture", *CPU, "--compositions", "1@10000000"], "--max-kv-len"),
     ("--max-kv-len 100000000", ["capture", *CPU, "--max-kv-len", "100000000"], "--max-kv-len"),
-    ("--buckets 1:100000:1", ["capture", *CPU, "--buckets", "1:100000:1"], "--buckets"),
+    (
+        "--buckets 1:100000:1",
+        ["capture", *CPU, "--buckets", "1:100000:1", "--max-num-seqs", "100000"],
+        "lower --buckets (fewer buckets)",
+    ),
+    (
+        "--max-tokens below the largest bucket",
+        ["capture", *CPU, "--max-tokens", "4"],
+        "--max-tokens 4 is below bucket 8",
+    ),
+    ("--max-tokens 0", ["capture", *CPU, "--max-tokens", "0"], "--max-tokens must be positive"),
     ("compare hf-compiled on the CPU", ["compare", "eager,hf-compiled", *CPU], "needs CUDA"),
     ("compare an unknown mode", ["compare", "eager,fast", *CPU], "unknown mode 'fast'"),
     (
@@ -195,8 +205,8 @@ def test_every_bad_input_is_one_line_and_exit_2(tmp_path, case, args, message):
     assert not (tmp_path / "o").exists()
 
 
-# inputs that were tracebacks though the run is a fair request: the capturability probe's batches were larger
-# than the run's buffers (a 3-token prefill over buckets 1,2; verify's 5-token one over buckets 1,2)
+# inputs that failed though the run is a fair request: the capturability probe's batches were larger than the
+# run's buffers (a 3-token prefill over buckets 1,2; verify's 5-token one over buckets 1,2), tracebacks both
 RUNS = [
     (
         "prefill over buckets below 3 tokens",
@@ -206,6 +216,8 @@ RUNS = [
         "verify over buckets below 5 tokens",
         ["verify", *CPU, "--buckets", "1,2", "--max-num-seqs", "2", "--steps", "2", "--check-every", "1"],
     ),
+    # verify's KV cache held too few blocks for its dynamic-dimension decode pair when a sequence has < 4 blocks
+    ("verify --block-size 16 on the CPU", ["verify", *CPU, "--block-size", "16", "--steps", "1", "--check-every", "1"]),
 ]
 
 

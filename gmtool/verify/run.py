@@ -140,8 +140,10 @@ def build_bench(cfg: VerifyConfig):
     from gmtool.measure.workbench import Workbench
 
     per_seq = -(-cfg.max_kv_len // cfg.block_size)
-    # fewer blocks than every sequence at full length: requests wait for blocks and get freed ones
-    blocks = max(per_seq + 1, cfg.max_num_seqs * per_seq * 3 // 4) + 1
+    # fewer blocks than every sequence at full length: requests wait for blocks and get freed ones; but the
+    # dynamic-dimension decode pair (dyn_dim_batches: up to --max-num-seqs sequences of up to 3 blocks) is
+    # made whole, which the 3/4 alone does not hold when a sequence has under 4 blocks (a large --block-size)
+    blocks = max(per_seq + 1, cfg.max_num_seqs * per_seq * 3 // 4, cfg.max_num_seqs * min(3, per_seq)) + 1
     bench = Workbench.build(cfg.sweep, num_blocks=blocks)
     cfg.fault = parse_fault(cfg.inject, bench.lm.num_layers)
     return bench
