@@ -94,6 +94,12 @@ class SweepConfig:
         self.modes = tuple(GraphMode(m) for m in self.modes)
         if self.piecewise_impl not in PIECEWISE_IMPLS:
             raise GmtoolError(f"unknown --piecewise-impl {self.piecewise_impl!r}: use breakable or fx")
+        pieces = [m for m in self.modes if GraphMode.PIECEWISE in (m, *m.composed_of.values())]
+        if self.piecewise_impl != PiecewiseImpl.BREAKABLE and not pieces:  # it would shape nothing of this run
+            raise GmtoolError(
+                f"--piecewise-impl {self.piecewise_impl} splits piecewise graphs, and this run has none (modes "
+                f"{', '.join(self.modes)}): add the piecewise or auto mode, or leave --piecewise-impl out"
+            )
         for name in ("num_iters", "block_size", "max_num_seqs"):
             if getattr(self, name) <= 0:
                 raise GmtoolError(f"--{name.replace('_', '-')} must be positive")

@@ -147,6 +147,7 @@ CASES = [
     ),
     ("report on a results.json lacking what it shows", ["report", "{tmp}/prefill.json"], "'model' section lacks"),
     ("bench --iters 0", ["bench", "--iters", "0"], "--iters must be 1 or more"),
+    ("--piecewise-impl fx without a piecewise mode", ["capture", *CPU, "--piecewise-impl", "fx"], "this run has none"),
 ]
 
 CAPTURE_LIKE = ("capture", "compare", "memreport", "plan", "verify")
