@@ -181,9 +181,10 @@ def test_the_ledger_on_the_cpu(run):
         == 2 * doc["model"]["layers"] * doc["model"]["kv_heads"] * doc["model"]["head_dim"] * 4
     )  # float32 on the CPU
     rows = md_table_rows(md, "Graph memory ledger")
-    assert [(r[0], r[1], r[2], r[6]) for r in rows] == [
+    assert [(r[0], r[1], r[3], r[7]) for r in rows] == [
         (m, b, "-", "-") for m in ("full", "piecewise") for b in ("1", "2")
     ]
+    assert [r[2] for r in rows] == ["d1", "d2"] * 2  # each row names its graph
 
 
 def test_results_csv(run):

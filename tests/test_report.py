@@ -313,8 +313,8 @@ def test_ledger_in_markdown_html_and_the_terminal():
         rec("piecewise", 16, "8*2", ms=2.0, eager=9.0, key="t16", capture_s=0.1, inputs_bytes=4096)
     )  # a CPU-like capture: no pool, no driver figures
     want = [
-        ["full", "8", "4.0 MiB", "1.0 MiB", "2.0 KiB", "32.0 MiB", "37.0 MiB", "338"],
-        ["piecewise", "16", "-", "-", "4.0 KiB", "-", "-", "-"],
+        ["full", "8", full8["key"], "4.0 MiB", "1.0 MiB", "2.0 KiB", "32.0 MiB", "37.0 MiB", "338"],
+        ["piecewise", "16", "t16", "-", "-", "4.0 KiB", "-", "-", "-"],
     ]
     assert table_rows(render_markdown(doc), "Graph memory ledger") == want
     assert html_table_rows(render_html(doc), "Graph memory ledger") == want
@@ -330,3 +330,18 @@ def test_ledger_in_markdown_html_and_the_terminal():
     doc["records"] = [r for r in doc["records"] if not r.get("capture_s")]
     assert ledger_table(doc) is None
     assert "no graph was captured" in render_markdown(doc)
+
+
+def test_ledger_names_each_graph_of_a_bucket_in_the_modes_asked_order():
+    """Prefill full graphs are keyed by tokens x sequences: one bucket holds several graphs, each its own ledger
+    row. Without the key those rows read as one row repeated; and the modes come as the summary shows them."""
+    doc = make_doc()
+    doc["config"]["modes"] = ["eager", "piecewise", "full"]
+    doc["records"] = [
+        rec("full", 16, "8*2", ms=3.0, eager=9.0, key="t16xs2", capture_s=0.1, inputs_bytes=3000),
+        rec("full", 16, "4*4", ms=3.0, eager=9.0, key="t16xs4", capture_s=0.1, inputs_bytes=5000),
+        rec("piecewise", 16, "8*2", ms=2.0, eager=9.0, key="t16", capture_s=0.1, inputs_bytes=4096),
+    ]
+    rows = table_rows(render_markdown(doc), "Graph memory ledger")
+    assert [r[:3] for r in rows] == [["piecewise", "16", "t16"], ["full", "16", "t16xs2"], ["full", "16", "t16xs4"]]
+    assert html_table_rows(render_html(doc), "Graph memory ledger") == rows
