@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import csv
 import json
 import os
 import subprocess
@@ -203,6 +204,11 @@ def test_results_csv(run):
     } <= set(df.columns)
     assert set(df["mode"]) == {"eager", "full", "piecewise"}
     assert (df["latency_ms_median"] > 0).all()
+    # counts stay integers where other rows leave them empty (eager rows have no pieces or runners)
+    raw = list(csv.DictReader((run["out"] / "results.csv").open()))
+    full = next(r for r in raw if r["mode"] == "full")
+    assert (full["pieces"], full["runners"], full["latency_ms_n"]) == ("1", "0", str(run["doc"]["config"]["num_iters"]))
+    assert next(r for r in raw if r["mode"] == "eager")["pieces"] == ""
 
 
 def test_traces_are_chrome_traces_of_named_replays(run):
