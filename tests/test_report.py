@@ -217,6 +217,29 @@ def test_baseline_matches_rows_by_occurrence():
     assert buckets[("full", 16)]["replay_delta_pct"] is None  # UNSAFE: no latency to compare
 
 
+def test_baseline_joins_each_tp_rank_and_counts_rows_only_in_the_baseline():
+    """A TP=2 run against a TP=1 baseline: every rank's '1*8' mixes join the baseline's own (not rank 1's as a
+    third and fourth '1*8'); the baseline's rows this run did not measure are counted and said."""
+    new, old = make_doc(), make_doc()
+    for r in old["records"]:
+        if r["latency_ms"]:
+            r["latency_ms"]["median"] *= 2
+    new["records"] = [r for r in new["records"] if r["bucket"] != 16]  # this run measured fewer rows
+    new["records"] += [dict(copy.deepcopy(r), rank=1) for r in new["records"]]
+    doc = Document.from_dict(new)
+    attach_baseline(doc, Document.from_dict(old), "old/results.json")
+    got = doc.to_dict()
+    b = got["baseline"]
+    assert (b["matched"], b["unmatched"]) == (len(got["records"]), 0)
+    assert b["only_in_baseline"] == sum(1 for r in old["records"] if r["bucket"] == 16)
+    full8 = [r for r in got["records"] if r["mode"] == "full" and r["bucket"] == 8]
+    assert [(r["rank"], r["baseline"]["latency_ms"]) for r in full8] == [(0, 2.0), (0, 2.2), (1, 2.0), (1, 2.2)]
+    md = render_markdown(got)
+    assert f"{b['only_in_baseline']} only in the baseline" in md
+    rows = table_rows(md, "Change vs baseline")
+    assert ["full (rank 1)", "8", "`1*8 #2`", "ok", "1.100", "2.200", "-50.0%"] in [r[:7] for r in rows]
+
+
 @pytest.fixture
 def results_dir(tmp_path):
     d = tmp_path / "run"
@@ -256,8 +279,11 @@ def test_report_with_baseline(results_dir, tmp_path):
     assert code == 0, err
     md = (tmp_path / "with-baseline" / "report.md").read_text()
     rows = table_rows(md, "Change vs baseline")
-    assert ["full", "8", "`1*8`", "ok", "1.000", "4.000", "-75.0%", "0.00e+00", "+0.00e+00"] in rows
+    # bucket 8 runs two '1*8' mixes: each row says which, as the safety section does
+    assert ["full", "8", "`1*8 #1`", "ok", "1.000", "4.000", "-75.0%", "0.00e+00", "+0.00e+00"] in rows
+    assert ["full", "8", "`1*8 #2`", "ok", "1.100", "4.400", "-75.0%", "0.00e+00", "+0.00e+00"] in rows
     assert "vs baseline" in out and "-75.0%" in out
+    assert f"baseline {tmp_path / 'old.json'}: {len(old['records'])} rows matched, 0 new" in " ".join(out.split())
     assert not (results_dir / "report.md").exists()  # --out elsewhere leaves the run's directory alone
 
 

@@ -150,3 +150,17 @@ def noise_warning(doc: dict) -> str | None:
         f"{len(noisy)} of {sum(1 for r in doc['records'] if r.get('latency_ms'))} timings are noisy (IQR above "
         "10% of the median, marked '!'): raise --num-iters or run on an idle machine before trusting them"
     )
+
+
+def baseline_counts(b: dict) -> str:
+    """How the rows of this run and its baseline joined: a baseline with fewer (or other) rows is not an error,
+    but the reader should know how much of the run it speaks for."""
+    text = f"{b['matched']} rows matched, {b['unmatched']} new"
+    gone = b.get("only_in_baseline")  # absent in documents written before it was counted
+    return text + (f", {gone} only in the baseline (not measured in this run)" if gone else "")
+
+
+def baseline_line(doc: dict) -> str | None:
+    """The terminal's line under a table compared with --baseline: which run, and how many rows joined."""
+    b = doc.get("baseline")
+    return None if not b else f"baseline {b['path']}: {baseline_counts(b)}"
