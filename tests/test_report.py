@@ -200,11 +200,13 @@ def test_baseline_matches_rows_by_occurrence():
         if r["max_rel_err"] is not None:
             r["max_rel_err"] += 0.25
     old["records"] = old["records"][:-1]  # the peer is new in this run
+    old["records"][0]["status"] = "error"  # ... and one row that failed then is ok now
     doc = Document.from_dict(new)
     attach_baseline(doc, Document.from_dict(old), "old/results.json")
     new = doc.to_dict()
     b = new["baseline"]
     assert (b["matched"], b["unmatched"], b["path"]) == (len(new["records"]) - 1, 1, "old/results.json")
+    assert b["status_changed"] == 1 and "; 1 matched row changed status" in render_markdown(new)
     full = [r for r in new["records"] if r["mode"] == "full" and r["bucket"] == 8]
     assert [r["baseline"]["latency_ms"] for r in full] == [2.0, 2.2]
     assert all(r["baseline"]["latency_delta_pct"] == pytest.approx(-50.0) for r in full)

@@ -53,7 +53,7 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
     rows, old_rows = [r.to_dict() for r in doc.records], [r.to_dict() for r in base.records]
     old = {(o.get("rank") or 0, key): o for key, o in zip(row_keys(old_rows), old_rows)}
     old_ranks = {rank for rank, _ in old}
-    matched, used = 0, set()
+    matched, used, changed = 0, set(), 0
     for key, r, rec in zip(row_keys(rows), rows, doc.records):
         # each rank against the same rank of the baseline, or against its single rank (TP=1 against TP=2)
         rank = r.get("rank") or 0
@@ -64,6 +64,7 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
             continue
         matched += 1
         used.add(at)
+        changed += o["status"] != r["status"]
         rec.baseline = {
             "status": o["status"],
             "latency_ms": _median(o),
@@ -94,5 +95,6 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
         "matched": matched,
         "unmatched": len(rows) - matched,
         "only_in_baseline": len(old) - len(used),  # rows the older run had and this one did not measure
+        "status_changed": changed,  # matched rows whose status differs (ok -> UNSAFE, error -> ok, ...)
         "buckets": buckets,
     }

@@ -157,7 +157,9 @@ def baseline_counts(b: dict) -> str:
     but the reader should know how much of the run it speaks for."""
     text = f"{b['matched']} rows matched, {b['unmatched']} new"
     gone = b.get("only_in_baseline")  # absent in documents written before it was counted
-    return text + (f", {gone} only in the baseline (not measured in this run)" if gone else "")
+    text += f", {gone} only in the baseline (not measured in this run)" if gone else ""
+    changed = b.get("status_changed")
+    return text + (f"; {changed} matched row{'s' if changed > 1 else ''} changed status" if changed else "")
 
 
 def baseline_line(doc: dict) -> str | None:
