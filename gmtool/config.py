@@ -148,11 +148,13 @@ class SweepConfig:
                 defaulted.append(b)
             below = b
         if comps and defaulted:  # the user's mixes all went elsewhere: say why these buckets ran others
-            self.notes.append(
+            note = (
                 f"no --compositions mix runs on bucket{'s' if len(defaulted) > 1 else ''} "
                 f"{', '.join(map(str, defaulted))} (each mix runs on the smallest bucket that holds it, or the one "
                 f"B= pins): {'they' if len(defaulted) > 1 else 'it'} replayed the default mixes"
             )
+            if note not in self.notes:  # a config copied with dataclasses.replace runs this again
+                self.notes.append(note)
         longest = max(
             ((p.prefix or 0) + p.new_tokens) for cs in self.compositions_by_bucket.values() for c in cs for p in c.parts
         )

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS, BucketKey, BucketPolicy, parse_buckets
@@ -117,5 +119,7 @@ def test_a_bucket_no_given_composition_reaches_says_it_ran_the_defaults():
     assert cfg.compositions_by_bucket[64]  # the defaults
     said = [n for n in cfg.notes if "--compositions" in n]
     assert len(said) == 1 and "bucket 64 " in said[0] and "default mixes" in said[0]
+    again = dataclasses.replace(cfg, seed=1)  # memreport --sample copies the config: the note is not doubled
+    assert [n for n in again.notes if "--compositions" in n] == said
     plain = SweepConfig(device="cpu", scenario="prefill", buckets="64,128")  # nothing given: nothing to explain
     assert not [n for n in plain.notes if "--compositions" in n]
