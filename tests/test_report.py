@@ -373,3 +373,26 @@ def test_ledger_names_each_graph_of_a_bucket_in_the_modes_asked_order():
     rows = table_rows(render_markdown(doc), "Graph memory ledger")
     assert [r[:3] for r in rows] == [["piecewise", "16", "t16"], ["full", "16", "t16xs2"], ["full", "16", "t16xs4"]]
     assert html_table_rows(render_html(doc), "Graph memory ledger") == rows
+
+
+def test_the_terminal_compare_table_says_what_served_auto():
+    """auto's rows are served by full graphs, piecewise ones or eager per batch: the terminal says which, as
+    report.md does; a run without auto keeps the column out."""
+    doc = make_doc()
+    doc["config"]["modes"] = ["eager", "full", "auto"]
+    doc["records"] = [
+        rec("eager", 16, "1*16", ms=4.0, eager=4.0, served_by="eager"),
+        rec("full", 16, "1*16", ms=1.0, eager=4.0, served_by="full"),
+        rec("auto", 16, "1*16", ms=1.0, eager=4.0, served_by="full"),
+        rec("auto", 16, "8*2", ms=2.0, eager=4.0, served_by="piecewise"),
+    ]
+    con = Console(width=160, record=True, file=io.StringIO())
+    con.print(compare_table(doc))
+    text = con.export_text()
+    auto = next(line for line in text.splitlines() if " auto " in line)
+    assert "served by" in text and "full/piecewise" in auto
+    doc["config"]["modes"] = ["eager", "full"]
+    doc["records"] = doc["records"][:2]
+    con = Console(width=160, record=True, file=io.StringIO())
+    con.print(compare_table(doc))
+    assert "served by" not in con.export_text()

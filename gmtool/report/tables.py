@@ -113,6 +113,9 @@ def compare_table(doc: dict) -> FittedTable:
             Column("status", justify="left"),
         ]
     )
+    # auto picks a graph kind per batch: which served its rows is the point of running it (report.md has it too)
+    served = GraphMode.AUTO in mode_order(doc)
+    cols += [Column("served by", rank=3, justify="left")] if served else []
     cols += [Column("vs baseline", rank=2)] if deltas else []
     order = {m: i for i, m in enumerate(mode_order(doc))}
     summary = sorted(
@@ -136,6 +139,8 @@ def compare_table(doc: dict) -> FittedTable:
             fmt_bytes(s["graph_mem_bytes"]),
             _status(s),
         ]
+        if served:
+            cells.append(s["served_by"] or "-")
         if deltas:
             cells.append(_signed_pct((deltas.get((s["mode"], s["bucket"])) or {}).get("replay_delta_pct")))
         rows.append(cells)
