@@ -166,11 +166,20 @@ class SweepConfig:
         self.compositions_by_bucket = {b: [] for b in policy.sizes}
         for b, cs in assign_buckets(comps, policy).items():
             self.compositions_by_bucket[b].extend(cs)
-        below = 0
+        below, defaulted = 0, []
         for b in sorted(self.compositions_by_bucket):
             if not self.compositions_by_bucket[b]:
                 self.compositions_by_bucket[b].extend(default_compositions(b, self.scenario, below))
+                defaulted.append(b)
             below = b
+        if comps and defaulted:  # the user's mixes all went elsewhere: say why these buckets ran others
+            note = (
+                f"no --compositions mix runs on bucket{'s' if len(defaulted) > 1 else ''} "
+                f"{', '.join(map(str, defaulted))} (each mix runs on the smallest bucket that holds it, or the one "
+                f"B= pins): {'they' if len(defaulted) > 1 else 'it'} replayed the default mixes"
+            )
+            if note not in self.notes:  # a config copied with dataclasses.replace runs this again
+                self.notes.append(note)
         longest = max(kv_len(p) for cs in self.compositions_by_bucket.values() for c in cs for p in c.parts)
         if self.max_kv_len is None:
             self.max_kv_len = max(1024 if cuda else 128, longest)

@@ -131,7 +131,7 @@ class Record:
 
     def flat(self) -> dict:
         """One CSV row: each timing spread over <field>_median, <field>_p90, ... (empty where it has none),
-        the baseline over baseline_<key>."""
+        the baseline over baseline_<key>, the traced time per kernel class over time_by_class_ms_<class>."""
         row = {}
         for f in fields(self):
             v = getattr(self, f.name)
@@ -139,6 +139,8 @@ class Record:
                 row.update({f"{f.name}_{t.name}": getattr(v, t.name) if v else None for t in fields(Timing)})
             elif f.name == "baseline":  # columns only where a baseline was attached
                 row.update({f"baseline_{k}": sv for k, sv in (v or {}).items()})
+            elif f.name == "time_by_class_ms":  # --trace: a column per kernel class, not a dict's repr in a cell
+                row.update({f"time_by_class_ms_{k}": ms for k, ms in (v or {}).items()})
             else:
                 row[f.name] = v
         return row

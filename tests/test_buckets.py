@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS, BucketKey, BucketPolicy, parse_buckets
@@ -103,3 +105,21 @@ def test_default_mixes_of_every_small_bucket_parse_and_belong_to_it(scenario):
         assert comps, bucket
         assert all(below < c.num_tokens <= bucket for c in comps), (bucket, [c.label for c in comps])
         below = bucket
+
+
+def test_a_bucket_no_given_composition_reaches_says_it_ran_the_defaults():
+    """--compositions that all land on bucket 128 leave bucket 64 to its default mixes: the run says so, rather
+    than report mixes nobody asked for without a word."""
+    from gmtool.config import SweepConfig
+
+    cfg = SweepConfig(
+        device="cpu", scenario="prefill", buckets="64,128", compositions="128=64+64,32*4,100+28@512", max_kv_len=640
+    )
+    assert [c.label for c in cfg.compositions_by_bucket[128]] == ["64+64", "32*4", "100+28@512"]
+    assert cfg.compositions_by_bucket[64]  # the defaults
+    said = [n for n in cfg.notes if "--compositions" in n]
+    assert len(said) == 1 and "bucket 64 " in said[0] and "default mixes" in said[0]
+    again = dataclasses.replace(cfg, seed=1)  # memreport --sample copies the config: the note is not doubled
+    assert [n for n in again.notes if "--compositions" in n] == said
+    plain = SweepConfig(device="cpu", scenario="prefill", buckets="64,128")  # nothing given: nothing to explain
+    assert not [n for n in plain.notes if "--compositions" in n]

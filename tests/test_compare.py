@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import csv
 import json
 import os
 import subprocess
@@ -181,9 +182,10 @@ def test_the_ledger_on_the_cpu(run):
         == 2 * doc["model"]["layers"] * doc["model"]["kv_heads"] * doc["model"]["head_dim"] * 4
     )  # float32 on the CPU
     rows = md_table_rows(md, "Graph memory ledger")
-    assert [(r[0], r[1], r[2], r[6]) for r in rows] == [
+    assert [(r[0], r[1], r[3], r[7]) for r in rows] == [
         (m, b, "-", "-") for m in ("full", "piecewise") for b in ("1", "2")
     ]
+    assert [r[2] for r in rows] == ["d1", "d2"] * 2  # each row names its graph
 
 
 def test_results_csv(run):
@@ -202,6 +204,11 @@ def test_results_csv(run):
     } <= set(df.columns)
     assert set(df["mode"]) == {"eager", "full", "piecewise"}
     assert (df["latency_ms_median"] > 0).all()
+    # counts stay integers where other rows leave them empty (eager rows have no pieces or runners)
+    raw = list(csv.DictReader((run["out"] / "results.csv").open()))
+    full = next(r for r in raw if r["mode"] == "full")
+    assert (full["pieces"], full["runners"], full["latency_ms_n"]) == ("1", "0", str(run["doc"]["config"]["num_iters"]))
+    assert next(r for r in raw if r["mode"] == "eager")["pieces"] == ""
 
 
 def test_traces_are_chrome_traces_of_named_replays(run):

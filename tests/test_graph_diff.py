@@ -348,6 +348,8 @@ def test_the_table_names_the_dependent_kernels_and_a_safe_mode_with_them_is_a_fi
     assert list(df["result"]) == ["clean", "BAKED IN (expected)"]
     assert df["depends on the composition"][1] == "_varlen_kernel in model.layers.*.self_attn x2 (grid)"
     assert df["graph nodes"][1] == "6 kernels, 2 changed"
+    cpu = {**doc, "dynamic_dims": [{**d, "graph_nodes": None} for d in doc["dynamic_dims"]]}
+    assert "graph nodes" not in dyndims_frame(cpu).columns  # the CPU tape compares no nodes: no column of '-'
     assert _findings(doc) == []  # full-narrow's finding is the bug it exists to show
     doc["dynamic_dims"][1]["expected_unsafe"] = False
     assert "kernel _varlen_kernel in model.layers.*.self_attn (grid)" in _findings(doc)[0]

@@ -132,3 +132,17 @@ def test_results_csv_flattens_every_timing(tmp_path):
     assert {f"latency_ms_{k}" for k in timed[0]["latency_ms"]} <= set(df.columns)
     assert sorted(df["latency_ms_median"].dropna()) == sorted(r["latency_ms"]["median"] for r in timed)
     assert sorted(df["latency_ms_p90"].dropna()) == sorted(r["latency_ms"]["p90"] for r in timed)
+
+
+def test_results_csv_spreads_the_traced_kernel_classes(tmp_path):
+    """--trace rows: ms per kernel class over time_by_class_ms_<class> columns (a dict's Python repr in one cell
+    is neither JSON nor a number a spreadsheet reads); untraced rows leave them empty."""
+    doc = make_doc()
+    traced = next(r for r in doc["records"] if r["latency_ms"])
+    traced["time_by_class_ms"] = {"attention": 0.25, "GEMM": 1.5, "norm": 0.0, "elementwise": 0.5, "other": 0.125}
+    write_results(tmp_path, Document.from_dict(doc))
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert "time_by_class_ms" not in df.columns
+    row = df.iloc[doc["records"].index(traced)]
+    assert {k: row[f"time_by_class_ms_{k}"] for k in traced["time_by_class_ms"]} == traced["time_by_class_ms"]
+    assert df["time_by_class_ms_GEMM"].notna().sum() == 1

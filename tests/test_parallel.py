@@ -23,6 +23,7 @@ from gmtool.modes import GraphMode
 from gmtool.parallel import launch
 from gmtool.parallel.comm import agree, place
 from tests.test_compare import run_cli
+from tests.helpers import md_table_rows
 
 TINY = ["--device", "cpu", "--num-iters", "2", "--num-iters-warmup", "1"]
 MIXES = ("1*1", "1*3", "4=2+2")  # decode buckets 1 and 4, and a prefill batch in bucket 4
@@ -182,6 +183,9 @@ def test_a_tp1_run_is_the_baseline_of_a_tp2_run(tp2_compare, tmp_path):
     code, stdout, stderr = run_cli("report", out, "--baseline", one / "results.json")
     assert code == 0, stderr
     assert "baseline" in (out / "report.md").read_text().lower()
+    # every rank's rows join the TP=1 run's rows of the same mode, bucket and mix: none is new
+    assert f"{len(tp2['records'])} rows matched, 0 new" in " ".join(stdout.split())
+    assert any(r[0].endswith("(rank 1)") for r in md_table_rows((out / "report.md").read_text(), "Change vs baseline"))
 
 
 def test_a_failed_rank_is_named_and_the_others_stop(tmp_path):

@@ -336,6 +336,25 @@ def test_plan_from_results_end_to_end(tmp_path, results_file):
     assert "2 captures take 2.00 s inside serving" in " ".join(out.split())  # the terminal says it too
 
 
+def test_steps_beyond_the_measured_buckets_are_named_and_extrapolated_lists_marked(tmp_path, results_file):
+    """Buckets measured up to 16, steps up to 64: the plan may capture only measured-range sizes, while the
+    engines' lists reach past them on extrapolated figures. A plan "slower" than those lists must say why,
+    and their figures must read as estimates."""
+    wl = tmp_path / "w.csv"
+    wl.write_text("num_tokens,num_seqs,count\n1,1,60\n8,8,15\n64,64,25\n")
+    code, out, err = run_cli("plan", "--workload", wl, "--from", results_file, "--out", tmp_path / "p")
+    assert code == 0, err
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert max(doc["capture_sizes"]) <= 16
+    said = [n for n in doc["notes"] if "above the largest candidate size" in n]
+    assert len(said) == 1 and said[0].startswith("25.0% of the workload's steps") and "up to 64 tokens" in said[0]
+    vllm = next(d for d in doc["defaults"] if d["engine"] == "vllm")
+    assert vllm["extrapolated_sizes"] == 30  # vLLM's 35 sizes: 1, 2, 4, 8, 16 measured
+    md = (tmp_path / "p" / "plan.md").read_text()
+    assert f"| vllm | 35 | ~{vllm['expected_ms_per_step']:.4f} | ~" in md and "~: the list's figures" in md
+    assert "~: the list's figures are partly extrapolated" in " ".join(out.split())
+
+
 def test_plan_bad_inputs_are_one_line(tmp_path, results_file):
     wl = tmp_path / "w.csv"
     wl.write_text("num_tokens,num_seqs\n5,5\n")

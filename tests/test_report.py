@@ -200,11 +200,13 @@ def test_baseline_matches_rows_by_occurrence():
         if r["max_rel_err"] is not None:
             r["max_rel_err"] += 0.25
     old["records"] = old["records"][:-1]  # the peer is new in this run
+    old["records"][0]["status"] = "error"  # ... and one row that failed then is ok now
     doc = Document.from_dict(new)
     attach_baseline(doc, Document.from_dict(old), "old/results.json")
     new = doc.to_dict()
     b = new["baseline"]
     assert (b["matched"], b["unmatched"], b["path"]) == (len(new["records"]) - 1, 1, "old/results.json")
+    assert b["status_changed"] == 1 and "; 1 matched row changed status" in render_markdown(new)
     full = [r for r in new["records"] if r["mode"] == "full" and r["bucket"] == 8]
     assert [r["baseline"]["latency_ms"] for r in full] == [2.0, 2.2]
     assert all(r["baseline"]["latency_delta_pct"] == pytest.approx(-50.0) for r in full)
@@ -215,6 +217,29 @@ def test_baseline_matches_rows_by_occurrence():
     buckets = {(d["mode"], d["bucket"]): d for d in b["buckets"]}
     assert buckets[("full", 8)]["replay_delta_pct"] == pytest.approx(-50.0)
     assert buckets[("full", 16)]["replay_delta_pct"] is None  # UNSAFE: no latency to compare
+
+
+def test_baseline_joins_each_tp_rank_and_counts_rows_only_in_the_baseline():
+    """A TP=2 run against a TP=1 baseline: every rank's '1*8' mixes join the baseline's own (not rank 1's as a
+    third and fourth '1*8'); the baseline's rows this run did not measure are counted and said."""
+    new, old = make_doc(), make_doc()
+    for r in old["records"]:
+        if r["latency_ms"]:
+            r["latency_ms"]["median"] *= 2
+    new["records"] = [r for r in new["records"] if r["bucket"] != 16]  # this run measured fewer rows
+    new["records"] += [dict(copy.deepcopy(r), rank=1) for r in new["records"]]
+    doc = Document.from_dict(new)
+    attach_baseline(doc, Document.from_dict(old), "old/results.json")
+    got = doc.to_dict()
+    b = got["baseline"]
+    assert (b["matched"], b["unmatched"]) == (len(got["records"]), 0)
+    assert b["only_in_baseline"] == sum(1 for r in old["records"] if r["bucket"] == 16)
+    full8 = [r for r in got["records"] if r["mode"] == "full" and r["bucket"] == 8]
+    assert [(r["rank"], r["baseline"]["latency_ms"]) for r in full8] == [(0, 2.0), (0, 2.2), (1, 2.0), (1, 2.2)]
+    md = render_markdown(got)
+    assert f"{b['only_in_baseline']} only in the baseline" in md
+    rows = table_rows(md, "Change vs baseline")
+    assert ["full (rank 1)", "8", "`1*8 #2`", "ok", "1.100", "2.200", "-50.0%"] in [r[:7] for r in rows]
 
 
 @pytest.fixture
@@ -256,8 +281,11 @@ def test_report_with_baseline(results_dir, tmp_path):
     assert code == 0, err
     md = (tmp_path / "with-baseline" / "report.md").read_text()
     rows = table_rows(md, "Change vs baseline")
-    assert ["full", "8", "`1*8`", "ok", "1.000", "4.000", "-75.0%", "0.00e+00", "+0.00e+00"] in rows
+    # bucket 8 runs two '1*8' mixes: each row says which, as the safety section does
+    assert ["full", "8", "`1*8 #1`", "ok", "1.000", "4.000", "-75.0%", "0.00e+00", "+0.00e+00"] in rows
+    assert ["full", "8", "`1*8 #2`", "ok", "1.100", "4.400", "-75.0%", "0.00e+00", "+0.00e+00"] in rows
     assert "vs baseline" in out and "-75.0%" in out
+    assert f"baseline {tmp_path / 'old.json'}: {len(old['records'])} rows matched, 0 new" in " ".join(out.split())
     assert not (results_dir / "report.md").exists()  # --out elsewhere leaves the run's directory alone
 
 
@@ -313,8 +341,8 @@ def test_ledger_in_markdown_html_and_the_terminal():
         rec("piecewise", 16, "8*2", ms=2.0, eager=9.0, key="t16", capture_s=0.1, inputs_bytes=4096)
     )  # a CPU-like capture: no pool, no driver figures
     want = [
-        ["full", "8", "4.0 MiB", "1.0 MiB", "2.0 KiB", "32.0 MiB", "37.0 MiB", "338"],
-        ["piecewise", "16", "-", "-", "4.0 KiB", "-", "-", "-"],
+        ["full", "8", full8["key"], "4.0 MiB", "1.0 MiB", "2.0 KiB", "32.0 MiB", "37.0 MiB", "338"],
+        ["piecewise", "16", "t16", "-", "-", "4.0 KiB", "-", "-", "-"],
     ]
     assert table_rows(render_markdown(doc), "Graph memory ledger") == want
     assert html_table_rows(render_html(doc), "Graph memory ledger") == want
@@ -330,3 +358,41 @@ def test_ledger_in_markdown_html_and_the_terminal():
     doc["records"] = [r for r in doc["records"] if not r.get("capture_s")]
     assert ledger_table(doc) is None
     assert "no graph was captured" in render_markdown(doc)
+
+
+def test_ledger_names_each_graph_of_a_bucket_in_the_modes_asked_order():
+    """Prefill full graphs are keyed by tokens x sequences: one bucket holds several graphs, each its own ledger
+    row. Without the key those rows read as one row repeated; and the modes come as the summary shows them."""
+    doc = make_doc()
+    doc["config"]["modes"] = ["eager", "piecewise", "full"]
+    doc["records"] = [
+        rec("full", 16, "8*2", ms=3.0, eager=9.0, key="t16xs2", capture_s=0.1, inputs_bytes=3000),
+        rec("full", 16, "4*4", ms=3.0, eager=9.0, key="t16xs4", capture_s=0.1, inputs_bytes=5000),
+        rec("piecewise", 16, "8*2", ms=2.0, eager=9.0, key="t16", capture_s=0.1, inputs_bytes=4096),
+    ]
+    rows = table_rows(render_markdown(doc), "Graph memory ledger")
+    assert [r[:3] for r in rows] == [["piecewise", "16", "t16"], ["full", "16", "t16xs2"], ["full", "16", "t16xs4"]]
+    assert html_table_rows(render_html(doc), "Graph memory ledger") == rows
+
+
+def test_the_terminal_compare_table_says_what_served_auto():
+    """auto's rows are served by full graphs, piecewise ones or eager per batch: the terminal says which, as
+    report.md does; a run without auto keeps the column out."""
+    doc = make_doc()
+    doc["config"]["modes"] = ["eager", "full", "auto"]
+    doc["records"] = [
+        rec("eager", 16, "1*16", ms=4.0, eager=4.0, served_by="eager"),
+        rec("full", 16, "1*16", ms=1.0, eager=4.0, served_by="full"),
+        rec("auto", 16, "1*16", ms=1.0, eager=4.0, served_by="full"),
+        rec("auto", 16, "8*2", ms=2.0, eager=4.0, served_by="piecewise"),
+    ]
+    con = Console(width=160, record=True, file=io.StringIO())
+    con.print(compare_table(doc))
+    text = con.export_text()
+    auto = next(line for line in text.splitlines() if " auto " in line)
+    assert "served by" in text and "full/piecewise" in auto
+    doc["config"]["modes"] = ["eager", "full"]
+    doc["records"] = doc["records"][:2]
+    con = Console(width=160, record=True, file=io.StringIO())
+    con.print(compare_table(doc))
+    assert "served by" not in con.export_text()

@@ -889,10 +889,18 @@ MUTANTS: list[Mutant] = [
     M(
         "baseline-conflates-repeated-labels",
         "gmtool/report/summary.py",
-        "        keys.append(k + (seen[k],))\n",
+        "        keys.append(k + (seen[ranked],))\n",
         "        keys.append(k + (1,))\n",
         REPORT + "test_baseline_matches_rows_by_occurrence",
         "baseline rows matched by label only: repeated mixes collapse",
+    ),
+    M(
+        "baseline-ranks-counted-together",
+        "gmtool/report/summary.py",
+        '        ranked = k + (r.get("rank") or 0,)\n',
+        "        ranked = k\n",
+        REPORT + "test_baseline_joins_each_tp_rank_and_counts_rows_only_in_the_baseline",
+        "--baseline: a --tp run's rank 1 rows are counted on after rank 0's and join no baseline row",
     ),
     M(
         "baseline-delta-sign",

@@ -12,7 +12,7 @@ from gmtool.cli.output import Output
 from gmtool.report.baseline import attach_baseline, load_baseline
 from gmtool.report.results import check_renderable, load_results, prepare_out_dir, results_file, write_reports
 from gmtool.report.summary import verdict
-from gmtool.report.tables import compare_table, noise_warning
+from gmtool.report.tables import baseline_line, compare_table, noise_warning
 
 
 BaselineOpt = Annotated[
@@ -49,6 +49,8 @@ def report(
     data = doc.to_dict()
     out_.document(doc.to_json())
     out_.show(compare_table(data))
+    if base := baseline_line(data):
+        out_.show(base, highlight=False)
     noise = noise_warning(data)
     if noise:
         out_.show(f"[yellow]warning:[/] {noise}", highlight=False)

@@ -10,7 +10,7 @@ from gmtool.profiles import load_sweep_profile
 from gmtool.records import Document
 from gmtool.report.ledger import ledger_table
 from gmtool.report.summary import verdict
-from gmtool.report.tables import noise_warning
+from gmtool.report.tables import baseline_line, noise_warning
 
 
 def build_config(profile: str | dict | None, **opts) -> SweepConfig:
@@ -52,6 +52,8 @@ def show_sweep(out_, doc: Document, table, wrote: str) -> None:
     data = doc.to_dict()
     out_.document(doc.to_json())
     out_.show(table(data))
+    if base := baseline_line(data):
+        out_.show(base, highlight=False)
     if (memory := ledger_table(data)) is not None:
         out_.show(memory)
     if noise := noise_warning(data):

@@ -65,6 +65,7 @@ def build_document(res, inp, source: dict, model: dict, machine: dict) -> dict:
                 if c.graph_memory_bytes is None or p.graph_memory_bytes is None
                 else p.graph_memory_bytes <= c.graph_memory_bytes,
                 "capture_sizes": list(c.sizes),
+                "extrapolated_sizes": res.extrapolated.get(d.name, 0),
             }
             for d, c in res.defaults
         ],
@@ -110,23 +111,33 @@ def _rows(doc: dict) -> list[dict]:
 HEAD = ("capture list", "graphs", "ms / step", "plan faster by", "graph memory", "capture s", "eager steps")
 
 
+EXTRAPOLATED_LEGEND = "~: the list's figures are partly extrapolated beyond the measured buckets"
+
+
 def _cells(r: dict, steps: int) -> list[str]:
+    guess = "~" if r.get("extrapolated_sizes") else ""  # a default list reaching past what was measured
     return [
         r["engine"],
         str(r["num_graphs"]),
-        _f(r["expected_ms_per_step"], ".4f"),
-        "-" if r["plan_gain_pct"] is None else f"{r['plan_gain_pct']:+.1f}%",
+        guess + _f(r["expected_ms_per_step"], ".4f"),
+        "-" if r["plan_gain_pct"] is None else f"{guess}{r['plan_gain_pct']:+.1f}%",
         fmt_bytes(r["graph_memory_bytes"]),
         _f(r["capture_s"], ".2f"),
         f"{100 * r['eager_steps'] / steps:.1f}%",
     ]
 
 
+def _any_extrapolated(doc: dict) -> bool:
+    return any(d.get("extrapolated_sizes") for d in doc["defaults"])
+
+
 def plan_table(doc: dict) -> Table:
     w = doc["workload"]
     t = Table(
         title=f"gmtool plan: {doc['model'].get('name')} ({doc['mode']} graphs), workload "
-        f"{Path(w['path']).name} ({w['steps']} steps, {w['sizes']} sizes)"
+        f"{Path(w['path']).name} ({w['steps']} steps, {w['sizes']} sizes)",
+        caption=EXTRAPOLATED_LEGEND if _any_extrapolated(doc) else None,
+        caption_justify="left",
     )
     for c in HEAD:
         t.add_column(c, justify="left" if c == "capture list" else "right")
@@ -169,6 +180,8 @@ def render_markdown(doc: dict) -> str:
         "|" + "---|" * len(HEAD),
     ]
     lines += ["| " + " | ".join(_cells(r, w["steps"])) + " |" for r in _rows(doc)]
+    if _any_extrapolated(doc):
+        lines += ["", EXTRAPOLATED_LEGEND + "."]
     lines += ["", "## Flags", ""]
     for engine, forms in doc["flags"].items():
         for form, text in forms.items():

@@ -41,6 +41,7 @@ class PlanResult:
     candidates: list[int]
     notes: list[str]
     lazy: dict | None = None  # the plan's sizes captured on first miss instead (gmtool.plan.lazy)
+    extrapolated: dict[str, int] = field(default_factory=dict)  # per default list: its sizes beyond the measured
 
 
 def candidate_sizes(inp: PlanInputs, sizes: pd.Series) -> tuple[list[int], list[str]]:
@@ -89,17 +90,43 @@ def make_plan(inp: PlanInputs) -> PlanResult:
     problem = Problem(sizes, inp.costs.eager_at(sizes.index), costs, inp.sharing)
     plan = problem.optimize(inp.budgets, among=cands)
     defaults = [(d, problem.evaluate(d.sizes, d.padding)) for d in ENGINE_DEFAULTS]
+    extrapolated = {}
     for d, _ in defaults:
         n = int((costs.loc[list(d.sizes), "source"] == "extrapolated").sum())
+        extrapolated[d.name] = n
         if n:
             notes.append(
                 f"{d.name}: {n} of its {len(d.sizes)} sizes lie beyond the measured buckets "
                 f"(largest {max(inp.costs.buckets)}): their figures are extrapolated"
             )
+    notes += _beyond_measured(sizes, inp, cands)
     lazy = lazy_capture(inp.steps, plan.sizes, costs, inp.costs.eager_at(list(plan.sizes)))
     return PlanResult(
-        plan, problem.evaluate(()), defaults, _curve(problem, inp.budgets, cands), costs.loc[cands], cands, notes, lazy
+        plan,
+        problem.evaluate(()),
+        defaults,
+        _curve(problem, inp.budgets, cands),
+        costs.loc[cands],
+        cands,
+        notes,
+        lazy,
+        extrapolated,
     )
+
+
+def _beyond_measured(sizes: pd.Series, inp: PlanInputs, cands: list[int]) -> list[str]:
+    """Steps above every candidate run eager in the plan, while the engines' longer lists are costed there on
+    figures extrapolated from the measured buckets: a plan "slower" than the defaults then says more about the
+    buckets measured than about the plan. Say so, and which buckets to measure."""
+    top, largest = max(cands), int(sizes.index.max())
+    above = int(sizes[sizes.index > top].sum())
+    if not above:
+        return []
+    return [
+        f"{100 * above / sizes.sum():.1f}% of the workload's steps are above the largest candidate size ({top}): "
+        f"the plan runs them eager, while the engines' lists are costed there from extrapolated figures (marked "
+        f"~); measure buckets up to {largest} tokens (compare --buckets, then --from) to plan those steps"
+    ]
 
 
 def _curve(problem: Problem, budgets: Budgets, cands: list[int], points: int = 40) -> list[Choice]:

@@ -51,14 +51,20 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
     """Sets every record's baseline (None when the old run has no such row) and the document's."""
     check_same_model(base, doc.model["name"], doc.model.get("params"), doc.config.get("scenario"))
     rows, old_rows = [r.to_dict() for r in doc.records], [r.to_dict() for r in base.records]
-    old = dict(zip(row_keys(old_rows), old_rows))
-    matched = 0
+    old = {(o.get("rank") or 0, key): o for key, o in zip(row_keys(old_rows), old_rows)}
+    old_ranks = {rank for rank, _ in old}
+    matched, used, changed = 0, set(), 0
     for key, r, rec in zip(row_keys(rows), rows, doc.records):
-        o = old.get(key)
+        # each rank against the same rank of the baseline, or against its single rank (TP=1 against TP=2)
+        rank = r.get("rank") or 0
+        at = (rank if rank in old_ranks else 0, key)
+        o = old.get(at)
         if o is None:
             rec.baseline = None
             continue
         matched += 1
+        used.add(at)
+        changed += o["status"] != r["status"]
         rec.baseline = {
             "status": o["status"],
             "latency_ms": _median(o),
@@ -88,5 +94,7 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
         "machine": base.machine,
         "matched": matched,
         "unmatched": len(rows) - matched,
+        "only_in_baseline": len(old) - len(used),  # rows the older run had and this one did not measure
+        "status_changed": changed,  # matched rows whose status differs (ok -> UNSAFE, error -> ok, ...)
         "buckets": buckets,
     }

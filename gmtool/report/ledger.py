@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from gmtool.memory.ledger import ledger_from_records
 from gmtool.report.fitted import Column, FittedTable
+from gmtool.report.summary import mode_order
 from gmtool.report.tables import _f, fmt_bytes
 
-HEADERS = ["mode", "bucket", "pool", "outside pool", "inputs", "cuBLAS ws", "total", "KV tokens"]
+# graph: the key a row's graph was captured under; a prefill bucket of full graphs holds one graph per number of
+# sequences (t16xs2, t16xs4, ...), which without it read as the same row repeated
+HEADERS = ["mode", "bucket", "graph", "pool", "outside pool", "inputs", "cuBLAS ws", "total", "KV tokens"]
 INTRO = (
     "What each captured bucket costs the device: the allocator pool its capture added, memory the driver "
     "took outside the pool (graph instantiation and upload), the bucket's slice of the persistent inputs, "
@@ -26,6 +29,7 @@ def ledger_cells(rows: list[dict]) -> list[list[str]]:
         [
             str(r["mode"]),
             str(int(r["bucket"])),
+            str(r.get("key") or "-"),
             fmt_bytes(_n(r["pool_bytes"])),
             fmt_bytes(_n(r["outside_pool_bytes"])),
             fmt_bytes(_n(r["inputs_bytes"])),
@@ -38,8 +42,11 @@ def ledger_cells(rows: list[dict]) -> list[list[str]]:
 
 
 def records_ledger(doc: dict) -> list[dict]:
-    """A results document's ledger rows (compare, capture): one per captured bucket and mode."""
-    return ledger_from_records(doc["records"]).to_dict("records")
+    """A results document's ledger rows (compare, capture): one per captured graph, the modes in the order the
+    summary shows them (as asked), then by bucket."""
+    order = {m: i for i, m in enumerate(mode_order(doc))}
+    rows = ledger_from_records(doc["records"]).to_dict("records")
+    return sorted(rows, key=lambda r: (order.get(r["mode"], len(order)), r["bucket"]))
 
 
 # at 80 columns the parts go first (the results files keep them); total and KV tokens stay

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from gmtool.records import Status
 from gmtool.report import ledger
-from gmtool.report.summary import bucket_summary, mode_order, safety_matrix
-from gmtool.report.tables import fmt_bytes, noise_warning
+from gmtool.report.summary import bucket_summary, mode_order, row_keys, safety_matrix
+from gmtool.report.tables import baseline_counts, fmt_bytes, noise_warning
 
 
 @dataclass
@@ -47,9 +47,7 @@ def overview(doc: dict) -> list[tuple[str, str]]:
     ]
     if doc.get("baseline"):
         b = doc["baseline"]
-        items.append(
-            ("baseline", f"{b['path']} ({b.get('created')}): {b['matched']} rows matched, {b['unmatched']} new")
-        )
+        items.append(("baseline", f"{b['path']} ({b.get('created')}): {baseline_counts(b)}"))
     return items
 
 
@@ -167,18 +165,21 @@ def sections(doc: dict) -> list[Section]:
                 "max rel err",
                 "err change",
             ],
-            intro=f"Against {doc['baseline']['path']}, rows matched on mode, bucket and composition.",
+            intro=f"Against {doc['baseline']['path']}, rows matched on mode, bucket and composition (a label "
+            f"that repeats within a bucket is told apart by its order, #n): {baseline_counts(doc['baseline'])}.",
         )
-        for r in records:
-            b = r.get("baseline")
-            if b is None:
-                continue
+        keyed = [(k, r) for k, r in zip(row_keys(records), records) if r.get("baseline") is not None]
+        dups = {(k[0], k[1], k[2]) for k, _ in keyed if k[3] > 1}
+        keyed.sort(key=lambda kr: (kr[1]["bucket"], order.get(kr[1]["mode"], 99), kr[1].get("rank") or 0, kr[0][3]))
+        ranked = any(r.get("rank") for _, r in keyed)  # --tp: each rank's rows against the baseline's
+        for (mode, bucket, comp, n), r in keyed:
+            b = r["baseline"]
             status = r["status"] if b["status"] == r["status"] else f"{b['status']} -> {r['status']}"
             base.rows.append(
                 [
-                    r["mode"],
+                    r["mode"] + (f" (rank {r.get('rank') or 0})" if ranked else ""),
                     str(r["bucket"]),
-                    r["composition"],
+                    _comp_label({"composition": comp, "n": n}, (mode, bucket, comp) in dups),
                     status,
                     _num((r.get("latency_ms") or {}).get("median"), ".3f"),
                     _num(b["latency_ms"], ".3f"),

@@ -96,7 +96,9 @@ def default_out_dir(command: str) -> Path:
 def write_results(out: Path, doc: Document) -> list[Path]:
     out = Path(out)
     (out / RESULTS_JSON).write_text(doc.to_json())
-    table = pd.DataFrame([r.flat() for r in doc.records])
+    # object columns: a count left empty in some rows (eager has no pieces, a failed row no latency_ms_n) stays
+    # an integer in the others, not a float column's 1.0
+    table = pd.DataFrame([r.flat() for r in doc.records], dtype=object)
     columns = _csv_columns()
     table.reindex(columns=columns + [c for c in table.columns if c not in columns]).to_csv(
         out / RESULTS_CSV, index=False

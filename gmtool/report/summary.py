@@ -68,13 +68,15 @@ def mode_order(doc: dict) -> list[str]:
 
 def row_keys(records: list[dict]) -> list[tuple]:
     """(mode, bucket, composition, n) per record: n tells apart mixes of one bucket that share a label
-    (the default decode mixes differ only by their random contexts)."""
+    (the default decode mixes differ only by their random contexts). n counts within a rank: every rank of a
+    --tp run measures the same mixes, so rank 1's first '1*8' is the same mix as rank 0's, not a fourth one."""
     seen: dict[tuple, int] = {}
     keys = []
     for r in records:
         k = (r["mode"], r["bucket"], r["composition"])
-        seen[k] = seen.get(k, 0) + 1
-        keys.append(k + (seen[k],))
+        ranked = k + (r.get("rank") or 0,)
+        seen[ranked] = seen.get(ranked, 0) + 1
+        keys.append(k + (seen[ranked],))
     return keys
 
 
@@ -84,7 +86,8 @@ def safety_matrix(doc: dict) -> tuple[list[str], list[dict]]:
     rows: dict[tuple, dict] = {}
     for (mode, bucket, comp, n), r in zip(row_keys(doc["records"]), doc["records"]):
         row = rows.setdefault((bucket, comp, n), {"bucket": bucket, "composition": comp, "n": n, "statuses": {}})
-        row["statuses"][mode] = r["status"]
+        seen = row["statuses"].get(mode)  # a --tp run's ranks: the mix is safe only if it is on every rank
+        row["statuses"][mode] = r["status"] if seen is None else _worst([seen, r["status"]])
     return modes, sorted(rows.values(), key=lambda row: row["bucket"])  # stable: the run's order within a bucket
 
 

@@ -113,6 +113,9 @@ def compare_table(doc: dict) -> FittedTable:
             Column("status", justify="left"),
         ]
     )
+    # auto picks a graph kind per batch: which served its rows is the point of running it (report.md has it too)
+    served = GraphMode.AUTO in mode_order(doc)
+    cols += [Column("served by", rank=3, justify="left")] if served else []
     cols += [Column("vs baseline", rank=2)] if deltas else []
     order = {m: i for i, m in enumerate(mode_order(doc))}
     summary = sorted(
@@ -136,6 +139,8 @@ def compare_table(doc: dict) -> FittedTable:
             fmt_bytes(s["graph_mem_bytes"]),
             _status(s),
         ]
+        if served:
+            cells.append(s["served_by"] or "-")
         if deltas:
             cells.append(_signed_pct((deltas.get((s["mode"], s["bucket"])) or {}).get("replay_delta_pct")))
         rows.append(cells)
@@ -150,3 +155,19 @@ def noise_warning(doc: dict) -> str | None:
         f"{len(noisy)} of {sum(1 for r in doc['records'] if r.get('latency_ms'))} timings are noisy (IQR above "
         "10% of the median, marked '!'): raise --num-iters or run on an idle machine before trusting them"
     )
+
+
+def baseline_counts(b: dict) -> str:
+    """How the rows of this run and its baseline joined: a baseline with fewer (or other) rows is not an error,
+    but the reader should know how much of the run it speaks for."""
+    text = f"{b['matched']} rows matched, {b['unmatched']} new"
+    gone = b.get("only_in_baseline")  # absent in documents written before it was counted
+    text += f", {gone} only in the baseline (not measured in this run)" if gone else ""
+    changed = b.get("status_changed")
+    return text + (f"; {changed} matched row{'s' if changed > 1 else ''} changed status" if changed else "")
+
+
+def baseline_line(doc: dict) -> str | None:
+    """The terminal's line under a table compared with --baseline: which run, and how many rows joined."""
+    b = doc.get("baseline")
+    return None if not b else f"baseline {b['path']}: {baseline_counts(b)}"
