@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
@@ -38,7 +39,15 @@ SCENARIOS = tuple(Scenario)
 PIECEWISE_IMPLS = tuple(PiecewiseImpl)
 CPU_DEFAULT_MODEL = "tiny-qwen3"
 GPU_DEFAULT_MODEL = "qwen3-0.6b"
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 CPU_DEFAULT_BUCKETS = {"decode": [1, 2, 4, 8], "prefill": [16, 32, 64]}  # the CPU backend emulates: a small sweep
+
+
+def kv_len(p) -> int:
+    """The context a part's sequences reach: its prefix (a decode without one gets a random prefix of at least
+    one cached token, gmtool.core.batch) plus its new tokens."""
+    prefix = p.prefix if p.prefix is not None else (1 if p.new_tokens == 1 else 0)
+    return prefix + p.new_tokens
 
 
 @dataclass
@@ -85,6 +94,12 @@ class SweepConfig:
         self.modes = tuple(GraphMode(m) for m in self.modes)
         if self.piecewise_impl not in PIECEWISE_IMPLS:
             raise GmtoolError(f"unknown --piecewise-impl {self.piecewise_impl!r}: use breakable or fx")
+        pieces = [m for m in self.modes if GraphMode.PIECEWISE in (m, *m.composed_of.values())]
+        if self.piecewise_impl != PiecewiseImpl.BREAKABLE and not pieces:  # it would shape nothing of this run
+            raise GmtoolError(
+                f"--piecewise-impl {self.piecewise_impl} splits piecewise graphs, and this run has none (modes "
+                f"{', '.join(self.modes)}): add the piecewise or auto mode, or leave --piecewise-impl out"
+            )
         for name in ("num_iters", "block_size", "max_num_seqs"):
             if getattr(self, name) <= 0:
                 raise GmtoolError(f"--{name.replace('_', '-')} must be positive")
@@ -92,8 +107,10 @@ class SweepConfig:
             raise GmtoolError(f"--tp must be 1 or more, got {self.tp}")
         if self.num_iters_warmup < 0:
             raise GmtoolError("--num-iters-warmup must be 0 or more")
-        if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
-            raise GmtoolError("--kv-cache-gb must be positive")
+        if self.kv_cache_gb is not None and not 0 < self.kv_cache_gb < math.inf:
+            raise GmtoolError(f"--kv-cache-gb must be positive and finite (GiB), got {self.kv_cache_gb}")
+        if not SEED_MIN <= self.seed <= SEED_MAX:  # torch's generators take no other seed
+            raise GmtoolError(f"--seed must be between {SEED_MIN} and {SEED_MAX}, got {self.seed}")
         if self.compositions is not None and not str(self.compositions).strip():
             raise GmtoolError("empty composition list: give mixes like '1*8,4+4', or leave --compositions out")
         self.torch_device = resolve_device(self.device)
@@ -113,7 +130,7 @@ class SweepConfig:
                 self.notes.append(
                     "no CUDA here: CPU tape backend and the tiny-qwen3 profile (timings are not GPU figures)"
                 )
-        self.torch_dtype = parse_dtype(self.dtype or ("bf16" if cuda else "fp32"))
+        self.torch_dtype = parse_dtype(self.dtype if self.dtype is not None else ("bf16" if cuda else "fp32"))
         from gmtool import kernels
 
         if self.attention == "auto":
@@ -130,6 +147,14 @@ class SweepConfig:
             self.bucket_sizes = default
         else:
             self.bucket_sizes = list(CPU_DEFAULT_BUCKETS["decode" if self.scenario == "decode" else "prefill"])
+        if self.max_tokens is not None:  # BucketPolicy would refuse it too, without naming the option
+            if self.max_tokens <= 0:
+                raise GmtoolError(f"--max-tokens must be positive, got {self.max_tokens}")
+            if self.max_tokens < self.bucket_sizes[-1]:
+                raise GmtoolError(
+                    f"--max-tokens {self.max_tokens} is below bucket {self.bucket_sizes[-1]}: the buffers sized by "
+                    "it must hold the largest bucket; raise --max-tokens or lower --buckets"
+                )
         policy = self.policy()
         comps = parse_compositions(self.compositions) if self.compositions else []
         crowded = next((c for c in comps if c.num_seqs > self.max_num_seqs), None)
@@ -155,9 +180,7 @@ class SweepConfig:
             )
             if note not in self.notes:  # a config copied with dataclasses.replace runs this again
                 self.notes.append(note)
-        longest = max(
-            ((p.prefix or 0) + p.new_tokens) for cs in self.compositions_by_bucket.values() for c in cs for p in c.parts
-        )
+        longest = max(kv_len(p) for cs in self.compositions_by_bucket.values() for c in cs for p in c.parts)
         if self.max_kv_len is None:
             self.max_kv_len = max(1024 if cuda else 128, longest)
         if self.max_kv_len <= 0:
@@ -167,11 +190,26 @@ class SweepConfig:
                 c
                 for cs in self.compositions_by_bucket.values()
                 for c in cs
-                if any((p.prefix or 0) + p.new_tokens == longest for p in c.parts)
+                if any(kv_len(p) == longest for p in c.parts)
             )
+            bare = any(p.prefix is None and p.new_tokens == 1 for p in c.parts)
             raise GmtoolError(
                 f"composition {c.label}: prefix + new tokens = {longest} exceeds --max-kv-len {self.max_kv_len}"
+                + (" (a decode reads at least one cached token)" if bare and longest == 2 else "")
             )
+
+    def check_decode_seqs(self) -> None:
+        """A decode graph has one sequence per token: a decode batch on a bucket above --max-num-seqs has no
+        sequence slots for the graph's tokens (its capture fails, or its replays are wrong). The sweeps check
+        their compositions here (build_config); verify's soak, which makes its own batches, checks the bucket a
+        step of --max-num-seqs decodes lands on (VerifyConfig)."""
+        for b, cs in sorted(self.compositions_by_bucket.items()):
+            c = next((c for c in cs if c.is_decode), None)
+            if b > self.max_num_seqs and c is not None:
+                raise GmtoolError(
+                    f"decode composition {c.label} runs on bucket {b}, above --max-num-seqs {self.max_num_seqs} "
+                    "(a decode graph holds one sequence per token): raise --max-num-seqs or lower --buckets"
+                )
 
     def policy(self, wide_key: bool = False) -> BucketPolicy:
         return BucketPolicy(self.bucket_sizes, self.max_tokens, wide_key)

@@ -61,7 +61,17 @@ CASES = [
     ("--format unknown", ["capture", *CPU, "--format", "yaml"], "'yaml' is not one of 'human', 'json', 'quiet'"),
     ("--compositions 1@10000000", ["capture", *CPU, "--compositions", "1@10000000"], "--max-kv-len"),
     ("--max-kv-len 100000000", ["capture", *CPU, "--max-kv-len", "100000000"], "--max-kv-len"),
-    ("--buckets 1:100000:1", ["capture", *CPU, "--buckets", "1:100000:1"], "--buckets"),
+    (
+        "--buckets 1:100000:1",
+        ["capture", *CPU, "--buckets", "1:100000:1", "--max-num-seqs", "100000"],
+        "lower --buckets (fewer buckets)",
+    ),
+    (
+        "--max-tokens below the largest bucket",
+        ["capture", *CPU, "--max-tokens", "4"],
+        "--max-tokens 4 is below bucket 8",
+    ),
+    ("--max-tokens 0", ["capture", *CPU, "--max-tokens", "0"], "--max-tokens must be positive"),
     ("compare hf-compiled on the CPU", ["compare", "eager,hf-compiled", *CPU], "needs CUDA"),
     ("compare an unknown mode", ["compare", "eager,fast", *CPU], "unknown mode 'fast'"),
     (
@@ -99,6 +109,45 @@ CASES = [
     ("verify --steps 0", ["verify", *CPU, "--steps", "0"], "must be positive"),
     # before anything runs, with or without CUDA: a typo at the end must not cost the stages before it
     ("bench --stages with a typo", ["bench", "--stages", "decode,decode-abb"], "unknown stage 'decode-abb'"),
+    # the hunt of issue badinput: each of these was a traceback, or was run (or dropped) silently
+    ("--compositions with an empty item", ["capture", *CPU, "--compositions", "1,,2"], "malformed composition list"),
+    ("--max-kv-len 1 (a decode reads a cached token)", ["capture", *CPU, "--max-kv-len", "1"], "at least one cached"),
+    ("--kv-cache-gb inf", ["capture", *CPU, "--kv-cache-gb", "inf"], "--kv-cache-gb must be positive and finite"),
+    ("--seed beyond torch's range", ["capture", *CPU, "--seed", "99999999999999999999"], "--seed must be between"),
+    ("--dtype ''", ["capture", *CPU, "--dtype", ""], "unknown dtype ''"),
+    ("--tp-timeout 0", ["capture", *CPU, "--tp-timeout", "0"], "--tp-timeout must be a positive number"),
+    ("--device cuda:x", ["capture", "--device", "cuda:x"], "unknown device 'cuda:x'"),
+    (
+        "a decode bucket above --max-num-seqs",
+        ["capture", *CPU, "--buckets", "8", "--max-num-seqs", "4"],
+        "runs on bucket 8, above --max-num-seqs 4",
+    ),
+    ("compare ''", ["compare", "", *CPU], "unknown mode '(none)'"),
+    (
+        "compare --peer-buckets without hf-compiled",
+        ["compare", "eager,full", *CPU, "--buckets", "1,2", "--peer-buckets", "1"],
+        "--peer-buckets applies to hf-compiled",
+    ),
+    (
+        "compare --peer-compile without hf-compiled",
+        ["compare", "eager,full", *CPU, "--peer-compile", "per-bucket"],
+        "--peer-compile applies to hf-compiled",
+    ),
+    ("verify --check-every above --steps", ["verify", *CPU, "--steps", "5"], "no step would be checked"),
+    ("verify --inject ''", ["verify", *CPU, "--inject", ""], "unknown --inject ''"),
+    (
+        "verify: decodes of --max-num-seqs above it",
+        ["verify", *CPU, "--buckets", "1,2,8", "--max-num-seqs", "4"],
+        "would run on bucket 8",
+    ),
+    (
+        "plan --from with a measuring option",
+        ["plan", "--workload", "chat", "--from", "{tmp}/incomplete", "--buckets", "1,2"],
+        "--buckets sets how costs are measured",
+    ),
+    ("report on a results.json lacking what it shows", ["report", "{tmp}/prefill.json"], "'model' section lacks"),
+    ("bench --iters 0", ["bench", "--iters", "0"], "--iters must be 1 or more"),
+    ("--piecewise-impl fx without a piecewise mode", ["capture", *CPU, "--piecewise-impl", "fx"], "this run has none"),
 ]
 
 CAPTURE_LIKE = ("capture", "compare", "memreport", "plan", "verify")
@@ -155,3 +204,25 @@ def test_every_bad_input_is_one_line_and_exit_2(tmp_path, case, args, message):
     assert message in lines[0] and len(lines[0]) < 300, lines[0]
     assert "error" not in stdout and "Traceback" not in stdout  # stdout: at most the run's notes
     assert not (tmp_path / "o").exists()
+
+
+# inputs that failed though the run is a fair request: the capturability probe's batches were larger than the
+# run's buffers (a 3-token prefill over buckets 1,2; verify's 5-token one over buckets 1,2), tracebacks both
+RUNS = [
+    (
+        "prefill over buckets below 3 tokens",
+        ["capture", *CPU, "--scenario", "prefill", "--buckets", "1,2", "--num-iters", "1", "--num-iters-warmup", "0"],
+    ),
+    (
+        "verify over buckets below 5 tokens",
+        ["verify", *CPU, "--buckets", "1,2", "--max-num-seqs", "2", "--steps", "2", "--check-every", "1"],
+    ),
+    # verify's KV cache held too few blocks for its dynamic-dimension decode pair when a sequence has < 4 blocks
+    ("verify --block-size 16 on the CPU", ["verify", *CPU, "--block-size", "16", "--steps", "1", "--check-every", "1"]),
+]
+
+
+@pytest.mark.parametrize("case, args", RUNS, ids=[c[0] for c in RUNS])
+def test_small_runs_are_not_tracebacks(tmp_path, case, args):
+    code, _, stderr = run_cli(*args, "--out", tmp_path / "o")
+    assert code == 0 and "Traceback" not in stderr, stderr

@@ -136,7 +136,7 @@ def test_narrow_full_graph_for_prefill_is_reported_unsafe(tmp_path):
         (["--buckets", "1,,2"], "malformed bucket"),
         (["--buckets", ""], "empty bucket list"),
         (["--buckets", "8,a"], "malformed bucket item"),
-        (["--buckets", "8,512", "--max-tokens", "256"], "above the configured maximum"),
+        (["--buckets", "8,512", "--max-tokens", "256"], "--max-tokens 256 is below bucket 512"),
         (["--compositions", "8=4+8"], "more than its bucket"),
         (["--compositions", "0*3"], "must be > 0"),
         (["--buckets", "8", "--compositions", "4@200", "--max-kv-len", "128"], "exceeds --max-kv-len"),

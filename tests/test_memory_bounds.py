@@ -37,7 +37,8 @@ def sixteen_gib(monkeypatch):
     [
         (["--compositions", "1@10000000"], "--max-kv-len"),
         (["--max-kv-len", "100000000"], "--max-kv-len"),
-        (["--buckets", "1:100000:1"], "--buckets"),
+        # --max-num-seqs: decode buckets above it are refused before the estimate (SweepConfig.check_decode_seqs)
+        (["--buckets", "1:100000:1", "--max-num-seqs", "100000"], "--buckets"),
     ],
 )
 def test_a_run_that_cannot_fit_is_refused_before_the_model_is_built(

@@ -22,6 +22,8 @@ def bench(
     host time per replay. Reports figures; asserts nothing."""
     import torch
 
+    if iters < 1:
+        raise GmtoolError(f"--iters must be 1 or more, got {iters}")
     unknown = unknown_stages(stages)
     if unknown:
         raise GmtoolError(f"unknown stage {unknown[0]!r}: choose from {', '.join(STAGES)}")

@@ -106,18 +106,19 @@ def compare(
         ),
     ] = None,
     peer_compile: Annotated[
-        PeerCompile,
+        Optional[PeerCompile],
         typer.Option(
             "--peer-compile",
             help="hf-compiled: 'shared' compiles once for all buckets (static, then one graph with "
             "the batch symbolic, as users get it); 'per-bucket' compiles each bucket for its own shape (its fastest "
             "kernels, ~40 s each on an H200).",
+            show_default=PeerCompile.SHARED.value,
         ),
-    ] = PeerCompile.SHARED,
+    ] = None,  # None: not given (refused without hf-compiled), then shared
 ) -> None:
     """Run every mode over every bucket and composition in one process; write results and reports."""
     prof = load_sweep_profile(profile) if profile else {}
-    wanted = parse_modes(modes or ",".join(prof.get("modes", ())) or DEFAULT_MODES)
+    wanted = parse_modes(modes if modes is not None else ",".join(prof.get("modes", ())) or DEFAULT_MODES)
     out_ = Output(fmt)
     base = load_baseline(baseline) if baseline else None
     sweep_modes = tuple(m for m in wanted if m.in_sweep) or (GraphMode.EAGER,)  # the peer's reference is gmtool eager
@@ -147,6 +148,13 @@ def compare(
         tp=resolve_tp(tp),
     )
     peer_list = _peer_buckets(peer_buckets, cfg.bucket_sizes)
+    peer_opts = [
+        name
+        for name, given in (("--peer-buckets", peer_buckets is not None), ("--peer-compile", peer_compile is not None))
+        if given
+    ]
+    if peer_opts and GraphMode.HF_COMPILED not in wanted:  # they shape hf-compiled's run alone
+        raise GmtoolError(f"{peer_opts[0]} applies to hf-compiled, which is not among the modes ({','.join(wanted)})")
     if base is not None:
         check_same_model(base, _expected_model_name(cfg.model), scenario=cfg.scenario)
     if GraphMode.HF_COMPILED in wanted and cfg.torch_device.type != "cuda":
@@ -169,7 +177,7 @@ def compare(
             progress=progress_bars(out_.console),
             trace=trace,
             peer_buckets=peer_list,
-            peer_compile=peer_compile,
+            peer_compile=peer_compile or PeerCompile.SHARED,
             baseline=(base, baseline) if base is not None else None,
             timeout=tp_timeout,
         )

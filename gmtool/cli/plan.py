@@ -118,6 +118,31 @@ def plan(
     out_ = Output(fmt)
     measured_doc = None
     if from_ is not None:
+        measuring = dict(
+            buckets=buckets,
+            compositions=compositions,
+            scenario=scenario,
+            piecewise_impl=piecewise_impl,
+            attention=attention,
+            compile=compile,
+            fuse=fuse,
+            device=device,
+            dtype=dtype,
+            max_kv_len=max_kv_len,
+            max_num_seqs=max_num_seqs,
+            kv_cache_gb=kv_cache_gb,
+            block_size=block_size,
+            num_iters=num_iters,
+            num_iters_warmup=num_iters_warmup,
+            seed=seed,
+            profile=profile,
+        )
+        given = [k for k, v in measuring.items() if v is not None]
+        if given:  # they shape a measurement, and --from measures nothing: they would be ignored
+            raise GmtoolError(
+                f"--{given[0].replace('_', '-')} sets how costs are measured, but --from takes them from "
+                f"{from_}: drop it, or drop --from to measure now"
+            )
         doc = load_results(from_).to_dict()
         name = doc["model"].get("name")
         if model is not None and Path(model).name != name:

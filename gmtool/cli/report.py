@@ -10,7 +10,7 @@ import typer
 from gmtool.cli import options as o
 from gmtool.cli.output import Output
 from gmtool.report.baseline import attach_baseline, load_baseline
-from gmtool.report.results import load_results, prepare_out_dir, results_file, write_reports
+from gmtool.report.results import check_renderable, load_results, prepare_out_dir, results_file, write_reports
 from gmtool.report.summary import verdict
 from gmtool.report.tables import baseline_line, compare_table, noise_warning
 
@@ -37,6 +37,7 @@ def report(
     """Re-render the reports of a finished run; --baseline adds the change against an older run."""
     out_ = Output(fmt)
     doc = load_results(results)
+    check_renderable(doc, results)
     if baseline is not None:
         attach_baseline(doc, load_baseline(baseline), baseline)
     src_dir = results if results.is_dir() else results.parent

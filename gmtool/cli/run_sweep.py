@@ -17,7 +17,9 @@ def build_config(profile: str | dict | None, **opts) -> SweepConfig:
     """Each option: the command line's value when given (not None), else the sweep profile's (a name, a path, or
     one already loaded), else SweepConfig's default."""
     prof = load_sweep_profile(profile) if isinstance(profile, str) else dict(profile or {})
-    return SweepConfig(**{**prof, **{k: v for k, v in opts.items() if v is not None}})
+    cfg = SweepConfig(**{**prof, **{k: v for k, v in opts.items() if v is not None}})
+    cfg.check_decode_seqs()
+    return cfg
 
 
 def finish(doc: Document, console: Console, then=None) -> None:

@@ -80,9 +80,11 @@ def parse_composition(text: str, seed: int = 0) -> Composition:
 
 
 def parse_compositions(text: str) -> list[Composition]:
-    items = [t for t in (text or "").split(",") if t.strip()]
-    if not items:
+    items = (text or "").split(",")
+    if not any(t.strip() for t in items):
         raise GmtoolError("empty composition list")
+    if not all(t.strip() for t in items):  # as parse_buckets: a stray comma may be a mix the user lost
+        raise GmtoolError(f"malformed composition list {text!r}: empty item")
     return [parse_composition(t, seed=i) for i, t in enumerate(items)]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,9 +38,12 @@ def parse_dtype(name: str) -> torch.dtype:
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda"):
+    if re.fullmatch(r"cuda(:\d+)?", name):
         if not torch.cuda.is_available():
             raise GmtoolError("--device cuda was asked for, but no CUDA device is available here")
+        index, count = int(name.partition(":")[2] or 0), torch.cuda.device_count()
+        if index >= count:  # torch.device accepts any index: the failure would come later, as a traceback
+            raise GmtoolError(f"--device {name}: this machine has CUDA devices 0..{count - 1}")
         return torch.device(name)
     if name == "cpu":
         return torch.device("cpu")

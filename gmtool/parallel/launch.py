@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import datetime
 import gc
+import math
 import os
 import pickle
 import queue as queue_mod
@@ -101,6 +102,8 @@ def check_request(cfg, visible_gpus: int | None = None, count_gpus: bool = True)
 
 def run(fn, cfg, *args, timeout: float = DEFAULT_TIMEOUT_S, **kwargs):
     """fn(cfg, *args, **kwargs) on each of cfg.tp ranks; rank 0's result. Without --tp, a plain call."""
+    if not 0 < timeout < math.inf:  # refused with or without --tp: a NaN or negative wait is never meant
+        raise GmtoolError(f"--tp-timeout must be a positive number of seconds, got {timeout}")
     if torchrun_world() is not None:
         return _torchrun_rank(fn, cfg, args, kwargs, timeout)
     if cfg.tp == 1:

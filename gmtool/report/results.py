@@ -186,6 +186,22 @@ def load_results(path: Path) -> Document:
 
 
 REPORT_MD, REPORT_HTML = "report.md", "report.html"
+# what the reports' overview reads of each section (a results.json edited by hand may lack them)
+REPORT_KEYS = {
+    "model": ("name", "source"),
+    "machine": ("backend", "torch", "transformers"),
+    "config": ("scenario", "dtype", "bucket_sizes", "num_iters", "num_iters_warmup", "max_kv_len"),
+}
+
+
+def check_renderable(doc: Document, path: Path) -> None:
+    """A GmtoolError naming the first key the reports need that the document lacks."""
+    for section, keys in REPORT_KEYS.items():
+        missing = [k for k in keys if k not in getattr(doc, section)]
+        if missing:
+            raise GmtoolError(
+                f"{results_file(path)}: the {section!r} section lacks {', '.join(missing)} (needed for the report)"
+            )
 
 
 def write_reports(out: Path, doc: Document) -> list[Path]:

@@ -201,10 +201,24 @@ def model_hazards(bench, compositions: tuple[str, ...] | None = None) -> list[Fi
     (default: one decode request, or one three-token prefill: any KV cache the run built holds them)."""
     from gmtool.core.compositions import parse_composition
 
+    from gmtool.config import kv_len
+
+    cfg = bench.cfg
     if compositions is None:
-        compositions = ("1",) if bench.cfg.scenario == "decode" else ("3",)
+        compositions = ("1",) if cfg.scenario == "decode" else ("3",)
+    comps = [parse_composition(text, cfg.seed) for text in compositions]
+    # a run of small buckets, few sequences or a short context has no buffers for these batches: probe with the
+    # ones it holds, else with the smallest step of its kind (any batch of the kind shows the forward's ops)
+    fits = [
+        c
+        for c in comps
+        if c.num_tokens <= cfg.policy().max_tokens
+        and c.num_seqs <= cfg.max_num_seqs
+        and all(kv_len(p) <= cfg.max_kv_len for p in c.parts)
+    ]
+    smallest = "1" if cfg.scenario == "decode" else str(min(3, cfg.policy().max_tokens, cfg.max_kv_len))
     found: dict[Finding, None] = {}
-    for text in compositions:
-        fn, _ = bench.eager_fn(bench.batch(parse_composition(text, bench.cfg.seed)))
+    for comp in fits or [parse_composition(smallest, cfg.seed)]:
+        fn, _ = bench.eager_fn(bench.batch(comp))
         found.update(dict.fromkeys(find_hazards(bench.lm.model, fn, bench.device)))
     return list(found)

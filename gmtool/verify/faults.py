@@ -43,7 +43,7 @@ class Fault:
 
 
 def parse_fault(text: str | None, num_layers: int | None = None) -> Fault | None:
-    if not text:
+    if text is None:
         return None
     name, _, arg = text.partition(":")
     if name not in FAULTS or (arg and name != "pad-read") or (arg and not arg.isdigit()):

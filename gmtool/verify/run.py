@@ -50,6 +50,10 @@ class VerifyConfig:
         self.graph_modes = tuple(dict.fromkeys(GraphMode(m) for m in names))
         if self.steps <= 0 or self.check_every <= 0:
             raise GmtoolError("--steps and --check-every must be positive")
+        if self.check_every > self.steps:  # the soak would check no step and still report clean
+            raise GmtoolError(
+                f"--check-every {self.check_every} is above --steps {self.steps}: no step would be checked"
+            )
         from gmtool.memory.strategies import STRATEGIES
 
         self.strategies = tuple(dict.fromkeys(s.strip() for s in str(self.strategy).split(",") if s.strip()))
@@ -91,6 +95,12 @@ class VerifyConfig:
             block_size=self.block_size,
         )
         self.model = self.sweep.model
+        above = [b for b in self.sweep.bucket_sizes if b >= self.max_num_seqs]
+        if above and above[0] != self.max_num_seqs:  # see SweepConfig.check_decode_seqs
+            raise GmtoolError(
+                f"a step of --max-num-seqs {self.max_num_seqs} decodes would run on bucket {above[0]} (a decode "
+                f"graph holds one sequence per token): add {self.max_num_seqs} to --buckets or raise --max-num-seqs"
+            )
         self.fault = parse_fault(self.inject)  # the layer is checked once the model is loaded
 
     def to_dict(self) -> dict:
@@ -130,8 +140,10 @@ def build_bench(cfg: VerifyConfig):
     from gmtool.measure.workbench import Workbench
 
     per_seq = -(-cfg.max_kv_len // cfg.block_size)
-    # fewer blocks than every sequence at full length: requests wait for blocks and get freed ones
-    blocks = max(per_seq + 1, cfg.max_num_seqs * per_seq * 3 // 4) + 1
+    # fewer blocks than every sequence at full length: requests wait for blocks and get freed ones; but the
+    # dynamic-dimension decode pair (dyn_dim_batches: up to --max-num-seqs sequences of up to 3 blocks) is
+    # made whole, which the 3/4 alone does not hold when a sequence has under 4 blocks (a large --block-size)
+    blocks = max(per_seq + 1, cfg.max_num_seqs * per_seq * 3 // 4, cfg.max_num_seqs * min(3, per_seq)) + 1
     bench = Workbench.build(cfg.sweep, num_blocks=blocks)
     cfg.fault = parse_fault(cfg.inject, bench.lm.num_layers)
     return bench
@@ -143,7 +155,7 @@ def dyn_dim_batches(bench, cfg: VerifyConfig):
     k = max([s for s in sizes if s <= cfg.max_num_seqs] or [1])
     p1, p2 = min(bs + 1, cfg.max_kv_len - 1), min(3 * bs - 1, cfg.max_kv_len - 1)
     out = [("decode", f"1*{k}@{p1}", f"1*{k}@{p2}")]
-    t = max(s for s in sizes if s <= cfg.max_kv_len)
+    t = max([s for s in sizes if s <= cfg.max_kv_len] or [0])  # no bucket within the context: no prefill pair
     if t >= 4:
         out.append(("prefill", f"{t // 2}+{t - t // 2}", f"{t // 4}+{t - t // 4}"))
     return [(kind, bench.batch(parse_composition(a, 1)), bench.batch(parse_composition(b, 2))) for kind, a, b in out]
