@@ -117,27 +117,26 @@ def plan(
     steps, path = load_workload(workload)
     out_ = Output(fmt)
     measured_doc = None
+    # what shapes a measurement (--max-tokens also bounds the plan's candidates: it stays valid with --from)
+    measuring = dict(
+        buckets=buckets,
+        compositions=compositions,
+        piecewise_impl=piecewise_impl,
+        attention=attention,
+        compile=compile,
+        fuse=fuse,
+        device=device,
+        dtype=dtype,
+        max_kv_len=max_kv_len,
+        max_num_seqs=max_num_seqs,
+        kv_cache_gb=kv_cache_gb,
+        block_size=block_size,
+        num_iters=num_iters,
+        num_iters_warmup=num_iters_warmup,
+        seed=seed,
+    )
     if from_ is not None:
-        measuring = dict(
-            buckets=buckets,
-            compositions=compositions,
-            scenario=scenario,
-            piecewise_impl=piecewise_impl,
-            attention=attention,
-            compile=compile,
-            fuse=fuse,
-            device=device,
-            dtype=dtype,
-            max_kv_len=max_kv_len,
-            max_num_seqs=max_num_seqs,
-            kv_cache_gb=kv_cache_gb,
-            block_size=block_size,
-            num_iters=num_iters,
-            num_iters_warmup=num_iters_warmup,
-            seed=seed,
-            profile=profile,
-        )
-        given = [k for k, v in measuring.items() if v is not None]
+        given = [k for k, v in {**measuring, "scenario": scenario, "profile": profile}.items() if v is not None]
         if given:  # they shape a measurement, and --from measures nothing: they would be ignored
             raise GmtoolError(
                 f"--{given[0].replace('_', '-')} sets how costs are measured, but --from takes them from "
@@ -152,24 +151,10 @@ def plan(
         cfg = build_config(
             profile,
             model=model,
-            buckets=buckets,
-            compositions=compositions,
             scenario=scenario or ("decode" if is_decode(steps) else "mixed"),
             modes=("eager", mode or "full"),
-            piecewise_impl=piecewise_impl,
-            attention=attention,
-            compile=compile,
-            fuse=fuse,
-            device=device,
-            dtype=dtype,
-            max_kv_len=max_kv_len,
             max_tokens=max_tokens,
-            max_num_seqs=max_num_seqs,
-            kv_cache_gb=kv_cache_gb,
-            block_size=block_size,
-            num_iters=num_iters,
-            num_iters_warmup=num_iters_warmup,
-            seed=seed,
+            **measuring,
         )
         if buckets is None:  # only the buckets the workload reaches
             cfg = build_config(
