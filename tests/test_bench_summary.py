@@ -56,6 +56,7 @@ def test_summary_ratios_and_goals(tmp_path):
             "warm --fuse": {
                 "buckets": 35,
                 "total_s": 0.8,
+                "samples_s": [1.25, 0.8, 0.75],  # the median run of three processes
                 "capture_only_s": 0.5,
                 "compile_ahead_note": "skipped: this configuration's kernels were compiled into /tmp/t before",
                 "triton": {"compiles": 7, "untimed": 0, "compile_s": 0.2, "kernels": {}},
@@ -106,6 +107,10 @@ def test_summary_ratios_and_goals(tmp_path):
     ]
     assert "cold Triton cache" in next(iter(cap)) and "the rest 10.00 s" in next(iter(cap))
     assert list(cap)[2].startswith("capture 35 default decode buckets --fuse, cold Triton cache")
+    assert list(cap)[3].startswith(
+        "capture 35 default decode buckets --fuse, warm Triton cache (median of 3 processes, 0.75-1.25 s; capture"
+    )
+    assert cap[list(cap)[3]][0] == "0.80 s"
     assert any(
         "408 kernels per replay" in k and "idle device 45.0 us" in k and v[0] == "29.5 us (p90 33)"
         for k, v in rows.items()
@@ -259,8 +264,9 @@ def test_summary_judges_the_goal_on_the_faster_small_m_stage(tmp_path):
 
 
 def test_capture_stage_runs_cold_then_warm_processes_on_one_new_triton_cache(monkeypatch):
-    """Two fresh processes, one new Triton cache directory: the first compiles every kernel (cold), the second
-    loads them from disk (warm); a process that fails is said, not read."""
+    """Pairs of fresh processes, each pair on a new Triton cache directory: the first compiles every kernel
+    (cold), the second loads them from disk (warm); each label keeps its median run, with every run's total; a
+    process that fails is said, not read."""
     import subprocess
     from pathlib import Path
     from types import SimpleNamespace
@@ -274,21 +280,22 @@ def test_capture_stage_runs_cold_then_warm_processes_on_one_new_triton_cache(mon
         cache = Path(env["TRITON_CACHE_DIR"])
         seen.append((cache, sorted(p.name for p in cache.iterdir())))
         (cache / "kernel.cubin").write_text("x")  # what the cold process leaves for the warm one
-        total = {1: 7.5, 2: 3.3, 3: 2.5, 4: 0.9}[len(seen)]
+        total = [7.5, 3.3, 6.0, 3.0, 9.0, 4.0, 2.5, 0.9, 2.7, 1.2, 2.6, 1.0][len(seen) - 1]
         stage = cmd[cmd.index("--stages") + 1]
         (out / f"bench-{stage}.json").write_text(json.dumps({"buckets": 35, "total_s": total, "capture_only_s": 1.2}))
         return SimpleNamespace(returncode=0, stdout="", stderr="")
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     got = bench.stage_capture(None)
-    # each forward: a new cache, empty for the cold process, holding what it compiled for the warm one
-    assert [s[1] for s in seen] == [[], ["kernel.cubin"], [], ["kernel.cubin"]]
-    assert seen[0][0] == seen[1][0] != seen[2][0] == seen[3][0]
-    assert {k: v["total_s"] for k, v in got.items()} == {
-        "cold": 7.5,
-        "warm": 3.3,
-        "cold --fuse": 2.5,
-        "warm --fuse": 0.9,
+    # each pair: a new cache, empty for the cold process, holding what it compiled for the warm one
+    assert bench.CAPTURE_SAMPLES == 3 and len(seen) == 12
+    assert [s[1] for s in seen] == [[], ["kernel.cubin"]] * 6
+    assert all(seen[i][0] == seen[i + 1][0] != seen[i + 2][0] for i in range(0, 10, 2))
+    assert {k: (v["total_s"], v["samples_s"]) for k, v in got.items()} == {
+        "cold": (7.5, [7.5, 6.0, 9.0]),
+        "warm": (3.3, [3.3, 3.0, 4.0]),
+        "cold --fuse": (2.6, [2.5, 2.7, 2.6]),
+        "warm --fuse": (1.0, [0.9, 1.2, 1.0]),
     }
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=1, stdout="", stderr="boom"))
     with pytest.raises(RuntimeError, match="cold capture process failed: boom"):

@@ -269,6 +269,14 @@ MUTANTS: list[Mutant] = [
         "a graph the driver would not upload is left for the timed path's first launch, out of the ledger",
     ),
     M(
+        "capture-bench-keeps-the-best-process",
+        "gmtool/measure/bench.py",
+        "return {**ordered[(len(ordered) - 1) // 2], ",
+        "return {**ordered[0], ",
+        "tests/test_bench_summary.py::test_capture_stage_runs_cold_then_warm_processes_on_one_new_triton_cache",
+        "the capture bench reports its fastest process as the figure, not the median of its samples",
+    ),
+    M(
         "norm-sums-a-partial-too-few",
         "gmtool/kernels/layers.py",
         "for s in tl.static_range(SPLIT):",

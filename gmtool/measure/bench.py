@@ -21,9 +21,9 @@ Stages (each writes bench-<stage>.json into --out; the table is built from whate
   prefill  eager vs piecewise vs full (wide key) at 512 and 2048 tokens
   capture  total capture time of the default decode bucket list (no compile), in fresh processes sharing a new
            Triton cache per forward (the HF layers, and --fuse): cold (kernels compiled) and warm (loaded from
-           disk), split into compile-ahead's pass, the eager warm-up, capture itself, memory readings and
-           uploads, and the rest, with Triton's compiles per kernel; capture-once and capture-once-fused are
-           one of them
+           disk), each the median of CAPTURE_SAMPLES such pairs, split into compile-ahead's pass, the eager
+           warm-up, capture itself, memory readings and uploads, and the rest, with Triton's compiles per
+           kernel; capture-once and capture-once-fused are one of them
   lean     piecewise against full (wide key) on one prefill step of 128 and 512 tokens: graph memory, host
            time per step, per runner
   host     where the host time of a B=1 replay goes: copy-in, graph launch on an idle and on a busy device,
@@ -266,31 +266,42 @@ CAPTURE_GOALS_S = {"cold": 2.0, "warm": 1.0}  # issue 17: the 35 default decode 
 
 
 CAPTURE_FORWARDS = {"": "capture-once", " --fuse": "capture-once-fused"}  # label suffix -> the stage timing it
+# cold-then-warm process pairs per forward, each on its own new Triton cache: one process's total spread by about
+# 30% from the next for the same tree (H200, 2026-12-01: --fuse warm 1.31-1.86 s over three processes)
+CAPTURE_SAMPLES = 3
 
 
 def stage_capture(args) -> dict:
     """The default decode buckets captured in fresh processes, each forward (the HF layers; --fuse, gmtool's
     fused layers: 352 kernels a step instead of 1,619) with its own new Triton cache directory: cold (every
-    kernel compiled) then warm (kernels loaded from disk), each timed as capture-once times it."""
+    kernel compiled) then warm (kernels loaded from disk), each timed as capture-once times it. CAPTURE_SAMPLES
+    such pairs; each label keeps the median run (median_run)."""
     import os
     import subprocess
     import sys
     import tempfile
 
-    out = {}
+    runs: dict[str, list[dict]] = {}
     for suffix, stage in CAPTURE_FORWARDS.items():
-        with tempfile.TemporaryDirectory(prefix="gmtool-triton-") as cache, tempfile.TemporaryDirectory() as tmp:
-            env = {**os.environ, "TRITON_CACHE_DIR": cache}
-            for label in CAPTURE_GOALS_S:
-                cmd = [sys.executable, "-m", "gmtool.measure.bench", "--stages", stage, "--out", tmp]
-                run = subprocess.run(cmd, env=env, capture_output=True, text=True)
-                path = Path(tmp) / f"bench-{stage}.json"
-                if run.returncode != 0 or not path.exists():
-                    tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
-                    raise RuntimeError(f"the {label}{suffix} capture process failed: {tail[0]}")
-                out[label + suffix] = json.loads(path.read_text())
-                path.unlink()
-    return out
+        for _ in range(CAPTURE_SAMPLES):
+            with tempfile.TemporaryDirectory(prefix="gmtool-triton-") as cache, tempfile.TemporaryDirectory() as tmp:
+                env = {**os.environ, "TRITON_CACHE_DIR": cache}
+                for label in CAPTURE_GOALS_S:
+                    cmd = [sys.executable, "-m", "gmtool.measure.bench", "--stages", stage, "--out", tmp]
+                    run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                    path = Path(tmp) / f"bench-{stage}.json"
+                    if run.returncode != 0 or not path.exists():
+                        tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
+                        raise RuntimeError(f"the {label}{suffix} capture process failed: {tail[0]}")
+                    runs.setdefault(label + suffix, []).append(json.loads(path.read_text()))
+                    path.unlink()
+    return {label: median_run(docs) for label, docs in runs.items()}
+
+
+def median_run(docs: list[dict]) -> dict:
+    """The run of median total time (the lower of the two middle ones), with every run's total in samples_s."""
+    ordered = sorted(docs, key=lambda d: d["total_s"])
+    return {**ordered[(len(ordered) - 1) // 2], "samples_s": [d["total_s"] for d in docs]}
 
 
 def capture_split(entries, compile_ahead_s: float | None, total_s: float) -> dict:

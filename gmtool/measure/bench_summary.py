@@ -335,6 +335,9 @@ def summary(out: Path, console: Console) -> list[tuple]:
             if split
             else f"capture alone {cap['capture_only_s']:.2f} s; warm-up, compiling and the rest {rest:.2f} s"
         )
+        samples = cap.get("samples_s") or []
+        if len(samples) > 1:  # the median process of several: the spread says how far one process's figure goes
+            where = f"median of {len(samples)} processes, {min(samples):.2f}-{max(samples):.2f} s; " + where
         again = (cap.get("second_executor") or {}).get("total_s")
         if again is not None:
             where += f"; a second executor in the process {again:.2f} s"
