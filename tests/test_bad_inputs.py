@@ -116,6 +116,7 @@ CASES = [
     ("--seed beyond torch's range", ["capture", *CPU, "--seed", "99999999999999999999"], "--seed must be between"),
     ("--dtype ''", ["capture", *CPU, "--dtype", ""], "unknown dtype ''"),
     ("--tp-timeout 0", ["capture", *CPU, "--tp-timeout", "0"], "--tp-timeout must be a positive number"),
+    ("--tp-timeout without --tp", ["capture", *CPU, "--tp-timeout", "30"], "--tp-timeout applies to ranks waiting"),
     ("--device cuda:x", ["capture", "--device", "cuda:x"], "unknown device 'cuda:x'"),
     (
         "a decode bucket above --max-num-seqs",

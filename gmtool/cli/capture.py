@@ -13,7 +13,7 @@ from gmtool.cli.progress import progress_bars
 
 from gmtool.cli import options as o
 from gmtool.parallel import launch
-from gmtool.parallel.launch import DEFAULT_TIMEOUT_S, resolve_tp
+from gmtool.parallel.launch import resolve_tp
 from gmtool.cli.run_sweep import build_config, show_sweep
 from gmtool.errors import GmtoolError
 from gmtool.modes import CAPTURE_MODES, GraphMode
@@ -52,7 +52,7 @@ def capture(
     num_iters_warmup: o.WarmupOpt = None,
     seed: o.SeedOpt = None,
     tp: o.TpOpt = None,
-    tp_timeout: o.TpTimeoutOpt = DEFAULT_TIMEOUT_S,
+    tp_timeout: o.TpTimeoutOpt = None,
     profile: o.ProfileOpt = None,
     out: Annotated[
         Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/capture-<time>).")

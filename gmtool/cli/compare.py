@@ -9,7 +9,7 @@ import typer
 
 from gmtool.cli import options as o
 from gmtool.parallel import launch
-from gmtool.parallel.launch import DEFAULT_TIMEOUT_S, resolve_tp
+from gmtool.parallel.launch import resolve_tp
 from gmtool.app import run_compare
 from gmtool.cli.output import Output
 from gmtool.cli.progress import progress_bars
@@ -90,7 +90,7 @@ def compare(
     num_iters_warmup: o.WarmupOpt = None,
     seed: o.SeedOpt = None,
     tp: o.TpOpt = None,
-    tp_timeout: o.TpTimeoutOpt = DEFAULT_TIMEOUT_S,
+    tp_timeout: o.TpTimeoutOpt = None,
     profile: o.ProfileOpt = None,
     out: OutOpt = None,
     force: o.ForceOpt = False,

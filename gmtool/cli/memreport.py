@@ -9,7 +9,7 @@ import typer
 
 from gmtool.cli import options as o
 from gmtool.parallel import launch
-from gmtool.parallel.launch import DEFAULT_TIMEOUT_S, resolve_tp
+from gmtool.parallel.launch import resolve_tp
 from gmtool.app import run_memreport
 from gmtool.cli.output import Output
 from gmtool.cli.progress import progress_bars
@@ -52,7 +52,7 @@ def memreport(
     num_iters_warmup: o.WarmupOpt = None,
     seed: o.SeedOpt = None,
     tp: o.TpOpt = None,
-    tp_timeout: o.TpTimeoutOpt = DEFAULT_TIMEOUT_S,
+    tp_timeout: o.TpTimeoutOpt = None,
     profile: o.ProfileOpt = None,
     out: Annotated[
         Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/memreport-<time>).")

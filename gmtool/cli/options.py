@@ -22,6 +22,7 @@ from gmtool.config import (
     Scenario,
     option_default,
 )
+from gmtool.parallel.launch import DEFAULT_TIMEOUT_S
 from gmtool.profiles import model_profiles
 
 
@@ -193,10 +194,12 @@ TpOpt = Annotated[
     ),
 ]
 TpTimeoutOpt = Annotated[
-    float,
+    Optional[float],
     typer.Option(
         "--tp-timeout",
-        help="Seconds a rank waits for the others in a collective, and the others get to stop once one rank fails.",
+        help="Seconds a rank waits for the others in a collective, and the others get to stop once one rank fails "
+        "(a --tp or torchrun run only).",
+        show_default=f"{DEFAULT_TIMEOUT_S:g}",
     ),
 ]
 

@@ -100,10 +100,15 @@ def check_request(cfg, visible_gpus: int | None = None, count_gpus: bool = True)
         raise GmtoolError(why)
 
 
-def run(fn, cfg, *args, timeout: float = DEFAULT_TIMEOUT_S, **kwargs):
-    """fn(cfg, *args, **kwargs) on each of cfg.tp ranks; rank 0's result. Without --tp, a plain call."""
-    if not 0 < timeout < math.inf:  # refused with or without --tp: a NaN or negative wait is never meant
-        raise GmtoolError(f"--tp-timeout must be a positive number of seconds, got {timeout}")
+def run(fn, cfg, *args, timeout: float | None = None, **kwargs):
+    """fn(cfg, *args, **kwargs) on each of cfg.tp ranks; rank 0's result. Without --tp, a plain call. timeout:
+    --tp-timeout (None: not given, DEFAULT_TIMEOUT_S), refused where no rank waits for another."""
+    if timeout is not None:
+        if not 0 < timeout < math.inf:  # a NaN or negative wait is never meant
+            raise GmtoolError(f"--tp-timeout must be a positive number of seconds, got {timeout}")
+        if cfg.tp == 1 and torchrun_world() is None:  # it would shape nothing of this run
+            raise GmtoolError("--tp-timeout applies to ranks waiting for each other: give --tp N too, or leave it out")
+    timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
     if torchrun_world() is not None:
         return _torchrun_rank(fn, cfg, args, kwargs, timeout)
     if cfg.tp == 1:
