@@ -277,6 +277,14 @@ MUTANTS: list[Mutant] = [
         "the capture bench reports its fastest process as the figure, not the median of its samples",
     ),
     M(
+        "tp-timeout-accepted-without-ranks",
+        "gmtool/parallel/launch.py",
+        "if cfg.tp == 1 and torchrun_world() is None:  # it would shape nothing of this run",
+        "if False:",
+        "tests/test_bad_inputs.py::test_every_bad_input_is_one_line_and_exit_2",
+        "--tp-timeout on a one-rank run is taken and ignored",
+    ),
+    M(
         "norm-sums-a-partial-too-few",
         "gmtool/kernels/layers.py",
         "for s in tl.static_range(SPLIT):",
