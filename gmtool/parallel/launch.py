@@ -106,7 +106,7 @@ def run(fn, cfg, *args, timeout: float | None = None, **kwargs):
     if timeout is not None:
         if not 0 < timeout < math.inf:  # a NaN or negative wait is never meant
             raise GmtoolError(f"--tp-timeout must be a positive number of seconds, got {timeout}")
-        if cfg.tp == 1 and torchrun_world() is None:  # it would shape nothing of this run
+        if cfg.tp == 1:  # no other rank to wait for (under torchrun, cfg.tp is its WORLD_SIZE)
             raise GmtoolError("--tp-timeout applies to ranks waiting for each other: give --tp N too, or leave it out")
     timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
     if torchrun_world() is not None:
