@@ -29,7 +29,7 @@ class FakeMode:
 def test_launches_inside_compile_instead_of_running(monkeypatch):
     from triton.runtime.jit import JITFunction
 
-    from gmtool.kernels import compile_ahead
+    from gmtool.kernels import compile_ahead, launcher
 
     calls = []
     monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **kw: calls.append((a, grid, warmup, kw)))
@@ -37,13 +37,16 @@ def test_launches_inside_compile_instead_of_running(monkeypatch):
     FakeMode.events = []
     original = JITFunction.run
     with compile_ahead.compiling_only(torch.device("cpu"), workers=2):
-        JITFunction.run(object(), 1, 2, grid=(4,), warmup=False, BLOCK=16)
-    assert calls == [((1, 2), (4,), True, {"BLOCK": 16})]  # the launch became a warmup
+        assert JITFunction.run(object(), 1, 2, grid=(4,), warmup=False, BLOCK=16) is launcher.HELD
+        assert calls == []  # held while the forward runs
+    assert calls == [((1, 2), (4,), True, {"BLOCK": 16})]  # then made, as a warmup
     assert JITFunction.run is original
     assert FakeMode.events == [("enter", True), ("exit",)]
     with pytest.raises(RuntimeError), compile_ahead.compiling_only(torch.device("cpu"), workers=1):
+        JITFunction.run(object(), 3, grid=(1,), warmup=False)
         raise RuntimeError("a forward that fails")
     assert JITFunction.run is original  # restored whatever happened inside
+    assert len(calls) == 1  # and a failed forward's launches are not compiled
 
 
 def test_reasons_it_does_not_run(monkeypatch):
@@ -309,3 +312,100 @@ def test_a_finished_pass_leaves_a_marker_that_skips_the_next_for_the_same_config
     monkeypatch.setattr(compile_ahead, "compiling_only", failing)
     first_capture(Rig(), "1*2")
     assert len(passes) == 5 and len(list((tmp_path / "gmtool-compiled-ahead").iterdir())) == 4  # no marker
+
+
+def test_the_pass_runs_the_leading_layers_up_to_one_of_each_type():
+    from types import SimpleNamespace as NS
+
+    from gmtool.kernels.compile_ahead import PASS_LAYERS, pass_layers
+
+    assert PASS_LAYERS == 3  # layer 0, 1 and another: what Triton keys a layer-following int on
+    assert pass_layers(NS(num_hidden_layers=28)) == 3
+    assert pass_layers(NS(num_hidden_layers=2)) == 2
+    gemma = ["sliding_attention"] * 5 + ["full_attention"]
+    assert pass_layers(NS(num_hidden_layers=26, layer_types=gemma * 5)) == 6
+    assert pass_layers(NS(num_hidden_layers=4, layer_types=gemma)) == 3  # types past the last layer do not count
+    assert pass_layers(NS(num_hidden_layers=5, layer_types=gemma[1:])) == 5
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_leading_layers_shortens_the_forward_and_restores_it(tmp_path, fuse):
+    """Inside leading_layers the forward (transformers' own, or --fuse's) runs layers 0-2 of 5; after it, all 5,
+    also when the forward raised."""
+    import json
+    from pathlib import Path
+
+    from gmtool.kernels.compile_ahead import leading_layers
+    from gmtool.model import families
+    from gmtool.model.fused import fuse_layers
+    from tests.helpers import Rig
+
+    profile = Path(__file__).parents[1] / "gmtool" / "builtin_profiles" / "models" / "tiny-qwen3.json"
+    config = json.loads(profile.read_text())["config"] | {"num_hidden_layers": 5}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    rig = Rig(model=str(tmp_path))
+    if fuse:
+        fuse_layers(rig.lm.model, "torch")
+    ran = []
+    for i, layer in enumerate(families.base_model(rig.lm.model).layers):
+        layer.mlp.register_forward_pre_hook(lambda m, a, i=i: ran.append(i))
+    b = rig.batch("1*4")
+    with leading_layers(rig.lm):
+        rig.eager(b)
+    assert ran == [0, 1, 2]
+    ran.clear()
+    rig.eager(b)
+    assert ran == [0, 1, 2, 3, 4]
+    with pytest.raises(RuntimeError), leading_layers(rig.lm):
+        raise RuntimeError("a forward that fails")
+    assert rig.lm.num_layers == 5
+
+
+def test_each_compile_in_the_pass_builds_its_launcher_beside_it_and_only_in_the_pass(monkeypatch):
+    """A compile inside compiling_only() hands its source to _build_launcher (in another thread) and compiles;
+    Triton's compile is restored on leaving, and a binder that kept the wrapper only compiles afterwards."""
+    import threading
+
+    import triton.compiler as compiler_package
+
+    from gmtool.kernels import compile_ahead
+
+    built, done = [], threading.Event()
+    monkeypatch.setattr(compile_ahead, "_build_launcher", lambda src: built.append(src) or done.set())
+    monkeypatch.setattr(compiler_package, "compile", lambda src, **kw: ("compiled", src, kw))
+    fake = compiler_package.compile
+    monkeypatch.setattr(compile_ahead, "_async_mode", lambda: FakeMode)
+    with compile_ahead.compiling_only(torch.device("cpu"), workers=2):
+        kept = compiler_package.compile  # what a binder made in here holds
+        assert kept is not fake
+        assert kept("SRC", target=7) == ("compiled", "SRC", {"target": 7})
+        assert done.wait(10)
+    assert built == ["SRC"] and compiler_package.compile is fake
+    assert kept("LATER") == ("compiled", "LATER", {}) and built == ["SRC"]
+
+
+def test_triton_s_first_launch_work_starts_at_model_load_in_two_threads(monkeypatch):
+    """Triton's hash of itself in one thread; its first launch's imports and the driver in another; joined
+    before the first capture. Under the interpreter nothing starts."""
+    import importlib
+
+    import triton.runtime.cache
+
+    from gmtool.kernels import compile_ahead
+
+    done = []
+    monkeypatch.setattr(triton.runtime.cache, "triton_key", lambda: done.append("key"))
+    real_import = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module", lambda name: done.append(name) or real_import("json"))
+    monkeypatch.setattr(compile_ahead, "_first_launch_work", [])
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    compile_ahead.prepare_triton_in_background()
+    assert compile_ahead._first_launch_work == []
+    monkeypatch.delenv("TRITON_INTERPRET")
+    compile_ahead.prepare_triton_in_background()
+    compile_ahead.prepare_triton_in_background()  # once per process
+    threads = list(compile_ahead._first_launch_work)
+    assert len(threads) == 2
+    for t in threads:
+        t.join(30)
+    assert sorted(done) == sorted(["key", *compile_ahead.FIRST_LAUNCH_IMPORTS])

@@ -292,3 +292,22 @@ def test_decode_split_partials_are_reserved_before_capture_for_every_bucket():
     assert asked and len({scratch("part", n).untyped_storage().data_ptr() for r, n in asked if r == "part"}) == 1
     with pytest.raises(Exception, match="exceed"):
         scratch("lse", 10**9)
+
+
+def test_a_launch_held_by_compile_ahead_decides_nothing():
+    """Inside compile-ahead's pass a launch returns launcher.HELD (compiled later, not run): the binding stays
+    pending, and its first real launch afterwards takes the direct path."""
+
+    class HeldThenReal(FakeKernel):
+        held = True
+
+        def __getitem__(self, grid):
+            return (lambda *a, **kw: launcher.HELD) if self.held else super().__getitem__(grid)
+
+    k, x, out = HeldThenReal(), torch.zeros(8), torch.zeros(8)
+    b = bound(k, x, out)
+    b((1, 1, 1), 2)
+    assert b.path == PENDING
+    k.held = False
+    b((1, 1, 1), 2)
+    assert b.path == DIRECT and len(k.calls) == 1

@@ -281,9 +281,10 @@ class _FakeDevice:
         for name, fn in {
             "synchronize": lambda d=None: None,
             "reset_peak_memory_stats": lambda d=None: None,
-            "memory_allocated": lambda d=None: 0,
-            "max_memory_allocated": lambda d=None: 7 * MiB,
-            "memory_reserved": lambda d=None: self.reserved,
+            "memory_stats_as_nested_dict": lambda d=None: {
+                "allocated_bytes": {"all": {"current": 0, "peak": 7 * MiB}},
+                "reserved_bytes": {"all": {"current": self.reserved}},
+            },
             "mem_get_info": lambda d=None: (self.free, 2000 * MiB),
         }.items():
             monkeypatch.setattr(torch.cuda, name, fn)

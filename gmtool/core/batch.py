@@ -48,34 +48,32 @@ def make_batch(comp: Composition, cache: PagedKVCache, vocab_size: int, max_num_
     g = torch.Generator().manual_seed(1000 + comp.seed)
     q_lens, prefixes = [], []
     for p in comp.parts:
-        for _ in range(p.count):
-            if p.prefix is not None:
-                prefix = p.prefix
-            elif p.new_tokens == 1:
-                prefix = int(torch.randint(1, spec.max_kv_len, (1,), generator=g))
-            else:
-                prefix = 0
+        if p.prefix is not None:
+            drawn = [p.prefix] * p.count
+        elif p.new_tokens == 1:  # one draw of count values: the stream of count draws of one (CPU generator)
+            drawn = torch.randint(1, spec.max_kv_len, (p.count,), generator=g).tolist()
+        else:
+            drawn = [0] * p.count
+        for prefix in drawn:
             if prefix + p.new_tokens > spec.max_kv_len:
                 raise GmtoolError(
                     f"composition {comp.label}: prefix {prefix} + {p.new_tokens} new tokens exceeds "
                     f"--max-kv-len {spec.max_kv_len}"
                 )
-            q_lens.append(p.new_tokens)
-            prefixes.append(prefix)
+        q_lens += [p.new_tokens] * p.count
+        prefixes += drawn
     kv_lens = [p + q for p, q in zip(prefixes, q_lens)]
     tables = cache.allocate(kv_lens, g)
-    positions = np.concatenate([np.arange(p, p + q) for p, q in zip(prefixes, q_lens)])
-    bs = spec.block_size
-    slots = np.concatenate(
-        [
-            np.asarray(t, dtype=np.int64)[np.arange(p, p + q) // bs] * bs + np.arange(p, p + q) % bs
-            for t, p, q in zip(tables, prefixes, q_lens)
-        ]
-    )
-    ids = torch.randint(0, vocab_size, (len(positions),), generator=g).numpy()
+    # per token, without a loop over sequences: its sequence, its position, its slot through the block table
+    token_seq = np.repeat(np.arange(len(q_lens)), q_lens)
+    starts = np.cumsum(q_lens) - np.asarray(q_lens)
+    positions = np.arange(len(token_seq)) - starts[token_seq] + np.asarray(prefixes, dtype=np.int64)[token_seq]
     table_array = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int64)
     for i, t in enumerate(tables):
         table_array[i, : len(t)] = t
+    bs = spec.block_size
+    slots = table_array[token_seq, positions // bs] * bs + positions % bs
+    ids = torch.randint(0, vocab_size, (len(positions),), generator=g).numpy()
     return Batch(
         comp,
         ids.astype(np.int64),

@@ -141,17 +141,23 @@ def _memory_of(entry: CapturedGraph, device: torch.device, upload=None, held=Non
         yield
         return
 
-    def pool() -> int:
+    def allocator() -> tuple[int, int, int]:
+        """allocated, peak allocated, pool bytes: from one nested reading (torch.cuda.memory_allocated and its
+        kind flatten all ~160 allocator statistics per call: 0.4 ms under cProfile on the H200's host)."""
+        stats = torch.cuda.memory_stats_as_nested_dict(device)
+        allocated, reserved = stats.get("allocated_bytes", {}).get("all", {}), stats.get("reserved_bytes", {})
         got = held() if held is not None else None
-        return torch.cuda.memory_reserved(device) if got is None else got
+        pool = reserved.get("all", {}).get("current", 0) if got is None else got
+        return allocated.get("current", 0), allocated.get("peak", 0), pool
 
     torch.cuda.synchronize(device)
-    mem0, res0 = torch.cuda.memory_allocated(device), pool()
+    mem0, _, res0 = allocator()
     free0 = torch.cuda.mem_get_info(device)[0]
     torch.cuda.reset_peak_memory_stats(device)
     yield
-    entry.graph_mem_bytes = torch.cuda.max_memory_allocated(device) - mem0
-    entry.pool_growth_bytes = pool() - res0
+    _, peak, res1 = allocator()
+    entry.graph_mem_bytes = peak - mem0
+    entry.pool_growth_bytes = res1 - res0
     # what the driver gave beyond the pool's growth: graph instantiation and exec objects (gmtool.memory.ledger)
     free1 = torch.cuda.mem_get_info(device)[0]
     entry.outside_pool_bytes = (free0 - free1) - entry.pool_growth_bytes

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib
 import json
 import os
 import threading
@@ -30,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
+from gmtool.kernels.launcher import HELD
 
 WORKERS = 8
 OFF = ("0", "false", "off", "no")  # GMTOOL_COMPILE_AHEAD values that turn it off
@@ -62,16 +65,24 @@ def _async_mode():
 
 @contextlib.contextmanager
 def compiling_only(device: torch.device, workers: int = WORKERS):
-    """Inside: a Triton launch compiles its kernel in a worker thread (once per variant) and returns without
-    running it. On leaving: every compile has finished and sits in Triton's caches, as a launch leaves it."""
+    """Inside: a Triton launch returns without running; on leaving, each variant launched compiles in a worker
+    thread, and when it is left every compile has finished and sits in Triton's caches, as a launch leaves it."""
     from triton.runtime.jit import JITFunction
 
     mode = _async_mode()
     launch = JITFunction.run
 
+    # Launches are held until the forwards inside are done, then made as warmups (compiled in the workers, not
+    # run). Made as they came, the compiles' threads took the GIL from the forward issuing them: the last variant
+    # (the second shape's decode kernel) began compiling 0.53 s after the first; held, 0.28 s after (H200,
+    # 2026-12-01, two calls, one cold process each). A launch returns launcher.HELD: FastLaunch and BoundKernel
+    # keep no variant from it.
+    held: list[tuple] = []
+
     @functools.wraps(launch)  # __wrapped__ names Triton's run: launcher.FastLaunch compares launches with it
     def compile_instead(self, *args, grid, warmup, **kwargs):
-        return launch(self, *args, grid=grid, warmup=True, **kwargs)
+        held.append((self, args, grid, kwargs))
+        return HELD
 
     # a thread's current CUDA device is its own, and Triton compiles for the current one: the workers take this
     # thread's (a device without an index, "cuda", names it)
@@ -99,12 +110,61 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
 
             return super().submit(key, compile_and_load, *callbacks)
 
+    import triton.compiler as compiler_package
+
+    compile_kernel, prebuilding = compiler_package.compile, [True]
+
+    @functools.wraps(compile_kernel)
+    def compile_and_build_its_launcher(src, *args, **kwargs):
+        """Triton's compile, with the kernel's C launcher built beside it: the launcher's source follows from the
+        signature alone, known before the compile. One after the other, a compile of 0.3-0.7 s and its launcher
+        of 0.25-0.32 s made the pass's longest chain; built beside, most loads then found theirs, in 0-2 ms
+        (H200, 2026-12-01). A kernel whose binder Triton made in here keeps this as its compile: outside the
+        pass it only compiles."""
+        if prebuilding[0]:
+            builders.submit(_build_launcher, src)
+        return compile_kernel(src, *args, **kwargs)
+
+    builders = ThreadPoolExecutor(workers)
     with ThreadPoolExecutor(workers, initializer=bind_device) as pool, LoadingToo(pool):
         JITFunction.run = compile_instead
+        compiler_package.compile = compile_and_build_its_launcher  # what Triton's binder takes at a first launch
         try:
             yield
+            for kernel, args, grid, kwargs in held:
+                launch(kernel, *args, grid=grid, warmup=True, **kwargs)
         finally:
+            held.clear()
             JITFunction.run = launch
+            compiler_package.compile = compile_kernel
+            prebuilding[0] = False
+    builders.shutdown(wait=False)  # a launcher still building is found in the cache, or built again, by its load
+
+
+class _PlainKernelMetadata:
+    """What a launcher reads of a compiled kernel's metadata, as gmtool's kernels have it: one CTA, no cluster, no
+    TMA descriptor, no scratch. Where the real metadata differs, the launcher built from it is another (built at
+    the kernel's load, as without the prebuild)."""
+
+    cluster_dims = (1, 1, 1)
+    num_ctas = 1
+    tensordesc_meta = None
+    global_scratch_size = profile_scratch_size = 0
+    global_scratch_align = profile_scratch_align = 1
+    launch_cooperative_grid = launch_pdl = False
+
+    def __getattr__(self, name):  # another Triton's field: its default
+        return None
+
+
+def _build_launcher(src) -> None:
+    """Build (and cache on disk) the C launcher Triton makes for src's signature at the kernel's load."""
+    try:
+        from triton.runtime import driver
+
+        driver.active.launcher_cls(src, _PlainKernelMetadata())
+    except Exception:  # an optimization only: the load builds it, and says what is wrong
+        pass
 
 
 def _async_compiling() -> bool:
@@ -261,30 +321,84 @@ def _mark(marker: Path | None) -> None:
         pass
 
 
-_triton_key: threading.Thread | None = None
+_first_launch_work: list[threading.Thread] = []  # started at model load; joined before the first capture
+
+# Triton 3.6's first argument specialization imports its Gluon package (to know its tensor descriptor type):
+# 0.12 s inside the first warm-up on the H200's host (cProfile, 2026-12-01), where no .pyc was cached
+FIRST_LAUNCH_IMPORTS = ("triton.experimental.gluon",)
 
 
-def hash_triton_in_background() -> None:
-    """Start Triton's hash of its own installation (libtriton.so and its sources) in a thread. Triton computes
-    it once per process, at the first kernel it loads or compiles: 0.4-0.7 s on the H200's host (profiled,
-    2026-12-01), inside the first warm-up. Started at model load, it runs beside building the model (hashlib
-    releases the GIL over large buffers); before_first_capture waits for it, so it is never computed twice."""
-    global _triton_key
-    if _triton_key is not None or os.environ.get("TRITON_INTERPRET") == "1":
+def prepare_triton_in_background() -> None:
+    """Start, in two threads, what Triton's first kernel launch in a process would do, so that it overlaps the
+    model's build; before_first_capture waits for both, so nothing is done twice.
+    - Triton's hash of its own installation (libtriton.so and its sources): 0.4-0.7 s on the H200's host
+      (profiled, 2026-12-01), inside the first warm-up. hashlib releases the GIL over large buffers.
+    - The imports of FIRST_LAUNCH_IMPORTS, then the driver, whose C helpers (cuda_utils) an empty cache compiles
+      with cc. With both in the first launch, 0.45 s passed in a cold process's pass before its first compile
+      began; with them here, 0.19 s (H200, 2026-12-01, one process each)."""
+    if _first_launch_work or os.environ.get("TRITON_INTERPRET") == "1":
         return
     try:
         from triton.runtime.cache import triton_key
     except ImportError:
         return
 
-    def run():
+    def key():
         try:
             triton_key()
         except Exception:  # the first kernel computes it then, and says what is wrong
             pass
 
-    _triton_key = threading.Thread(target=run, name="gmtool-triton-key", daemon=True)
-    _triton_key.start()
+    def imports_and_driver():
+        for name in FIRST_LAUNCH_IMPORTS:
+            try:
+                importlib.import_module(name)
+            except Exception:  # another Triton: its first launch imports what it needs
+                pass
+        try:
+            from triton.runtime import driver
+
+            driver.active
+        except Exception:  # the first launch creates it, and says what is wrong
+            pass
+
+    for name, fn in (("key", key), ("driver", imports_and_driver)):
+        _first_launch_work.append(threading.Thread(target=fn, name=f"gmtool-triton-{name}", daemon=True))
+        _first_launch_work[-1].start()
+
+
+PASS_LAYERS = 3  # layers 0, 1 and 2: an int argument that follows the layer is 0, 1 and neither (Triton keys those)
+
+
+def pass_layers(config) -> int:
+    """How many leading layers compile-ahead's forwards run: PASS_LAYERS, or up to the first layer of each type
+    the config lists (a sliding-window model's full-attention layer). Later layers launch the same variants; one
+    that does not (another MLP from some depth on) compiles at its first launch, as without the pass."""
+    n = config.num_hidden_layers
+    types = list(getattr(config, "layer_types", None) or [])[:n]
+    first_of_each = max((types.index(t) + 1 for t in set(types)), default=0)
+    return min(n, max(PASS_LAYERS, first_of_each))
+
+
+@contextlib.contextmanager
+def leading_layers(lm):
+    """Inside: the model's forward runs only its pass_layers() first decoder layers. Its decoder stack runs
+    `layers[: config.num_hidden_layers]`, as transformers' own forwards and gmtool's fused one do (a family that
+    runs all its layers regardless runs them all). The whole forward of the first shape kept the main thread
+    0.48 s, the second shape's compiles waiting behind it (H200, 2026-12-01, 28 layers)."""
+    from gmtool.model import families
+
+    base = families.base_model(lm.model)
+    config = getattr(base, "config", None)
+    n = getattr(config, "num_hidden_layers", None)
+    if not isinstance(n, int):
+        yield
+        return
+    config.num_hidden_layers = pass_layers(config)
+    try:
+        yield
+    finally:
+        config.num_hidden_layers = n
 
 
 def before_first_capture(ex, key, batch, fn) -> None:
@@ -294,8 +408,8 @@ def before_first_capture(ex, key, batch, fn) -> None:
     capture's first replay then compute the batch properly. Sets ex.compile_ahead_s, or ex.compile_ahead_note: why not."""
     from gmtool.model.attention import forward_context
 
-    if _triton_key is not None:
-        _triton_key.join()
+    for work in _first_launch_work:
+        work.join()
     ex.compile_ahead_note = unavailable()
     if ex.device.type != "cuda" or ex.compile_ahead_note is not None:
         return
@@ -310,17 +424,20 @@ def before_first_capture(ex, key, batch, fn) -> None:
         return
     t0 = time.perf_counter()
     try:
-        with compiling_only(ex.device), torch.no_grad():
-            fn()  # within the caller's forward context: this shape, this batch
+        with compiling_only(ex.device), torch.no_grad(), leading_layers(ex.lm):
+            # the small shape first: its split decode kernels (two variants) are the slowest compiles
             if other:  # a zeroed arena: every index the torch ops read is 0, in range (the null block, token 0)
                 ex.inputs.arena.zero_()
                 views = ex.inputs.views(small)
                 with forward_context(ex._context(small, views, batch)):
                     ex.forward(views)
+                ex.inputs.invalidate()
+                ex.inputs.load(batch, key)
+            fn()  # within the caller's forward context: this shape, this batch
         ex.compile_ahead_s = time.perf_counter() - t0
         _mark(marker)
     except Exception as e:  # an optimization only: kernels then compile at their first launch, as before
         ex.compile_ahead_note = f"failed ({type(e).__name__}: {str(e).strip()[:120]}); kernels compile at launch"
-    if other:
+    if other:  # fn's torch ops ran over skipped kernels' outputs, and may have written the inputs' buffers
         ex.inputs.invalidate()  # the next load rewrites every field and padding lane
         ex.inputs.load(batch, key)

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 
 PENDING = "pending"  # not launched yet
+HELD = object()  # what a launch returns while compile-ahead's pass holds it (compiled later, never run)
 DIRECT = "direct"  # launches go straight to the compiled kernel
 VIA_TRITON = "triton"  # every launch goes through kernel[grid]; path is "triton: <why>"
 
@@ -136,7 +137,7 @@ class BoundKernel:
         for i, v in zip(self.slots, values):
             a[i] = v
         compiled = self.kernel[grid](*a, **self.constexprs, **self.options)
-        if self.path == PENDING:
+        if self.path == PENDING and compiled is not HELD:
             self._go_direct(compiled)
 
     def _go_direct(self, compiled) -> None:

@@ -232,7 +232,8 @@ def _residual_stream_forward(base, ops: LayerOps, fused_mlps: set[int]):
         def block_output(y):
             return y if isinstance(y, Partials) else y.reshape(rows)
 
-        for layer, (pre, post), kw in zip(layers, norms, mlp_kw):
+        depth = base.config.num_hidden_layers  # read per call: compile-ahead's pass runs the first few only
+        for layer, (pre, post), kw in zip(layers[:depth], norms, mlp_kw):
             if residual is None:
                 residual, x = h, kern.rms_norm(h, pre.weight, pre.variance_epsilon)
             else:

@@ -224,9 +224,9 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 
     weights are then copied in (gmtool.model.checkpoint)."""
     attention.register()
     if device.type == "cuda":
-        from gmtool.kernels.compile_ahead import hash_triton_in_background
+        from gmtool.kernels.compile_ahead import prepare_triton_in_background
 
-        hash_triton_in_background()  # overlaps the model's build: Triton's first kernel needs it
+        prepare_triton_in_background()  # overlaps the model's build: Triton's first kernel needs it
     path = Path(spec)
     torch.manual_seed(seed)
     weights, notes = [], []
