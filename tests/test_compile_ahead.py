@@ -362,16 +362,20 @@ def test_leading_layers_shortens_the_forward_and_restores_it(tmp_path, fuse):
 
 
 def test_each_compile_in_the_pass_builds_its_launcher_beside_it_and_only_in_the_pass(monkeypatch):
-    """A compile inside compiling_only() hands its source to _build_launcher (in another thread) and compiles;
+    """A compile inside compiling_only() hands its source to _build_launcher (in another thread) and to the
+    compile workers if any run (GMTOOL_COMPILE_PROCESSES), then compiles;
     Triton's compile is restored on leaving, and a binder that kept the wrapper only compiles afterwards."""
     import threading
+    from types import SimpleNamespace
 
     import triton.compiler as compiler_package
 
     from gmtool.kernels import compile_ahead
 
-    built, done = [], threading.Event()
+    built, done, sent = [], threading.Event(), []
     monkeypatch.setattr(compile_ahead, "_build_launcher", lambda src: built.append(src) or done.set())
+    workers = SimpleNamespace(compile=lambda src, kwargs: sent.append((src, kwargs)))
+    monkeypatch.setattr(compile_ahead.compile_workers, "running", lambda: workers)
     monkeypatch.setattr(compiler_package, "compile", lambda src, **kw: ("compiled", src, kw))
     fake = compiler_package.compile
     monkeypatch.setattr(compile_ahead, "_async_mode", lambda: FakeMode)
@@ -381,7 +385,8 @@ def test_each_compile_in_the_pass_builds_its_launcher_beside_it_and_only_in_the_
         assert kept("SRC", target=7) == ("compiled", "SRC", {"target": 7})
         assert done.wait(10)
     assert built == ["SRC"] and compiler_package.compile is fake
-    assert kept("LATER") == ("compiled", "LATER", {}) and built == ["SRC"]
+    assert sent == [("SRC", {"target": 7})]  # worker processes, where asked for, compile it into the cache first
+    assert kept("LATER") == ("compiled", "LATER", {}) and built == ["SRC"] and len(sent) == 1
 
 
 def test_triton_s_first_launch_work_starts_at_model_load_in_two_threads(monkeypatch):

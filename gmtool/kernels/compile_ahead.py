@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from gmtool.kernels import compile_workers
 from gmtool.kernels.launcher import HELD
 
 WORKERS = 8
@@ -123,6 +124,9 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
         pass it only compiles."""
         if prebuilding[0]:
             builders.submit(_build_launcher, src)
+            workers = compile_workers.running()
+            if workers is not None and not args:  # compiled into the disk cache, where the compile below finds it
+                workers.compile(src, kwargs)
         return compile_kernel(src, *args, **kwargs)
 
     builders = ThreadPoolExecutor(workers)
@@ -362,6 +366,7 @@ def prepare_triton_in_background() -> None:
         except Exception:  # the first launch creates it, and says what is wrong
             pass
 
+    compile_workers.start()  # GMTOOL_COMPILE_PROCESSES: their imports overlap the model's build too
     for name, fn in (("key", key), ("driver", imports_and_driver)):
         _first_launch_work.append(threading.Thread(target=fn, name=f"gmtool-triton-{name}", daemon=True))
         _first_launch_work[-1].start()
