@@ -120,8 +120,9 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
         """Triton's compile, with the kernel's C launcher built beside it: the launcher's source follows from the
         signature alone, known before the compile. One after the other, a compile of 0.3-0.7 s and its launcher
         of 0.25-0.32 s made the pass's longest chain; built beside, most loads then found theirs, in 0-2 ms
-        (H200, 2026-12-01). A kernel whose binder Triton made in here keeps this as its compile: outside the
-        pass it only compiles."""
+        (H200, 2026-12-01). With GMTOOL_COMPILE_PROCESSES, a worker process compiles it into the disk cache
+        first (gmtool.kernels.compile_workers). A kernel whose binder Triton made in here keeps this as its
+        compile: outside the pass it only compiles."""
         if prebuilding[0]:
             builders.submit(_build_launcher, src)
             workers = compile_workers.running()
@@ -430,7 +431,8 @@ def before_first_capture(ex, key, batch, fn) -> None:
     t0 = time.perf_counter()
     try:
         with compiling_only(ex.device), torch.no_grad(), leading_layers(ex.lm):
-            # the small shape first: its split decode kernels (two variants) are the slowest compiles
+            # the small shape first: held launches compile in the order they came, and its split decode kernel
+            # and combine are among the slowest compiles
             if other:  # a zeroed arena: every index the torch ops read is 0, in range (the null block, token 0)
                 ex.inputs.arena.zero_()
                 views = ex.inputs.views(small)

@@ -140,7 +140,8 @@ class CompileWorkers:
             reply = w.ask(job)
         except Exception as e:  # a job that does not pickle, a closed pipe
             reply = ("error", f"{type(e).__name__}: {e}")
-        self.idle.put(w)
+        if w.proc.poll() is None:  # a worker that exited takes no more jobs
+            self.idle.put(w)
         if reply[0] != "ok":
             return self.stats.fell_back(str(reply[1]).splitlines()[0][:120] if len(reply) > 1 else reply[0])
         self.stats.in_workers += 1
