@@ -414,3 +414,81 @@ def test_triton_s_first_launch_work_starts_at_model_load_in_two_threads(monkeypa
     for t in threads:
         t.join(30)
     assert sorted(done) == sorted(["key", *compile_ahead.FIRST_LAUNCH_IMPORTS])
+
+
+def test_a_compile_that_starts_only_when_the_pass_is_left_still_builds_its_launcher(monkeypatch):
+    """Triton's AsyncCompileMode runs a compile when a pool thread is free: beyond the pool's threads (or on a
+    thread not yet scheduled) it starts only while the mode's exit waits. That compile is still the pass's: its
+    launcher is built beside it and the workers get it."""
+    import threading
+    from types import SimpleNamespace
+
+    import triton.compiler as compiler_package
+
+    from gmtool.kernels import compile_ahead
+
+    class QueuedMode:  # every pool thread busy: compiles run when the mode is left
+        active = None
+
+        def __init__(self, executor):
+            self.executor, self.queued = executor, []
+
+        def submit(self, key, compile_fn, *callbacks):
+            self.queued.append(compile_fn)
+
+        def __enter__(self):
+            QueuedMode.active = self
+            return self
+
+        def __exit__(self, *exc):
+            for fn in self.queued:
+                self.executor.submit(fn).result()
+
+    built, done, sent = [], threading.Event(), []
+    monkeypatch.setattr(compile_ahead, "_build_launcher", lambda src: built.append(src) or done.set())
+    workers = SimpleNamespace(compile=lambda src, kwargs: sent.append(src))
+    monkeypatch.setattr(compile_ahead.compile_workers, "running", lambda: workers)
+    monkeypatch.setattr(compiler_package, "compile", lambda src, **kw: ("compiled", src))
+    monkeypatch.setattr(compile_ahead, "_async_mode", lambda: QueuedMode)
+    with compile_ahead.compiling_only(torch.device("cpu"), workers=1):
+        kept = compiler_package.compile  # what the binder Triton makes at the launch's replay holds
+        QueuedMode.active.submit("k", lambda: kept("SRC", target=7))
+    assert done.wait(10) and built == ["SRC"] and sent == ["SRC"]
+    assert kept("LATER") == ("compiled", "LATER") and built == ["SRC"] and sent == ["SRC"]  # after: compiles only
+
+
+def test_a_compile_that_fails_in_the_pass_leaves_no_async_mode_active(monkeypatch):
+    """Triton 3.6's AsyncCompileMode raises a failed compile from its exit before unsetting itself: left active,
+    every later launch in the thread would submit its compile to the pass's shut-down pool, and the capture
+    that should go on without the pass would fail. Leaving compiling_only() unsets it."""
+    from triton.runtime import _async_compile
+
+    from gmtool.kernels import compile_ahead
+
+    class Triton36Mode:
+        def __init__(self, executor):
+            self.executor, self.futures = executor, []
+
+        def submit(self, key, compile_fn, *callbacks):
+            self.futures.append(self.executor.submit(compile_fn))
+
+        def __enter__(self):
+            _async_compile.active_mode.set(self)
+            return self
+
+        def __exit__(self, *exc):
+            for f in self.futures:
+                f.result()
+            _async_compile.active_mode.set(None)
+
+    def failing():
+        raise RuntimeError("a compile failed")
+
+    monkeypatch.setattr(compile_ahead, "_async_mode", lambda: Triton36Mode)
+    try:
+        with pytest.raises(RuntimeError, match="a compile failed"):
+            with compile_ahead.compiling_only(torch.device("cpu"), workers=1):
+                _async_compile.active_mode.get().submit("k", failing)
+        assert _async_compile.active_mode.get() is None
+    finally:
+        _async_compile.active_mode.set(None)

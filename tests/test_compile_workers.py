@@ -90,3 +90,18 @@ def test_requested_reads_the_environment(monkeypatch):
         assert requested() == n
     monkeypatch.delenv(ENV)
     assert requested() == 0  # off by default
+
+
+def test_once_every_worker_exited_the_caller_compiles_at_once(workers):
+    """A worker that died (killed, or crashed in a compile) takes no more jobs; with none left, a compile does not
+    wait for one to come free (60 s) but falls back at once."""
+    src, kwargs = _source()
+    w = workers.idle.get()
+    workers.idle.put(w)
+    w.proc.kill()
+    w.proc.wait()
+    assert workers.compile(src, kwargs) is False  # its job finds it gone
+    t0 = time.monotonic()
+    assert workers.compile(src, kwargs) is False
+    assert time.monotonic() - t0 < 5
+    assert workers.stats.in_workers == 0 and workers.stats.fallbacks.get("every worker exited") == 1

@@ -130,20 +130,37 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
                 workers.compile(src, kwargs)
         return compile_kernel(src, *args, **kwargs)
 
-    builders = ThreadPoolExecutor(workers)
-    with ThreadPoolExecutor(workers, initializer=bind_device) as pool, LoadingToo(pool):
-        JITFunction.run = compile_instead
-        compiler_package.compile = compile_and_build_its_launcher  # what Triton's binder takes at a first launch
-        try:
-            yield
-            for kernel, args, grid, kwargs in held:
-                launch(kernel, *args, grid=grid, warmup=True, **kwargs)
-        finally:
-            held.clear()
-            JITFunction.run = launch
-            compiler_package.compile = compile_kernel
-            prebuilding[0] = False
-    builders.shutdown(wait=False)  # a launcher still building is found in the cache, or built again, by its load
+    builders, mode_in_use = ThreadPoolExecutor(workers), None
+    try:
+        with ThreadPoolExecutor(workers, initializer=bind_device) as pool, LoadingToo(pool) as mode_in_use:
+            JITFunction.run = compile_instead
+            compiler_package.compile = compile_and_build_its_launcher  # what Triton's binder takes at a first launch
+            try:
+                yield
+                for kernel, args, grid, kwargs in held:
+                    launch(kernel, *args, grid=grid, warmup=True, **kwargs)
+            finally:
+                held.clear()
+                JITFunction.run = launch
+                compiler_package.compile = compile_kernel
+    finally:
+        # only once the mode's exit has waited for every compile: a compile queued behind busy pool threads (more
+        # variants than threads) starts there, and is the pass's too
+        prebuilding[0] = False
+        builders.shutdown(wait=False)  # a launcher still building is found in the cache, or built again, by its load
+        _unset(mode_in_use)
+
+
+def _unset(mode) -> None:
+    """Triton 3.6's AsyncCompileMode raises a failed compile from its exit before unsetting itself (3.9 unsets it
+    first): left active, every later launch in this thread would submit its compile to the pass's shut-down pool,
+    failing the capture the pass's failure should leave to compile at launch."""
+    try:
+        from triton.runtime._async_compile import active_mode
+    except ImportError:
+        return
+    if mode is not None and active_mode.get() is mode:
+        active_mode.set(None)
 
 
 class _PlainKernelMetadata:

@@ -85,11 +85,19 @@ class _Worker:
             stderr=subprocess.DEVNULL,
             env=env,
         )
+        self.exited = False  # its pipe broke or closed: it takes no more jobs
 
     def ask(self, job) -> tuple:
-        _write(self.proc.stdin, job)
-        reply = _read(self.proc.stdout)
-        return reply if reply is not None else ("error", "the worker exited")
+        try:
+            _write(self.proc.stdin, job)
+            reply = _read(self.proc.stdout)
+        except OSError as e:  # a broken pipe: the worker is gone
+            self.exited = True
+            return ("error", f"the worker exited ({type(e).__name__})")
+        if reply is None:
+            self.exited = True
+            return ("error", "the worker exited")
+        return reply
 
     def close(self) -> None:
         try:
@@ -111,7 +119,7 @@ class CompileWorkers:
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
         self.stats = Stats()
         self.idle: queue.Queue[_Worker] = queue.Queue()
-        self.ready, self._lock = 0, threading.Lock()
+        self.ready, self.exited, self._lock = 0, 0, threading.Lock()  # workers that said ready; of those, gone
         self.workers = [_Worker(env) for _ in range(n)]
         for w in self.workers:
             threading.Thread(target=self._await_ready, args=(w,), daemon=True).start()
@@ -132,15 +140,24 @@ class CompileWorkers:
         job = job_of(src, kwargs)
         if job is None:
             return self.stats.fell_back("not a module-level kernel's source")
-        try:
-            w = self.idle.get(timeout=60)
-        except queue.Empty:
-            return self.stats.fell_back("no worker free within 60 s")
+        deadline = time.monotonic() + 60
+        while True:
+            if self.exited >= self.ready:  # none left to come free: not worth waiting for
+                return self.stats.fell_back("every worker exited")
+            try:
+                w = self.idle.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    return self.stats.fell_back("no worker free within 60 s")
         try:
             reply = w.ask(job)
-        except Exception as e:  # a job that does not pickle, a closed pipe
+        except Exception as e:  # a job that does not pickle
             reply = ("error", f"{type(e).__name__}: {e}")
-        if w.proc.poll() is None:  # a worker that exited takes no more jobs
+        if w.exited or w.proc.poll() is not None:  # a worker that exited takes no more jobs
+            with self._lock:
+                self.exited += 1
+        else:
             self.idle.put(w)
         if reply[0] != "ok":
             return self.stats.fell_back(str(reply[1]).splitlines()[0][:120] if len(reply) > 1 else reply[0])
