@@ -492,3 +492,34 @@ def test_a_compile_that_fails_in_the_pass_leaves_no_async_mode_active(monkeypatc
         assert _async_compile.active_mode.get() is None
     finally:
         _async_compile.active_mode.set(None)
+
+
+def test_a_held_launch_keeps_stand_ins_of_its_tensors_not_the_tensors(monkeypatch):
+    """The pass holds launches until its forwards end: it must not hold their activations. Each tensor argument
+    is held as a few-byte tensor with what Triton specializes on (dtype, 16-byte alignment); other arguments
+    as they are."""
+    import gc
+    import weakref
+
+    from triton.runtime.jit import JITFunction
+
+    from gmtool.kernels import compile_ahead
+
+    calls = []
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **kw: calls.append((a, kw)))
+    monkeypatch.setattr(compile_ahead, "_async_mode", lambda: FakeMode)
+    big = torch.zeros(1 << 20, dtype=torch.bfloat16)
+    gone = weakref.ref(big)
+    with compile_ahead.compiling_only(torch.device("cpu"), workers=1):
+        JITFunction.run(object(), big, big[1:], torch.ones(3), 7, grid=(1,), warmup=False, out=big[8:], eps=1e-6)
+        del big
+        gc.collect()
+        assert gone() is None  # not held by the pass
+    ((args, kw),) = calls
+    assert [(a.dtype, a.data_ptr() % 16 == 0, a.numel()) for a in args[:3]] == [
+        (torch.bfloat16, True, 1),
+        (torch.bfloat16, False, 1),
+        (torch.float32, True, 1),
+    ]
+    assert args[3] == 7 and kw["eps"] == 1e-6
+    assert kw["out"].dtype == torch.bfloat16 and kw["out"].data_ptr() % 16 == 0 and kw["out"].numel() == 1

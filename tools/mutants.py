@@ -489,6 +489,14 @@ MUTANTS: list[Mutant] = [
         "a compile's C launcher is built after it, at its load, not beside it",
     ),
     M(
+        "held-launch-keeps-its-tensors",
+        "gmtool/kernels/compile_ahead.py",
+        "tuple(map(stand_ins, args))",
+        "args",
+        "tests/test_compile_ahead.py::test_a_held_launch_keeps_stand_ins_of_its_tensors_not_the_tensors",
+        "compile-ahead's held launches keep the forwards' activations alive until the pass ends",
+    ),
+    M(
         "compile-worker-skips-the-hash-check",
         "gmtool/kernels/compile_workers.py",
         "            if src.hash() != digest:\n",

@@ -77,12 +77,13 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
     # run). Made as they came, the compiles' threads took the GIL from the forward issuing them: the last variant
     # (the second shape's decode kernel) began compiling 0.53 s after the first; held, 0.28 s after (H200,
     # 2026-12-01, two calls, one cold process each). A launch returns launcher.HELD: FastLaunch and BoundKernel
-    # keep no variant from it.
+    # keep no variant from it. Its tensors are held as stand-ins (_StandIns): not the forward's activations.
     held: list[tuple] = []
+    stand_ins = _StandIns()
 
     @functools.wraps(launch)  # __wrapped__ names Triton's run: launcher.FastLaunch compares launches with it
     def compile_instead(self, *args, grid, warmup, **kwargs):
-        held.append((self, args, grid, kwargs))
+        held.append((self, tuple(map(stand_ins, args)), grid, {k: stand_ins(v) for k, v in kwargs.items()}))
         return HELD
 
     # a thread's current CUDA device is its own, and Triton compiles for the current one: the workers take this
@@ -161,6 +162,30 @@ def _unset(mode) -> None:
         return
     if mode is not None and active_mode.get() is mode:
         active_mode.set(None)
+
+
+class _StandIns:
+    """A tensor argument as Triton specializes a launch on it, its dtype and whether its address is 16-byte
+    aligned, in a tensor of a few bytes on the same device: held launches must not keep the forwards'
+    activations alive until the pass ends (a prefill shape's three layers can hold gigabytes). Anything else
+    is itself."""
+
+    def __init__(self):
+        self.made: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, a):
+        if not isinstance(a, torch.Tensor):
+            return a
+        aligned = a.data_ptr() % 16 == 0
+        key = (a.device, a.dtype, aligned)
+        s = self.made.get(key)
+        if s is None:
+            base = torch.empty(32, dtype=a.dtype, device=a.device)  # the allocator's blocks are 512-byte aligned
+            s = base[:1] if aligned else base[1:2]  # one element in: misaligned, for elements under 16 bytes
+            if (s.data_ptr() % 16 == 0) != aligned:
+                return a  # no stand-in of that class: the tensor itself
+            self.made[key] = s
+        return s
 
 
 class _PlainKernelMetadata:

@@ -131,25 +131,30 @@ class CompileWorkers:
                 self.ready += 1
             self.idle.put(w)
 
+    def _fell_back(self, why: str) -> bool:
+        with self._lock:
+            return self.stats.fell_back(why)
+
     def compile(self, src, kwargs: dict) -> bool:
         """src compiled by a worker into the cache (True); False, counted in stats, where the caller must compile
         it itself."""
-        self.stats.jobs += 1
+        with self._lock:  # compiles come from several threads
+            self.stats.jobs += 1
         if self.ready == 0:
-            return self.stats.fell_back("no worker ready yet")
+            return self._fell_back("no worker ready yet")
         job = job_of(src, kwargs)
         if job is None:
-            return self.stats.fell_back("not a module-level kernel's source")
+            return self._fell_back("not a module-level kernel's source")
         deadline = time.monotonic() + 60
         while True:
             if self.exited >= self.ready:  # none left to come free: not worth waiting for
-                return self.stats.fell_back("every worker exited")
+                return self._fell_back("every worker exited")
             try:
                 w = self.idle.get(timeout=0.1)
                 break
             except queue.Empty:
                 if time.monotonic() > deadline:
-                    return self.stats.fell_back("no worker free within 60 s")
+                    return self._fell_back("no worker free within 60 s")
         try:
             reply = w.ask(job)
         except Exception as e:  # a job that does not pickle
@@ -160,8 +165,9 @@ class CompileWorkers:
         else:
             self.idle.put(w)
         if reply[0] != "ok":
-            return self.stats.fell_back(str(reply[1]).splitlines()[0][:120] if len(reply) > 1 else reply[0])
-        self.stats.in_workers += 1
+            return self._fell_back(str(reply[1]).splitlines()[0][:120] if len(reply) > 1 else reply[0])
+        with self._lock:
+            self.stats.in_workers += 1
         return True
 
     def close(self) -> None:
