@@ -409,7 +409,8 @@ def prepare_triton_in_background() -> None:
         except Exception:  # the first launch creates it, and says what is wrong
             pass
 
-    compile_workers.start()  # GMTOOL_COMPILE_PROCESSES: their imports overlap the model's build too
+    if unavailable() is None:  # GMTOOL_COMPILE_PROCESSES: their imports overlap the model's build too
+        compile_workers.start()
     for name, fn in (("key", key), ("driver", imports_and_driver)):
         _first_launch_work.append(threading.Thread(target=fn, name=f"gmtool-triton-{name}", daemon=True))
         _first_launch_work[-1].start()

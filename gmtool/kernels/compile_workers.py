@@ -186,7 +186,10 @@ def start() -> CompileWorkers | None:
         from gmtool.kernels.compile_ahead import _triton_cache_dir
 
         cache = _triton_cache_dir()
-        _running = CompileWorkers(n, str(cache) if cache else None)
+        try:
+            _running = CompileWorkers(n, str(cache) if cache else None)
+        except OSError:  # no process could start: the pass compiles in its threads, as without workers
+            return None
         atexit.register(_running.close)
     return _running
 
