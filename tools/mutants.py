@@ -497,22 +497,6 @@ MUTANTS: list[Mutant] = [
         "compile-ahead's held launches keep the forwards' activations alive until the pass ends",
     ),
     M(
-        "compile-worker-skips-the-hash-check",
-        "gmtool/kernels/compile_workers.py",
-        "            if src.hash() != digest:\n",
-        "            if False:\n",
-        "tests/test_compile_workers.py::test_what_a_worker_cannot_compile_falls_back_to_the_caller",
-        "a worker compiles a source it rebuilt to another hash: the cache entry the caller looks for is not made",
-    ),
-    M(
-        "compile-worker-failure-taken-for-done",
-        "gmtool/kernels/compile_workers.py",
-        '        if reply[0] != "ok":\n',
-        "        if False:\n",
-        "tests/test_compile_workers.py::test_what_a_worker_cannot_compile_falls_back_to_the_caller",
-        "a worker's failure is counted as a compile made: nothing says why the pass was slow",
-    ),
-    M(
         "bound-kernel-learns-from-a-held-launch",
         "gmtool/kernels/launcher.py",
         "if self.path == PENDING and compiled is not HELD:",

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import torch
 
-from gmtool.kernels import compile_workers
 from gmtool.kernels.launcher import HELD
 
 WORKERS = 8
@@ -121,14 +120,10 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
         """Triton's compile, with the kernel's C launcher built beside it: the launcher's source follows from the
         signature alone, known before the compile. One after the other, a compile of 0.3-0.7 s and its launcher
         of 0.25-0.32 s made the pass's longest chain; built beside, most loads then found theirs, in 0-2 ms
-        (H200, 2026-12-01). With GMTOOL_COMPILE_PROCESSES, a worker process compiles it into the disk cache
-        first (gmtool.kernels.compile_workers). A kernel whose binder Triton made in here keeps this as its
-        compile: outside the pass it only compiles."""
+        (H200, 2026-12-01). A kernel whose binder Triton made in here keeps this as its compile: outside the
+        pass it only compiles."""
         if prebuilding[0]:
             builders.submit(_build_launcher, src)
-            workers = compile_workers.running()
-            if workers is not None and not args:  # compiled into the disk cache, where the compile below finds it
-                workers.compile(src, kwargs)
         return compile_kernel(src, *args, **kwargs)
 
     builders, mode_in_use = ThreadPoolExecutor(workers), None
@@ -409,8 +404,6 @@ def prepare_triton_in_background() -> None:
         except Exception:  # the first launch creates it, and says what is wrong
             pass
 
-    if unavailable() is None:  # GMTOOL_COMPILE_PROCESSES: their imports overlap the model's build too
-        compile_workers.start()
     for name, fn in (("key", key), ("driver", imports_and_driver)):
         _first_launch_work.append(threading.Thread(target=fn, name=f"gmtool-triton-{name}", daemon=True))
         _first_launch_work[-1].start()

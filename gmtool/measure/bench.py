@@ -336,7 +336,7 @@ def _capture_once(fuse: bool) -> dict:
     from gmtool.core.batch import make_batch
     from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS
     from gmtool.core.compositions import parse_composition
-    from gmtool.kernels import compile_ahead, compile_workers
+    from gmtool.kernels import compile_ahead
 
     ex = _executor(DEFAULT_DECODE_BUCKETS, 1024, 256 * 64 + 1, fuse=fuse)
     cache, lm = ex.cache, ex.lm
@@ -364,8 +364,6 @@ def _capture_once(fuse: bool) -> dict:
         "warmed_up": sum(e.warmed_up for e in entries),
         "compile_ahead_s": ex.compile_ahead_s,
         "compile_ahead_note": ex.compile_ahead_note,
-        # GMTOOL_COMPILE_PROCESSES: how many of the pass's compiles worker processes made, and why not the rest
-        "compile_workers": dataclasses.asdict(workers.stats) if (workers := compile_workers.running()) else None,
     }
 
 
