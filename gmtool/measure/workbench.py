@@ -121,7 +121,7 @@ class Workbench:
 
             small_m = SMALL_M_DEFAULT if cfg.small_m_gemm else 0
             pdl = _pdl_mode(cfg, lm.notes)
-            lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout, small_m, pdl)
+            lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout, small_m, pdl, cfg.max_kv_len)
         spec = KVCacheSpec(
             lm.num_layers,
             lm.rank_kv_heads,

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from gmtool.kernels.common import Partials
 from gmtool.model import attention
 
-from gmtool.model import layers_ref
+from gmtool.model import layers_ref, rotary_table
 from gmtool.model import families
 from gmtool.model.families import FUSED_RESIDUAL
 
@@ -300,7 +300,9 @@ class FusedLayers:
     """What --fuse changed: each entry is (module, fused forward); apply/remove switch them in and out."""
 
     patched: list = field(default_factory=list)
-    counts: dict = field(default_factory=lambda: {"attention": 0, "mlp": 0, "rmsnorm": 0, "residual_adds": 0})
+    counts: dict = field(
+        default_factory=lambda: {"attention": 0, "mlp": 0, "rmsnorm": 0, "residual_adds": 0, "rope_positions": 0}
+    )
     skipped: list[str] = field(default_factory=list)
     ops: LayerOps | None = None  # the kernels the fused forwards call (ops.small_m may be changed before capture)
 
@@ -321,6 +323,9 @@ class FusedLayers:
             f"(one gate/up GEMM, SiLU-and-mul in one kernel), {c['rmsnorm']} RMSNorms in one kernel each, "
             f"{c['residual_adds']} residual adds inside the RMSNorm after them"
         )
+        if c["rope_positions"]:
+            s += f"; RoPE's cos/sin gathered from a table of {c['rope_positions']} positions"
+
         if self.ops is not None and self.ops.triton and self.ops.small_m:
             s += f"; projections of up to {self.ops.small_m} tokens on gmtool's small-M GEMM"
         if self.ops is not None and self.ops.triton and self.ops.pdl:
@@ -332,10 +337,16 @@ class FusedLayers:
 
 
 def fuse_layers(
-    model: torch.nn.Module, attention_backend: str, layout=None, small_m: int = 0, pdl: int = 0
+    model: torch.nn.Module,
+    attention_backend: str,
+    layout=None,
+    small_m: int = 0,
+    pdl: int = 0,
+    rope_positions: int = 0,
 ) -> FusedLayers:
     """layout: the model's probed KVLayout (gmtool.model.probe), whose per-layer options the fused attention
-    passes on as the model's own forward does. small_m, pdl: see LayerOps."""
+    passes on as the model's own forward does. small_m, pdl: see LayerOps. rope_positions: the longest sequence
+    the run holds; its RoPE cos/sin become a table gathered by position (gmtool.model.rotary_table); 0: none."""
     cfg, ops = model.config, LayerOps(attention_backend, small_m, pdl)
     fused = FusedLayers(ops=ops)
     fused_attention: set[int] = set()
@@ -372,6 +383,15 @@ def fuse_layers(
         else:
             fused.patched.append((base, _residual_stream_forward(base, ops, fused_mlps)))
             fused.counts["residual_adds"] = 2 * base.config.num_hidden_layers
+    rotary = getattr(base, "rotary_emb", None)
+    if rope_positions and isinstance(rotary, torch.nn.Module):
+        device = next(model.parameters()).device
+        table, why = rotary_table.build(rotary, rope_positions, getattr(model, "dtype", torch.float32), device)
+        if table is None:
+            fused.skipped.append(why)
+        else:
+            fused.patched.append((rotary, table))
+            fused.counts["rope_positions"] = table.positions
     fused.apply()
     return fused
 

@@ -125,8 +125,8 @@ def test_fused_layers_match_hf_layers_and_replay():
     from gmtool.model.fused import fuse_layers, unfused
 
     rig = GpuRig("qwen3-0.6b", [128])  # the reference inputs must hold the 128-token prefill
-    fused = fuse_layers(rig.lm.model, "triton")
-    assert fused.counts == {"attention": 28, "mlp": 28, "rmsnorm": 57, "residual_adds": 56}
+    fused = fuse_layers(rig.lm.model, "triton", rope_positions=1024)  # RoPE from a table, checked bit for bit
+    assert fused.counts == {"attention": 28, "mlp": 28, "rmsnorm": 57, "residual_adds": 56, "rope_positions": 1024}
     for text in ("1*32", "100+28@300"):
         b = rig.batch(parse_composition(text))
         out = rig.eager(b)
