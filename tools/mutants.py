@@ -513,6 +513,22 @@ MUTANTS: list[Mutant] = [
         "the table hands each token another token's cos/sin",
     ),
     M(
+        "gemm-warmup-skips-fused-shapes",
+        "gmtool/model/gemm_warmup.py",
+        "            if all(type(p) is torch.nn.Linear for p in parts) and len({p.in_features for p in parts}) == 1:\n",
+        "            if False:\n",
+        "tests/test_gemm_warmup.py::test_the_shapes_are_every_projection_and_the_fused_ones",
+        "--fuse's QKV and gate/up shapes are not warmed up: their first uses stay in the capture",
+    ),
+    M(
+        "gemm-warmup-skips-the-lm-head",
+        "gmtool/model/gemm_warmup.py",
+        "        for m in head_rows:  # as LoadedModel.logits_into runs it\n",
+        "        for m in ():  # as LoadedModel.logits_into runs it\n",
+        "tests/test_gemm_warmup.py::test_each_shape_runs_once_at_each_row_count",
+        "the LM head's first uses (3-4 ms a row count) stay in the capture",
+    ),
+    M(
         "held-launch-keeps-its-tensors",
         "gmtool/kernels/compile_ahead.py",
         "tuple(map(stand_ins, args))",

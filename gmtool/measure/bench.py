@@ -338,7 +338,9 @@ def _capture_once(fuse: bool) -> dict:
     from gmtool.core.compositions import parse_composition
     from gmtool.kernels import compile_ahead
 
+    t_load = time.perf_counter()
     ex = _executor(DEFAULT_DECODE_BUCKETS, 1024, 256 * 64 + 1, fuse=fuse)
+    load_s = time.perf_counter() - t_load
     cache, lm = ex.cache, ex.lm
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -364,6 +366,11 @@ def _capture_once(fuse: bool) -> dict:
         "warmed_up": sum(e.warmed_up for e in entries),
         "compile_ahead_s": ex.compile_ahead_s,
         "compile_ahead_note": ex.compile_ahead_note,
+        "load_s": load_s,  # the model's build and the executor's, before the window: what overlaps it is not free
+        # cuBLAS's first uses made in a thread during the build (gmtool.model.gemm_warmup)
+        "gemm_warmup": None
+        if (w := lm.gemm_warmup) is None
+        else {"gemms": len(w.made), "s": w.seconds, "waited_s": w.waited, "error": w.error},
     }
 
 

@@ -101,7 +101,9 @@ class Workbench:
         device = cfg.torch_device
         if device.type == "cpu":
             torch.set_num_threads(cpu_threads())
-        lm = load_model(cfg.model, device, cfg.torch_dtype, cfg.seed)
+        rows = tuple(cfg.bucket_sizes) if cfg.tp == 1 else ()  # under --tp the shapes change after the load
+        head_rows = tuple(sorted({min(r, cfg.max_num_seqs) for r in rows}))  # a key's logits: one row a sequence
+        lm = load_model(cfg.model, device, cfg.torch_dtype, cfg.seed, rows, head_rows)
         rank = _tp_rank(cfg)
         if cfg.tp > 1:  # before fusing: the fused QKV and gate/up weights are made of the rank's shards
             from gmtool.parallel.shard import shard_model
@@ -122,6 +124,8 @@ class Workbench:
             small_m = SMALL_M_DEFAULT if cfg.small_m_gemm else 0
             pdl = _pdl_mode(cfg, lm.notes)
             lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout, small_m, pdl, cfg.max_kv_len)
+        if lm.gemm_warmup is not None:
+            lm.gemm_warmup.join()  # its memory given back before the KV cache is sized by what is free
         spec = KVCacheSpec(
             lm.num_layers,
             lm.rank_kv_heads,

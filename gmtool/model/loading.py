@@ -61,6 +61,7 @@ class LoadedModel:
     layout: probe.KVLayout | None = None  # read from the model's attention calls (gmtool.model.probe)
     tp: int = 1  # tensor-parallel ranks the projections are split over (gmtool.parallel.shard)
     whole_params: int | None = None  # the unsharded model's count, taken before a --tp split
+    gemm_warmup: object = None  # gmtool.model.gemm_warmup.GemmWarmup: cuBLAS warming up while the build ends
 
     @property
     def num_layers(self) -> int:
@@ -219,9 +220,18 @@ def _read_config_json(path: Path) -> dict:
     return raw
 
 
-def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
+def load_model(
+    spec: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int = 0,
+    gemm_rows: tuple[int, ...] = (),
+    head_rows: tuple[int, ...] = (),
+) -> LoadedModel:
     """Every source builds the model from its config on the device (random weights); a checkpoint's stored
-    weights are then copied in (gmtool.model.checkpoint)."""
+    weights are then copied in (gmtool.model.checkpoint). gemm_rows, head_rows: the row counts the captures' GEMMs
+    and LM head will run, warmed up in a thread from here on (gmtool.model.gemm_warmup; on CUDA only): the caller
+    joins lm.gemm_warmup before it sizes memory by what is free."""
     attention.register()
     if device.type == "cuda":
         from gmtool.kernels.compile_ahead import prepare_triton_in_background
@@ -253,6 +263,11 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 
     _check_supported(cfg)
     with torch.device(device):
         model = _build(cfg, dtype)
+    warmup = None
+    if device.type == "cuda" and (gemm_rows or head_rows) and os.environ.get("GMTOOL_GEMM_WARMUP", "1") != "0":
+        from gmtool.model import gemm_warmup
+
+        warmup = gemm_warmup.start(model, list(gemm_rows), list(head_rows))
     if weights:
         notes += checkpoint.load_weights(model, weights, device)
     model.eval().requires_grad_(False)
@@ -261,7 +276,7 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 
             # a warning's check (pad token id among the input ids: a host sync) that would stop capture; gmtool's
             # packed batches have no padding for it to warn of
             m.warn_if_padding_and_no_attention_mask = _no_padding_warning
-    lm = LoadedModel(path.name if path.exists() else spec, model, cfg, source, notes=notes)
+    lm = LoadedModel(path.name if path.exists() else spec, model, cfg, source, notes=notes, gemm_warmup=warmup)
     lm.layout = probe.probe_layout(lm, families.architecture(cfg))
     if feats := lm.layout.features():
         lm.notes.append(f"attention: {'; '.join(feats)}")

@@ -1,0 +1,53 @@
+"""cuBLAS warm-up during the model's build (gmtool.model.gemm_warmup): the GEMM shapes the captures will run,
+each at every row count asked for, with stand-in weights; nothing starts off CUDA."""
+
+import torch
+
+from gmtool.model import gemm_warmup
+from gmtool.model.gemm_warmup import GemmShape
+
+from .helpers import Rig
+
+
+def test_the_shapes_are_every_projection_and_the_fused_ones():
+    rig = Rig()
+    model, cfg = rig.lm.model, rig.lm.model.config
+    shapes = gemm_warmup.gemm_shapes_of(model)
+    hidden, dim = cfg.hidden_size, cfg.head_dim
+    q, kv, inter = cfg.num_attention_heads * dim, cfg.num_key_value_heads * dim, cfg.intermediate_size
+    want = {
+        GemmShape(q, hidden, False),
+        GemmShape(kv, hidden, False),
+        GemmShape(hidden, q, False),
+        GemmShape(inter, hidden, False),
+        GemmShape(hidden, inter, False),
+        GemmShape(q + 2 * kv, hidden, False),  # --fuse's QKV
+        GemmShape(2 * inter, hidden, False),  # --fuse's gate/up
+    }
+    assert shapes == want
+
+
+def test_each_shape_runs_once_at_each_row_count(monkeypatch):
+    rig = Rig()
+    model = rig.lm.model
+    seen = []
+    linear = torch.nn.functional.linear
+
+    def spy(x, w, b=None):
+        seen.append((x.shape[0], *w.shape))
+        return linear(x, w, b)
+
+    monkeypatch.setattr(gemm_warmup.F, "linear", spy)
+    made = []
+    gemm_warmup.run_gemms(model, [1, 4], [1, 2], made)
+    shapes = gemm_warmup.gemm_shapes_of(model)
+    vocab, hidden = model.config.vocab_size, model.config.hidden_size
+    assert sorted(seen) == sorted((m, s.out_features, s.in_features) for s in shapes for m in (1, 4))
+    assert sorted(made) == sorted(seen + [(1, vocab, hidden), (2, vocab, hidden)])
+
+
+def test_nothing_starts_off_cuda():
+    rig = Rig()
+    warm = gemm_warmup.start(rig.lm.model, [1, 2], [1])
+    assert warm.thread is None and warm.made == []
+    warm.join()  # nothing to wait for
