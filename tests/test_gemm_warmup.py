@@ -51,3 +51,15 @@ def test_nothing_starts_off_cuda():
     warm = gemm_warmup.start(rig.lm.model, [1, 2], [1])
     assert warm.thread is None and warm.made == []
     warm.join()  # nothing to wait for
+
+
+def test_a_gemm_too_large_for_the_build_s_memory_is_left_to_the_capture(monkeypatch):
+    rig = Rig()
+    model = rig.lm.model
+    made = []
+    hidden = model.config.hidden_size
+    monkeypatch.setattr(gemm_warmup, "MAX_BYTES", 4 * (hidden + model.config.vocab_size) * 4)  # fp32: 4 rows
+    gemm_warmup.run_gemms(model, [1, 64], [4, 5], made)
+    assert (5, model.config.vocab_size, hidden) not in made and (4, model.config.vocab_size, hidden) in made
+    assert all(m * (n + k) * 4 <= gemm_warmup.MAX_BYTES for m, n, k in made)
+    assert {m for m, n, _ in made if n != model.config.vocab_size} == {1}  # 64 rows: over the limit at every shape

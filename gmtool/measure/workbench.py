@@ -125,7 +125,7 @@ class Workbench:
             pdl = _pdl_mode(cfg, lm.notes)
             lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout, small_m, pdl, cfg.max_kv_len)
         if lm.gemm_warmup is not None:
-            lm.gemm_warmup.join()  # its memory given back before the KV cache is sized by what is free
+            lm.gemm_warmup.join()  # before the KV cache is sized by what is free
         spec = KVCacheSpec(
             lm.num_layers,
             lm.rank_kv_heads,
@@ -142,6 +142,7 @@ class Workbench:
             if cfg.kv_cache_gb is not None:
                 budget = int(cfg.kv_cache_gb * 2**30)
             elif device.type == "cuda":
+                torch.cuda.empty_cache()  # blocks freed by the build (and the GEMM warm-up): free, whichever ran
                 budget = int(torch.cuda.mem_get_info(device)[0] * 0.4)
             else:
                 budget = 1 << 40

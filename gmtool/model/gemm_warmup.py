@@ -5,7 +5,7 @@ second use costs microseconds. A warm capture of the 35 default decode buckets m
 (4 projections and the LM head a bucket), 0.3-0.4 s of its time in a profile (H200, 2026-12-01, a second
 executor in the same process captured the same buckets without them). The shapes are known once the weights
 exist: this runs each (rows, weight shape) pair once, on its own stream, while the main thread finishes the
-model's build, and is joined before the KV cache is sized, so the memory it used is given back first.
+model's build, and is joined before the KV cache is sized (from what is free once torch's cache is emptied).
 
 Made eagerly in another thread, a first use is process-wide: the capture's later use of the shape was cheap
 (H200, 2026-12-01: 5 GEMMs 0.4-1.0 ms against 8-15). Run beside the captures instead, the two threads
@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+# a GEMM whose input and output take more than this is left to the capture: the build's own allocations must
+# not meet a warm-up's gigabyte (a prefill bucket of 8,192 tokens through llama-3.1-8b's gate/up: 470 MB out)
+MAX_BYTES = 256 << 20
 # a fused projection is one GEMM over these modules' weights, concatenated (gmtool.model.fused)
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -60,7 +63,7 @@ def gemm_shapes_of(model: torch.nn.Module) -> set[GemmShape]:
 
 @dataclass
 class GemmWarmup:
-    """The thread warming cuBLAS up; join() waits for it and gives its memory back."""
+    """The thread warming cuBLAS up; join() waits for it (its freed blocks stay in torch's cache)."""
 
     thread: threading.Thread | None = None
     made: list = field(default_factory=list)  # (rows, out_features, in_features) of each GEMM run
@@ -75,7 +78,6 @@ class GemmWarmup:
         self.thread.join()
         self.waited = time.perf_counter() - t0
         self.thread = None
-        torch.cuda.empty_cache()  # the outputs' blocks: the KV cache is sized from what is free after
 
 
 def run_gemms(model: torch.nn.Module, rows: list[int], head_rows: list[int], made: list) -> None:
@@ -94,10 +96,14 @@ def run_gemms(model: torch.nn.Module, rows: list[int], head_rows: list[int], mad
         for s in sorted(gemm_shapes_of(model), key=lambda s: (s.out_features, s.in_features)):
             w, b = stand_in(s.out_features, s.in_features), storage[: s.out_features] if s.bias else None
             for m in rows:
+                if m * (s.in_features + s.out_features) * source.element_size() > MAX_BYTES:
+                    continue
                 F.linear(torch.empty(m, s.in_features, dtype=dtype, device=device), w, b)
                 made.append((m, s.out_features, s.in_features))
         w = stand_in(head.out_features, head.in_features)
         for m in head_rows:  # as LoadedModel.logits_into runs it
+            if m * (head.in_features + head.out_features) * source.element_size() > MAX_BYTES:
+                continue
             out = torch.empty(m, head.out_features, dtype=dtype, device=device)
             torch.matmul(torch.empty(m, head.in_features, dtype=dtype, device=device), w.t(), out=out)
             made.append((m, head.out_features, head.in_features))
