@@ -311,7 +311,9 @@ class GraphExecutor:
         Recording the first pass's GEMMs (a TorchDispatchMode) and running each at every bucket size before the
         captures did not shorten the 35 default decode buckets' --fuse capture: in the warm-up, 1.58 and 1.69 s
         against 1.16 without (one call); in compile-ahead's pass, while its workers compiled, 2.79-3.61 s cold
-        against 2.71-3.18, three processes each, alternated (H200, 2026-12-01, .diag/coldab.py)."""
+        against 2.71-3.18, three processes each, alternated (H200, 2026-12-01, .diag/coldab.py). What did shorten
+        it: the same first uses made in a thread while the model is built (gmtool.model.gemm_warmup), which the
+        build covers, not the captures."""
         t0 = time.perf_counter()
         self.forward_impl.warmup(self, fn)  # with fx: the trace and split of this shape happen here
         entry.warmup_s += time.perf_counter() - t0
