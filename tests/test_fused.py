@@ -128,3 +128,17 @@ def test_fuse_covers_feature_families_exactly_or_names_why(model):
     out = rig.eager(b)
     with unfused(fused):
         assert rel(out, rig.eager(b)) < 1e-5
+
+
+def test_a_partial_rotary_set_in_rope_parameters_is_left_alone(tmp_path):
+    """transformers 5 keeps partial_rotary_factor in rope_parameters (GLM, StableLM, Nemotron): the fused
+    attention, which rotates the whole head, must not take those layers (it failed on cos/sin's shape)."""
+    from tests.arch_configs import write_config
+
+    rig = Rig(model=str(write_config("glm", tmp_path)), buckets=(8,), max_kv_len=32)
+    b = rig.batch("4@8+1@9", seed=1)
+    fused = fuse_layers(rig.lm.model, "torch", rig.lm.layout)
+    assert fused.counts["attention"] == 0 and "partial rotary embedding" in fused.skipped
+    out = rig.eager(b)
+    with unfused(fused):
+        assert rel(rig.eager(b), out) < 1e-5

@@ -271,7 +271,7 @@ def _fusable_attention(m, cfg) -> str | None:
     """None when the fused forward computes what m.forward does; else why not."""
     if not all(isinstance(getattr(m, n, None), torch.nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
         return "attention without q/k/v/o projections"
-    if (getattr(cfg, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
+    if _partial_rotary_factor(cfg) != 1.0:
         return "partial rotary embedding"
     if not _rotate_half_rope(m):
         return f"a rotary embedding other than rotate-half over the whole head ({type(m).__name__})"
@@ -280,6 +280,16 @@ def _fusable_attention(m, cfg) -> str | None:
     if getattr(m, "q_norm", None) is not None and not (_is_rmsnorm(m.q_norm) and m.q_norm.weight.numel() == m.head_dim):
         return "q/k norms other than a per-head RMSNorm"
     return None
+
+
+def _partial_rotary_factor(cfg) -> float:
+    """The share of each head RoPE rotates (other than 1.0 if any layer's is): the config's own field, or
+    (transformers 5) its rope_parameters', which may hold one set per layer type."""
+    rope = getattr(cfg, "rope_parameters", None)
+    sets = [rope, *rope.values()] if isinstance(rope, dict) else []
+    factors = [getattr(cfg, "partial_rotary_factor", None)]
+    factors += [r.get("partial_rotary_factor") for r in sets if isinstance(r, dict)]
+    return next((float(f) for f in factors if f and float(f) != 1.0), 1.0)
 
 
 def _rotate_half_rope(m) -> bool:
