@@ -142,3 +142,32 @@ def test_a_partial_rotary_set_in_rope_parameters_is_left_alone(tmp_path):
     out = rig.eager(b)
     with unfused(fused):
         assert rel(rig.eager(b), out) < 1e-5
+
+
+# what --fuse fused before, and computed another model with (its eager and its graphs agreed with each other)
+COMPUTES_MORE = {
+    "cohere": "a rotary embedding other than rotate-half",  # an interleaved rotate_half (ERNIE 4.5, Helium too)
+    "hunyuan_v1_dense": "query_layernorm",  # q/k norms after RoPE, under other names
+    "bitnet": "attn_sub_norm",  # a norm before o_proj
+    "dory": "suv_gate",  # learned scales and a norm inside the MLP
+    "smollm3-nope": "a layer without RoPE",  # SmolLM3's NoPE layers (every 4th in the published models)
+}
+
+
+@pytest.mark.parametrize("model", COMPUTES_MORE)
+def test_a_block_that_computes_more_than_the_fused_forward_is_left_to_the_model(model, tmp_path):
+    from tests.arch_configs import tiny_config, write_config
+
+    if model == "smollm3-nope":
+        d = tiny_config("smollm3") | {"no_rope_layers": [1, 0]}  # layer 1 without RoPE
+        path = tmp_path / "smollm3.json"
+        path.write_text(json.dumps(d))
+    else:
+        path = write_config(model, tmp_path)
+    rig = Rig(model=str(path), buckets=(8,), max_kv_len=32)
+    b = rig.batch("4@8+1@9", seed=1)
+    fused = fuse_layers(rig.lm.model, "torch", rig.lm.layout)
+    assert any(COMPUTES_MORE[model] in s for s in fused.skipped), fused.skipped
+    out = rig.eager(b)
+    with unfused(fused):
+        assert rel(rig.eager(b), out) < 1e-5

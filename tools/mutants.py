@@ -537,6 +537,22 @@ MUTANTS: list[Mutant] = [
         "a build that fails after the load leaves the GEMM warm-up thread running into the caller's captures",
     ),
     M(
+        "fuse-takes-an-interleaved-rotate-half",
+        "gmtool/model/fused.py",
+        "return torch.equal(half(x), torch.tensor([-2.0, -3.0, 0.0, 1.0]))",
+        "return True",
+        "tests/test_fused.py::test_a_block_that_computes_more_than_the_fused_forward_is_left_to_the_model",
+        "an attention whose rotate_half pairs neighbours (Cohere, ERNIE 4.5, Helium) is fused: q/k rotate wrongly",
+    ),
+    M(
+        "fuse-ignores-extra-parts",
+        "gmtool/model/fused.py",
+        "    names = [n for n, _ in m.named_children()] + [n for n, _ in m.named_parameters(recurse=False)]\n",
+        "    names = []\n",
+        "tests/test_fused.py::test_a_block_that_computes_more_than_the_fused_forward_is_left_to_the_model",
+        "an attention or MLP with a gate, a sub-norm or learned scales is fused without them",
+    ),
+    M(
         "gemm-warmup-skips-fused-shapes",
         "gmtool/model/gemm_warmup.py",
         "            if all(type(p) is torch.nn.Linear for p in parts) and len({p.in_features for p in parts}) == 1:\n",
