@@ -9,6 +9,7 @@ import torch
 from gmtool.model.fused import fuse_layers, unfused
 
 from .helpers import Rig, rel
+from .test_architectures import MUST_RUN
 from .test_cli_capture import gm
 
 
@@ -171,3 +172,18 @@ def test_a_block_that_computes_more_than_the_fused_forward_is_left_to_the_model(
     out = rig.eager(b)
     with unfused(fused):
         assert rel(rig.eager(b), out) < 1e-5
+
+
+@pytest.mark.parametrize("model_type", sorted(MUST_RUN))
+def test_fuse_computes_what_the_model_does(model_type, tmp_path):
+    """Every architecture that must run: --fuse's layers (and its RoPE table) against the Hugging Face layers on
+    one mix. Eager and graphs both run the fused layers, so their agreement cannot see a fused block that
+    computes another model: this can."""
+    from tests.arch_configs import write_config
+
+    rig = Rig(model=str(write_config(model_type, tmp_path)), buckets=(8,), max_kv_len=32)
+    b = rig.batch("4@8+1@9", seed=1)
+    fused = fuse_layers(rig.lm.model, "torch", rig.lm.layout, rope_positions=32)
+    out = rig.eager(b)
+    with unfused(fused):
+        assert rel(rig.eager(b), out) < 1e-5, (fused.counts, fused.skipped)
