@@ -9,6 +9,7 @@ import torch
 from gmtool.model.fused import fuse_layers, unfused
 
 from .helpers import Rig, rel
+from .test_architectures import MUST_RUN
 from .test_cli_capture import gm
 
 
@@ -128,3 +129,61 @@ def test_fuse_covers_feature_families_exactly_or_names_why(model):
     out = rig.eager(b)
     with unfused(fused):
         assert rel(out, rig.eager(b)) < 1e-5
+
+
+def test_a_partial_rotary_set_in_rope_parameters_is_left_alone(tmp_path):
+    """transformers 5 keeps partial_rotary_factor in rope_parameters (GLM, StableLM, Nemotron): the fused
+    attention, which rotates the whole head, must not take those layers (it failed on cos/sin's shape)."""
+    from tests.arch_configs import write_config
+
+    rig = Rig(model=str(write_config("glm", tmp_path)), buckets=(8,), max_kv_len=32)
+    b = rig.batch("4@8+1@9", seed=1)
+    fused = fuse_layers(rig.lm.model, "torch", rig.lm.layout)
+    assert fused.counts["attention"] == 0 and "partial rotary embedding" in fused.skipped
+    out = rig.eager(b)
+    with unfused(fused):
+        assert rel(rig.eager(b), out) < 1e-5
+
+
+# what --fuse fused before, and computed another model with (its eager and its graphs agreed with each other)
+COMPUTES_MORE = {
+    "cohere": "a rotary embedding other than rotate-half",  # an interleaved rotate_half (ERNIE 4.5, Helium too)
+    "hunyuan_v1_dense": "query_layernorm",  # q/k norms after RoPE, under other names
+    "bitnet": "attn_sub_norm",  # a norm before o_proj
+    "dory": "suv_gate",  # learned scales and a norm inside the MLP
+    "smollm3-nope": "a layer without RoPE",  # SmolLM3's NoPE layers (every 4th in the published models)
+}
+
+
+@pytest.mark.parametrize("model", COMPUTES_MORE)
+def test_a_block_that_computes_more_than_the_fused_forward_is_left_to_the_model(model, tmp_path):
+    from tests.arch_configs import tiny_config, write_config
+
+    if model == "smollm3-nope":
+        d = tiny_config("smollm3") | {"no_rope_layers": [1, 0]}  # layer 1 without RoPE
+        path = tmp_path / "smollm3.json"
+        path.write_text(json.dumps(d))
+    else:
+        path = write_config(model, tmp_path)
+    rig = Rig(model=str(path), buckets=(8,), max_kv_len=32)
+    b = rig.batch("4@8+1@9", seed=1)
+    fused = fuse_layers(rig.lm.model, "torch", rig.lm.layout)
+    assert any(COMPUTES_MORE[model] in s for s in fused.skipped), fused.skipped
+    out = rig.eager(b)
+    with unfused(fused):
+        assert rel(rig.eager(b), out) < 1e-5
+
+
+@pytest.mark.parametrize("model_type", sorted(MUST_RUN))
+def test_fuse_computes_what_the_model_does(model_type, tmp_path):
+    """Every architecture that must run: --fuse's layers (and its RoPE table) against the Hugging Face layers on
+    one mix. Eager and graphs both run the fused layers, so their agreement cannot see a fused block that
+    computes another model: this can."""
+    from tests.arch_configs import write_config
+
+    rig = Rig(model=str(write_config(model_type, tmp_path)), buckets=(8,), max_kv_len=32)
+    b = rig.batch("4@8+1@9", seed=1)
+    fused = fuse_layers(rig.lm.model, "torch", rig.lm.layout, rope_positions=32)
+    out = rig.eager(b)
+    with unfused(fused):
+        assert rel(rig.eager(b), out) < 1e-5, (fused.counts, fused.skipped)

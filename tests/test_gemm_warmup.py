@@ -1,6 +1,7 @@
 """cuBLAS warm-up during the model's build (gmtool.model.gemm_warmup): the GEMM shapes the captures will run,
 each at every row count asked for, with stand-in weights; nothing starts off CUDA."""
 
+import pytest
 import torch
 
 from gmtool.model import gemm_warmup
@@ -63,3 +64,31 @@ def test_a_gemm_too_large_for_the_build_s_memory_is_left_to_the_capture(monkeypa
     assert (5, model.config.vocab_size, hidden) not in made and (4, model.config.vocab_size, hidden) in made
     assert all(m * (n + k) * 4 <= gemm_warmup.MAX_BYTES for m, n, k in made)
     assert {m for m, n, _ in made if n != model.config.vocab_size} == {1}  # 64 rows: over the limit at every shape
+
+
+def test_a_build_that_fails_after_the_load_waits_for_the_warm_up_first(monkeypatch):
+    """The thread must not outlive a failed build: the caller may go on to capture while its GEMMs still run."""
+    from gmtool.config import SweepConfig
+    from gmtool.measure import workbench
+    from gmtool.model import fused, loading
+
+    joined = []
+
+    class Warmup:
+        def join(self):
+            joined.append(True)
+
+    def load(*a, **k):
+        lm = loading.load_model(*a, **k)
+        lm.gemm_warmup = Warmup()
+        return lm
+
+    def fail(*a, **k):
+        raise RuntimeError("fuse failed")
+
+    monkeypatch.setattr(workbench, "load_model", load)
+    monkeypatch.setattr(fused, "fuse_layers", fail)
+    cfg = SweepConfig(model="tiny-qwen3", device="cpu", dtype="fp32", buckets="4", max_kv_len=32, fuse=True)
+    with pytest.raises(RuntimeError, match="fuse failed"):
+        workbench.Workbench.build(cfg, num_blocks=16)
+    assert joined == [True]

@@ -7,7 +7,7 @@ import torch
 from gmtool.model import rotary_table
 from gmtool.model.fused import fuse_layers, unfused
 
-from .helpers import Rig
+from .helpers import Rig, rel
 
 
 def _rotary(rig):
@@ -75,3 +75,48 @@ def test_a_table_that_differs_from_the_module_is_not_used(monkeypatch):
     monkeypatch.setattr(type(rotary), "forward", drifting)
     table, why = rotary_table.build(rotary, 160, torch.float32, torch.device("cpu"))
     assert table is None and "differs" in why
+
+
+@pytest.mark.parametrize(
+    "model, why",
+    [
+        ("gemma3_text", "a rope type per layer type"),  # rope_type is a dict; the forward takes the layer type
+        ("deepseek_v2", "does not return a (cos, sin) pair"),  # complex frequencies, one tensor
+    ],
+)
+def test_a_rotary_module_a_table_cannot_answer_is_left_to_it(model, why, tmp_path):
+    from tests.arch_configs import write_config
+
+    rig = Rig(model=str(write_config(model, tmp_path)), buckets=(8,), max_kv_len=32)
+    b = rig.batch("4@8+1@9", seed=1)
+    fused = fuse_layers(rig.lm.model, "torch", rig.lm.layout, rope_positions=32)  # raised before: no table here
+    rotary = _rotary(rig)
+    assert fused.counts["rope_positions"] == 0 and "forward" not in rotary.__dict__
+    assert any(why in s for s in fused.skipped), fused.skipped
+    out = rig.eager(b)
+    with unfused(fused):
+        assert rel(rig.eager(b), out) < 1e-5
+
+
+def test_a_forward_that_takes_more_than_the_positions_is_left_to_the_module():
+    rig = Rig()
+    rotary = _rotary(rig)
+    forward = type(rotary).forward
+
+    class PerLayer(type(rotary)):  # a str rope type, and a forward that takes the layer type too
+        def forward(self, x, position_ids, layer_type=None):
+            return forward(self, x, position_ids)
+
+    rotary.__class__ = PerLayer
+    table, why = rotary_table.build(rotary, 160, torch.float32, torch.device("cpu"))
+    assert table is None and "layer_type" in why
+
+
+def test_an_x_of_another_dtype_gets_the_module_s_own_values():
+    rig = Rig()
+    rotary = _rotary(rig)
+    table, _ = rotary_table.build(rotary, 160, torch.float32, torch.device("cpu"))
+    ids = torch.tensor([[0, 159, 7]])
+    for x in (torch.empty(1, dtype=torch.float64), torch.empty(1, dtype=torch.bfloat16)):
+        want, got = rotary(x, ids), table(x, ids)
+        assert all(w.dtype == g.dtype == x.dtype and torch.equal(w, g) for w, g in zip(want, got))

@@ -85,6 +85,31 @@ def build_need(cfg: SweepConfig) -> tuple:
     return opts + (("most_seqs", _most_seqs(cfg)), ("max_tokens", cfg.policy().max_tokens))
 
 
+def _shard_and_fuse(cfg: SweepConfig, lm: LoadedModel) -> int:
+    """Workbench.build's steps between the load and the KV cache: the --tp split, --fuse; the rank."""
+    rank = _tp_rank(cfg)
+    if cfg.tp > 1:  # before fusing: the fused QKV and gate/up weights are made of the rank's shards
+        from gmtool.parallel.shard import shard_model
+
+        if any(o.sinks is not None for o in lm.layout.layers):  # [heads] parameters the split leaves whole
+            raise GmtoolError(
+                f"--tp {cfg.tp}: {lm.name} has learned per-head attention sinks, which gmtool's "
+                "tensor-parallel split does not shard: run it with --tp 1"
+            )
+
+        lm.whole_params = lm.num_params
+        lm.notes.append(shard_model(lm.model, rank, cfg.tp))
+        lm.tp = cfg.tp
+    if cfg.fuse:
+        from gmtool.kernels.common import SMALL_M_DEFAULT
+        from gmtool.model.fused import fuse_layers
+
+        small_m = SMALL_M_DEFAULT if cfg.small_m_gemm else 0
+        pdl = _pdl_mode(cfg, lm.notes)
+        lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout, small_m, pdl, cfg.max_kv_len)
+    return rank
+
+
 @dataclass
 class Workbench:
     cfg: SweepConfig
@@ -104,28 +129,11 @@ class Workbench:
         rows = tuple(cfg.bucket_sizes) if cfg.tp == 1 else ()  # under --tp the shapes change after the load
         head_rows = tuple(sorted({min(r, cfg.max_num_seqs) for r in rows}))  # a key's logits: one row a sequence
         lm = load_model(cfg.model, device, cfg.torch_dtype, cfg.seed, rows, head_rows)
-        rank = _tp_rank(cfg)
-        if cfg.tp > 1:  # before fusing: the fused QKV and gate/up weights are made of the rank's shards
-            from gmtool.parallel.shard import shard_model
-
-            if any(o.sinks is not None for o in lm.layout.layers):  # [heads] parameters the split leaves whole
-                raise GmtoolError(
-                    f"--tp {cfg.tp}: {lm.name} has learned per-head attention sinks, which gmtool's "
-                    "tensor-parallel split does not shard: run it with --tp 1"
-                )
-
-            lm.whole_params = lm.num_params
-            lm.notes.append(shard_model(lm.model, rank, cfg.tp))
-            lm.tp = cfg.tp
-        if cfg.fuse:
-            from gmtool.kernels.common import SMALL_M_DEFAULT
-            from gmtool.model.fused import fuse_layers
-
-            small_m = SMALL_M_DEFAULT if cfg.small_m_gemm else 0
-            pdl = _pdl_mode(cfg, lm.notes)
-            lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout, small_m, pdl, cfg.max_kv_len)
-        if lm.gemm_warmup is not None:
-            lm.gemm_warmup.join()  # before the KV cache is sized by what is free
+        try:
+            rank = _shard_and_fuse(cfg, lm)
+        finally:  # before the KV cache is sized by what is free; on an error, before it reaches a caller that
+            if lm.gemm_warmup is not None:  # may go on to capture while the thread's GEMMs still run
+                lm.gemm_warmup.join()
         spec = KVCacheSpec(
             lm.num_layers,
             lm.rank_kv_heads,

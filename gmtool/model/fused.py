@@ -271,15 +271,42 @@ def _fusable_attention(m, cfg) -> str | None:
     """None when the fused forward computes what m.forward does; else why not."""
     if not all(isinstance(getattr(m, n, None), torch.nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
         return "attention without q/k/v/o projections"
-    if (getattr(cfg, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
+    if _partial_rotary_factor(cfg) != 1.0:
         return "partial rotary embedding"
     if not _rotate_half_rope(m):
         return f"a rotary embedding other than rotate-half over the whole head ({type(m).__name__})"
+    if not getattr(m, "use_rope", True):  # SmolLM3's NoPE layers (use_rope 0)
+        return "a layer without RoPE"
+    extra = _extra_parts(m, ATTENTION_PARTS)
+    if extra:
+        return f"attention with more than q/k/v/o, q/k norms and sinks ({type(m).__name__}: {', '.join(extra)})"
     if (getattr(m, "q_norm", None) is None) != (getattr(m, "k_norm", None) is None):
         return "a norm on q or k only"
     if getattr(m, "q_norm", None) is not None and not (_is_rmsnorm(m.q_norm) and m.q_norm.weight.numel() == m.head_dim):
         return "q/k norms other than a per-head RMSNorm"
     return None
+
+
+# what the fused forwards compute from; a module holding anything else (a gate, a sub-norm, learned scales:
+# AFMoE, BitNet, HunYuan's query_layernorm, Dory's suv_gate) computes more than they do
+ATTENTION_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "rotary_emb", "sinks"})
+MLP_PARTS = frozenset({"gate_proj", "up_proj", "down_proj", "act_fn"})
+
+
+def _extra_parts(m, known: frozenset) -> list[str]:
+    """m's child modules and own parameters that are not in known."""
+    names = [n for n, _ in m.named_children()] + [n for n, _ in m.named_parameters(recurse=False)]
+    return sorted(set(names) - known)
+
+
+def _partial_rotary_factor(cfg) -> float:
+    """The share of each head RoPE rotates (other than 1.0 if any layer's is): the config's own field, or
+    (transformers 5) its rope_parameters', which may hold one set per layer type."""
+    rope = getattr(cfg, "rope_parameters", None)
+    sets = [rope, *rope.values()] if isinstance(rope, dict) else []
+    factors = [getattr(cfg, "partial_rotary_factor", None)]
+    factors += [r.get("partial_rotary_factor") for r in sets if isinstance(r, dict)]
+    return next((float(f) for f in factors if f and float(f) != 1.0), 1.0)
 
 
 def _rotate_half_rope(m) -> bool:
@@ -288,10 +315,15 @@ def _rotate_half_rope(m) -> bool:
     import inspect
     import sys
 
-    fn = getattr(sys.modules.get(type(m).__module__), "apply_rotary_pos_emb", None)
+    module = sys.modules.get(type(m).__module__)
+    fn, half = getattr(module, "apply_rotary_pos_emb", None), getattr(module, "rotate_half", None)
     try:
-        return fn is not None and "rotate_half(" in inspect.getsource(fn)
-    except (OSError, TypeError):
+        if fn is None or "rotate_half(" not in inspect.getsource(fn) or half is None:
+            return False
+        x = torch.arange(4.0)
+        # Cohere, ERNIE 4.5, Helium: a rotate_half that pairs neighbours (interleaved), not the two halves
+        return torch.equal(half(x), torch.tensor([-2.0, -3.0, 0.0, 1.0]))
+    except (OSError, TypeError, RuntimeError):
         return False
 
 
@@ -366,7 +398,9 @@ def fuse_layers(
         elif name.endswith("mlp") and all(
             isinstance(getattr(m, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")
         ):
-            if silu:
+            if extra := _extra_parts(m, MLP_PARTS):
+                fused.skipped.append(f"MLP with more than gate/up/down ({type(m).__name__}: {', '.join(extra)})")
+            elif silu:
                 fused.patched.append((m, _mlp_forward(m, ops)))
                 fused.counts["mlp"] += 1
                 fused_mlps.add(id(m))

@@ -268,16 +268,21 @@ def load_model(
         from gmtool.model import gemm_warmup
 
         warmup = gemm_warmup.start(model, list(gemm_rows), list(head_rows))
-    if weights:
-        notes += checkpoint.load_weights(model, weights, device)
-    model.eval().requires_grad_(False)
-    for m in model.modules():
-        if hasattr(m, "warn_if_padding_and_no_attention_mask"):
-            # a warning's check (pad token id among the input ids: a host sync) that would stop capture; gmtool's
-            # packed batches have no padding for it to warn of
-            m.warn_if_padding_and_no_attention_mask = _no_padding_warning
-    lm = LoadedModel(path.name if path.exists() else spec, model, cfg, source, notes=notes, gemm_warmup=warmup)
-    lm.layout = probe.probe_layout(lm, families.architecture(cfg))
-    if feats := lm.layout.features():
-        lm.notes.append(f"attention: {'; '.join(feats)}")
+    try:
+        if weights:
+            notes += checkpoint.load_weights(model, weights, device)
+        model.eval().requires_grad_(False)
+        for m in model.modules():
+            if hasattr(m, "warn_if_padding_and_no_attention_mask"):
+                # a warning's check (pad token id among the input ids: a host sync) that would stop capture; gmtool's
+                # packed batches have no padding for it to warn of
+                m.warn_if_padding_and_no_attention_mask = _no_padding_warning
+        lm = LoadedModel(path.name if path.exists() else spec, model, cfg, source, notes=notes, gemm_warmup=warmup)
+        lm.layout = probe.probe_layout(lm, families.architecture(cfg))
+        if feats := lm.layout.features():
+            lm.notes.append(f"attention: {'; '.join(feats)}")
+    except BaseException:  # no model comes back: its warm-up ends first, not during the caller's next capture
+        if warmup is not None:
+            warmup.join()
+        raise
     return lm
