@@ -152,6 +152,13 @@ COMPUTES_MORE = {
     "bitnet": "attn_sub_norm",  # a norm before o_proj
     "dory": "suv_gate",  # learned scales and a norm inside the MLP
     "smollm3-nope": "a layer without RoPE",  # SmolLM3's NoPE layers (every 4th in the published models)
+    "flint": "RoPE applied under a condition",  # RoPE on its sliding-window layers only
+    "exaone4-hybrid": "RoPE applied under a condition",  # no RoPE on its global layers (rel err 0.46 fused)
+}
+# a tiny config changed to show the case: (its model type, the fields changed)
+CASES = {
+    "smollm3-nope": ("smollm3", {"no_rope_layers": [1, 0]}),  # layer 1 without RoPE
+    "exaone4-hybrid": ("exaone4", {"layer_types": ["sliding_attention", "full_attention"]}),
 }
 
 
@@ -159,10 +166,10 @@ COMPUTES_MORE = {
 def test_a_block_that_computes_more_than_the_fused_forward_is_left_to_the_model(model, tmp_path):
     from tests.arch_configs import tiny_config, write_config
 
-    if model == "smollm3-nope":
-        d = tiny_config("smollm3") | {"no_rope_layers": [1, 0]}  # layer 1 without RoPE
-        path = tmp_path / "smollm3.json"
-        path.write_text(json.dumps(d))
+    if model in CASES:
+        model_type, changes = CASES[model]
+        path = tmp_path / f"{model_type}.json"
+        path.write_text(json.dumps(tiny_config(model_type) | changes))
     else:
         path = write_config(model, tmp_path)
     rig = Rig(model=str(path), buckets=(8,), max_kv_len=32)
@@ -187,3 +194,31 @@ def test_fuse_computes_what_the_model_does(model_type, tmp_path):
     out = rig.eager(b)
     with unfused(fused):
         assert rel(rig.eager(b), out) < 1e-5, (fused.counts, fused.skipped)
+
+
+def test_rope_under_a_condition_is_read_from_the_forward_s_syntax():
+    from gmtool.model.fused import _rope_under_a_condition
+
+    def apply_rotary_pos_emb(q, k, cos, sin):
+        return q, k
+
+    class Always(torch.nn.Module):
+        def forward(self, q, k, cos, sin):
+            with torch.no_grad():  # a with is not a condition
+                q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            return q, k
+
+    class Sometimes(torch.nn.Module):
+        sliding_window = None
+
+        def forward(self, q, k, cos, sin):
+            if self.sliding_window is not None:
+                q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            return q, k
+
+    class Either(torch.nn.Module):
+        def forward(self, q, k, cos, sin, rotate=True):
+            return apply_rotary_pos_emb(q, k, cos, sin) if rotate else (q, k)
+
+    assert not _rope_under_a_condition(Always())
+    assert _rope_under_a_condition(Sometimes()) and _rope_under_a_condition(Either())

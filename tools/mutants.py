@@ -569,6 +569,14 @@ MUTANTS: list[Mutant] = [
         "the LM head's first uses (3-4 ms a row count) stay in the capture",
     ),
     M(
+        "fuse-ignores-conditional-rope",
+        "gmtool/model/fused.py",
+        "    if _rope_under_a_condition(m):",
+        "    if False:",
+        "tests/test_fused.py::test_a_block_that_computes_more_than_the_fused_forward_is_left_to_the_model",
+        "Flint's and EXAONE 4's global layers, which skip RoPE, are fused with RoPE: another model",
+    ),
+    M(
         "held-launch-keeps-its-tensors",
         "gmtool/kernels/compile_ahead.py",
         "tuple(map(stand_ins, args))",

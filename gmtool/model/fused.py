@@ -277,6 +277,8 @@ def _fusable_attention(m, cfg) -> str | None:
         return f"a rotary embedding other than rotate-half over the whole head ({type(m).__name__})"
     if not getattr(m, "use_rope", True):  # SmolLM3's NoPE layers (use_rope 0)
         return "a layer without RoPE"
+    if _rope_under_a_condition(m):  # Flint: RoPE on its sliding-window layers only
+        return f"RoPE applied under a condition in {type(m).__name__}.forward"
     extra = _extra_parts(m, ATTENTION_PARTS)
     if extra:
         return f"attention with more than q/k/v/o, q/k norms and sinks ({type(m).__name__}: {', '.join(extra)})"
@@ -307,6 +309,34 @@ def _partial_rotary_factor(cfg) -> float:
     factors = [getattr(cfg, "partial_rotary_factor", None)]
     factors += [r.get("partial_rotary_factor") for r in sets if isinstance(r, dict)]
     return next((float(f) for f in factors if f and float(f) != 1.0), 1.0)
+
+
+def _rope_under_a_condition(m) -> bool:
+    """m's forward applies RoPE inside an if or a loop: only some layers or some calls rotate, which the fused
+    forward, rotating always, cannot follow. Read from the source's syntax tree."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(type(m).forward)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    fn = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if fn is None:
+        return False
+    branches = (ast.If, ast.IfExp, ast.For, ast.While, ast.Match, ast.BoolOp)
+
+    def conditional(node, inside: bool) -> bool:
+        for child in ast.iter_child_nodes(node):
+            called = isinstance(child, ast.Call) and getattr(child.func, "id", None) == "apply_rotary_pos_emb"
+            if called and inside:
+                return True
+            if conditional(child, inside or isinstance(child, branches)):
+                return True
+        return False
+
+    return any(conditional(stmt, isinstance(stmt, branches)) for stmt in fn.body)
 
 
 def _rotate_half_rope(m) -> bool:
