@@ -577,6 +577,22 @@ MUTANTS: list[Mutant] = [
         "Flint's and EXAONE 4's global layers, which skip RoPE, are fused with RoPE: another model",
     ),
     M(
+        "fused-check-never-fails",
+        "gmtool/measure/sweep.py",
+        "        if not checked.ok:\n",
+        "        if False:\n",
+        "tests/test_fused_check.py::test_a_fused_block_that_computes_another_model_fails_the_run",
+        "a --fuse run whose fused layers compute another model passes: every row agrees with itself",
+    ),
+    M(
+        "fused-check-against-itself",
+        "gmtool/measure/fused_check.py",
+        "        with unfused(bench.lm.fused):\n",
+        "        with unfused(None):\n",
+        "tests/test_fused_check.py::test_a_fused_block_that_computes_another_model_fails_the_run",
+        "the fused layers checked against themselves: nothing can differ",
+    ),
+    M(
         "held-launch-keeps-its-tensors",
         "gmtool/kernels/compile_ahead.py",
         "tuple(map(stand_ins, args))",

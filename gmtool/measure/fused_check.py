@@ -1,0 +1,60 @@
+"""--fuse judged against the model's own layers, once per run.
+
+Every row of a --fuse run compares graphs with eager, and both run the fused layers: a fused block that computes
+another model than the Hugging Face layers (a rotation, a gate or a norm the fused forward lacks) agrees with
+itself everywhere. A review found twelve architectures doing that (relative error 0.06-1.05), unseen. So after
+the rows are measured, one batch of the run runs eagerly through the fused layers and through the model's own,
+and the error between them joins the run's notes; above the cross-shape tolerance for the dtype it is the run's
+error (exit 1), since every figure of the run is then of another model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gmtool.core.compositions import Composition
+from gmtool.measure.timing import rel_err_per_seq
+
+
+@dataclass(frozen=True)
+class FusedCheck:
+    composition: str
+    rel_err: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.rel_err <= self.tolerance
+
+    @property
+    def note(self) -> str:
+        return (
+            f"--fuse against the model's own layers (eager, {self.composition}): relative error "
+            f"{self.rel_err:.2g}, tolerance {self.tolerance:.2g}"
+        )
+
+    def error(self, model: str) -> str:
+        return (
+            f"--fuse computes another model than {model}'s own layers: relative error {self.rel_err:.3g} on "
+            f"{self.composition} (tolerance {self.tolerance:.3g}); its rows measure that other model: run without "
+            "--fuse"
+        )
+
+
+def check_fused(bench, comp: Composition, tolerance: float) -> FusedCheck:
+    """comp's batch eagerly through bench's fused layers, then through the model's own (the same inputs and KV
+    cache); the largest relative error of a sequence's logits."""
+    from gmtool.model.fused import unfused
+
+    batch = bench.batch(comp)
+    with torch.no_grad():
+        fn, logits = bench.eager_fn(batch)
+        fn()
+        fused = logits.clone()
+        with unfused(bench.lm.fused):
+            fn, logits = bench.eager_fn(batch)
+            fn()
+            own = logits.clone()
+    return FusedCheck(comp.label, float(rel_err_per_seq(fused, own)), tolerance)
