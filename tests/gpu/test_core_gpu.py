@@ -147,6 +147,8 @@ def test_fused_layers_match_hf_layers_and_replay():
     res = Sweep(cfg).run()
     rows = [r.to_dict() for r in res.records if r.mode != "eager"]
     assert len(rows) >= 18 and all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["error"]]
+    # the run's own check of the fused layers against the model's (gmtool.measure.fused_check), in bf16
+    assert not res.errors and any("--fuse against the model's own layers" in n for n in res.notes), res.errors
 
 
 def test_a_whole_graph_uploads_without_running_and_then_replays():
