@@ -1,6 +1,8 @@
 """--fuse judged against the model's own layers once per run (gmtool.measure.fused_check): eager and graphs both
 run the fused layers, so only this sees a fused block that computes another model; it is then the run's error."""
 
+import torch
+
 from gmtool.config import SweepConfig
 from gmtool.measure.sweep import Sweep
 from gmtool.model import fused as fused_mod
@@ -46,3 +48,15 @@ def test_without_fuse_nothing_is_checked():
     cfg = SweepConfig(device="cpu", buckets="4", compositions="1*4", modes=("eager",), num_iters=1, num_iters_warmup=0)
     res = Sweep(cfg).run()
     assert not any("against the model's own layers" in n for n in res.notes) and not res.errors
+
+
+def test_a_check_out_of_memory_leaves_the_rows_and_says_so(monkeypatch):
+    from gmtool.measure import fused_check
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(fused_check, "check_fused", oom)
+    res = Sweep(_cfg()).run()
+    assert not res.errors and any("out of memory beside the graphs" in n for n in res.notes)
+    assert res.document("capture").exit_code() == 0

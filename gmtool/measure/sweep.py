@@ -201,6 +201,9 @@ class Sweep:
         except GmtoolError as e:
             res.notes.append(f"--fuse not checked against the model's own layers: {e}")
             return
+        except torch.OutOfMemoryError:  # the graphs are still alive: the rows stand, unchecked against the model
+            res.notes.append("--fuse not checked against the model's own layers: out of memory beside the graphs")
+            return
         res.notes.append(checked.note)
         if not checked.ok:
             res.errors.append(checked.error(bench.lm.name))
