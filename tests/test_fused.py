@@ -222,3 +222,18 @@ def test_rope_under_a_condition_is_read_from_the_forward_s_syntax():
 
     assert not _rope_under_a_condition(Always())
     assert _rope_under_a_condition(Sometimes()) and _rope_under_a_condition(Either())
+
+
+def test_only_parts_that_hold_weights_count_as_more_than_the_fused_forward():
+    """A child without parameters (a function the kernels hub attaches) leaves the block fused; one with
+    weights (a gate, a norm the fused forward lacks) does not."""
+    rig = Rig()
+    layers = rig.lm.model.model.layers
+    for layer in layers:
+        layer.self_attn.kernel_fn = torch.nn.Identity()
+    fused = fuse_layers(rig.lm.model, "torch")
+    assert fused.counts["attention"] == len(layers)
+    fused.remove()
+    layers[0].self_attn.gate = torch.nn.Linear(4, 4)
+    fused = fuse_layers(rig.lm.model, "torch")
+    assert fused.counts["attention"] == len(layers) - 1 and any("gate" in s for s in fused.skipped)

@@ -547,10 +547,18 @@ MUTANTS: list[Mutant] = [
     M(
         "fuse-ignores-extra-parts",
         "gmtool/model/fused.py",
-        "    names = [n for n, _ in m.named_children()] + [n for n, _ in m.named_parameters(recurse=False)]\n",
+        "    names = children + [n for n, _ in m.named_parameters(recurse=False)]\n",
         "    names = []\n",
         "tests/test_fused.py::test_a_block_that_computes_more_than_the_fused_forward_is_left_to_the_model",
         "an attention or MLP with a gate, a sub-norm or learned scales is fused without them",
+    ),
+    M(
+        "fuse-counts-weightless-parts",
+        "gmtool/model/fused.py",
+        "if next(c.parameters(), None) is not None]",
+        "]",
+        "tests/test_fused.py::test_only_parts_that_hold_weights_count_as_more_than_the_fused_forward",
+        "a function the kernels hub attaches as a child module stops --fuse for every layer",
     ),
     M(
         "gemm-warmup-skips-fused-shapes",

@@ -296,8 +296,11 @@ MLP_PARTS = frozenset({"gate_proj", "up_proj", "down_proj", "act_fn"})
 
 
 def _extra_parts(m, known: frozenset) -> list[str]:
-    """m's child modules and own parameters that are not in known."""
-    names = [n for n, _ in m.named_children()] + [n for n, _ in m.named_parameters(recurse=False)]
+    """m's child modules that hold parameters, and its own parameters, that are not in known. A child without
+    parameters (a function the kernels hub attaches, an activation) is not counted: each part the fused forwards
+    lacked held weights, and the run's fused check (gmtool.measure.fused_check) judges the rest."""
+    children = [n for n, c in m.named_children() if next(c.parameters(), None) is not None]
+    names = children + [n for n, _ in m.named_parameters(recurse=False)]
     return sorted(set(names) - known)
 
 
