@@ -42,6 +42,9 @@ def test_a_fused_block_that_computes_another_model_fails_the_run(monkeypatch):
     assert graph_rows and all(r.status.name == "OK" for r in graph_rows)  # the rows cannot see it
     assert any("--fuse computes another model than tiny-qwen3's own layers" in e for e in res.errors), res.errors
     assert res.document("capture").exit_code() == 1
+    from gmtool.report.summary import verdict
+
+    assert "1 run error, printed above" in verdict(res.document("capture").to_dict())
 
 
 def test_without_fuse_nothing_is_checked():

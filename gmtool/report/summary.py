@@ -100,6 +100,10 @@ def verdict(doc: dict) -> str:
     expected = sum(1 for r in checked if r["status"] == Status.UNSAFE and GraphMode(r["mode"]).expected_unsafe)
     if expected:
         extra.append(f"{expected} UNSAFE of full-narrow, as expected")
+    rows_said = {r.get("error") for r in doc["records"]}
+    own = [e for e in doc.get("errors", []) if e not in rows_said]  # the run's, not a row's (the fused check)
+    if own:
+        extra.append(f"{len(own)} run error{'s' if len(own) > 1 else ''}, printed above")
     partial = doc.get("partial")
     if partial:
         extra.append(
