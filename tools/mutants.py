@@ -586,9 +586,9 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "fused-check-never-fails",
-        "gmtool/measure/sweep.py",
-        "        if not checked.ok:\n",
-        "        if False:\n",
+        "gmtool/measure/fused_check.py",
+        "    if not checked.ok:\n",
+        "    if False:\n",
         "tests/test_fused_check.py::test_a_fused_block_that_computes_another_model_fails_the_run",
         "a --fuse run whose fused layers compute another model passes: every row agrees with itself",
     ),

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from gmtool.core.compositions import Composition
-from gmtool.measure.timing import rel_err_per_seq
+from gmtool.errors import GmtoolError
+from gmtool.measure.timing import rel_err_per_seq, tolerances_for
 
 
 @dataclass(frozen=True)
@@ -58,3 +59,25 @@ def check_fused(bench, comp: Composition, tolerance: float) -> FusedCheck:
             fn()
             own = logits.clone()
     return FusedCheck(comp.label, float(rel_err_per_seq(fused, own)), tolerance)
+
+
+def judge_fused(bench, cfg, notes: list[str], errors: list[str]) -> None:
+    """A sweep's check, once its rows are measured: the largest bucket's first composition (prefill mixes there
+    when the run has any); its note, and its error when the fused layers compute another model."""
+    if bench.lm.fused is None or not cfg.compositions_by_bucket:
+        return
+    if cfg.tp > 1:  # both forwards would need every rank in step; a --tp 1 run checks the same layers
+        notes.append("--fuse not checked against the model's own layers under --tp (run --tp 1 for that)")
+        return
+    comps = cfg.compositions_by_bucket[max(cfg.compositions_by_bucket)]
+    try:
+        checked = check_fused(bench, comps[0], tolerances_for(cfg.torch_dtype)[1])
+    except GmtoolError as e:
+        notes.append(f"--fuse not checked against the model's own layers: {e}")
+        return
+    except torch.OutOfMemoryError:  # the graphs are still alive: the rows stand, unchecked against the model
+        notes.append("--fuse not checked against the model's own layers: out of memory beside the graphs")
+        return
+    notes.append(checked.note)
+    if not checked.ok:
+        errors.append(checked.error(bench.lm.name))

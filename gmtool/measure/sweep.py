@@ -16,6 +16,7 @@ from typing import Callable, Protocol
 import torch
 
 from gmtool.measure.check import EagerReference, checked_replay
+from gmtool.measure.fused_check import judge_fused
 from gmtool.config import SweepConfig
 from gmtool.errors import CaptureError, GmtoolError, OutOfMemory
 from gmtool.core.executor import GraphExecutor
@@ -123,7 +124,7 @@ class Sweep:
             self._measure(bench, executors, res)
             for probe in self.probes:
                 probe.after_sweep(bench, executors, res)
-            self._judge_fused(bench, res)
+            judge_fused(bench, self.cfg, res.notes, res.errors)
         except BaseException:
             _release(executors, quiet=True)  # the failure that got us here is what gets reported
             raise
@@ -184,29 +185,6 @@ class Sweep:
                         dead[mode] = f"skipped after out of memory at bucket {bucket}"
                         res.errors.append(rec.error)
                 self._advance(f"bucket {bucket}: {comp.label}")
-
-    def _judge_fused(self, bench: Workbench, res: SweepResult) -> None:
-        """--fuse against the model's own layers (gmtool.measure.fused_check), on the largest bucket's first
-        composition: prefill mixes there when the run has any."""
-        if bench.lm.fused is None or not self.cfg.compositions_by_bucket:
-            return
-        if self.cfg.tp > 1:  # both forwards would need every rank in step; a --tp 1 run checks the same layers
-            res.notes.append("--fuse not checked against the model's own layers under --tp (run --tp 1 for that)")
-            return
-        from gmtool.measure.fused_check import check_fused
-
-        comps = self.cfg.compositions_by_bucket[max(self.cfg.compositions_by_bucket)]
-        try:
-            checked = check_fused(bench, comps[0], tolerances_for(self.cfg.torch_dtype)[1])
-        except GmtoolError as e:
-            res.notes.append(f"--fuse not checked against the model's own layers: {e}")
-            return
-        except torch.OutOfMemoryError:  # the graphs are still alive: the rows stand, unchecked against the model
-            res.notes.append("--fuse not checked against the model's own layers: out of memory beside the graphs")
-            return
-        res.notes.append(checked.note)
-        if not checked.ok:
-            res.errors.append(checked.error(bench.lm.name))
 
     def _advance(self, label: str) -> None:
         if self.progress:
