@@ -1120,6 +1120,31 @@ MUTANTS: list[Mutant] = [
         "tests/test_pdl.py::test_pdl_under_interpreter",
         "--pdl: the small-M GEMM's prefetch leaves the last line of a step out where a row does not start on a line",
     ),
+    # -- the folded one-row GEMM (gmtool/kernels/folded.py) ------------------------------------------------------
+    M(
+        "fold-norm-without-residual",
+        "gmtool/kernels/folded.py",
+        "    s = (s + tl.load(r_ptr + cols, mask=cmask, other=0.0).to(tl.float32)).to(dt)\n",
+        "    s = s.to(dt)\n",
+        "tests/test_folded.py::test_folded_under_interpreter",
+        "the folded GEMM's first pass leaves the residual out: the norm's scale and the residual sum are wrong",
+    ),
+    M(
+        "fold-total-never-written",
+        "gmtool/kernels/folded.py",
+        "    if (pid_n == 0) & (pid_k == 0):\n",
+        "    if (pid_n == 0) & (pid_k == -1):\n",
+        "tests/test_folded.py::test_folded_under_interpreter",
+        "no program of the folded GEMM stores the residual sum: the next add reads stale memory",
+    ),
+    M(
+        "fold-stream-keeps-old-residual",
+        "gmtool/model/fused.py",
+        "            return row, row.total\n",
+        "            return row, residual\n",
+        "tests/test_folded.py::test_folded_under_interpreter",
+        "the fused layers carry the old residual past a folded norm: each block's add is lost",
+    ),
     # -- the caching-allocator simulator (gmtool/memory/allocsim.py) ------------------------------------------
     M(
         "allocsim-no-coalescing",

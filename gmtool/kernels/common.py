@@ -35,6 +35,35 @@ class Partials:
         return self.parts.shape[1:]
 
 
+@dataclass(frozen=True)
+class NormedRow:
+    """rms_norm(residual + x) * weight for one row, left for the next GEMM to compute where it reads its x tiles
+    (gmtool.kernels.folded): the add+RMSNorm kernel is not launched. x is the block's output row (a
+    tensor [1, H], or its last projection's Partials); total [1, H], the residual for the next add, is written by
+    that GEMM."""
+
+    x: "torch.Tensor | Partials"
+    residual: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    total: torch.Tensor
+
+    @classmethod
+    def of(cls, x, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> "NormedRow":
+        if tuple(residual.shape) != (1, weight.shape[0]) or tuple(x.shape) != tuple(residual.shape):
+            raise ValueError(f"a NormedRow is one row: x {tuple(x.shape)}, residual {tuple(residual.shape)}")
+        residual = residual.contiguous()
+        return cls(x, residual, weight.contiguous(), eps, torch.empty_like(residual))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.residual.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.residual.dtype
+
+
 def pow2(n: int, floor: int = 1) -> int:
     """Triton tiles need power-of-two sizes; tl.dot needs at least 16 on each side."""
     return max(floor, 1 << max(0, int(n) - 1).bit_length())

@@ -267,17 +267,23 @@ def linear(
     if split > 1 and partial:
         return Partials(dst, None if bias is None else b, x.dtype)
     if split > 1:
-        _SPLIT_REDUCE[(m, triton.cdiv(n, REDUCE_BLOCK))](
-            dst,
-            b,
-            out,
-            m,
-            n,
-            SPLIT=split,
-            HAS_BIAS=bias is not None,
-            BLOCK=REDUCE_BLOCK,
-            PDL=int(pdl),
-            num_warps=4,
-            **pdl_mod.launch_options(pdl),
-        )
+        reduce_partials(dst, None if bias is None else b, out, pdl)
     return out
+
+
+def reduce_partials(parts: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, pdl: int = pdl_mod.Pdl.OFF):
+    """out [M, N] = the split-K partials [split, M, N] summed in a fixed order (+ bias), rounded to out's dtype."""
+    split, m, n = parts.shape
+    _SPLIT_REDUCE[(m, triton.cdiv(n, REDUCE_BLOCK))](
+        parts,
+        parts if bias is None else bias,
+        out,
+        m,
+        n,
+        SPLIT=split,
+        HAS_BIAS=bias is not None,
+        BLOCK=REDUCE_BLOCK,
+        PDL=int(pdl),
+        num_warps=4,
+        **pdl_mod.launch_options(pdl),
+    )

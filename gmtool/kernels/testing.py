@@ -162,7 +162,7 @@ def decode_case(kv_lens, num_slots=None, **kw) -> tuple[PagedCase, torch.Tensor]
     return case, q.to(case.q.dtype)
 
 
-def compile_for_hopper(jit_fn, consts: dict, arg_type):
+def compile_for_hopper(jit_fn, consts: dict, arg_type, num_stages: int = 2):
     """Compile jit_fn as a launch on an H200 would (16-aligned pointers and strides): no GPU needed.
     arg_type(name) gives the signature type of each argument that is not in consts ("*bf16", "i32"...)."""
     from triton.backends.compiler import GPUTarget
@@ -186,4 +186,4 @@ def compile_for_hopper(jit_fn, consts: dict, arg_type):
         if name.endswith("_ptr") or name.startswith("stride"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(jit_fn, sig, constexprs={(jit_fn.arg_names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-    return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+    return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": num_stages})

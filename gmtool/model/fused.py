@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from gmtool.kernels.common import Partials
+from gmtool.kernels.common import NormedRow, Partials
 from gmtool.model import attention
 
 from gmtool.model import layers_ref, rotary_table
@@ -59,6 +59,18 @@ class LayerOps:
         # launched with Programmatic Dependent Launch, the small-M GEMM prefetching its weight before its wait.
         # The caller checked pdl.problem(); 0 launches them plainly. May be changed before capture, as small_m.
         self.pdl = int(pdl)
+        # one-row steps compute the add+RMSNorm before QKV and gate/up inside those GEMMs instead of launching
+        # its kernel (gmtool.kernels.folded); False launches it (A/B measurements)
+        self.fold = True
+
+    def folds(self, x: torch.Tensor) -> bool:
+        """Whether a step of x's rows folds its add+RMSNorms into the GEMMs after them: one row on the small-M
+        GEMM, with Triton, a row the folded kernel holds in registers."""
+        if not (self.fold and self.triton and self.small_m and x.shape[0] == 1 and _triton_runs(x)):
+            return False
+        from gmtool.kernels.folded import norm_folds
+
+        return norm_folds(x.shape[-1])
 
     def pdl_for(self, x: torch.Tensor) -> int:
         """The PDL mode for a step of x's tokens: self.pdl up to small_m tokens, else 0. What PDL buys is the
@@ -77,7 +89,12 @@ class LayerOps:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, partial=False):
         """x @ weight^T (+ bias). partial: the caller sums split-K partials itself (gmtool.kernels.common.Partials
-        may come back, for add_rms_norm); a tensor otherwise."""
+        may come back, for add_rms_norm); a tensor otherwise. x may be a NormedRow (where folds()): the folded
+        GEMM normalizes the row itself."""
+        if isinstance(x, NormedRow):
+            from gmtool.kernels import folded
+
+            return folded.linear(x, weight, bias, pdl=self.pdl, partial=partial)
         if self.triton and x.shape[0] <= self.small_m and _triton_runs(x):
             from gmtool.kernels import small_m
 
@@ -151,6 +168,16 @@ def _rmsnorm_forward(m, ops: LayerOps):
     return forward
 
 
+def _rows(hidden_states):
+    """A forward's input as rows: a NormedRow (one row, folded into the GEMM that reads it) stays as it is."""
+    return hidden_states if isinstance(hidden_states, NormedRow) else hidden_states.reshape(-1, hidden_states.shape[-1])
+
+
+def _like(x) -> torch.Tensor:
+    """A tensor of x's rows, shape, dtype and device, for choosing kernels."""
+    return x.residual if isinstance(x, NormedRow) else x
+
+
 def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
     dim = m.head_dim
     # from the weights, not the config: under --tp a rank holds 1/N of the heads (gmtool.parallel.shard)
@@ -162,10 +189,12 @@ def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
     v_at = (heads + kv_heads) * dim
 
     def forward(hidden_states, position_embeddings=None, attention_mask=None, partial_sums=False, **kwargs):
-        """partial_sums: o_proj may return Partials (only _residual_stream_forward asks: its norm sums them)."""
-        x = hidden_states.reshape(-1, hidden_states.shape[-1])
-        t = x.shape[0]
-        kernels = ops(x)
+        """partial_sums: o_proj may return Partials (only _residual_stream_forward asks: its norm sums them).
+        hidden_states may be a NormedRow (_residual_stream_forward, where ops.folds)."""
+        x = _rows(hidden_states)
+        like = _like(x)
+        t = like.shape[0]
+        kernels = ops(like)
         ctx = attention.cache_writer() if kernels is not _REF else None
         # with the cache written by the QK kernel, v is its to read too: it may sum the GEMM's split-K partials
         qkv = ops.linear(x, w, b, partial=ctx is not None)
@@ -176,12 +205,12 @@ def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
             q = kernels.qk_norm_rope_write_kv(
                 qkv, heads, kv_heads, dim, cos, sin, qw, kw, eps, kc, vc, ctx.views.slot_mapping
             )
-            with ops.attention_launches(x):
+            with ops.attention_launches(like):
                 out = ctx.attend_cached(layer, q, m.scaling, opts=opts)
         else:
             q, k = kernels.qk_norm_rope(qkv, heads, kv_heads, dim, cos, sin, qw, kw, eps)
             v = qkv[:, v_at:].view(t, kv_heads, dim)
-            with ops.attention_launches(x):
+            with ops.attention_launches(like):
                 out = attention.attend_tokens(m.layer_idx, q, k, v, m.scaling, opts)  # the layer's window, cap, sinks
         o = ops.project(m.o_proj, out.reshape(t, heads * dim), partial_sums)
         return (o if isinstance(o, Partials) else o.view(*hidden_states.shape[:-1], o.shape[-1])), None
@@ -194,8 +223,8 @@ def _mlp_forward(m, ops: LayerOps):
     down = m.down_proj
 
     def forward(x, partial_sums=False):  # as the attention forward's
-        rows = x.reshape(-1, x.shape[-1])
-        y = ops.project(down, ops(x).silu_mul(ops.linear(rows, w, partial=True)), partial_sums)
+        rows = _rows(x)
+        y = ops.project(down, ops(_like(rows)).silu_mul(ops.linear(rows, w, partial=True)), partial_sums)
         return y if isinstance(y, Partials) else y.view(*x.shape[:-1], -1)
 
     return forward
@@ -232,15 +261,24 @@ def _residual_stream_forward(base, ops: LayerOps, fused_mlps: set[int]):
         def block_output(y):
             return y if isinstance(y, Partials) else y.reshape(rows)
 
+        def norm(x, residual, m, fold: bool):
+            """(the next block's input, the residual): a NormedRow the block's first GEMM computes, where folded"""
+            if not fold:
+                y, total = kern.add_rms_norm(x, residual, m.weight, m.variance_epsilon)
+                return y.view(shape), total
+            row = NormedRow.of(x, residual, m.weight, m.variance_epsilon)
+            return row, row.total
+
+        fold = ops.folds(h)  # one row: the norms run inside the GEMMs after them (gmtool.kernels.folded)
         depth = base.config.num_hidden_layers  # read per call: compile-ahead's pass runs the first few only
         for layer, (pre, post), kw in zip(layers[:depth], norms, mlp_kw):
             if residual is None:
-                residual, x = h, kern.rms_norm(h, pre.weight, pre.variance_epsilon)
+                residual, x = h, kern.rms_norm(h, pre.weight, pre.variance_epsilon).view(shape)
             else:
-                x, residual = kern.add_rms_norm(h, residual, pre.weight, pre.variance_epsilon)
-            a, _ = layer.self_attn(hidden_states=x.view(shape), position_embeddings=pos, partial_sums=True)
-            x, residual = kern.add_rms_norm(block_output(a), residual, post.weight, post.variance_epsilon)
-            h = block_output(layer.mlp(x.view(shape), **kw))
+                x, residual = norm(h, residual, pre, fold)
+            a, _ = layer.self_attn(hidden_states=x, position_embeddings=pos, partial_sums=True)
+            x, residual = norm(block_output(a), residual, post, fold and bool(kw))  # an unfused MLP takes a tensor
+            h = block_output(layer.mlp(x, **kw))
         h = (
             kern.add_rms_norm(h, residual, final.weight, final.variance_epsilon)[0]
             if residual is not None
@@ -393,6 +431,10 @@ class FusedLayers:
 
         if self.ops is not None and self.ops.triton and self.ops.small_m:
             s += f"; projections of up to {self.ops.small_m} tokens on gmtool's small-M GEMM"
+            if self.ops.fold and c["residual_adds"]:
+                from gmtool.kernels.folded import MAX_K
+
+                s += f"; at one token the add+RMSNorms before QKV and gate/up run inside those GEMMs (rows up to {MAX_K:,})"
         if self.ops is not None and self.ops.triton and self.ops.pdl:
             s += (
                 f"; Triton kernels of steps of up to {self.ops.small_m} tokens launched with PDL (the small-M GEMM "

@@ -1,0 +1,192 @@
+"""One-row decode GEMMs that compute the add+RMSNorm before them, so the norm's kernel is not launched.
+
+At B=1 a decode step is a chain of short kernels; each costs its start after the one before ends and its first
+trip to memory, whatever it computes. Leaving the add+RMSNorm kernels out of qwen3-0.6b's step (--fuse
+--small-m-gemm --pdl, B=1 kv 1,024, results wrong, timing only) took it from 0.871 to 0.823 ms (H200, 2026-12-01,
+.diag/whatif.py). Here QKV and gate/up, the GEMMs after those norms, compute the norm themselves from the same
+inputs: each program first reads the whole row (the block output or its split-K partials, and the residual: a few
+KB, in L2) for its sum of squares; each K step then reads its slice again (now in cache) and normalizes it into the
+x tile. Program (0, 0) also stores the residual sum, which the next add reads. The step: 0.840 and 0.844 ms against 0.868 and
+0.865 (the same call, graphs alternated), the logits bit for bit those of the unfolded step.
+
+Tried and dropped: the decode attention's split combine folded into o_proj the same way (each K step combining
+the partials of the heads it covers): 1.051-1.052 ms against 0.865-0.868, and 1.077-1.082 with one K step a
+program (the same call). One row only: every program reads the whole row, which at more rows costs more than the kernel it
+replaces. The MMA is gmtool.kernels.small_m's on the same x tile (row 0 of 16); block sizes are small_m.pick's.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gmtool.kernels import pdl as pdl_mod
+from gmtool.kernels import small_m
+from gmtool.kernels.common import NormedRow, Partials, dot_precision, num_sms, pow2
+from gmtool.kernels.launcher import FastLaunch
+from gmtool.kernels.layers import _row_block
+from gmtool.kernels.pdl import prefetch_l2
+
+# the first pass holds the whole row in registers: past this (hidden 8,192 models) the norm kernel runs
+MAX_K = 4096
+
+
+@triton.jit
+def _norm_gemm_kernel(
+    x_ptr,  # the block output row [1, K], or its split-K partials [X_SPLIT, 1, K]
+    xb_ptr,  # the partials' bias
+    r_ptr,  # the residual row
+    nw_ptr,  # the norm's weight
+    total_ptr,  # residual + x: out, for the next add
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_wn,
+    steps_per_split,
+    eps,
+    X_SPLIT: tl.constexpr,
+    X_BIAS: tl.constexpr,
+    K_PAD: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr = 0,
+    PF_LINES: tl.constexpr = 1,
+    PF_STRIDE: tl.constexpr = 1,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
+    k0 = pid_k * steps_per_split * BLOCK_K
+    span = tl.minimum(steps_per_split * BLOCK_K, K - k0)
+    if PDL != 0:  # as small_m's kernel: the weight slice into L2 before the wait, nothing else before it
+        lines = tl.arange(0, PF_LINES) * PF_STRIDE
+        for kk in range(0, span, BLOCK_K):
+            prefetch_l2(w_rows + tl.minimum(k0 + kk + lines, K - 1)[None, :])
+            prefetch_l2(w_rows + tl.minimum(k0 + kk + BLOCK_K - 1, K - 1))
+        pdl_mod.enter(1)
+    dt = w_ptr.dtype.element_ty  # the activations' (the launcher checks)
+    row = pid_n * 0
+    # the row's sum of squares, as gmtool.kernels.layers' add+RMSNorm kernel takes it
+    cols = tl.arange(0, K_PAD)
+    cmask = cols < K
+    s = _row_block(x_ptr, xb_ptr, row, 1, K, K, cols, cmask, dt, X_SPLIT, X_BIAS)
+    s = (s + tl.load(r_ptr + cols, mask=cmask, other=0.0).to(tl.float32)).to(dt)
+    if (pid_n == 0) & (pid_k == 0):
+        tl.store(total_ptr + cols, s, mask=cmask)
+    s = s.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(s * s, 0) / K + eps)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kk in range(0, span, BLOCK_K):
+        k = k0 + kk + rk
+        if EVEN_K:
+            k_ok = rk >= 0
+            w = tl.load(w_rows + k[None, :])
+        else:
+            k_ok = k < K
+            w = tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0)
+        v = _row_block(x_ptr, xb_ptr, row, 1, K, K, k, k_ok, dt, X_SPLIT, X_BIAS)
+        v = (v + tl.load(r_ptr + k, mask=k_ok, other=0.0).to(tl.float32)).to(dt).to(tl.float32)
+        nw = tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        y = ((v * rstd).to(dt).to(tl.float32) * nw).to(dt)  # HF's two roundings, as the norm kernel makes them
+        x = tl.where(rm[:, None] == 0, y[None, :], 0.0).to(dt)  # row 0 of the MMA's 16
+        acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)
+    mask = (rn < N)[:, None] & (rm == 0)[None, :]
+    if PARTIAL:  # [split, 1, N] fp32, summed by the next kernel as small_m's partials are
+        tl.store(out_ptr + pid_k * N + rm[None, :] * N + rn[:, None], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + rm[None, :] * N + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_NORM_GEMM = FastLaunch(_norm_gemm_kernel)
+
+
+def norm_folds(hidden: int) -> bool:
+    """Whether a row this wide can be folded (the first pass holds it in registers)."""
+    return hidden <= MAX_K
+
+
+def linear(
+    x: NormedRow,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    pdl: int = pdl_mod.Pdl.OFF,
+    partial: bool = False,
+):
+    """rms_norm(x.residual + x.x) * x.weight @ weight^T (+ bias) for one row, the norm computed in the GEMM; x.total
+    gets the residual sum. Returns [1, N] of the activation dtype, or its split-K Partials where partial and K is
+    split (as gmtool.kernels.small_m.linear)."""
+    if weight.stride(-1) != 1:
+        raise ValueError("weight rows must be contiguous (nn.Linear's layout)")
+    n, k = weight.shape
+    if tuple(x.shape) != (1, k) or x.dtype != weight.dtype:
+        raise ValueError(
+            f"a NormedRow {tuple(x.shape)} {x.dtype} does not fit weight {tuple(weight.shape)} {weight.dtype}"
+        )
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias {tuple(bias.shape)} does not fit {n} outputs")
+    if not norm_folds(k):
+        raise ValueError(f"a NormedRow of {k} columns is not folded (at most {MAX_K})")
+    cfg = small_m.pick(1, n, k, num_sms(weight.device), weight.element_size(), partial=partial)
+    steps = triton.cdiv(k, cfg.block_k)
+    per = triton.cdiv(steps, cfg.split)
+    split = triton.cdiv(steps, per)
+    src = x.x
+    if isinstance(src, Partials):
+        xp, xb, x_split = src.parts, src.parts if src.bias is None else src.bias, src.parts.shape[0]
+    else:
+        xp = xb = src.contiguous()
+        x_split = 0
+    dtype = weight.dtype
+    b = bias.contiguous() if bias is not None else weight  # unread without HAS_BIAS
+    out = None if split > 1 and partial else torch.empty((1, n), dtype=dtype, device=weight.device)
+    dst = out if split == 1 else torch.empty((split, 1, n), dtype=torch.float32, device=weight.device)
+    lines = max(1, cfg.block_k * weight.element_size() // pdl_mod.L2_LINE)
+    _NORM_GEMM[(triton.cdiv(n, cfg.block_n), split)](
+        xp,
+        xb,
+        x.residual,
+        x.weight,
+        x.total,
+        weight,
+        b,
+        dst,
+        n,
+        k,
+        weight.stride(0),
+        per,
+        float(x.eps),
+        X_SPLIT=x_split,
+        X_BIAS=isinstance(src, Partials) and src.bias is not None,
+        K_PAD=pow2(k),
+        HAS_BIAS=bias is not None,
+        PARTIAL=split > 1,
+        EVEN_K=k % cfg.block_k == 0,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        PRECISION=dot_precision(dtype),
+        PDL=int(pdl),
+        PF_LINES=lines,
+        PF_STRIDE=cfg.block_k // lines,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **pdl_mod.launch_options(pdl),
+    )
+    if split > 1 and partial:
+        return Partials(dst, None if bias is None else b, dtype)
+    if split > 1:
+        small_m.reduce_partials(dst, None if bias is None else b, out, pdl)
+    return out

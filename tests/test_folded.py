@@ -1,0 +1,169 @@
+"""The folded one-row GEMM (gmtool.kernels.folded) on the CPU: QKV and gate/up computing the residual add +
+RMSNorm before them, against the add+RMSNorm kernel then the small-M GEMM, under the Triton interpreter (fp32 and
+fp16, as tests/test_small_m.py: the interpreter's bf16 dot is not trusted); and a fused tiny-qwen3 decode step of
+one sequence with the folds against the same step without them."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+from tests.interpreted import run_interpreted
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+interp_only = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child process")
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+
+F32, F16 = torch.float32, torch.float16
+TOL = {F32: 1e-5, F16: 2e-3}
+
+
+def _randn(*shape, seed, dtype=F32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+
+@pytest.mark.skipif(INTERPRETED, reason="the child runs the tests itself")
+def test_folded_under_interpreter():
+    """Every interp_only test of this module, in a child pytest under the Triton interpreter."""
+    assert HAS_TRITON, "triton is not installed: pip install -e '.[test]'"
+    run_interpreted(sys.modules[__name__], interp_only)
+
+
+@interp_only
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("source", ["partials", "partials+bias", "rows"])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_interp_qkv_normalizes_its_row(source, split_k, dtype, monkeypatch):
+    """The GEMM over a NormedRow equals add_rms_norm then the GEMM, and writes add_rms_norm's residual sum bit
+    for bit (hidden 48: the row padded to 64 in the first pass; the block output as split-K partials or a row)."""
+    from gmtool.kernels import folded, small_m
+    from gmtool.kernels.common import NormedRow, Partials
+    from gmtool.kernels.layers import add_rms_norm
+
+    hidden = 48
+    x_in, w_prev = _randn(1, 40, seed=1, dtype=dtype), _randn(hidden, 40, seed=2, dtype=dtype) / 6
+    bias = _randn(hidden, seed=3, dtype=dtype) if source.endswith("bias") else None
+    if source == "rows":
+        x = small_m.linear(x_in, w_prev, bias)
+    else:
+        x = small_m.linear(x_in, w_prev, bias, config=small_m.Config(16, 16, 16, 3), partial=True)
+    residual = _randn(1, hidden, seed=4, dtype=dtype)
+    norm_w, w = _randn(hidden, seed=5, dtype=dtype), _randn(72, hidden, seed=6, dtype=dtype) / 7
+    y, total = add_rms_norm(x, residual, norm_w, 1e-6)
+    expect = small_m.linear(y, w)
+    row = NormedRow.of(x, residual, norm_w, 1e-6)
+    row.total.fill_(float("nan"))
+    monkeypatch.setattr(small_m, "pick", lambda *a, **k: small_m.Config(16, 32, 16, split_k))
+    got = folded.linear(row, w, partial=True)
+    assert torch.equal(row.total, total)
+    if split_k > 1:  # K 48 in 16-wide steps: 3 slices, summed by the next kernel
+        assert isinstance(got, Partials) and got.parts.shape == (3, 1, 72)
+        got = got.parts.sum(0)
+    torch.testing.assert_close(got.double(), expect.double(), atol=TOL[dtype], rtol=TOL[dtype])
+    plain = folded.linear(NormedRow.of(x, residual, norm_w, 1e-6), w)  # not partial: reduced, of the dtype
+    assert plain.dtype == dtype
+    torch.testing.assert_close(plain.double(), expect.double(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@interp_only
+def test_interp_fused_decode_of_one_sequence_folds(monkeypatch):
+    """A fused tiny-qwen3 decode step of one sequence on the small-M GEMM: QKV (past the first layer) and gate/up
+    normalize their own rows (one add+RMSNorm kernel left: the final norm's); logits as without the folds. Four
+    sequences fold nothing. Eager only: the CPU backend's graphs replay ATen ops, the interpreter's kernels are
+    not ATen ops."""
+    from gmtool.kernels import folded, layers
+    from gmtool.kernels.common import NormedRow
+    from gmtool.model import fused as fused_mod
+
+    from .helpers import Rig, rel
+
+    monkeypatch.setattr(fused_mod, "_triton_runs", lambda x: True)
+    seen, launched = [], []
+    real = folded.linear
+    monkeypatch.setattr(folded, "linear", lambda x, *a, **k: seen.append(type(x)) or real(x, *a, **k))
+
+    class Counted:
+        def __init__(self, name, launch):
+            self.name, self.launch = name, launch
+
+        def __getitem__(self, grid):
+            launched.append(self.name)
+            return self.launch[grid]
+
+    monkeypatch.setattr(layers, "_ADD_RMS_NORM", Counted("add_rms_norm", layers._ADD_RMS_NORM))
+    import gmtool.kernels
+
+    monkeypatch.setattr(gmtool.kernels, "available", lambda: True)  # Triton attention, interpreted
+    rig = Rig(buckets=(1, 4), mode="full")
+    rig.bench.cfg.attention_backend = "triton"
+    fused = fused_mod.fuse_layers(rig.lm.model, "triton", rig.lm.layout, small_m=4)
+    n = rig.lm.num_layers
+    one = rig.batch("1*1@100", seed=1)
+    on = rig.eager(one)
+    assert seen == [NormedRow] * (2 * n - 1) and launched == ["add_rms_norm"], launched
+    assert "add+RMSNorms before QKV and gate/up run inside those GEMMs" in fused.summary
+    fused.ops.fold = False
+    assert "inside those GEMMs" not in fused.summary
+    seen.clear(), launched.clear()
+    off = rig.eager(one)
+    assert seen == [] and launched == ["add_rms_norm"] * 2 * n
+    assert rel(on, off) < 1e-4
+    fused.ops.fold = True
+    seen.clear()
+    rig.eager(rig.batch("1*4@100", seed=2))
+    assert seen == []
+
+
+@needs_triton
+def test_folded_linear_rejects_what_it_cannot_fold():
+    from gmtool.kernels import folded
+    from gmtool.kernels.common import NormedRow
+
+    w = torch.zeros(8, 16)
+    with pytest.raises(ValueError, match="one row"):
+        NormedRow.of(torch.zeros(2, 16), torch.zeros(2, 16), torch.zeros(16), 1e-6)
+    row = NormedRow.of(torch.zeros(1, 16), torch.zeros(1, 16), torch.zeros(16), 1e-6)
+    with pytest.raises(ValueError, match="does not fit weight"):
+        folded.linear(row, torch.zeros(8, 12))
+    with pytest.raises(ValueError, match="does not fit weight"):
+        folded.linear(row, w.half())
+    with pytest.raises(ValueError, match="bias"):
+        folded.linear(row, w, torch.zeros(7))
+    big = NormedRow.of(torch.zeros(1, 8192), torch.zeros(1, 8192), torch.zeros(8192), 1e-6)
+    with pytest.raises(ValueError, match="at most 4096"):
+        folded.linear(big, torch.zeros(4, 8192))
+    assert folded.norm_folds(4096) and not folded.norm_folds(4097)
+
+
+@pytest.mark.skipif(INTERPRETED or not HAS_TRITON, reason="needs triton, not interpreted")
+@pytest.mark.parametrize("hidden", [1024, 2880, 4096])
+def test_folded_kernel_compiles_for_hopper(hidden):
+    """The folded GEMM compiles for sm_90 with PDL (what the interpreter does not run), within an H200's shared
+    memory at the widest row it takes, and the weight still streams through pipelined 16-byte copies."""
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    from gmtool.kernels import folded
+    from gmtool.kernels.common import pow2
+    from gmtool.kernels.testing import compile_for_hopper
+
+    consts = dict(X_SPLIT=4, X_BIAS=False, K_PAD=pow2(hidden), HAS_BIAS=False, PARTIAL=True, EVEN_K=hidden % 256 == 0)
+    consts |= dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, PRECISION="tf32", PDL=2, PF_LINES=4, PF_STRIDE=64)
+
+    def arg(name):
+        if name == "eps":
+            return "fp32"
+        if name.endswith("_ptr"):
+            return "*fp32" if name in ("x_ptr", "xb_ptr", "out_ptr") else "*bf16"
+        return "i32"
+
+    kernel = compile_for_hopper(folded._norm_gemm_kernel, consts, arg, num_stages=4)
+    ptx = kernel.asm["ptx"]
+    assert "griddepcontrol.wait" in ptx
+    if consts["EVEN_K"]:  # as small_m's kernel: a K of no whole steps loads with masks
+        assert "cp.async.cg.shared.global" in ptx
+    assert kernel.metadata.shared <= 227 * 1024
