@@ -23,9 +23,10 @@ def _cfg(**kw):
 
 
 def test_a_fused_run_notes_its_error_against_the_model_s_own_layers():
+    """The largest bucket's first composition and the smallest's: the fused layers pick kernels by token count."""
     res = Sweep(_cfg()).run()
-    note = next(n for n in res.notes if n.startswith("--fuse against the model's own layers"))
-    assert "3+1*2" in note and not res.errors
+    notes = [n for n in res.notes if n.startswith("--fuse against the model's own layers")]
+    assert len(notes) == 2 and "3+1*2" in notes[0] and "(eager, 1*4)" in notes[1] and not res.errors
     assert res.document("capture").exit_code() == 0
 
 
@@ -40,11 +41,11 @@ def test_a_fused_block_that_computes_another_model_fails_the_run(monkeypatch):
     res = Sweep(_cfg()).run()
     graph_rows = [r for r in res.records if r.mode.captures]
     assert graph_rows and all(r.status.name == "OK" for r in graph_rows)  # the rows cannot see it
-    assert any("--fuse computes another model than tiny-qwen3's own layers" in e for e in res.errors), res.errors
+    assert ["--fuse computes another model than tiny-qwen3's own layers" in e for e in res.errors] == [True, True]
     assert res.document("capture").exit_code() == 1
     from gmtool.report.summary import verdict
 
-    assert "1 run error, printed above" in verdict(res.document("capture").to_dict())
+    assert "2 run errors, printed above" in verdict(res.document("capture").to_dict())
 
 
 def test_without_fuse_nothing_is_checked():

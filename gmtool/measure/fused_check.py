@@ -62,22 +62,25 @@ def check_fused(bench, comp: Composition, tolerance: float) -> FusedCheck:
 
 
 def judge_fused(bench, cfg, notes: list[str], errors: list[str]) -> None:
-    """A sweep's check, once its rows are measured: the largest bucket's first composition (prefill mixes there
-    when the run has any); its note, and its error when the fused layers compute another model."""
+    """A sweep's check, once its rows are measured: the first composition of the largest bucket (prefill mixes
+    there when the run has any) and of the smallest (the fused layers pick kernels by token count: the small-M
+    GEMM, PDL, and at one token the norms folded into the GEMMs); a note for each, and an error where the fused
+    layers compute another model."""
     if bench.lm.fused is None or not cfg.compositions_by_bucket:
         return
     if cfg.tp > 1:  # both forwards would need every rank in step; a --tp 1 run checks the same layers
         notes.append("--fuse not checked against the model's own layers under --tp (run --tp 1 for that)")
         return
-    comps = cfg.compositions_by_bucket[max(cfg.compositions_by_bucket)]
-    try:
-        checked = check_fused(bench, comps[0], tolerances_for(cfg.torch_dtype)[1])
-    except GmtoolError as e:
-        notes.append(f"--fuse not checked against the model's own layers: {e}")
-        return
-    except torch.OutOfMemoryError:  # the graphs are still alive: the rows stand, unchecked against the model
-        notes.append("--fuse not checked against the model's own layers: out of memory beside the graphs")
-        return
-    notes.append(checked.note)
-    if not checked.ok:
-        errors.append(checked.error(bench.lm.name))
+    by_bucket = cfg.compositions_by_bucket
+    for bucket in dict.fromkeys((max(by_bucket), min(by_bucket))):
+        try:
+            checked = check_fused(bench, by_bucket[bucket][0], tolerances_for(cfg.torch_dtype)[1])
+        except GmtoolError as e:
+            notes.append(f"--fuse not checked against the model's own layers: {e}")
+            return
+        except torch.OutOfMemoryError:  # the graphs are still alive: the rows stand, unchecked against the model
+            notes.append("--fuse not checked against the model's own layers: out of memory beside the graphs")
+            return
+        notes.append(checked.note)
+        if not checked.ok:
+            errors.append(checked.error(bench.lm.name))
