@@ -38,37 +38,43 @@ def test_folded_under_interpreter():
 @interp_only
 @pytest.mark.parametrize("dtype", [F32, F16])
 @pytest.mark.parametrize("source", ["partials", "partials+bias", "rows"])
-@pytest.mark.parametrize("split_k", [1, 3])
-def test_interp_qkv_normalizes_its_row(source, split_k, dtype, monkeypatch):
-    """The GEMM over a NormedRow equals add_rms_norm then the GEMM, and writes add_rms_norm's residual sum bit
-    for bit (hidden 48: the row padded to 64 in the first pass; the block output as split-K partials or a row)."""
+@pytest.mark.parametrize("blocks", [(16, 1), (16, 3), (32, 2)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_interp_qkv_normalizes_its_row(source, blocks, bias, dtype, monkeypatch):
+    """The GEMM over a NormedRow gives, bit for bit, add_rms_norm then the small-M GEMM with the same blocks, and
+    add_rms_norm's residual sum (hidden 48: the row padded to 64 in the first pass; the block output as split-K
+    partials, with or without their bias, or a row; BLOCK_K 16 whole, 32 masked past K; split into 3 or 2 K
+    slices, handed on as Partials or reduced; the GEMM's own bias)."""
     from gmtool.kernels import folded, small_m
     from gmtool.kernels.common import NormedRow, Partials
     from gmtool.kernels.layers import add_rms_norm
 
     hidden = 48
     x_in, w_prev = _randn(1, 40, seed=1, dtype=dtype), _randn(hidden, 40, seed=2, dtype=dtype) / 6
-    bias = _randn(hidden, seed=3, dtype=dtype) if source.endswith("bias") else None
+    x_bias = _randn(hidden, seed=3, dtype=dtype) if source.endswith("bias") else None
     if source == "rows":
-        x = small_m.linear(x_in, w_prev, bias)
+        x = small_m.linear(x_in, w_prev, x_bias)
     else:
-        x = small_m.linear(x_in, w_prev, bias, config=small_m.Config(16, 16, 16, 3), partial=True)
+        x = small_m.linear(x_in, w_prev, x_bias, config=small_m.Config(16, 16, 16, 3), partial=True)
     residual = _randn(1, hidden, seed=4, dtype=dtype)
     norm_w, w = _randn(hidden, seed=5, dtype=dtype), _randn(72, hidden, seed=6, dtype=dtype) / 7
+    b = _randn(72, seed=7, dtype=dtype) if bias else None
     y, total = add_rms_norm(x, residual, norm_w, 1e-6)
-    expect = small_m.linear(y, w)
-    row = NormedRow.of(x, residual, norm_w, 1e-6)
-    row.total.fill_(float("nan"))
-    monkeypatch.setattr(small_m, "pick", lambda *a, **k: small_m.Config(16, 32, 16, split_k))
-    got = folded.linear(row, w, partial=True)
-    assert torch.equal(row.total, total)
-    if split_k > 1:  # K 48 in 16-wide steps: 3 slices, summed by the next kernel
-        assert isinstance(got, Partials) and got.parts.shape == (3, 1, 72)
-        got = got.parts.sum(0)
-    torch.testing.assert_close(got.double(), expect.double(), atol=TOL[dtype], rtol=TOL[dtype])
-    plain = folded.linear(NormedRow.of(x, residual, norm_w, 1e-6), w)  # not partial: reduced, of the dtype
-    assert plain.dtype == dtype
-    torch.testing.assert_close(plain.double(), expect.double(), atol=TOL[dtype], rtol=TOL[dtype])
+    cfg = small_m.Config(16, 32, *blocks)
+    for partial in (True, False):
+        expect = small_m.linear(y, w, b, config=cfg, partial=partial)
+        row = NormedRow.of(x, residual, norm_w, 1e-6)
+        row.total.fill_(float("nan"))
+        monkeypatch.setattr(small_m, "pick", lambda *a, **k: cfg)
+        got = folded.linear(row, w, b, partial=partial)
+        monkeypatch.undo()
+        assert torch.equal(row.total, total)
+        if partial and blocks[1] > 1:  # summed by the next kernel
+            assert isinstance(got, Partials) and isinstance(expect, Partials)
+            assert got.parts.shape == (blocks[1], 1, 72) and torch.equal(got.parts, expect.parts)
+            assert (got.bias is None) == (b is None) and got.dtype == dtype
+        else:
+            assert got.dtype == dtype and torch.equal(got, expect), (got - expect).abs().max()
 
 
 @interp_only

@@ -38,7 +38,7 @@ GLOBAL_ACCESS = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|st\.global|cp\.async|at
 
 def _kernels():
     """(name, jit function, constexprs, pointer type of each *_ptr argument) for every PDL-aware kernel."""
-    from gmtool.kernels import decode_attention as da, kv_write as kw, layers, small_m
+    from gmtool.kernels import decode_attention as da, folded, kv_write as kw, layers, small_m
 
     gemm = dict(
         HAS_BIAS=True, PARTIAL=False, EVEN_K=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32"
@@ -54,6 +54,12 @@ def _kernels():
     return [
         ("small_m", small_m._small_m_kernel, gemm, ptr),
         ("small_m split-K", small_m._small_m_kernel, split_gemm, lambda n: "*fp32" if n == "out_ptr" else "*bf16"),
+        (
+            "small_m folded norm",
+            folded._norm_gemm_kernel,
+            split_gemm | dict(X_SPLIT=4, X_BIAS=False, K_PAD=1024),
+            lambda n: "*fp32" if n in ("x_ptr", "xb_ptr", "out_ptr") else "*bf16",
+        ),
         (
             "split reduce",
             small_m._split_reduce_kernel,

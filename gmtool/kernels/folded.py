@@ -6,13 +6,16 @@ trip to memory, whatever it computes. Leaving the add+RMSNorm kernels out of qwe
 .diag/whatif.py). Here QKV and gate/up, the GEMMs after those norms, compute the norm themselves from the same
 inputs: each program first reads the whole row (the block output or its split-K partials, and the residual: a few
 KB, in L2) for its sum of squares; each K step then reads its slice again (now in cache) and normalizes it into the
-x tile. Program (0, 0) also stores the residual sum, which the next add reads. The step: 0.840 and 0.844 ms against 0.868 and
-0.865 (the same call, graphs alternated), the logits bit for bit those of the unfolded step.
+x tile. Program (0, 0) also stores the residual sum, which the next add reads. The step: 0.840 and 0.844 ms
+against 0.868 and 0.865 (the same call, graphs alternated), the logits bit for bit those of the unfolded step,
+at hidden 1,024, where both kernels reduce the sum of squares with 4 warps; the norm kernel takes 8 from 2,048
+up, so there the scale may differ in its last fp32 bit and a rounded element by one ulp (within tolerance).
 
 Tried and dropped: the decode attention's split combine folded into o_proj the same way (each K step combining
 the partials of the heads it covers): 1.051-1.052 ms against 0.865-0.868, and 1.077-1.082 with one K step a
-program (the same call). One row only: every program reads the whole row, which at more rows costs more than the kernel it
-replaces. The MMA is gmtool.kernels.small_m's on the same x tile (row 0 of 16); block sizes are small_m.pick's.
+program (the same call). One row only: every program reads the whole row, which at more rows costs more than
+the kernel it replaces. The MMA is gmtool.kernels.small_m's on the same x tile (row 0 of 16); block sizes are
+small_m.pick's.
 """
 
 from __future__ import annotations

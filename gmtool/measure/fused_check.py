@@ -76,11 +76,13 @@ def judge_fused(bench, cfg, notes: list[str], errors: list[str]) -> None:
         try:
             checked = check_fused(bench, by_bucket[bucket][0], tolerances_for(cfg.torch_dtype)[1])
         except GmtoolError as e:
-            notes.append(f"--fuse not checked against the model's own layers: {e}")
-            return
+            notes.append(f"--fuse not checked against the model's own layers on bucket {bucket}: {e}")
+            continue
         except torch.OutOfMemoryError:  # the graphs are still alive: the rows stand, unchecked against the model
-            notes.append("--fuse not checked against the model's own layers: out of memory beside the graphs")
-            return
+            notes.append(
+                f"--fuse not checked against the model's own layers on bucket {bucket}: out of memory beside the graphs"
+            )
+            continue
         notes.append(checked.note)
         if not checked.ok:
             errors.append(checked.error(bench.lm.name))

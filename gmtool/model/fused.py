@@ -434,7 +434,10 @@ class FusedLayers:
             if self.ops.fold and c["residual_adds"]:
                 from gmtool.kernels.folded import MAX_K
 
-                s += f"; at one token the add+RMSNorms before QKV and gate/up run inside those GEMMs (rows up to {MAX_K:,})"
+                s += (
+                    "; at one token the add+RMSNorms before QKV and gate/up run inside those GEMMs "
+                    f"(rows up to {MAX_K:,})"
+                )
         if self.ops is not None and self.ops.triton and self.ops.pdl:
             s += (
                 f"; Triton kernels of steps of up to {self.ops.small_m} tokens launched with PDL (the small-M GEMM "
