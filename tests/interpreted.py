@@ -4,6 +4,7 @@ selected fewer of them than the module holds fails the parent test instead of pa
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -13,6 +14,10 @@ from types import ModuleType
 import pytest
 
 SELECT = "interp_"  # the child runs the tests whose names hold this (-k)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # in the child
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+interp_only = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child process")
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 OK_OUTCOMES = {"passed", "deselected", "warning", "warnings"}
 
 

@@ -5,7 +5,6 @@ child pytest (tests/interpreted.py), as tests/test_kernels.py does."""
 
 from __future__ import annotations
 
-import os
 import sys
 from types import SimpleNamespace
 
@@ -15,10 +14,8 @@ import torch
 from gmtool.model import attention as ref
 from gmtool.model.attention import LayerOpts
 from gmtool.kernels.testing import make_case
-from tests.interpreted import run_interpreted
+from tests.interpreted import INTERPRETED, interp_only, run_interpreted
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-interp_only = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child process")
 
 W = 12  # window; block size 4: the window spans several blocks, and sequences many more
 BS = 4

@@ -8,7 +8,6 @@ these use fp32 and fp16: bf16 is covered by tests/gpu/test_kernels_gpu.py.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from types import SimpleNamespace
@@ -20,11 +19,8 @@ from gmtool.model import attention as ref
 from gmtool.errors import GmtoolError
 from gmtool.kernels import available, get_attention_ops
 from gmtool.kernels.testing import decode_case, make_case, naive_decode, naive_varlen, poison_unused
-from tests.interpreted import run_interpreted
+from tests.interpreted import INTERPRETED, HAS_TRITON, interp_only, run_interpreted
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-interp_only = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child process")
 
 GQA = [(4, 1), (2, 2), (1, 4)]  # (kv heads, query heads per kv head)
 DECODE_LENS = [1, 17, 5, 40, 33]  # none but 1 a multiple of anything; block sizes 16 and 8

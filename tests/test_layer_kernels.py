@@ -9,7 +9,6 @@ row (a wrong mask or stride) gives NaN rather than a small error.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -22,11 +21,8 @@ from gmtool.model.layers_ref import (
     rms_norm_ref,
     silu_mul_ref,
 )
-from tests.interpreted import run_interpreted
+from tests.interpreted import INTERPRETED, HAS_TRITON, interp_only, run_interpreted
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-interp_only = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child process")
 
 F32, F16 = torch.float32, torch.float16
 TOL = {F32: 1e-5, F16: 2e-3}

@@ -14,7 +14,6 @@ the addresses must be the weight's own elements (no address past K) covering eve
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import sys
@@ -22,11 +21,8 @@ import sys
 import pytest
 import torch
 
-from tests.interpreted import run_interpreted
+from tests.interpreted import INTERPRETED, HAS_TRITON, interp_only, run_interpreted
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-interp_only = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child process")
 compiled_only = pytest.mark.skipif(INTERPRETED or not HAS_TRITON, reason="needs triton, not interpreted")
 
 MODES = (0, 1, 2)  # gmtool.kernels.pdl.Pdl: OFF, AFTER_WAIT, EARLY

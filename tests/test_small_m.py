@@ -10,19 +10,14 @@ so a kernel that reads past a row of x (or past K in W) gives NaN rather than a 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
 import pytest
 import torch
 
-from tests.interpreted import run_interpreted
+from tests.interpreted import HAS_TRITON, INTERPRETED, interp_only, needs_triton, run_interpreted
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-interp_only = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child process")
-needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 
 F32, F16 = torch.float32, torch.float16
 TOL = {F32: 1e-5, F16: 2e-3}

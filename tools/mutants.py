@@ -1115,7 +1115,7 @@ MUTANTS: list[Mutant] = [
     M(
         "pdl-prefetch-misses-a-line",
         "gmtool/kernels/small_m.py",
-        "            prefetch_l2(w_rows + tl.minimum(k0 + kk + BLOCK_K - 1, K - 1))\n",
+        "        prefetch_l2(w_rows + tl.minimum(k0 + kk + BLOCK_K - 1, K - 1))\n",
         "",
         "tests/test_pdl.py::test_pdl_under_interpreter",
         "--pdl: the small-M GEMM's prefetch leaves the last line of a step out where a row does not start on a line",

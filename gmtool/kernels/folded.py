@@ -26,10 +26,9 @@ import triton.language as tl
 
 from gmtool.kernels import pdl as pdl_mod
 from gmtool.kernels import small_m
-from gmtool.kernels.common import NormedRow, Partials, dot_precision, num_sms, pow2
+from gmtool.kernels.common import NormedRow, Partials, num_sms, pow2
 from gmtool.kernels.launcher import FastLaunch
 from gmtool.kernels.layers import _row_block
-from gmtool.kernels.pdl import prefetch_l2
 
 # the first pass holds the whole row in registers: past this (hidden 8,192 models) the norm kernel runs
 MAX_K = 4096
@@ -72,12 +71,8 @@ def _norm_gemm_kernel(
     w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
     k0 = pid_k * steps_per_split * BLOCK_K
     span = tl.minimum(steps_per_split * BLOCK_K, K - k0)
-    if PDL != 0:  # as small_m's kernel: the weight slice into L2 before the wait, nothing else before it
-        lines = tl.arange(0, PF_LINES) * PF_STRIDE
-        for kk in range(0, span, BLOCK_K):
-            prefetch_l2(w_rows + tl.minimum(k0 + kk + lines, K - 1)[None, :])
-            prefetch_l2(w_rows + tl.minimum(k0 + kk + BLOCK_K - 1, K - 1))
-        pdl_mod.enter(1)
+    if PDL != 0:  # as small_m's kernel: nothing but the weight prefetch before the wait
+        small_m.prefetch_then_wait(w_rows, k0, span, K, BLOCK_K, PF_LINES, PF_STRIDE)
     dt = w_ptr.dtype.element_ty  # the activations' (the launcher checks)
     row = pid_n * 0
     # the row's sum of squares, as gmtool.kernels.layers' add+RMSNorm kernel takes it
@@ -104,13 +99,7 @@ def _norm_gemm_kernel(
         y = ((v * rstd).to(dt).to(tl.float32) * nw).to(dt)  # HF's two roundings, as the norm kernel makes them
         x = tl.where(rm[:, None] == 0, y[None, :], 0.0).to(dt)  # row 0 of the MMA's 16
         acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)
-    mask = (rn < N)[:, None] & (rm == 0)[None, :]
-    if PARTIAL:  # [split, 1, N] fp32, summed by the next kernel as small_m's partials are
-        tl.store(out_ptr + pid_k * N + rm[None, :] * N + rn[:, None], acc, mask=mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
-        tl.store(out_ptr + rm[None, :] * N + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    small_m.store_product(acc, out_ptr, b_ptr, rn, rm, pid_k, 1, N, rn < N, rm == 0, HAS_BIAS, PARTIAL)
 
 
 _NORM_GEMM = FastLaunch(_norm_gemm_kernel)
@@ -143,9 +132,7 @@ def linear(
     if not norm_folds(k):
         raise ValueError(f"a NormedRow of {k} columns is not folded (at most {MAX_K})")
     cfg = small_m.pick(1, n, k, num_sms(weight.device), weight.element_size(), partial=partial)
-    steps = triton.cdiv(k, cfg.block_k)
-    per = triton.cdiv(steps, cfg.split)
-    split = triton.cdiv(steps, per)
+    per, split = small_m.slices(cfg, k)
     src = x.x
     if isinstance(src, Partials):
         xp, xb, x_split = src.parts, src.parts if src.bias is None else src.bias, src.parts.shape[0]
@@ -156,7 +143,6 @@ def linear(
     b = bias.contiguous() if bias is not None else weight  # unread without HAS_BIAS
     out = None if split > 1 and partial else torch.empty((1, n), dtype=dtype, device=weight.device)
     dst = out if split == 1 else torch.empty((split, 1, n), dtype=torch.float32, device=weight.device)
-    lines = max(1, cfg.block_k * weight.element_size() // pdl_mod.L2_LINE)
     _NORM_GEMM[(triton.cdiv(n, cfg.block_n), split)](
         xp,
         xb,
@@ -174,19 +160,7 @@ def linear(
         X_SPLIT=x_split,
         X_BIAS=isinstance(src, Partials) and src.bias is not None,
         K_PAD=pow2(k),
-        HAS_BIAS=bias is not None,
-        PARTIAL=split > 1,
-        EVEN_K=k % cfg.block_k == 0,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        PRECISION=dot_precision(dtype),
-        PDL=int(pdl),
-        PF_LINES=lines,
-        PF_STRIDE=cfg.block_k // lines,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **pdl_mod.launch_options(pdl),
+        **small_m.launch_options(cfg, weight, bias, split, pdl),
     )
     if split > 1 and partial:
         return Partials(dst, None if bias is None else b, dtype)

@@ -110,6 +110,35 @@ def pick(m: int, n: int, k: int, sms: int, elem_bytes: int = 2, partial: bool = 
     return Config(block_m, block_n, block_k, split, num_stages=max(2, min(4, (160 << 10) // stage_bytes)))
 
 
+@triton.jit
+def prefetch_then_wait(w_rows, k0, span, K, BLOCK_K: tl.constexpr, PF_LINES: tl.constexpr, PF_STRIDE: tl.constexpr):
+    """A PDL GEMM's start: this program's W slice into L2 while the kernel before still runs (weights are
+    read-only, so this may precede the wait), then the wait. Every 128-byte line of the slice, clamped to the row
+    (no address past K); the step's last element too, whose line is a new one where a row does not start on a
+    line. The next kernel may launch after the wait, in every mode: a GEMM ends a launch-early cascade
+    (pdl.Pdl.EARLY)."""
+    lines = tl.arange(0, PF_LINES) * PF_STRIDE
+    for kk in range(0, span, BLOCK_K):
+        prefetch_l2(w_rows + tl.minimum(k0 + kk + lines, K - 1)[None, :])
+        prefetch_l2(w_rows + tl.minimum(k0 + kk + BLOCK_K - 1, K - 1))
+    pdl_mod.enter(1)
+
+
+@triton.jit
+def store_product(
+    acc, out_ptr, b_ptr, rn, rm, pid_k, M, N, n_mask, m_mask, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr
+):
+    """The [BLOCK_N, BLOCK_M] accumulator (W tile @ x tile^T) as rows of the output: fp32 partials [split, M, N]
+    where K is split (summed by _split_reduce_kernel or the next kernel), else + bias, rounded to out's dtype."""
+    mask = n_mask[:, None] & m_mask[None, :]
+    if PARTIAL:
+        tl.store(out_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + rm[None, :] * N + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 # M is not specialized (1, multiples of 16): one compiled variant per shape and BLOCK_M serves every bucket
 @triton.jit(do_not_specialize=["M"])
 def _small_m_kernel(
@@ -146,17 +175,8 @@ def _small_m_kernel(
     x_rows = x_ptr + rm[:, None] * stride_xm
     k0 = pid_k * steps_per_split * BLOCK_K  # a multiple of BLOCK_K the compiler can see: vector loads
     span = tl.minimum(steps_per_split * BLOCK_K, K - k0)  # the last slice may be shorter
-    if PDL != 0:
-        # This program's W slice into L2 while the kernel before still runs: weights are read-only, so this may
-        # precede the wait. Every 128-byte line of the slice, clamped to the row (no address past K); the step's
-        # last element too, whose line is a new one where a row does not start on a line.
-        lines = tl.arange(0, PF_LINES) * PF_STRIDE
-        for kk in range(0, span, BLOCK_K):
-            prefetch_l2(w_rows + tl.minimum(k0 + kk + lines, K - 1)[None, :])
-            prefetch_l2(w_rows + tl.minimum(k0 + kk + BLOCK_K - 1, K - 1))
-        # x (and the output's memory) belong to earlier kernels: nothing below runs before the wait. The next
-        # kernel may launch after it, in every mode: a GEMM ends a launch-early cascade (pdl.Pdl.EARLY).
-        pdl_mod.enter(1)
+    if PDL != 0:  # x (and the output's memory) belong to earlier kernels: nothing below runs before the wait
+        prefetch_then_wait(w_rows, k0, span, K, BLOCK_K, PF_LINES, PF_STRIDE)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kk in range(0, span, BLOCK_K):
         k = k0 + kk + rk
@@ -168,14 +188,7 @@ def _small_m_kernel(
             w = tl.load(w_rows + k[None, :], mask=k_mask[None, :], other=0.0)
             x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)
-    mask = n_mask[:, None] & m_mask[None, :]
-    if PARTIAL:  # partials [split, M, N] in fp32, summed by _split_reduce_kernel
-        dst = out_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None]
-        tl.store(dst, acc, mask=mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        tl.store(out_ptr + rm[None, :] * N + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    store_product(acc, out_ptr, b_ptr, rn, rm, pid_k, M, N, n_mask, m_mask, HAS_BIAS, PARTIAL)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -231,32 +244,39 @@ def linear(
     cfg = config or pick(m, n, k, num_sms(x.device), x.element_size(), partial=partial)
     if cfg.block_m < m:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the {m} rows of x")
-    steps = triton.cdiv(k, cfg.block_k)
-    per = triton.cdiv(steps, cfg.split)  # BLOCK_K steps per slice
-    split = triton.cdiv(steps, per)  # slices that hold any K
+    per, split = slices(cfg, k)
     b = bias.contiguous() if bias is not None else x  # unread without HAS_BIAS
     # no [M, N] output where the caller takes the partials (it would be a graph pool's for nothing)
     out = None if split > 1 and partial else torch.empty((m, n), dtype=x.dtype, device=x.device)
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    lines = max(1, cfg.block_k * weight.element_size() // pdl_mod.L2_LINE)  # at least one address per step
     _SMALL_M[(triton.cdiv(n, cfg.block_n), split)](
-        x,
-        weight,
-        b,
-        dst,
-        m,
-        n,
-        k,
-        x.stride(0),
-        weight.stride(0),
-        per,
+        x, weight, b, dst, m, n, k, x.stride(0), weight.stride(0), per, **launch_options(cfg, weight, bias, split, pdl)
+    )
+    if split > 1 and partial:
+        return Partials(dst, None if bias is None else b, x.dtype)
+    if split > 1:
+        reduce_partials(dst, None if bias is None else b, out, pdl)
+    return out
+
+
+def slices(cfg: Config, k: int) -> tuple[int, int]:
+    """(BLOCK_K steps per K slice, slices that hold any K): cfg.split rounded to what K fills."""
+    per = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split)
+    return per, triton.cdiv(triton.cdiv(k, cfg.block_k), per)
+
+
+def launch_options(cfg: Config, weight: torch.Tensor, bias, split: int, pdl: int) -> dict:
+    """The GEMM kernels' constexprs and launch options for cfg over weight [N, K]."""
+    k = weight.shape[1]
+    lines = max(1, cfg.block_k * weight.element_size() // pdl_mod.L2_LINE)  # at least one address per step
+    return dict(
         HAS_BIAS=bias is not None,
         PARTIAL=split > 1,
         EVEN_K=k % cfg.block_k == 0,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
-        PRECISION=dot_precision(x.dtype),
+        PRECISION=dot_precision(weight.dtype),
         PDL=int(pdl),
         PF_LINES=lines,
         PF_STRIDE=cfg.block_k // lines,
@@ -264,11 +284,6 @@ def linear(
         num_stages=cfg.num_stages,
         **pdl_mod.launch_options(pdl),
     )
-    if split > 1 and partial:
-        return Partials(dst, None if bias is None else b, x.dtype)
-    if split > 1:
-        reduce_partials(dst, None if bias is None else b, out, pdl)
-    return out
 
 
 def reduce_partials(parts: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, pdl: int = pdl_mod.Pdl.OFF):

@@ -53,27 +53,15 @@ def test_folds_match_the_chain_at_every_profile_shape(model):
 def test_fused_decode_graph_with_folds_equals_without():
     """qwen3-0.6b --fuse --small-m-gemm --pdl, B=1 kv 1,023: the decode graph with the folds against the graph
     without them, replayed over the same batch."""
-    from gmtool.config import SweepConfig
     from gmtool.core.compositions import parse_composition
+    from gmtool.kernels import folded
     from gmtool.measure.timing import rel_err_per_seq, tolerances_for
-    from gmtool.measure.workbench import Workbench
     from gmtool.modes import GraphMode
 
-    cfg = SweepConfig(
-        model="qwen3-0.6b",
-        device="cuda",
-        dtype="bf16",
-        fuse=True,
-        small_m_gemm=True,
-        pdl=True,
-        buckets="1",
-        modes=(GraphMode.EAGER, GraphMode.FULL),
-        max_kv_len=1152,
-    )
-    bench = Workbench.build(cfg, num_blocks=512)
-    batch = bench.batch(parse_composition("1*1@1023", seed=1))
-    from gmtool.kernels import folded
+    from tests.gpu.rigs import small_m_pdl_bench
 
+    bench = small_m_pdl_bench("1,32")  # shared with test_pdl_gpu.py
+    batch = bench.batch(parse_composition("1*1@1023", seed=1))
     logits, folds = {}, []
     real = folded.linear
     folded.linear = lambda *a, **k: folds.append(1) or real(*a, **k)
@@ -86,6 +74,6 @@ def test_fused_decode_graph_with_folds_equals_without():
             folds.clear()
             del ex
     finally:
-        folded.linear = real
+        folded.linear, bench.lm.fused.ops.fold = real, True
     err = rel_err_per_seq(logits[True], logits[False])
     assert err < tolerances_for(BF16)[0], err  # H200, 2026-12-01: 0 (the same bits)

@@ -7,11 +7,11 @@ each graph is replayed many times and every replay must give the first one's log
 import pytest
 import torch
 
-from gmtool.config import SweepConfig
 from gmtool.core.compositions import parse_composition
 from gmtool.measure.timing import rel_err_per_seq, tolerances_for
-from gmtool.measure.workbench import Workbench
 from gmtool.modes import GraphMode
+
+from tests.gpu.rigs import small_m_pdl_bench
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 REPLAYS = 30
@@ -24,18 +24,7 @@ def bench():
     why = pdl.problem(torch.device("cuda"))
     if why:
         pytest.skip(f"PDL cannot run here: {why}")
-    cfg = SweepConfig(
-        model="qwen3-0.6b",
-        device="cuda",
-        dtype="bf16",
-        fuse=True,
-        small_m_gemm=True,
-        pdl=True,
-        buckets="1,32",
-        modes=(GraphMode.EAGER, GraphMode.FULL),
-        max_kv_len=1152,
-    )
-    wb = Workbench.build(cfg, num_blocks=4096)
+    wb = small_m_pdl_bench("1,32")
     assert wb.lm.fused.ops.pdl == pdl.Pdl.EARLY and "PDL" in wb.lm.fused.summary  # what --pdl runs
     return wb
 
