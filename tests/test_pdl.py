@@ -216,6 +216,31 @@ def test_fused_ops_pass_the_mode_on(monkeypatch):
 # ---------------------------------------------------------------- under the interpreter
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+@pytest.mark.parametrize("mode,split_mode,combine_mode", [(0, 0, 0), (1, 1, 1), (2, 2, 1)])
+def test_decode_combine_lets_the_next_kernel_launch_only_after_its_wait(monkeypatch, mode, split_mode, combine_mode):
+    """Under EARLY the split kernel lets the combine launch before its wait, but the combine lets o_proj launch
+    only after its own (measured faster: o_proj's prefetch off DRAM while the split reads K/V); both launch with
+    PDL whenever the mode is on."""
+    from gmtool.kernels import decode_attention as da
+    from gmtool.kernels.testing import decode_case
+
+    launched = {}
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.__setitem__(self.name, (kw["PDL"], kw.get("launch_pdl", False)))
+
+    monkeypatch.setattr(da, "_DECODE_SPLIT", Recorder("split"))
+    monkeypatch.setattr(da, "_COMBINE", Recorder("combine"))
+    case, q = decode_case([40, 7], num_slots=2, head_dim=32)
+    da.decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, 0.2, num_splits=4, pdl=mode)
+    assert launched == {"split": (split_mode, bool(mode)), "combine": (combine_mode, bool(mode))}
+
+
 @pytest.mark.skipif(INTERPRETED, reason="the child runs the tests itself")
 def test_pdl_under_interpreter():
     """Every interp_only test of this module, run by the Triton interpreter in a child pytest: all must pass."""

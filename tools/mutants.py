@@ -1120,6 +1120,14 @@ MUTANTS: list[Mutant] = [
         "tests/test_pdl.py::test_pdl_under_interpreter",
         "--pdl: the small-M GEMM's prefetch leaves the last line of a step out where a row does not start on a line",
     ),
+    M(
+        "pdl-combine-launches-next-early",
+        "gmtool/kernels/decode_attention.py",
+        "        late = min(int(mode), pdl_mod.Pdl.AFTER_WAIT)\n",
+        "        late = int(mode)\n",
+        "tests/test_pdl.py::test_decode_combine_lets_the_next_kernel_launch_only_after_its_wait",
+        "--pdl: the decode combine lets o_proj launch before its wait, its prefetch beside the split's K/V reads",
+    ),
     # -- the folded one-row GEMM (gmtool/kernels/folded.py) ------------------------------------------------------
     M(
         "fold-norm-without-residual",

@@ -360,7 +360,14 @@ def decode_attention(
     )
     if combine is not None:
         grid, args, consts = combine
-        _COMBINE[grid](*args, **(consts | on), num_warps=NUM_WARPS, **pdl_mod.launch_options(mode))
+        # Under EARLY too, the combine lets the kernel after it (o_proj's GEMM) launch only once its own wait has
+        # returned: o_proj's programs and their weight prefetch then stay off the SMs and DRAM while the split
+        # kernel reads K/V. qwen3-0.6b --fuse --small-m-gemm --pdl, kv 1,023 (H200, 2026-12-02, .diag/modeab.py,
+        # graphs alternated in one process): B=1 0.838-0.840 ms against 0.846-0.849, B=8 1.209-1.212 against
+        # 1.232-1.234. The split kernel doing the same: B=1 0.833-0.834 alone but 0.840 with the combine's, B=8
+        # no gain; the QK-norm+RoPE or SiLU kernels: slower (0.854-0.874 ms at B=1).
+        late = min(int(mode), pdl_mod.Pdl.AFTER_WAIT)
+        _COMBINE[grid](*args, **(consts | {"PDL": late}), num_warps=NUM_WARPS, **pdl_mod.launch_options(mode))
     return out
 
 

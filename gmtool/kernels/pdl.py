@@ -15,8 +15,9 @@ Modes (the kernels' PDL constexpr): OFF compiles the kernels as before (no gridd
 launches them plainly. AFTER_WAIT: wait, then let the next kernel launch (one kernel ahead at a time).
 EARLY, what --pdl runs: the element-wise kernels let the next kernel launch before their own wait, so a GEMM
 after them can prefetch while the kernel two ahead still runs; the GEMM itself still triggers only after its
-wait, which stops the cascade at each GEMM. Still right: a kernel finishes only after its own wait returned,
-so "the kernel before has finished" still carries down the chain. qwen3-0.6b's decode step at B=1 kv 1024 on
+wait, which stops the cascade at each GEMM, and so does the decode combine (o_proj launched during the split
+kernel's K/V reads was slower: gmtool.kernels.decode_attention). Still right: a kernel finishes only after its
+own wait returned, so "the kernel before has finished" still carries down the chain. qwen3-0.6b's decode step at B=1 kv 1024 on
 an H200: 0.989 ms against 1.041 for AFTER_WAIT (2026-12-01, tools/pdl_decode.py, one process).
 
 Prefetching further ahead was slower. A tiny kernel in the chain after each QKV GEMM, bulk-prefetching the
