@@ -13,6 +13,13 @@ programs return at once and the combine reads only the splits that held tokens.
 Layer options (compile-time constants, static per layer): a sliding window reads only the last WINDOW tokens'
 pages, the splits dividing the window rather than the whole sequence; SOFTCAP caps the logits; learned sinks
 join the softmax's denominator once, where the splits are combined. V may have its own head dim (DV).
+
+Tried and dropped (qwen3-0.6b --fuse --small-m-gemm --pdl, kv 1,023, H200, 2026-12-02, variants alternated in one
+process): the last split of each kv head to finish combining the partials itself (an atomic count per sequence
+and kv head, which that split resets; no combine kernel): B=1 0.898-0.903 ms against 0.847-0.848, B=32 2.479
+against 2.302-2.304. A split's first block-table entries read beside kv_len rather than after it: B=1
+0.851-0.853 against 0.845-0.848, B=32 2.481 against 2.310-2.312. 32-token splits and tiles: B=1 0.838-0.840
+against 0.845-0.849, B=32 2.485-2.490 against 2.305-2.312.
 """
 
 from __future__ import annotations
@@ -363,7 +370,7 @@ def decode_attention(
         # Under EARLY too, the combine lets the kernel after it (o_proj's GEMM) launch only once its own wait has
         # returned: o_proj's programs and their weight prefetch then stay off the SMs and DRAM while the split
         # kernel reads K/V. qwen3-0.6b --fuse --small-m-gemm --pdl, kv 1,023 (H200, 2026-12-02, .diag/modeab.py,
-        # graphs alternated in one process): B=1 0.838-0.840 ms against 0.846-0.849, B=8 1.209-1.212 against
+        # graphs alternated in one process): B=1 0.838-0.840 ms against 0.846-0.849, B=8 1.208-1.212 against
         # 1.232-1.234. The split kernel doing the same: B=1 0.833-0.834 alone but 0.840 with the combine's, B=8
         # no gain; the QK-norm+RoPE or SiLU kernels: slower (0.854-0.874 ms at B=1).
         late = min(int(mode), pdl_mod.Pdl.AFTER_WAIT)

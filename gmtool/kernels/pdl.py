@@ -17,8 +17,8 @@ EARLY, what --pdl runs: the element-wise kernels let the next kernel launch befo
 after them can prefetch while the kernel two ahead still runs; the GEMM itself still triggers only after its
 wait, which stops the cascade at each GEMM, and so does the decode combine (o_proj launched during the split
 kernel's K/V reads was slower: gmtool.kernels.decode_attention). Still right: a kernel finishes only after its
-own wait returned, so "the kernel before has finished" still carries down the chain. qwen3-0.6b's decode step at B=1 kv 1024 on
-an H200: 0.989 ms against 1.041 for AFTER_WAIT (2026-12-01, tools/pdl_decode.py, one process).
+own wait returned, so "the kernel before has finished" still carries down the chain. qwen3-0.6b's decode step
+at B=1 kv 1024 on an H200: 0.989 ms against 1.041 for AFTER_WAIT (2026-12-01, tools/pdl_decode.py, one process).
 
 Prefetching further ahead was slower. A tiny kernel in the chain after each QKV GEMM, bulk-prefetching the
 layer's o_proj, gate/up and down weights into L2 (`cp.async.bulk.prefetch.L2`) so attention's latency-bound
@@ -27,7 +27,9 @@ layer (qwen3-0.6b B=1 kv 1024, H200, 2026-12-01, .diag/lookahead.py). Presumably
 covers the prefetching kernel's end, which comes after its prefetches drain. A side stream doing the same had
 been slower too (1.086-1.125 against 1.041 ms). So was letting the decode attention read its kv lengths and
 first block-table row, and prefetch that tile's K/V into L2, before its wait: 0.935-0.936 ms against 0.908-0.909
-at B=1, 2.353 against 2.198 at B=32 (the same call, trees alternated).
+at B=1, 2.353 against 2.198 at B=32 (the same call, trees alternated). So were the GEMMs letting the next kernel
+launch before their own wait (2026-12-02, .diag/gemmearly.py, B=1 kv 1,023): all of them 0.888-0.894 ms against
+0.846-0.850, o_proj's alone 0.888-0.889, each other GEMM's within 5 us of the step without.
 
 Triton 3.6 and 3.9 both have `triton.language.extra.cuda.gdc_wait` / `gdc_launch_dependents` and the
 `launch_pdl` launch option. The interpreter has neither griddepcontrol nor inline assembly: there, before
