@@ -213,9 +213,6 @@ def test_fused_ops_pass_the_mode_on(monkeypatch):
         assert pdl.current() == pdl.Pdl.OFF
 
 
-# ---------------------------------------------------------------- under the interpreter
-
-
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 @pytest.mark.parametrize("mode,split_mode,combine_mode", [(0, 0, 0), (1, 1, 1), (2, 2, 1)])
 def test_decode_combine_lets_the_next_kernel_launch_only_after_its_wait(monkeypatch, mode, split_mode, combine_mode):
@@ -239,6 +236,9 @@ def test_decode_combine_lets_the_next_kernel_launch_only_after_its_wait(monkeypa
     case, q = decode_case([40, 7], num_slots=2, head_dim=32)
     da.decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.kv_lens_t, 0.2, num_splits=4, pdl=mode)
     assert launched == {"split": (split_mode, bool(mode)), "combine": (combine_mode, bool(mode))}
+
+
+# ---------------------------------------------------------------- under the interpreter
 
 
 @pytest.mark.skipif(INTERPRETED, reason="the child runs the tests itself")
