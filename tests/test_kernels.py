@@ -203,9 +203,10 @@ def test_kernels_compile_for_hopper():
     for split in (False, True):
         for opts in (plain, feats):
             assert _compile_for_hopper(da._decode_split_kernel, {**dec, **opts, "SPLIT": split}).asm["cubin"]
+    assert _compile_for_hopper(da._decode_split_kernel, {**dec, **plain, "SPLIT": True, "PRE_LENS": 1})
     for sinks in (False, True):
         window = 4096 if sinks else 0
-        consts = dict(NUM_HEADS=16, D=128, D_PAD=128, S_PAD=64, SINKS=sinks, WINDOW=window, BLOCK_N=64)
+        consts = dict(NUM_HEADS=16, D=128, D_PAD=128, S_PAD=64, SINKS=sinks, WINDOW=window, BLOCK_N=64, DC=32)
         assert _compile_for_hopper(da._combine_kernel, consts)
     for wide in (False, True):
         for opts in (plain, feats):
@@ -240,9 +241,11 @@ F32, F16 = torch.float32, torch.float16
 
 @interp_only  # the interpreter is slow: each GQA ratio, split count and dtype once, not every combination
 @pytest.mark.parametrize(
-    "kv_heads,group,num_splits,dtype", [(4, 1, 1, F32), (2, 2, 3, F32), (1, 4, 8, F32), (2, 2, 1, F16), (1, 4, 3, F16)]
+    "kv_heads,group,num_splits,dtype,pre_lens",
+    # pre_lens: kv_lens read before the (here absent) PDL wait, as under --pdl; split 0 of a padded slot goes on
+    [(4, 1, 1, F32, False), (2, 2, 3, F32, True), (1, 4, 8, F32, False), (2, 2, 1, F16, True), (1, 4, 3, F16, False)],
 )
-def test_interp_decode(kv_heads, group, num_splits, dtype):
+def test_interp_decode(kv_heads, group, num_splits, dtype, pre_lens):
     from gmtool.kernels.decode_attention import decode_attention
 
     case, q = decode_case(
@@ -262,10 +265,35 @@ def test_interp_decode(kv_heads, group, num_splits, dtype):
         block_n=16,
         # NaN split partials: a split past a sequence's tokens writes none, and the combine must not read it
         scratch=lambda role, n: torch.full((n,), float("nan")),
+        pre_lens=pre_lens,
     )
     expect = naive_decode(case, q, 0.3)
     torch.testing.assert_close(out.double(), expect, atol=TOL[dtype], rtol=TOL[dtype])
     assert (out[case.num_seqs :] == 0).all()  # padded slots: zeros
+
+
+@interp_only
+def test_interp_decode_combine_shares_out_dims():
+    """One sequence of head_dim 128: each head's combine split over 4 programs of 32 dims (combine_dims)."""
+    from gmtool.kernels.decode_attention import combine_dims, decode_attention
+
+    case, q = decode_case([1, 70], num_slots=2, kv_heads=1, group=2, head_dim=128, blocks_per_seq=5)
+    assert combine_dims(2 * 2, 128, 132) == 32
+    poison_unused(case)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(
+        q,
+        case.k_cache,
+        case.v_cache,
+        case.block_tables,
+        case.kv_lens_t,
+        0.1,
+        num_splits=4,
+        out=out,
+        block_n=16,
+        scratch=lambda role, n: torch.full((n,), float("nan")),
+    )
+    torch.testing.assert_close(out.double(), naive_decode(case, q, 0.1), atol=2e-5, rtol=2e-5)
 
 
 @interp_only
@@ -358,14 +386,15 @@ def test_interp_write_kv(dtype):
 
 def test_one_compiled_variant_serves_every_split_count():
     """The split count is a run-time argument: over the default decode buckets the split kernel compiles two
-    variants (one split, several) and the combine kernel one, whatever counts the buckets choose."""
+    variants (one split, several) and the combine kernel two (32 dims a program at B=1 and 2, whole heads at the
+    rest), whatever counts the buckets choose."""
     pytest.importorskip("triton")
     from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS
     from gmtool.kernels.decode_attention import _arguments
 
     heads, kv_heads, dv, page, blocks = 16, 8, 128, 16, 64
     cache = torch.zeros(4, page, kv_heads, dv)
-    split_variants, combine_variants, counts = set(), set(), set()
+    split_variants, combine_variants, counts, dims = set(), set(), set(), {}
     for b in DEFAULT_DECODE_BUCKETS:
         q = torch.zeros(b, heads, dv)
         bt, lens = torch.zeros(b, blocks, dtype=torch.int64), torch.zeros(b, dtype=torch.int64)
@@ -375,4 +404,7 @@ def test_one_compiled_variant_serves_every_split_count():
         if combine is not None:
             combine_variants.add(tuple(sorted(combine[2].items())))
             assert combine[1][-1] == grid[2] == args[-1]  # the count travels as an argument to both kernels
-    assert len(counts) >= 3 and len(split_variants) == 2 and len(combine_variants) == 1
+            dims[b] = combine[2]["DC"]
+            assert combine[0] == (b, heads, dv // dims[b])  # the grid covers every dim of every head once
+    assert len(counts) >= 3 and len(split_variants) == 2 and len(combine_variants) == 2
+    assert (dims[1], dims[2], dims[4], dims[8]) == (32, 32, 128, 128)

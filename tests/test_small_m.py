@@ -56,7 +56,10 @@ def _weight(n, k, dtype, seed):
         (1, 6144, 1024, dict(block_m=16, block_n=64, block_k=256, split=1)),
         # o_proj and down (N 1024: 16 blocks, under a third of 132 SMs): split-K to 64 programs, BLOCK_K 128
         (1, 1024, 2048, dict(block_m=16, block_n=64, block_k=128, split=4)),
-        (8, 1024, 3072, dict(block_m=16, block_n=64, block_k=128, split=4)),
+        # down's slice of 768: 6 steps of 128 against 4 stages, so 3 of 256, the whole slice in flight
+        (8, 1024, 3072, dict(block_m=16, block_n=64, block_k=256, split=4)),
+        # qwen2.5-1.5b's down (K 8,960 in 4 slices): longer than the pipeline either way, so 128
+        (1, 1536, 8960, dict(block_m=16, block_n=64, block_k=128, split=4)),
         # llama-3.1-8b: down's K of 14,336 split to at most 32 steps a program; gate/up's 448 blocks: BLOCK_K 128
         (8, 4096, 14336, dict(block_m=16, block_n=64, block_k=256, split=2)),
         (1, 28672, 4096, dict(block_m=16, block_n=64, block_k=128, split=1)),

@@ -1128,6 +1128,22 @@ MUTANTS: list[Mutant] = [
         "tests/test_pdl.py::test_decode_combine_lets_the_next_kernel_launch_only_after_its_wait",
         "--pdl: the decode combine lets o_proj launch before its wait, its prefetch beside the split's K/V reads",
     ),
+    M(
+        "decode-combine-dims-not-offset",
+        "gmtool/kernels/decode_attention.py",
+        "    d = tl.program_id(2) * DC + tl.arange(0, DC)\n",
+        "    d = tl.arange(0, DC)\n",
+        "tests/test_kernels.py::test_triton_kernels_under_interpreter",
+        "every combine program of a head combines its first dims: the others' are never written",
+    ),
+    M(
+        "small-m-wide-k-ignores-stages",
+        "gmtool/kernels/small_m.py",
+        "    if few and triton.cdiv(steps, split) > _stages(block_n, block_k, elem_bytes):\n",
+        "    if few and triton.cdiv(steps, split) > 8:\n",
+        "tests/test_small_m.py::test_pick_by_shape",
+        "down_proj's slice stays at 6 steps of 128 against a 4-stage pipeline",
+    ),
     # -- the folded one-row GEMM (gmtool/kernels/folded.py) ------------------------------------------------------
     M(
         "fold-norm-without-residual",

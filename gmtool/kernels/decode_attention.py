@@ -59,6 +59,17 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, sms: int) 
     return 1 << (n.bit_length() - 1)
 
 
+def combine_dims(programs: int, dv_pad: int, sms: int) -> int:
+    """Output dims per combine program: 32 where a program per (sequence, head) leaves most SMs idle and the
+    heads shared out 32 dims a program still fit on them, else whole heads. Every program reads all of its
+    head's splits, for fewer dims each. qwen3-0.6b --fuse --small-m-gemm --pdl, 64 splits a kv head (max kv
+    4,224), H200, 2026-12-02, .diag/splitrule.py, alternated in one process: B=1 kv 1,024 0.827 ms against
+    0.835; 64 dims a program at B=4, 1.015 against 1.025, was left out: it is one more variant to compile in a
+    cold capture; 32 dims at B=32 was slower (2.342 against 2.316 ms)."""
+    narrow = min(32, dv_pad)
+    return narrow if programs * (dv_pad // narrow) <= sms else dv_pad
+
+
 # the split count is a run-time value (one compiled variant for every count; only SPLIT, one split or several,
 # is a constant): as a constexpr each count the buckets chose (1, 2, 4 and 8 over the 35 default decode buckets
 # at kv 1024) compiled its own variant of both kernels
@@ -105,19 +116,31 @@ def _decode_split_kernel(
     SOFTCAP: tl.constexpr,
     SINKS: tl.constexpr,
     PDL: tl.constexpr = 0,
+    PRE_LENS: tl.constexpr = 0,
 ):
-    pdl_mod.enter(PDL)  # q, the cache and kv_lens are earlier kernels' writes
+    # PRE_LENS (with PDL): kv_lens is the step's input, copied in before the graph's first kernel, and no kernel of
+    # the chain writes it, so it is read before the wait, and the splits past a sequence's tokens end without
+    # waiting for the kernel ahead. qwen3-0.6b --fuse --small-m-gemm --pdl, 64 splits a kv head (max kv 4,224),
+    # H200, 2026-12-02, .diag/splitrule.py, alternated in one process: B=1 kv 1,024 0.831 ms against 0.842, kv
+    # 4,096 0.967 against 0.971, B=8 1.204 against 1.210, B=32 unchanged; at kv 16,384 (all 64 splits hold
+    # tokens) 1.322 against 1.314. The combine doing the same (only the splits that held tokens read, after the
+    # wait): slower, B=1 0.859 against 0.842.
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-
+    if not PRE_LENS:
+        pdl_mod.enter(PDL)  # q, the cache and kv_lens are earlier kernels' writes
     kv_len = tl.load(lens_ptr + b)
     first, per_split = _split_span(kv_len, num_splits, WINDOW, BLOCK_N)
     lo = first + split * per_split
     hi = tl.minimum(lo + per_split, kv_len)
     if SPLIT:
-        if lo >= hi:  # past this sequence's tokens: the combine reads only the splits that hold some
+        # past this sequence's tokens: the combine reads only the splits that hold some. Under PRE_LENS split 0
+        # goes on to the wait even so: the kernel still ends only after the one ahead, which the chain relies on.
+        if lo >= hi and split >= PRE_LENS:
             return
+    if PRE_LENS:
+        pdl_mod.enter(PDL)  # q and the cache are earlier kernels' writes
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
@@ -203,13 +226,14 @@ def _combine_kernel(
     SINKS: tl.constexpr,
     WINDOW: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DC: tl.constexpr,  # output dims a program (combine_dims)
     PDL: tl.constexpr = 0,
 ):
     pdl_mod.enter(PDL)  # the partials are the split kernel's
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, S_PAD)
-    d = tl.arange(0, D_PAD)
+    d = tl.program_id(2) * DC + tl.arange(0, DC)
     # Only the splits that held tokens wrote partials (the split kernel's span, again from kv_lens). The loads
     # do not wait for kv_len: every split of the count is read at once, and what the empty ones hold (stale, or
     # never written) is masked after, so the program makes one trip to memory, not two.
@@ -307,12 +331,14 @@ def _arguments(
             SOFTCAP=float(softcap or 0.0),
             SINKS=sinks is not None,
             PDL=0,  # decode_attention sets its mode; bound (piecewise) runners launch plainly
+            PRE_LENS=0,
         ),
     )
     combine = None
     if num_splits > 1:
+        dc = combine_dims(batch * heads, dv_pad, num_sms(q.device))
         combine = (
-            (batch, heads, 1),
+            (batch, heads, dv_pad // dc),
             (part, lse, out, sink_arg, kv_lens, out.stride(0), out.stride(1), num_splits),
             dict(
                 NUM_HEADS=heads,
@@ -323,6 +349,7 @@ def _arguments(
                 WINDOW=window or 0,
                 BLOCK_N=block_n,
                 PDL=0,
+                DC=dc,
             ),
         )
     return out, split, combine
@@ -348,6 +375,7 @@ def decode_attention(
     sinks=None,
     pdl: int | None = None,
     scratch=None,
+    pre_lens: bool | None = None,
 ):
     """q [B, H, Dk] -> [B, H, Dv]; sequence b attends to its first kv_lens[b] tokens via block_tables[b], the
     last `window` of them with a window; softcap caps the logits; sinks [H] are per-head sink logits.
@@ -355,13 +383,14 @@ def decode_attention(
     kv_lens[b] == 0 (a padded slot) gives zeros. Buffers allocated here have bucket-only shapes, so the
     call can be captured in a CUDA graph (after one eager call has compiled the kernels). pdl: a
     gmtool.kernels.pdl.Pdl mode for both kernels; None: the caller's scope (pdl.launches). scratch(role, numel):
-    the split partials' buffers ("part", "lse"; default: fresh ones).
+    the split partials' buffers ("part", "lse"; default: fresh ones). pre_lens: read kv_lens before the PDL wait
+    (None: whenever PDL is on; the interpreter tests take that path without PDL).
     """
     out, (grid, args, consts), combine = _arguments(
         q, k_cache, v_cache, block_tables, kv_lens, scale, num_splits, out, block_n, window, softcap, sinks, scratch
     )
     mode = pdl_mod.current() if pdl is None else pdl
-    on = dict(PDL=int(mode))
+    on = dict(PDL=int(mode), PRE_LENS=int(bool(mode) if pre_lens is None else pre_lens))
     _DECODE_SPLIT[grid](
         *args, **(consts | on), num_warps=num_warps, num_stages=num_stages, **pdl_mod.launch_options(mode)
     )

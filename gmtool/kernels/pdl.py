@@ -8,7 +8,8 @@ CUDA 12.3+), a kernel's programs may be scheduled as soon as every program of th
 `gdc_launch_dependents()` (or exited). The rule that keeps results right: only memory read after `gdc_wait()`
 is guaranteed complete, since the wait returns once the kernel before has finished and its writes are visible.
 So every PDL-aware kernel calls `gdc_wait()` unconditionally, on every path, before it reads or writes anything
-another kernel touches; only the GEMM's L2 prefetch of its (read-only) weight runs ahead of the wait. Because
+another kernel touches; only the GEMM's L2 prefetch of its (read-only) weight and the decode split kernel's
+read of kv_lens (the step's input, copied in before the graph's first kernel) run ahead of the wait. Because
 each kernel waits before it can finish, "the kernel before has finished" carries down the chain.
 
 Modes (the kernels' PDL constexpr): OFF compiles the kernels as before (no griddepcontrol instruction) and
@@ -27,7 +28,8 @@ layer (qwen3-0.6b B=1 kv 1024, H200, 2026-12-01, .diag/lookahead.py). Presumably
 covers the prefetching kernel's end, which comes after its prefetches drain. A side stream doing the same had
 been slower too (1.086-1.125 against 1.041 ms). So was letting the decode attention read its kv lengths and
 first block-table row, and prefetch that tile's K/V into L2, before its wait: 0.935-0.936 ms against 0.908-0.909
-at B=1, 2.353 against 2.198 at B=32 (the same call, trees alternated). So were the GEMMs letting the next kernel
+at B=1, 2.353 against 2.198 at B=32 (the same call, trees alternated); the kv lengths alone, so that the splits
+past a sequence's tokens end without waiting, were faster (2026-12-02: gmtool.kernels.decode_attention). So were the GEMMs letting the next kernel
 launch before their own wait (2026-12-02, .diag/gemmearly.py, B=1 kv 1,023): all of them 0.888-0.894 ms against
 0.846-0.850, o_proj's alone 0.888-0.889, each other GEMM's within 5 us of the step without.
 

@@ -60,7 +60,7 @@ def _pick_narrow(n: int, k: int, sms: int, elem_bytes: int, partial: bool = Fals
     llama-3.1-8b's shapes, the fastest were wide blocks (BLOCK_N 64) even where they leave SMs idle: 64 programs
     for qwen3-0.6b's QKV beat 256 of 16 rows (4.9 against 5.8 us). Below a third of the SMs (N = 1024: 16
     blocks), K is split until there are 64 programs, in BLOCK_K 128 steps (o_proj 5.3 against 6.3 us, down 5.9
-    against 8.3, with the kernel summing partials counted); a long K is split too, to 32 steps at most per
+    against 8.3, with the kernel summing partials counted; 256 where a slice fits the pipeline only so); a long K is split too, to 32 steps at most per
     program (llama's down_proj, K 14,336: 32.3 against 40.8 us)."""
     block_n = min(64, pow2(n, 16))
     blocks = triton.cdiv(n, block_n)
@@ -78,9 +78,23 @@ def _pick_narrow(n: int, k: int, sms: int, elem_bytes: int, partial: bool = Fals
         if triton.cdiv(steps, split * 2) < 2:  # each slice at least two BLOCK_K steps
             break
         split *= 2
+    # Where the slice is longer than the pipeline, BLOCK_K 256 if that puts the whole slice in flight at once. In
+    # qwen3-0.6b's --fuse --small-m-gemm --pdl decode graph (H200, 2026-12-02, .diag/gapab.py, alternated in one
+    # process) down_proj (K 3,072 in 4 slices: 6 steps of 128 against 4 stages, or 3 of 256) took B=1 kv 1,023
+    # from 0.866 to 0.845 ms, B=32 unchanged; o_proj at 256 (its 4 steps of 128 already fit) was slower, 0.850
+    # against 0.838, as were down at 256 in 2 or 3 slices (0.877, 0.853) or with 2 stages (0.880).
+    if few and triton.cdiv(steps, split) > _stages(block_n, block_k, elem_bytes):
+        wide = min(256, pow2(k, 16))
+        if triton.cdiv(triton.cdiv(k, wide), split) <= _stages(block_n, wide, elem_bytes):
+            block_k, steps = wide, triton.cdiv(k, wide)
     split = triton.cdiv(steps, triton.cdiv(steps, split))  # slices that hold any K
-    stage_bytes = (block_n + 16) * block_k * elem_bytes
-    return Config(16, block_n, block_k, split, num_stages=max(2, min(4, (160 << 10) // stage_bytes)))
+    return Config(16, block_n, block_k, split, num_stages=_stages(block_n, block_k, elem_bytes))
+
+
+def _stages(block_n: int, block_k: int, elem_bytes: int, block_m: int = 16) -> int:
+    """Pipeline stages whose buffers (a W tile and an x tile each) fit in an SM's shared memory, 2 to 4: fp32
+    tiles are twice the bytes."""
+    return max(2, min(4, (160 << 10) // ((block_n + block_m) * block_k * elem_bytes)))
 
 
 def pick(m: int, n: int, k: int, sms: int, elem_bytes: int = 2, partial: bool = False) -> Config:
@@ -105,9 +119,7 @@ def pick(m: int, n: int, k: int, sms: int, elem_bytes: int = 2, partial: bool = 
     if 4 * blocks < sms and steps >= 4:
         per = max(2, triton.cdiv(steps, triton.cdiv(target, blocks)))  # K steps per slice
         split = triton.cdiv(steps, per)
-    # stage buffers (a W tile and an x tile each) within an SM's shared memory: fp32 tiles are twice the bytes
-    stage_bytes = (block_n + block_m) * block_k * elem_bytes
-    return Config(block_m, block_n, block_k, split, num_stages=max(2, min(4, (160 << 10) // stage_bytes)))
+    return Config(block_m, block_n, block_k, split, num_stages=_stages(block_n, block_k, elem_bytes, block_m))
 
 
 @triton.jit
