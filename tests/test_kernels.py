@@ -241,16 +241,32 @@ F32, F16 = torch.float32, torch.float16
 
 @interp_only  # the interpreter is slow: each GQA ratio, split count and dtype once, not every combination
 @pytest.mark.parametrize(
-    "kv_heads,group,num_splits,dtype,pre_lens",
-    # pre_lens: kv_lens read before the (here absent) PDL wait, as under --pdl; split 0 of a padded slot goes on
-    [(4, 1, 1, F32, False), (2, 2, 3, F32, True), (1, 4, 8, F32, False), (2, 2, 1, F16, True), (1, 4, 3, F16, False)],
+    "kv_heads,group,num_splits,dtype,pre_lens,head_dim",
+    # pre_lens: kv_lens read before the (here absent) PDL wait, as under --pdl; split 0 of a padded slot goes on.
+    # head_dim 128 over 8 slots of 4 heads: each head's combine shared out over 4 programs of 32 dims
+    [
+        (4, 1, 1, F32, False, 32),
+        (2, 2, 3, F32, True, 32),
+        (1, 4, 8, F32, False, 32),
+        (2, 2, 1, F16, True, 32),
+        (1, 4, 3, F16, False, 32),
+        (2, 2, 4, F32, False, 128),
+    ],
 )
-def test_interp_decode(kv_heads, group, num_splits, dtype, pre_lens):
-    from gmtool.kernels.decode_attention import decode_attention
+def test_interp_decode(kv_heads, group, num_splits, dtype, pre_lens, head_dim):
+    from gmtool.kernels.decode_attention import combine_dims, decode_attention
 
     case, q = decode_case(
-        DECODE_LENS, num_slots=8, kv_heads=kv_heads, group=group, blocks_per_seq=4, dtype=dtype, seed=num_splits
+        DECODE_LENS,
+        num_slots=8,
+        kv_heads=kv_heads,
+        group=group,
+        head_dim=head_dim,
+        blocks_per_seq=4,
+        dtype=dtype,
+        seed=num_splits,
     )
+    assert head_dim == 32 or combine_dims(8 * kv_heads * group, head_dim, 132) == 32
     poison_unused(case)
     out = torch.full_like(q, float("nan"))
     decode_attention(
@@ -270,30 +286,6 @@ def test_interp_decode(kv_heads, group, num_splits, dtype, pre_lens):
     expect = naive_decode(case, q, 0.3)
     torch.testing.assert_close(out.double(), expect, atol=TOL[dtype], rtol=TOL[dtype])
     assert (out[case.num_seqs :] == 0).all()  # padded slots: zeros
-
-
-@interp_only
-def test_interp_decode_combine_shares_out_dims():
-    """One sequence of head_dim 128: each head's combine split over 4 programs of 32 dims (combine_dims)."""
-    from gmtool.kernels.decode_attention import combine_dims, decode_attention
-
-    case, q = decode_case([1, 70], num_slots=2, kv_heads=1, group=2, head_dim=128, blocks_per_seq=5)
-    assert combine_dims(2 * 2, 128, 132) == 32
-    poison_unused(case)
-    out = torch.full_like(q, float("nan"))
-    decode_attention(
-        q,
-        case.k_cache,
-        case.v_cache,
-        case.block_tables,
-        case.kv_lens_t,
-        0.1,
-        num_splits=4,
-        out=out,
-        block_n=16,
-        scratch=lambda role, n: torch.full((n,), float("nan")),
-    )
-    torch.testing.assert_close(out.double(), naive_decode(case, q, 0.1), atol=2e-5, rtol=2e-5)
 
 
 @interp_only
