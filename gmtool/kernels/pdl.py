@@ -29,9 +29,10 @@ covers the prefetching kernel's end, which comes after its prefetches drain. A s
 been slower too (1.086-1.125 against 1.041 ms). So was letting the decode attention read its kv lengths and
 first block-table row, and prefetch that tile's K/V into L2, before its wait: 0.935-0.936 ms against 0.908-0.909
 at B=1, 2.353 against 2.198 at B=32 (the same call, trees alternated); the kv lengths alone, so that the splits
-past a sequence's tokens end without waiting, were faster (2026-12-02: gmtool.kernels.decode_attention). So were the GEMMs letting the next kernel
-launch before their own wait (2026-12-02, .diag/gemmearly.py, B=1 kv 1,023): all of them 0.888-0.894 ms against
-0.846-0.850, o_proj's alone 0.888-0.889, each other GEMM's within 5 us of the step without.
+past a sequence's tokens end without waiting, were faster (2026-12-02: gmtool.kernels.decode_attention). Slower
+again: the GEMMs letting the next kernel launch before their own wait (2026-12-02, .diag/gemmearly.py, B=1 kv 1,023):
+all of them 0.888-0.894 ms against 0.846-0.850, o_proj's alone 0.888-0.889, each other GEMM's within 5 us of the
+step without.
 
 Triton 3.6 and 3.9 both have `triton.language.extra.cuda.gdc_wait` / `gdc_launch_dependents` and the
 `launch_pdl` launch option. The interpreter has neither griddepcontrol nor inline assembly: there, before

@@ -60,8 +60,8 @@ def _pick_narrow(n: int, k: int, sms: int, elem_bytes: int, partial: bool = Fals
     llama-3.1-8b's shapes, the fastest were wide blocks (BLOCK_N 64) even where they leave SMs idle: 64 programs
     for qwen3-0.6b's QKV beat 256 of 16 rows (4.9 against 5.8 us). Below a third of the SMs (N = 1024: 16
     blocks), K is split until there are 64 programs, in BLOCK_K 128 steps (o_proj 5.3 against 6.3 us, down 5.9
-    against 8.3, with the kernel summing partials counted; 256 where a slice fits the pipeline only so); a long K is split too, to 32 steps at most per
-    program (llama's down_proj, K 14,336: 32.3 against 40.8 us)."""
+    against 8.3, with the kernel summing partials counted; 256 where only that fits a slice in the pipeline); a
+    long K is split too, to 32 steps at most per program (llama's down_proj, K 14,336: 32.3 against 40.8 us)."""
     block_n = min(64, pow2(n, 16))
     blocks = triton.cdiv(n, block_n)
     few = blocks < sms // 3
