@@ -515,3 +515,43 @@ def test_a_held_launch_keeps_stand_ins_of_its_tensors_not_the_tensors(monkeypatc
     ]
     assert args[3] == 7 and kw["eps"] == 1e-6
     assert kw["out"].dtype == torch.bfloat16 and kw["out"].data_ptr() % 16 == 0 and kw["out"].numel() == 1
+
+
+def test_the_pass_runs_every_decode_bucket_s_forward_smallest_first_and_the_captured_shape_last(monkeypatch):
+    """Which variants a shape launches only its forward tells (the decode split count and the combine's dims a
+    program change between the smallest and the largest bucket): with those two alone, a middle bucket's combine
+    compiled inside its capture. A prefill key runs its own forward only."""
+    import contextlib
+
+    from gmtool.kernels import compile_ahead
+    from tests.helpers import Rig, rel
+
+    ran = []
+
+    @contextlib.contextmanager
+    def passing(device, workers=8):
+        yield
+        ran.append("exit")
+
+    monkeypatch.setattr(compile_ahead, "compiling_only", passing)
+    monkeypatch.setattr(compile_ahead, "unavailable", lambda: None)
+    monkeypatch.setattr(compile_ahead, "done_marker", lambda *a: None)
+    rig = Rig(buckets=(1, 4, 8, 16, 32))
+    ex, b = rig.ex, rig.batch("1*8")
+    key = ex.key_for(b)
+    ex.inputs.load(b, key)
+    forward = ex.forward
+    monkeypatch.setattr(ex, "forward", lambda views: (ran.append(views.input_ids.shape[0]), forward(views)))
+    ex.device = torch.device("cuda")  # past the CPU check, for this call only
+    try:
+        compile_ahead.before_first_capture(ex, key, b, lambda: ran.append("own"))
+    finally:
+        ex.device = torch.device("cpu")
+    assert ex.compile_ahead_s is not None, ex.compile_ahead_note
+    assert ran == [1, 4, 16, 32, "own", "exit"]
+    assert 0 < ex.compile_ahead_forwards_s <= ex.compile_ahead_s
+    assert rel(rig.graph(b), rig.eager(b)) < 1e-5  # the inputs were loaded again for the capture
+
+    prefill = Rig(buckets=(16, 32), mode="full")
+    pb = prefill.batch("2*5")
+    assert compile_ahead.pass_shapes(prefill.ex, prefill.ex.key_for(pb), pb) == []

@@ -465,6 +465,14 @@ MUTANTS: list[Mutant] = [
         "compile-ahead's pass holds its forwards' launches and never compiles them",
     ),
     M(
+        "compile-ahead-runs-two-shapes",
+        "gmtool/kernels/compile_ahead.py",
+        "    return [k for k in dict.fromkeys(keys) if k != key]\n",
+        "    return [k for k in dict.fromkeys(keys) if k != key][:1]\n",
+        "tests/test_compile_ahead.py::test_the_pass_runs_every_decode_bucket_s_forward_smallest_first_and_the_captured_shape_last",
+        "compile-ahead's pass runs only the smallest and the captured shape: a middle bucket's variant compiles in its capture",
+    ),
+    M(
         "compile-ahead-runs-every-layer",
         "gmtool/kernels/compile_ahead.py",
         "    config.num_hidden_layers = pass_layers(config)\n",

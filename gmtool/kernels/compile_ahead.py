@@ -298,10 +298,10 @@ def _cache_env() -> dict:
     return dict(sorted(env.items()))
 
 
-def configuration(ex, key, small, batch) -> dict:
+def configuration(ex, key, others, batch) -> dict:
     """What decides which Triton variants a pass compiles: the software, the device, gmtool's sources (the
     kernels, and the code choosing their constexprs and shapes), the model and its fused layers, the cache and the
-    two shapes the pass runs."""
+    shapes the pass runs."""
     import triton
 
     sources = hashlib.sha256()
@@ -326,11 +326,11 @@ def configuration(ex, key, small, batch) -> dict:
         "forward": type(ex.forward_impl).__name__,
         "attention": getattr(ex.attention, "name", type(ex.attention).__name__),
         "cache": [repr(ex.cache.spec), ex.cache.num_blocks],
-        "shapes": [repr(key), repr(small), batch.num_seqs],
+        "shapes": [repr(key), [repr(k) for k in others], batch.num_seqs],
     }
 
 
-def done_marker(ex, key, small, batch) -> Path | None:
+def done_marker(ex, key, others, batch) -> Path | None:
     """The file a finished pass leaves in Triton's cache directory for this configuration. Its presence skips
     the pass: with every variant on disk, loading them at their first launches, one by one, was faster than the
     pass (H200, 2026-12-01, 35 decode buckets --fuse, warm cache: 1.84 and 1.45 s without it against 2.32 and
@@ -340,7 +340,7 @@ def done_marker(ex, key, small, batch) -> Path | None:
     if root is None:
         return None
     try:
-        digest = hashlib.sha256(json.dumps(configuration(ex, key, small, batch), sort_keys=True).encode())
+        digest = hashlib.sha256(json.dumps(configuration(ex, key, others, batch), sort_keys=True).encode())
     except Exception:  # a model or config without what the digest reads: run the pass, as before
         return None
     return root / "gmtool-compiled-ahead" / digest.hexdigest()[:32]
@@ -443,11 +443,29 @@ def leading_layers(lm):
         config.num_hidden_layers = n
 
 
+def pass_shapes(ex, key, batch) -> list:
+    """The other shapes compile-ahead's pass runs beside key's own: for a decode key every decode bucket's, the
+    smallest first (held launches compile in the order they came, and its split decode kernel and combine are
+    among the slowest compiles). The variants a shape launches follow from it (the decode split count, the
+    combine's dims a program, the small-M GEMM's tiles), and only running the shape tells which: with the
+    smallest and the largest alone, the combine variant of the middle buckets compiled inside the capture of
+    bucket 128, 0.27-0.36 s of a cold --fuse capture of the 35 default decode buckets (H200, 2026-12-02). All 35
+    forwards cost the pass 0.07-0.13 s, and no variant compiles in a capture after it. Making the first two
+    shapes' launches (their compiles started) before the other forwards ran gained nothing: the forwards then took
+    0.7 s, the compiles' threads holding the GIL, and the pass 1.24-1.26 s against 1.12-1.44 (cold processes
+    alternated, .diag/caab.py)."""
+    if not key.decode:
+        return []
+    keys = (ex.policy.key_for(s, min(s, batch.num_seqs), True) for s in sorted(ex.policy.sizes))
+    return [k for k in dict.fromkeys(keys) if k != key]
+
+
 def before_first_capture(ex, key, batch, fn) -> None:
-    """Before an executor's first warm-up (on CUDA, unless GMTOOL_COMPILE_AHEAD=0): this shape's forward and the
-    smallest decode bucket's run inside compiling_only(), so the kernels later shapes need (split decode for
-    small batches) are compiled too. Their torch ops run over the views' current contents; the warm-up and the
-    capture's first replay then compute the batch properly. Sets ex.compile_ahead_s, or ex.compile_ahead_note: why not."""
+    """Before an executor's first warm-up (on CUDA, unless GMTOOL_COMPILE_AHEAD=0): the forwards of pass_shapes()
+    and then this shape's run inside compiling_only(), so the kernels later shapes need are compiled too. Their
+    torch ops run over the views' current contents; the warm-up and the capture's first replay then compute the
+    batch properly. Sets ex.compile_ahead_s (and of it, the forwards' seconds: ex.compile_ahead_forwards_s), or
+    ex.compile_ahead_note: why not."""
     from gmtool.model.attention import forward_context
 
     for work in _first_launch_work:
@@ -458,29 +476,29 @@ def before_first_capture(ex, key, batch, fn) -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         ex.compile_ahead_note = "not under --tp (every rank would run collectives on skipped kernels' output)"
         return
-    small = ex.policy.key_for(ex.policy.sizes[0], min(ex.policy.sizes[0], batch.num_seqs), True)
-    other = key.decode and small != key
-    marker = done_marker(ex, key, small, batch)
+    others = pass_shapes(ex, key, batch)
+    marker = done_marker(ex, key, others, batch)
     if marker is not None and _exists(marker):
         ex.compile_ahead_note = f"{SKIPPED}: this configuration's kernels were compiled into {marker.parents[1]} before"
         return
     t0 = time.perf_counter()
     try:
         with compiling_only(ex.device), torch.no_grad(), leading_layers(ex.lm):
-            # the small shape first: held launches compile in the order they came, and its split decode kernel
-            # and combine are among the slowest compiles
-            if other:  # a zeroed arena: every index the torch ops read is 0, in range (the null block, token 0)
+            if others:  # a zeroed arena: every index the torch ops read is 0, in range (the null block, token 0)
                 ex.inputs.arena.zero_()
-                views = ex.inputs.views(small)
-                with forward_context(ex._context(small, views, batch)):
+            for other in others:
+                views = ex.inputs.views(other)
+                with forward_context(ex._context(other, views, batch)):
                     ex.forward(views)
+            if others:
                 ex.inputs.invalidate()
                 ex.inputs.load(batch, key)
             fn()  # within the caller's forward context: this shape, this batch
+            ex.compile_ahead_forwards_s = time.perf_counter() - t0
         ex.compile_ahead_s = time.perf_counter() - t0
         _mark(marker)
     except Exception as e:  # an optimization only: kernels then compile at their first launch, as before
         ex.compile_ahead_note = f"failed ({type(e).__name__}: {str(e).strip()[:120]}); kernels compile at launch"
-    if other:  # fn's torch ops ran over skipped kernels' outputs, and may have written the inputs' buffers
+    if others:  # fn's torch ops ran over skipped kernels' outputs, and may have written the inputs' buffers
         ex.inputs.invalidate()  # the next load rewrites every field and padding lane
         ex.inputs.load(batch, key)

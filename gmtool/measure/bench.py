@@ -365,6 +365,7 @@ def _capture_once(fuse: bool) -> dict:
         "fuse": fuse,
         "warmed_up": sum(e.warmed_up for e in entries),
         "compile_ahead_s": ex.compile_ahead_s,
+        "compile_ahead_forwards_s": ex.compile_ahead_forwards_s,  # of it: the pass's forwards (the compiles go on)
         "compile_ahead_note": ex.compile_ahead_note,
         "load_s": load_s,  # the model's build and the executor's, before the window: what overlaps it is not free
         # cuBLAS's first uses made in a thread during the build (gmtool.model.gemm_warmup)

@@ -103,3 +103,41 @@ def test_kernels_first_launched_in_compile_ahead_s_pass_launch_directly_after_it
     assert all(p == launcher.DIRECT for p in paths.values()), paths
     assert rel_err_per_seq(ex.step(batch), eager) < 2e-2
     ex.release()
+
+
+_COLD_CAPTURE = """
+import json, sys
+from gmtool.core.batch import make_batch
+from gmtool.core.compositions import parse_composition
+from gmtool.kernels import compile_ahead
+from gmtool.measure import bench
+buckets = [1, 8, 64, 256]
+ex = bench._executor(buckets, 1024, 256 * 64 + 1, fuse=True)
+with compile_ahead.compile_log() as log:
+    for b in sorted(buckets, reverse=True):
+        batch = make_batch(parse_composition(f"1*{b}", seed=b), ex.cache, ex.lm.vocab_size, 256)
+        ex.capture(ex.key_for(batch), batch)
+print(json.dumps({"log": log.summary(), "ahead_s": ex.compile_ahead_s, "note": ex.compile_ahead_note}))
+"""
+
+
+def test_a_cold_capture_compiles_every_variant_in_compile_ahead_s_pass(tmp_path):
+    """On an empty Triton cache, in a fresh process: the decode buckets 256, 64, 8 and 1 launch different decode
+    split and combine variants (1 shares its heads' dims out, 8 and 64 do not); every one of them compiles in the
+    pass, none inside a capture (a compile there is timed: CompileLog's compile_s and untimed)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"), "PYTHONPATH": root}
+    env.pop("GMTOOL_COMPILE_AHEAD", None)
+    run = subprocess.run([sys.executable, "-c", _COLD_CAPTURE], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    doc = json.loads(run.stdout.strip().splitlines()[-1])
+    assert doc["ahead_s"] is not None, doc["note"]
+    log = doc["log"]
+    assert log["compiles"] >= 5 and log["untimed"] == log["compiles"], log
+    assert log["kernels"]["_combine_kernel"]["variants"] == 2, log
