@@ -223,8 +223,8 @@ MUTANTS: list[Mutant] = [
     M(
         "fast-launch-ignores-alignment",
         "gmtool/kernels/launcher.py",
-        "return (a.dtype, value % 16 == 0)",
-        "return (a.dtype,)",
+        "key.append((a.dtype, v % 16 == 0))",
+        "key.append((a.dtype,))",
         "tests/test_fast_launch.py::test_what_triton_specializes_on_goes_through_triton_first",
         "a misaligned tensor launches the variant compiled for 16-byte-aligned pointers",
     ),
@@ -255,8 +255,8 @@ MUTANTS: list[Mutant] = [
     M(
         "fast-launch-keywords-by-value-only",
         "gmtool/kernels/launcher.py",
-        "tuple((k, type(v), v) for k, v in kwargs.items())",
-        "tuple(kwargs.items())",
+        "key += (tuple(kwargs.items()), tuple(map(type, kwargs.values())))",
+        "key += (tuple(kwargs.items()), ())",
         "tests/test_fast_launch.py::test_keywords_key_by_type_and_value_and_triton_s_per_call_options_count",
         "n=3.0 by keyword launches the variant compiled for n=3 (i32), with 3 frozen in",
     ),
