@@ -32,7 +32,9 @@ at B=1, 2.353 against 2.198 at B=32 (the same call, trees alternated); the kv le
 past a sequence's tokens end without waiting, were faster (2026-12-02: gmtool.kernels.decode_attention). Slower
 again: the GEMMs letting the next kernel launch before their own wait (2026-12-02, .diag/gemmearly.py, B=1 kv 1,023):
 all of them 0.888-0.894 ms against 0.846-0.850, o_proj's alone 0.888-0.889, each other GEMM's within 5 us of the
-step without.
+step without. So was loading (not prefetching) before the wait: W's first tile into registers in both one-row
+GEMMs, 0.886-0.887 ms against 0.823-0.825; the decode split's first tile of pages and older K/V, 0.894-0.895
+(1.677 against 1.210 at B=8) (2026-12-02, .diag/prewab.py, max kv 4,224).
 
 Triton 3.6 and 3.9 both have `triton.language.extra.cuda.gdc_wait` / `gdc_launch_dependents` and the
 `launch_pdl` launch option. The interpreter has neither griddepcontrol nor inline assembly: there, before
