@@ -293,7 +293,9 @@ def test_a_finished_pass_leaves_a_marker_that_skips_the_next_for_the_same_config
     assert ex.compile_ahead_note.startswith(compile_ahead.SKIPPED) and str(tmp_path) in ex.compile_ahead_note
     assert rel(again.graph(b), again.eager(b)) < 1e-5
 
-    first_capture(Rig(), "1*4")  # another first shape: another digest, the pass runs
+    first_capture(Rig(), "1*4")  # another first bucket of the same decode buckets: the pass ran for all of them
+    assert len(passes) == 1
+    first_capture(Rig(buckets=(4, 8, 16)), "1*8")  # other buckets: another digest, the pass runs
     assert len(passes) == 2 and len(list((tmp_path / "gmtool-compiled-ahead").iterdir())) == 2
 
     monkeypatch.setenv("TRITON_DEBUG", "1")  # an environment Triton compiles differently under
@@ -310,7 +312,7 @@ def test_a_finished_pass_leaves_a_marker_that_skips_the_next_for_the_same_config
         yield
 
     monkeypatch.setattr(compile_ahead, "compiling_only", failing)
-    first_capture(Rig(), "1*2")
+    first_capture(Rig(buckets=(2, 4, 8)), "1*2")
     assert len(passes) == 5 and len(list((tmp_path / "gmtool-compiled-ahead").iterdir())) == 4  # no marker
 
 
@@ -520,11 +522,13 @@ def test_a_held_launch_keeps_stand_ins_of_its_tensors_not_the_tensors(monkeypatc
 def test_the_pass_runs_every_decode_bucket_s_forward_smallest_first_and_the_captured_shape_last(monkeypatch):
     """Which variants a shape launches only its forward tells (the decode split count and the combine's dims a
     program change between the smallest and the largest bucket): with those two alone, a middle bucket's combine
-    compiled inside its capture. A prefill key runs its own forward only."""
+    compiled inside its capture. Buckets past the sequence slots are never decode graphs: not run (their forward
+    fails with torch attention, and the pass with it). The captured shape's forward reads its batch again, and
+    so does the capture after a forward that failed. A prefill key runs its own forward only."""
     import contextlib
 
     from gmtool.kernels import compile_ahead
-    from tests.helpers import Rig, rel
+    from tests.helpers import Rig
 
     ran = []
 
@@ -536,21 +540,46 @@ def test_the_pass_runs_every_decode_bucket_s_forward_smallest_first_and_the_capt
     monkeypatch.setattr(compile_ahead, "compiling_only", passing)
     monkeypatch.setattr(compile_ahead, "unavailable", lambda: None)
     monkeypatch.setattr(compile_ahead, "done_marker", lambda *a: None)
-    rig = Rig(buckets=(1, 4, 8, 16, 32))
-    ex, b = rig.ex, rig.batch("1*8")
-    key = ex.key_for(b)
-    ex.inputs.load(b, key)
-    forward = ex.forward
-    monkeypatch.setattr(ex, "forward", lambda views: (ran.append(views.input_ids.shape[0]), forward(views)))
-    ex.device = torch.device("cuda")  # past the CPU check, for this call only
-    try:
-        compile_ahead.before_first_capture(ex, key, b, lambda: ran.append("own"))
-    finally:
-        ex.device = torch.device("cpu")
+
+    def first_pass(rig, text, fail_at=None):
+        ex, b = rig.ex, rig.batch(text)
+        key = ex.key_for(b)
+        ex.inputs.load(b, key)
+        loaded, seen, forward = ex.inputs.arena.clone(), [], ex.forward
+
+        def counted(views):
+            ran.append(views.input_ids.shape[0])
+            if views.input_ids.shape[0] == fail_at:
+                raise RuntimeError("a forward that fails")
+            forward(views)
+
+        monkeypatch.setattr(ex, "forward", counted)
+        ex.device = torch.device("cuda")  # past the CPU check, for this call only
+        try:
+            compile_ahead.before_first_capture(
+                ex, key, b, lambda: (ran.append("own"), seen.append(ex.inputs.arena.clone()))
+            )
+        finally:
+            ex.device = torch.device("cpu")
+        staged = ex.inputs._host_slots(key)[4].numel()  # the key's inputs in the arena
+        assert torch.equal(ex.inputs.arena[:staged], loaded[:staged])  # as loaded before the pass
+        return ex, [s[:staged] for s in seen], loaded[:staged]
+
+    ex, seen, loaded = first_pass(Rig(buckets=(1, 4, 8, 16, 32)), "1*8")
     assert ex.compile_ahead_s is not None, ex.compile_ahead_note
     assert ran == [1, 4, 16, 32, "own", "exit"]
     assert 0 < ex.compile_ahead_forwards_s <= ex.compile_ahead_s
-    assert rel(rig.graph(b), rig.eager(b)) < 1e-5  # the inputs were loaded again for the capture
+    assert len(seen) == 1 and torch.equal(seen[0], loaded)  # the captured shape's forward read its own batch
+
+    ran.clear()
+    ex, _, _ = first_pass(Rig(buckets=(1, 4, 8, 16, 32), max_num_seqs=8), "1*8")
+    assert ran == [1, 4, "own", "exit"] and ex.compile_ahead_note is None
+
+    ran.clear()
+    ex, seen, _ = first_pass(Rig(buckets=(1, 4, 8, 16, 32)), "1*8", fail_at=16)
+    assert ran == [1, 4, 16] and not seen  # the pass stopped at the failure
+    assert "a forward that fails" in ex.compile_ahead_note and ex.compile_ahead_s is None
+    assert ex.compile_ahead_forwards_s is None
 
     prefill = Rig(buckets=(16, 32), mode="full")
     pb = prefill.batch("2*5")

@@ -42,8 +42,12 @@ class JITFunction:
         self.through_triton = []  # each call of kernel[grid]: (grid, args, kwargs)
         self.compiled = FakeCompiled(0)
 
+    refuse: Exception | None = None  # what Triton's run raises, when set
+
     def run(self, *args, grid, **kwargs):
         self.through_triton.append((grid, args, kwargs))
+        if self.refuse is not None:
+            raise self.refuse
         return self.compiled
 
     def __getitem__(self, grid):
@@ -137,6 +141,22 @@ def test_hooks_a_replaced_run_and_an_unconventional_kernel_keep_triton_s_path(fa
     for _ in range(3):
         fast2[(1,)](*args, **kw)
     assert len(k2.through_triton) == 3 and fast2.path != DIRECT
+
+
+def test_an_argument_of_another_kind_goes_through_triton_once_and_its_error_is_the_caller_s(fake):
+    """A tuple (or a numpy int, a descriptor) is not keyed: Triton's own path takes the launch, once, and an error
+    Triton raises for it reaches the caller as it is, not retried by a second launch."""
+    k, fast = fake
+    for _ in range(2):
+        fast[(1,)](_x(), _x(), (3, 4), 1e-6, BLOCK=64)
+    assert len(k.through_triton) == 2 and not k.compiled.launches
+
+    k.refuse = TypeError("this Triton cannot take a tuple here")
+    with pytest.raises(TypeError, match="cannot take a tuple"):
+        fast[(1,)](_x(), _x(), (3, 4), 1e-6, BLOCK=64)
+    with pytest.raises(TypeError, match="cannot take a tuple"):
+        fast[(1,)](_x(), _x(), 3, 1e-6, BLOCK=64, tag=[1])  # an unhashable keyword: Triton's path too
+    assert len(k.through_triton) == 4
 
 
 def test_under_the_interpreter_every_call_goes_through_triton(fake, monkeypatch):

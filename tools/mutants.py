@@ -237,6 +237,14 @@ MUTANTS: list[Mutant] = [
         "an int equal to 1 (a constant in Triton's variant) launches the variant compiled for other values",
     ),
     M(
+        "fast-launch-falls-back-inside-the-try",
+        "gmtool/kernels/launcher.py",
+        "                        unkeyed = True\n                        break\n",
+        "                        return self.kernel[grid](*args, **kwargs)\n",
+        "tests/test_fast_launch.py::test_an_argument_of_another_kind_goes_through_triton_once_and_its_error_is_the_caller_s",
+        "a TypeError Triton raises for an unkeyed argument launches the kernel through Triton a second time",
+    ),
+    M(
         "fast-launch-runs-during-compile-ahead",
         "gmtool/kernels/launcher.py",
         'getattr(self.kernel.run, "__func__", None) is self._run',
@@ -471,6 +479,22 @@ MUTANTS: list[Mutant] = [
         "    return [k for k in dict.fromkeys(keys) if k != key][:1]\n",
         "tests/test_compile_ahead.py::test_the_pass_runs_every_decode_bucket_s_forward_smallest_first_and_the_captured_shape_last",
         "compile-ahead's pass runs only the smallest and the captured shape: a middle bucket's variant compiles in its capture",
+    ),
+    M(
+        "compile-ahead-past-the-sequence-slots",
+        "gmtool/kernels/compile_ahead.py",
+        " if s <= ex.inputs.max_seqs)",
+        ")",
+        "tests/test_compile_ahead.py::test_the_pass_runs_every_decode_bucket_s_forward_smallest_first_and_the_captured_shape_last",
+        "the pass runs decode buckets past the sequence slots (with torch attention the whole pass fails)",
+    ),
+    M(
+        "compile-ahead-own-shape-on-the-zeroed-arena",
+        "gmtool/kernels/compile_ahead.py",
+        "                ex.inputs.invalidate()\n                ex.inputs.load(batch, key)\n            fn()",
+        "                ex.inputs.invalidate()\n            fn()",
+        "tests/test_compile_ahead.py::test_the_pass_runs_every_decode_bucket_s_forward_smallest_first_and_the_captured_shape_last",
+        "the captured shape's forward in the pass reads the zeroed arena, not its batch",
     ),
     M(
         "compile-ahead-runs-every-layer",

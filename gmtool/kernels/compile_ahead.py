@@ -326,7 +326,8 @@ def configuration(ex, key, others, batch) -> dict:
         "forward": type(ex.forward_impl).__name__,
         "attention": getattr(ex.attention, "name", type(ex.attention).__name__),
         "cache": [repr(ex.cache.spec), ex.cache.num_blocks],
-        "shapes": [repr(key), [repr(k) for k in others], batch.num_seqs],
+        # whichever decode bucket is captured first (its batch's sequences select no variant); a prefill key's own
+        "shapes": [sorted(map(repr, (key, *others))), None if key.decode else batch.num_seqs],
     }
 
 
@@ -456,7 +457,8 @@ def pass_shapes(ex, key, batch) -> list:
     alternated, .diag/caab.py)."""
     if not key.decode:
         return []
-    keys = (ex.policy.key_for(s, min(s, batch.num_seqs), True) for s in sorted(ex.policy.sizes))
+    # a decode bucket holds a sequence a token: one past the sequence slots is never captured (nor its forward sound)
+    keys = (ex.policy.key_for(s, s, True) for s in sorted(ex.policy.sizes) if s <= ex.inputs.max_seqs)
     return [k for k in dict.fromkeys(keys) if k != key]
 
 
@@ -494,8 +496,8 @@ def before_first_capture(ex, key, batch, fn) -> None:
                 ex.inputs.invalidate()
                 ex.inputs.load(batch, key)
             fn()  # within the caller's forward context: this shape, this batch
-            ex.compile_ahead_forwards_s = time.perf_counter() - t0
-        ex.compile_ahead_s = time.perf_counter() - t0
+            forwards_s = time.perf_counter() - t0
+        ex.compile_ahead_s, ex.compile_ahead_forwards_s = time.perf_counter() - t0, forwards_s
         _mark(marker)
     except Exception as e:  # an optimization only: kernels then compile at their first launch, as before
         ex.compile_ahead_note = f"failed ({type(e).__name__}: {str(e).strip()[:120]}); kernels compile at launch"

@@ -257,7 +257,7 @@ class FastLaunch:
         device = self._device()
         # one pass over the arguments: their addresses or values, and what Triton specializes each on (a method
         # call per argument cost about a third of a launch's host time: H200 host, cProfile, 2026-12-02)
-        const_at, values = self.const_at, []
+        const_at, values, unkeyed = self.const_at, [], False
         key = [device, self._options(), len(args)]
         try:
             # by value and type: 3 and 3.0, 1 and True are other variants
@@ -279,11 +279,14 @@ class FastLaunch:
                         key.append(t)
                     elif t is bool:
                         key.append((t, a))
-                    else:
-                        return self.kernel[grid](*args, **kwargs)  # another kind: Triton's own path takes it
+                    else:  # another kind: Triton's own path takes it
+                        unkeyed = True
+                        break
             key = tuple(key)
-            variant = self.variants.get(key)
+            variant = None if unkeyed else self.variants.get(key)
         except TypeError:  # an unhashable keyword value
+            unkeyed = True
+        if unkeyed:  # outside the try: a TypeError Triton raises is the caller's, not a second launch
             return self.kernel[grid](*args, **kwargs)
         if variant is None:
             compiled = self.kernel[grid](*args, **kwargs)

@@ -123,8 +123,8 @@ print(json.dumps({"log": log.summary(), "ahead_s": ex.compile_ahead_s, "note": e
 
 def test_a_cold_capture_compiles_every_variant_in_compile_ahead_s_pass(tmp_path):
     """On an empty Triton cache, in a fresh process: the decode buckets 256, 64, 8 and 1 launch different decode
-    split and combine variants (1 shares its heads' dims out, 8 and 64 do not); every one of them compiles in the
-    pass, none inside a capture (a compile there is timed: CompileLog's compile_s and untimed)."""
+    split and combine variants (on an H200, 1 shares its heads' dims out, 8 and 64 do not); every one of them
+    compiles in the pass, none inside a capture (a compile there is timed: CompileLog's compile_s and untimed)."""
     import json
     import os
     import subprocess
@@ -140,4 +140,6 @@ def test_a_cold_capture_compiles_every_variant_in_compile_ahead_s_pass(tmp_path)
     assert doc["ahead_s"] is not None, doc["note"]
     log = doc["log"]
     assert log["compiles"] >= 5 and log["untimed"] == log["compiles"], log
-    assert log["kernels"]["_combine_kernel"]["variants"] == 2, log
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if 64 <= sms < 512:  # 16 heads: a program per 32 dims at B=1 (64 programs), whole heads at 8 and 64
+        assert log["kernels"]["_combine_kernel"]["variants"] == 2, log
