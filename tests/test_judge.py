@@ -191,6 +191,38 @@ def test_sweep_records_carry_the_kv_error():
     assert rows and all(r["status"] == "ok" and r["kv_rel_err"] is not None for r in rows)
 
 
+def test_a_sweep_notes_what_each_mode_s_captures_cost(monkeypatch):
+    """Per graph mode: how many graphs, their capture_s summed, the eager warm-up, and compile-ahead's pass where
+    it ran (here pretended: the CPU compiles nothing) or why not on CUDA."""
+    from gmtool.core.executor import GraphExecutor
+    from gmtool.measure.sweep import capture_cost_note
+    from gmtool.modes import GraphMode
+
+    cfg = SweepConfig(device="cpu", buckets="2,4", modes=("full", "piecewise"), num_iters=1, num_iters_warmup=0)
+    captured = []
+    real = GraphExecutor.capture
+
+    def capture(self, key, batch):
+        entry = real(self, key, batch)
+        captured.append((self.mode, entry.capture_s, entry.warmup_s))
+        self.compile_ahead_s = 1.25 if self.mode == "full" else None
+        return entry
+
+    monkeypatch.setattr(GraphExecutor, "capture", capture)
+    res = Sweep(cfg).run()
+    for mode in ("full", "piecewise"):
+        mine = [c for c in captured if c[0] == mode]
+        (note,) = [n for n in res.notes if n.startswith(f"{mode}: ")]
+        assert note.startswith(f"{mode}: {len(mine)} graphs captured in {sum(c[1] for c in mine):.2f} s, ")
+        assert f"{sum(c[2] for c in mine):.2f} s of eager warm-up" in note
+        assert ("compiled ahead of the first in 1.25 s" in note) == (mode == "full")
+
+    class Bare:
+        graphs, compile_ahead_s = {}, None
+
+    assert capture_cost_note(GraphMode.FULL, Bare()) is None  # nothing captured: nothing to say
+
+
 def test_capture_mode_eager_is_refused(tmp_path):
     import subprocess
     import sys

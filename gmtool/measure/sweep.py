@@ -57,6 +57,22 @@ class SweepResult:
         )
 
 
+def capture_cost_note(mode: GraphMode, ex: GraphExecutor) -> str | None:
+    """What an executor's captures cost in time, split as `bench --stages capture` splits it: the captures
+    themselves (their rows' capture_s), the eager warm-ups before them, and the Triton kernels compiled ahead of
+    the first (gmtool.kernels.compile_ahead), or why they were not. None before any capture."""
+    entries = list(ex.graphs.values())
+    if not entries:
+        return None
+    capture, warm = sum(e.capture_s for e in entries), sum(e.warmup_s for e in entries)
+    note = f"{mode.value}: {len(entries)} graphs captured in {capture:.2f} s, {warm:.2f} s of eager warm-up"
+    if ex.compile_ahead_s is not None:
+        note += f"; Triton kernels compiled ahead of the first in {ex.compile_ahead_s:.2f} s"
+    elif ex.compile_ahead_note and ex.device.type == "cuda":
+        note += f"; compile-ahead {ex.compile_ahead_note}"
+    return note
+
+
 def planned_rows(cfg: SweepConfig) -> int:
     """The rows a sweep of cfg writes when nothing stops it: one per mode and composition."""
     return len(cfg.modes) * sum(len(cs) for cs in cfg.compositions_by_bucket.values())
@@ -125,6 +141,7 @@ class Sweep:
             for probe in self.probes:
                 probe.after_sweep(bench, executors, res)
             judge_fused(bench, self.cfg, res.notes, res.errors)
+            res.notes += [note for m, ex in executors.items() if (note := capture_cost_note(m, ex))]
         except BaseException:
             _release(executors, quiet=True)  # the failure that got us here is what gets reported
             raise
