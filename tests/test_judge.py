@@ -192,30 +192,38 @@ def test_sweep_records_carry_the_kv_error():
 
 
 def test_a_sweep_notes_what_each_mode_s_captures_cost(monkeypatch):
-    """Per graph mode: how many graphs, their capture_s summed, the eager warm-up, and compile-ahead's pass where
-    it ran (here pretended: the CPU compiles nothing) or why not on CUDA."""
+    """Per graph mode (auto: its two parts together): how many graphs, their capture_s summed, the eager warm-up,
+    and compile-ahead's pass where it ran (here pretended for full graphs: the CPU compiles nothing)."""
+    from gmtool.core.auto import parts_of
     from gmtool.core.executor import GraphExecutor
+    from gmtool.measure import sweep
     from gmtool.measure.sweep import capture_cost_note
     from gmtool.modes import GraphMode
 
-    cfg = SweepConfig(device="cpu", buckets="2,4", modes=("full", "piecewise"), num_iters=1, num_iters_warmup=0)
-    captured = []
-    real = GraphExecutor.capture
+    cfg = SweepConfig(device="cpu", buckets="2,4", modes=("full", "piecewise", "auto"), num_iters=1, num_iters_warmup=0)
+    captured, released, real, release = [], {}, GraphExecutor.capture, sweep._release
 
     def capture(self, key, batch):
         entry = real(self, key, batch)
-        captured.append((self.mode, entry.capture_s, entry.warmup_s))
+        captured.append((id(self), entry.capture_s, entry.warmup_s))
         self.compile_ahead_s = 1.25 if self.mode == "full" else None
         return entry
 
     monkeypatch.setattr(GraphExecutor, "capture", capture)
+    monkeypatch.setattr(
+        sweep, "_release", lambda executors, **kw: (released.update(executors), release(executors, **kw))
+    )
     res = Sweep(cfg).run()
-    for mode in ("full", "piecewise"):
-        mine = [c for c in captured if c[0] == mode]
+    counted = 0
+    for mode in ("full", "piecewise", "auto"):
+        ids = {id(p) for p in parts_of(released[mode])}
+        mine = [c for c in captured if c[0] in ids]
+        counted += len(mine)
         (note,) = [n for n in res.notes if n.startswith(f"{mode}: ")]
         assert note.startswith(f"{mode}: {len(mine)} graphs captured in {sum(c[1] for c in mine):.2f} s, ")
         assert f"{sum(c[2] for c in mine):.2f} s of eager warm-up" in note
-        assert ("compiled ahead of the first in 1.25 s" in note) == (mode == "full")
+        assert ("compiled ahead of the first in 1.25 s" in note) == (mode != "piecewise")  # auto's full part
+    assert counted == len(captured) == 6  # two buckets a mode; every capture in one mode's note
 
     class Bare:
         graphs, compile_ahead_s = {}, None

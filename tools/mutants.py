@@ -497,6 +497,14 @@ MUTANTS: list[Mutant] = [
         "the captured shape's forward in the pass reads the zeroed arena, not its batch",
     ),
     M(
+        "capture-cost-note-without-compile-ahead",
+        "gmtool/measure/sweep.py",
+        "    if ahead:\n",
+        "    if False:\n",
+        "tests/test_judge.py::test_a_sweep_notes_what_each_mode_s_captures_cost",
+        "a run's notes leave out the Triton kernels compiled ahead of its first capture",
+    ),
+    M(
         "compile-ahead-runs-every-layer",
         "gmtool/kernels/compile_ahead.py",
         "    config.num_hidden_layers = pass_layers(config)\n",

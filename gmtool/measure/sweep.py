@@ -61,15 +61,21 @@ def capture_cost_note(mode: GraphMode, ex: GraphExecutor) -> str | None:
     """What an executor's captures cost in time, split as `bench --stages capture` splits it: the captures
     themselves (their rows' capture_s), the eager warm-ups before them, and the Triton kernels compiled ahead of
     the first (gmtool.kernels.compile_ahead), or why they were not. None before any capture."""
-    entries = list(ex.graphs.values())
+    from gmtool.core.auto import parts_of
+
+    parts = parts_of(ex)  # auto: its full and piecewise parts, each with its own graphs (and maybe its own pass)
+    entries = [e for p in parts for e in p.graphs.values()]
     if not entries:
         return None
     capture, warm = sum(e.capture_s for e in entries), sum(e.warmup_s for e in entries)
     note = f"{mode.value}: {len(entries)} graphs captured in {capture:.2f} s, {warm:.2f} s of eager warm-up"
-    if ex.compile_ahead_s is not None:
-        note += f"; Triton kernels compiled ahead of the first in {ex.compile_ahead_s:.2f} s"
-    elif ex.compile_ahead_note and ex.device.type == "cuda":
-        note += f"; compile-ahead {ex.compile_ahead_note}"
+    ahead = [p.compile_ahead_s for p in parts if p.compile_ahead_s is not None]
+    if ahead:
+        note += f"; Triton kernels compiled ahead of the first in {sum(ahead):.2f} s"
+    elif ex.device.type == "cuda" and (
+        why := next((p.compile_ahead_note for p in parts if p.compile_ahead_note), None)
+    ):
+        note += f"; compile-ahead {why}"
     return note
 
 
