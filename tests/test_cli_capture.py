@@ -38,6 +38,7 @@ def test_capture_on_cpu_writes_results(tmp_path):
     )
     assert code == 0, stderr
     assert "CPU tape backend" in stdout and "max rel err" in stdout
+    assert "note: capture cost, full: 3 graphs captured in " in stdout  # also in the terminal
     doc = json.loads((out / "results.json").read_text())
     graph_rows = [r for r in doc["records"] if r["mode"] == "full"]
     assert {r["bucket"] for r in graph_rows} == {1, 2, 4}

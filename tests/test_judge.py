@@ -219,8 +219,10 @@ def test_a_sweep_notes_what_each_mode_s_captures_cost(monkeypatch):
         ids = {id(p) for p in parts_of(released[mode])}
         mine = [c for c in captured if c[0] in ids]
         counted += len(mine)
-        (note,) = [n for n in res.notes if n.startswith(f"{mode}: ")]
-        assert note.startswith(f"{mode}: {len(mine)} graphs captured in {sum(c[1] for c in mine):.2f} s, ")
+        (note,) = [n for n in res.notes if n.startswith(f"capture cost, {mode}: ")]
+        assert note.startswith(
+            f"capture cost, {mode}: {len(mine)} graphs captured in {sum(c[1] for c in mine):.2f} s, "
+        )
         assert f"{sum(c[2] for c in mine):.2f} s of eager warm-up" in note
         assert ("compiled ahead of the first in 1.25 s" in note) == (mode != "piecewise")  # auto's full part
     assert counted == len(captured) == 6  # two buckets a mode; every capture in one mode's note

@@ -505,6 +505,14 @@ MUTANTS: list[Mutant] = [
         "a run's notes leave out the Triton kernels compiled ahead of its first capture",
     ),
     M(
+        "capture-cost-note-not-printed",
+        "gmtool/cli/run_sweep.py",
+        "        if note.startswith(CAPTURE_COST):\n",
+        "        if False:\n",
+        "tests/test_cli_capture.py::test_capture_on_cpu_writes_results",
+        "capture and compare keep what the captures cost out of the terminal (results.json only)",
+    ),
+    M(
         "compile-ahead-runs-every-layer",
         "gmtool/kernels/compile_ahead.py",
         "    config.num_hidden_layers = pass_layers(config)\n",

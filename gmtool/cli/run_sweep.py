@@ -7,7 +7,7 @@ from rich.console import Console
 
 from gmtool.config import SweepConfig
 from gmtool.profiles import load_sweep_profile
-from gmtool.records import Document
+from gmtool.records import CAPTURE_COST, Document
 from gmtool.report.ledger import ledger_table
 from gmtool.report.summary import verdict
 from gmtool.report.tables import baseline_line, noise_warning
@@ -58,5 +58,8 @@ def show_sweep(out_, doc: Document, table, wrote: str) -> None:
         out_.show(memory)
     if noise := noise_warning(data):
         out_.show(f"[yellow]warning:[/] {noise}", highlight=False)
+    for note in data.get("notes") or []:
+        if note.startswith(CAPTURE_COST):
+            out_.note(note)
     out_.show(wrote, highlight=False)
     finish(doc, out_.problems, lambda: out_.verdict(verdict(data), doc.exit_code() == 0))
