@@ -19,6 +19,7 @@ from gmtool.measure.check import EagerReference, checked_replay
 from gmtool.measure.fused_check import judge_fused
 from gmtool.config import SweepConfig
 from gmtool.errors import CaptureError, GmtoolError, OutOfMemory
+from gmtool.core.auto import parts_of
 from gmtool.core.executor import GraphExecutor
 from gmtool.modes import GraphMode
 from gmtool.memory.ledger import capture_ledger
@@ -61,8 +62,6 @@ def capture_cost_note(mode: GraphMode, ex: GraphExecutor) -> str | None:
     """What an executor's captures cost in time, split as `bench --stages capture` splits it: the captures
     themselves (their rows' capture_s), the eager warm-ups before them, and the Triton kernels compiled ahead of
     the first (gmtool.kernels.compile_ahead), or why they were not. None before any capture."""
-    from gmtool.core.auto import parts_of
-
     parts = parts_of(ex)  # auto: its full and piecewise parts, each with its own graphs (and maybe its own pass)
     entries = [e for p in parts for e in p.graphs.values()]
     if not entries:
