@@ -1187,8 +1187,8 @@ MUTANTS: list[Mutant] = [
     M(
         "small-m-wide-k-ignores-stages",
         "gmtool/kernels/small_m.py",
-        "    if few and triton.cdiv(steps, split) > _stages(block_n, block_k, elem_bytes):\n",
-        "    if few and triton.cdiv(steps, split) > 8:\n",
+        "    if few and cdiv(steps, split) > _stages(block_n, block_k, elem_bytes):\n",
+        "    if few and cdiv(steps, split) > 8:\n",
         "tests/test_small_m.py::test_pick_by_shape",
         "down_proj's slice stays at 6 steps of 128 against a 4-stage pipeline",
     ),

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from gmtool.kernels import pdl as pdl_mod
-from gmtool.kernels.common import LOG2E, NEG_INIT, check_cache, dot_precision, num_sms, pow2
+from gmtool.kernels.common import LOG2E, NEG_INIT, cdiv, check_cache, dot_precision, num_sms, pow2
 from gmtool.kernels.jit_helpers import softcap_log2
 from gmtool.kernels.launcher import BoundKernel, FastLaunch, KernelLaunch
 
@@ -52,8 +52,8 @@ WAVES = 8
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, sms: int) -> int:
     """Splits per sequence, from the bucket shape only (never from kv_lens), so a graph keeps its split."""
-    want = triton.cdiv(WAVES * sms, batch * num_kv_heads)
-    useful = triton.cdiv(max_kv_len, MIN_SPLIT_TOKENS)
+    want = cdiv(WAVES * sms, batch * num_kv_heads)
+    useful = cdiv(max_kv_len, MIN_SPLIT_TOKENS)
     n = max(1, min(want, useful, MAX_SPLITS))
     # a power of two: few distinct shapes of work over a bucket list
     return 1 << (n.bit_length() - 1)

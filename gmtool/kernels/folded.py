@@ -26,7 +26,7 @@ import triton.language as tl
 
 from gmtool.kernels import pdl as pdl_mod
 from gmtool.kernels import small_m
-from gmtool.kernels.common import NormedRow, Partials, num_sms, pow2
+from gmtool.kernels.common import NormedRow, Partials, cdiv, num_sms, pow2
 from gmtool.kernels.launcher import FastLaunch
 from gmtool.kernels.layers import _row_block
 
@@ -143,7 +143,7 @@ def linear(
     b = bias.contiguous() if bias is not None else weight  # unread without HAS_BIAS
     out = None if split > 1 and partial else torch.empty((1, n), dtype=dtype, device=weight.device)
     dst = out if split == 1 else torch.empty((split, 1, n), dtype=torch.float32, device=weight.device)
-    _NORM_GEMM[(triton.cdiv(n, cfg.block_n), split)](
+    _NORM_GEMM[(cdiv(n, cfg.block_n), split)](
         xp,
         xb,
         x.residual,

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from gmtool.kernels import pdl as pdl_mod
-from gmtool.kernels.common import Partials, check_cache, pow2
+from gmtool.kernels.common import Partials, cdiv, check_cache, pow2
 from gmtool.kernels.launcher import FastLaunch
 
 SILU_BLOCK = 1024
@@ -424,7 +424,7 @@ def silu_mul(x: "torch.Tensor | Partials", pdl: int = pdl_mod.Pdl.OFF) -> torch.
     if tokens == 0:
         return out
     x_ptr, b_ptr, m = src.args()
-    _SILU_MUL[(tokens, triton.cdiv(inter, SILU_BLOCK))](
+    _SILU_MUL[(tokens, cdiv(inter, SILU_BLOCK))](
         x_ptr,
         out,
         b_ptr,

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from gmtool.kernels import VARLEN_BLOCK_M
-from gmtool.kernels.common import LOG2E, NEG_INIT, check_cache, dot_precision, pow2
+from gmtool.kernels.common import LOG2E, NEG_INIT, cdiv, check_cache, dot_precision, pow2
 from gmtool.kernels.jit_helpers import softcap_log2
 from gmtool.kernels.launcher import BoundKernel
 
@@ -350,7 +350,7 @@ def varlen_attention(
     sinks=None,
 ):
     """q [T, H, Dk] -> [T, H, Dv]; grid from (num_seqs, max_q_len): max_q_len must bound every q_len."""
-    m_tiles = max(1, triton.cdiv(max_q_len, block_m))
+    m_tiles = max(1, cdiv(max_q_len, block_m))
     return _launch(
         q,
         k_cache,

@@ -30,6 +30,7 @@ one eager call compiled it).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +39,7 @@ import triton.language as tl
 
 from gmtool.kernels.common import SMALL_M_MAX as MAX_M
 from gmtool.kernels import pdl as pdl_mod
-from gmtool.kernels.common import Partials, dot_precision, num_sms, pow2
+from gmtool.kernels.common import Partials, cdiv, dot_precision, num_sms, pow2
 from gmtool.kernels.launcher import FastLaunch
 from gmtool.kernels.pdl import prefetch_l2
 
@@ -63,10 +64,10 @@ def _pick_narrow(n: int, k: int, sms: int, elem_bytes: int, partial: bool = Fals
     against 8.3, with the kernel summing partials counted; 256 where only that fits a slice in the pipeline); a
     long K is split too, to 32 steps at most per program (llama's down_proj, K 14,336: 32.3 against 40.8 us)."""
     block_n = min(64, pow2(n, 16))
-    blocks = triton.cdiv(n, block_n)
+    blocks = cdiv(n, block_n)
     few = blocks < sms // 3
     block_k = min(128 if few or blocks >= 2 * sms else 256, pow2(k, 16))
-    steps = triton.cdiv(k, block_k)
+    steps = cdiv(k, block_k)
     split = 1
     # partial: the caller's next kernel sums the slices, so a split costs no second kernel: K is split until
     # the programs fill one wave. On the H200 (2026-12-01, tools/pdl_decode.py, qwen3-0.6b --pdl) this took B=1
@@ -74,8 +75,8 @@ def _pick_narrow(n: int, k: int, sms: int, elem_bytes: int, partial: bool = Fals
     # Splitting further was slower in the same measurement: gate/up in 2 slices (192 programs) 0.933-0.934 ms,
     # o_proj and down in 8 (128 programs, their norm summing 8 partials) 0.929-0.946, against 0.890-0.892.
     wave = partial and not few
-    while (few and blocks * split < 64) or (wave and blocks * split * 2 <= sms) or triton.cdiv(steps, split) > 32:
-        if triton.cdiv(steps, split * 2) < 2:  # each slice at least two BLOCK_K steps
+    while (few and blocks * split < 64) or (wave and blocks * split * 2 <= sms) or cdiv(steps, split) > 32:
+        if cdiv(steps, split * 2) < 2:  # each slice at least two BLOCK_K steps
             break
         split *= 2
     # Where the slice is longer than the pipeline, BLOCK_K 256 if that puts the whole slice in flight at once. In
@@ -83,11 +84,11 @@ def _pick_narrow(n: int, k: int, sms: int, elem_bytes: int, partial: bool = Fals
     # process) down_proj (K 3,072 in 4 slices: 6 steps of 128 against 4 stages, or 3 of 256) took B=1 kv 1,023
     # from 0.866 to 0.845 ms, B=32 unchanged; o_proj at 256 (its 4 steps of 128 already fit) was slower, 0.850
     # against 0.838, as were down at 256 in 2 or 3 slices (0.877, 0.853) or with 2 stages (0.880).
-    if few and triton.cdiv(steps, split) > _stages(block_n, block_k, elem_bytes):
+    if few and cdiv(steps, split) > _stages(block_n, block_k, elem_bytes):
         wide = min(256, pow2(k, 16))
-        if triton.cdiv(triton.cdiv(k, wide), split) <= _stages(block_n, wide, elem_bytes):
-            block_k, steps = wide, triton.cdiv(k, wide)
-    split = triton.cdiv(steps, triton.cdiv(steps, split))  # slices that hold any K
+        if cdiv(cdiv(k, wide), split) <= _stages(block_n, wide, elem_bytes):
+            block_k, steps = wide, cdiv(k, wide)
+    split = cdiv(steps, cdiv(steps, split))  # slices that hold any K
     return Config(16, block_n, block_k, split, num_stages=_stages(block_n, block_k, elem_bytes))
 
 
@@ -97,6 +98,7 @@ def _stages(block_n: int, block_k: int, elem_bytes: int, block_m: int = 16) -> i
     return max(2, min(4, (160 << 10) // ((block_n + block_m) * block_k * elem_bytes)))
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of a few ints, asked once per projection per forward
 def pick(m: int, n: int, k: int, sms: int, elem_bytes: int = 2, partial: bool = False) -> Config:
     """Block sizes by shape. DRAM stays busy when enough weight bytes are in flight (about latency x bandwidth:
     ~3 MB on an H200), spread over the SMs. Where N gives at least two programs per SM, the widest BLOCK_N that
@@ -110,15 +112,15 @@ def pick(m: int, n: int, k: int, sms: int, elem_bytes: int = 2, partial: bool = 
         return _pick_narrow(n, k, sms, elem_bytes, partial)
     block_m = 32  # tl.dot needs 16 on each side
     target = 2 * sms
-    block_n = next((bn for bn in (64, 32) if triton.cdiv(n, bn) >= target), 16)
-    blocks = triton.cdiv(n, block_n)
+    block_n = next((bn for bn in (64, 32) if cdiv(n, bn) >= target), 16)
+    blocks = cdiv(n, block_n)
     block_k = 128 if block_n == 64 else 256 if blocks >= sms else 512
     block_k = min(block_k, pow2(k, 16))
-    steps = triton.cdiv(k, block_k)
+    steps = cdiv(k, block_k)
     split = 1
     if 4 * blocks < sms and steps >= 4:
-        per = max(2, triton.cdiv(steps, triton.cdiv(target, blocks)))  # K steps per slice
-        split = triton.cdiv(steps, per)
+        per = max(2, cdiv(steps, cdiv(target, blocks)))  # K steps per slice
+        split = cdiv(steps, per)
     return Config(block_m, block_n, block_k, split, num_stages=_stages(block_n, block_k, elem_bytes, block_m))
 
 
@@ -261,7 +263,7 @@ def linear(
     # no [M, N] output where the caller takes the partials (it would be a graph pool's for nothing)
     out = None if split > 1 and partial else torch.empty((m, n), dtype=x.dtype, device=x.device)
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    _SMALL_M[(triton.cdiv(n, cfg.block_n), split)](
+    _SMALL_M[(cdiv(n, cfg.block_n), split)](
         x, weight, b, dst, m, n, k, x.stride(0), weight.stride(0), per, **launch_options(cfg, weight, bias, split, pdl)
     )
     if split > 1 and partial:
@@ -273,8 +275,8 @@ def linear(
 
 def slices(cfg: Config, k: int) -> tuple[int, int]:
     """(BLOCK_K steps per K slice, slices that hold any K): cfg.split rounded to what K fills."""
-    per = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split)
-    return per, triton.cdiv(triton.cdiv(k, cfg.block_k), per)
+    per = cdiv(cdiv(k, cfg.block_k), cfg.split)
+    return per, cdiv(cdiv(k, cfg.block_k), per)
 
 
 def launch_options(cfg: Config, weight: torch.Tensor, bias, split: int, pdl: int) -> dict:
@@ -301,7 +303,7 @@ def launch_options(cfg: Config, weight: torch.Tensor, bias, split: int, pdl: int
 def reduce_partials(parts: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, pdl: int = pdl_mod.Pdl.OFF):
     """out [M, N] = the split-K partials [split, M, N] summed in a fixed order (+ bias), rounded to out's dtype."""
     split, m, n = parts.shape
-    _SPLIT_REDUCE[(m, triton.cdiv(n, REDUCE_BLOCK))](
+    _SPLIT_REDUCE[(m, cdiv(n, REDUCE_BLOCK))](
         parts,
         parts if bias is None else bias,
         out,
