@@ -375,3 +375,16 @@ def test_buffers_read_are_ranked_by_how_far_each_moves_the_result():
         str(Buffer.KV_NULL_BLOCK),
         str(Buffer.PAD_INPUT_IDS),
     ]
+
+
+def test_the_reproduce_command_is_one_verify_accepts():
+    """A fault caught in the staging arena is found between checks (step 6 of --check-every 10): the command
+    that reproduces it ran --steps 7 --check-every 10, which verify refuses."""
+    cfg = VerifyConfig(device="cpu", modes="full", steps=200, check_every=10, inject="stale-slot-mapping")
+    argv = cfg.repro("full", "default", 7).split()[2:]
+    opts = {argv[i].lstrip("-").replace("-", "_"): argv[i + 1] for i in range(0, len(argv), 2)}
+    assert opts["steps"] == "7" and opts["check_every"] == "7"
+    for k in ("steps", "check_every", "seed", "max_num_seqs", "max_kv_len", "block_size"):
+        opts[k] = int(opts[k])
+    VerifyConfig(**opts)  # raises GmtoolError on a refused command
+    assert "--steps 20 --check-every 10" in cfg.repro("full", "default", 20)

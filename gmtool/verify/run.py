@@ -115,7 +115,9 @@ class VerifyConfig:
         return d
 
     def repro(self, mode: str, strategy: str, steps: int) -> str:
-        """The command that re-runs one soak up to a step (the workload depends on the seed alone)."""
+        """The command that re-runs one soak up to a step (the workload depends on the seed alone). A step found
+        between checks (a wrong input caught in the staging arena) may come before the first check: the command
+        then checks its last step, as a --check-every above --steps is refused."""
         parts = [
             "gmtool verify",
             f"--model {self.model}",
@@ -123,7 +125,7 @@ class VerifyConfig:
             f"--strategy {strategy}",
             f"--seed {self.seed}",
             f"--steps {steps}",
-            f"--check-every {self.check_every}",
+            f"--check-every {min(self.check_every, steps)}",
             f"--device {self.sweep.torch_device.type}",
             f"--dtype {self.to_dict()['dtype']}",
             f"--buckets {self.buckets}",
