@@ -29,6 +29,11 @@ CASES = [
         ["capture", *CPU, "--model", "{tmp}/unknown.json"],
         "does not know model_type 'no-such-type'",
     ),
+    (
+        "--model a config with a field of the wrong type",
+        ["capture", *CPU, "--model", "{tmp}/badfield.json"],
+        "the qwen3 config is invalid: Validation error for field 'hidden_size'",
+    ),
     ("--model an unknown name", ["capture", *CPU, "--model", "no-such-model"], "unknown model 'no-such-model'"),
     (
         "--model a checkpoint with corrupt safetensors",
@@ -162,6 +167,7 @@ def make_inputs(tmp: Path) -> None:
         '"d_kv": 16, "d_ff": 64, "vocab_size": 100}'
     )
     (tmp / "unknown.json").write_text('{"model_type": "no-such-type"}')
+    (tmp / "badfield.json").write_text('{"model_type": "qwen3", "hidden_size": "big"}')
     (tmp / "afile").write_text("x")
     corrupt = tmp / "corrupt"
     corrupt.mkdir()

@@ -142,12 +142,19 @@ def _config_from_dict(d: dict):
     model_type = d.pop("model_type", None)
     if not model_type:
         raise GmtoolError("the config has no model_type")
-    try:
-        return AutoConfig.for_model(model_type, **d)
-    except (KeyError, ValueError):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
         import transformers
 
-        raise GmtoolError(f"transformers {transformers.__version__} does not know model_type {model_type!r}") from None
+        raise GmtoolError(f"transformers {transformers.__version__} does not know model_type {model_type!r}")
+    try:
+        return AutoConfig.for_model(model_type, **d)
+    except Exception as e:  # the config's own checks (ValueError) and huggingface_hub's typed fields (its own error)
+        said = " ".join(str(e).split())
+        raise GmtoolError(
+            f"the {model_type} config is invalid: {said[:200] + '...' if len(said) > 200 else said}"
+        ) from None
 
 
 def _no_padding_warning(input_ids, attention_mask) -> None:
