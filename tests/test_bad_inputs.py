@@ -94,6 +94,7 @@ CASES = [
     ("report on a results.json missing keys", ["report", "{tmp}/incomplete"], "record 0 lacks composition, status"),
     ("report on a results.json without a model", ["report", "{tmp}/nomodel"], "no 'model' section"),
     ("report on a directory without results", ["report", "{tmp}/empty"], "no results file"),
+    ("report on a journal cut short in its first line", ["report", "{tmp}/cut"], "one line, cut short"),
     (
         "plan an unknown workload",
         ["plan", "--workload", "no-such-workload", "--from", "{tmp}/incomplete"],
@@ -190,6 +191,8 @@ def make_inputs(tmp: Path) -> None:
         (tmp / name).mkdir()
         (tmp / name / "results.json").write_text(json.dumps({**doc, **over}))
     (tmp / "empty").mkdir()
+    (tmp / "cut").mkdir()
+    (tmp / "cut" / "records.jsonl").write_text('{"tool": "gmtool", "sche')  # killed while writing its header
 
 
 def argv_of(case_argv: list[str], tmp: Path) -> list[str]:

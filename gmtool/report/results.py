@@ -144,6 +144,8 @@ def _read_journal(path: Path) -> dict:
             if i == len(lines) - 1:  # the line being written when the process died
                 break
             raise GmtoolError(f"{path}: line {i + 1} is not JSON") from None
+    if not rows:  # killed while writing the header: nothing was measured
+        raise GmtoolError(f"{path} holds one line, cut short: the run measured nothing")
     doc, records = rows[0], rows[1:]
     if not isinstance(doc, dict) or not isinstance(doc.get("partial"), dict):
         raise GmtoolError(f"{path} is not a gmtool journal")
