@@ -248,6 +248,9 @@ def test_workload_jsonl_and_counts(tmp_path):
     f.write_text('{"num_tokens": 4\n')
     with pytest.raises(GmtoolError, match="not valid JSONL"):
         load_workload(str(f))
+    f.write_text('{"num_tokens": 4, "num_seqs": 2}\n\n{"num_tokens": 8\n')  # the file's line 3, not json's "line 1"
+    with pytest.raises(GmtoolError, match="not valid JSONL: line 3, column 17: Expecting"):
+        load_workload(str(f))
 
 
 def test_unreadable_workloads(tmp_path):

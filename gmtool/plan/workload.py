@@ -35,7 +35,12 @@ def resolve(spec: str) -> Path:
 def _read(path: Path) -> pd.DataFrame:
     try:
         if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
-            rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+            rows = []
+            for n, ln in enumerate(path.read_text().splitlines(), 1):
+                try:
+                    rows += [json.loads(ln)] if ln.strip() else []
+                except json.JSONDecodeError as e:  # json's own "line 1" counts within the line: the file's line
+                    raise ValueError(f"line {n}, column {e.colno}: {e.msg}") from None
             if not all(isinstance(r, dict) for r in rows):
                 raise ValueError("each line must be a JSON object")
             return pd.DataFrame(rows)
