@@ -136,6 +136,15 @@ def test_progress_when_not_a_terminal_is_one_line_per_bucket_with_an_eta():
     assert isinstance(progress_bars(Console(file=io.StringIO(), force_terminal=True))("x"), SweepProgress)
 
 
+def test_compare_progress_counts_the_rows_it_writes(tmp_path):
+    """compare's progress said '10/10 rows' for a run of 30 rows (it counted compositions, not one row a mode),
+    while a Ctrl-C in it said 'interrupted after 8 of 30 rows'."""
+    code, stdout, _ = run_cli("compare", "eager,full,piecewise", *FAST, "--buckets", "2", "--out", tmp_path / "o")
+    rows = json.loads((tmp_path / "o" / "results.json").read_text())["records"]
+    assert code == 0 and len(rows) == 9, stdout
+    assert "compare: bucket 2 done, 9/9 rows" in stdout, stdout
+
+
 # -- plots -----------------------------------------------------------------------------------------------------
 def test_a_mode_has_one_colour_in_every_plot():
     doc = make_doc()
@@ -207,7 +216,8 @@ def test_capture_human_shows_noise_marks_legend_and_verdict(tmp_path, monkeypatc
     assert "2.000!" in stdout  # the replay median, marked noisy as compare marks it
     assert "warning: 2 of 2 timings are noisy" in text
     assert "mixes: batch compositions replayed per bucket" in text
-    assert "capture: bucket 1 done, 1/1 rows" in stdout  # not a terminal: a line per bucket
+    # not a terminal: a line per bucket, counting rows as results.json holds them (the eager row and full's)
+    assert "capture: bucket 1 done, 2/2 rows" in stdout
     assert "graph memory ledger" in text  # capture shows the ledger of its captured buckets, as compare does
     assert stdout.rstrip().splitlines()[-1] == "verdict: 1 ok, 0 UNSAFE, 0 errors (1 replays checked against eager)"
 

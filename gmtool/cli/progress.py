@@ -32,8 +32,8 @@ class SweepProgress:
     def start(self, total: int) -> None:
         self.task = self.progress.add_task(self.title, total=total)
 
-    def advance(self, description: str) -> None:
-        self.progress.update(self.task, advance=1, description=f"{self.title}: {description}")
+    def advance(self, description: str, n: int = 1) -> None:
+        self.progress.update(self.task, advance=n, description=f"{self.title}: {description}")
 
 
 def _clock(seconds: float) -> str:
@@ -59,12 +59,13 @@ class LineProgress:
     def start(self, total: int) -> None:
         self.total, self.done, self.bucket, self.t0 = total, 0, None, self.clock()
 
-    def advance(self, description: str) -> None:
+    def advance(self, description: str, n: int = 1) -> None:
+        """n: the rows the step measured (a sweep's composition: one a mode)."""
         bucket = description.split(":", 1)[0].strip()
         if self.bucket is not None and bucket != self.bucket:
             self._line(self.bucket, self.done)  # the previous bucket's rows are all done
         self.bucket = bucket
-        self.done += 1
+        self.done += n
         if self.done >= self.total:
             self._line(bucket, self.done)
 

@@ -158,8 +158,8 @@ class Sweep:
         cfg = self.cfg
         tol_same, tol = tolerances_for(cfg.torch_dtype)
         dead: dict[str, str] = {}  # mode -> why its remaining buckets are skipped
-        if self.progress:
-            self.progress.start(sum(len(cs) for cs in cfg.compositions_by_bucket.values()))
+        if self.progress:  # in rows, as results.json and a Ctrl-C count them: a composition makes one a mode
+            self.progress.start(planned_rows(cfg))
         # a memory strategy may ask for smallest first (to show what the largest-first order saves)
         ascending = any(getattr(ex.memory, "order", None) == "ascending" for ex in executors.values())
         for bucket in sorted(cfg.compositions_by_bucket, reverse=not ascending):
@@ -210,7 +210,7 @@ class Sweep:
 
     def _advance(self, label: str) -> None:
         if self.progress:
-            self.progress.advance(label)
+            self.progress.advance(label, len(self.cfg.modes))
 
     def _graph_run(self, ex: GraphExecutor, mode, batch, ref: EagerReference, eager_med, tols, base) -> Record:
         cfg = self.cfg
