@@ -40,6 +40,11 @@ CASES = [
         ["capture", *CPU, "--model", "{tmp}/corrupt"],
         "cannot read weight file",
     ),
+    (
+        "--model a checkpoint of shards without their index",
+        ["capture", *CPU, "--model", "{tmp}/shards"],
+        "holds model-00001-of-00002.safetensors and 1 more but no model.safetensors or pytorch_model.bin",
+    ),
     ("--out under a file", ["capture", *CPU, "--out", "{tmp}/afile/run"], "cannot create output directory"),
     (
         "--out a directory that cannot be written",
@@ -175,6 +180,11 @@ def make_inputs(tmp: Path) -> None:
     config = json.loads((ROOT / "profiles/models/tiny-qwen3.json").read_text())["config"]
     (corrupt / "config.json").write_text(json.dumps(config))
     (corrupt / "model.safetensors").write_bytes(b'\x10\x00\x00\x00\x00\x00\x00\x00{"a": 1}')
+    shards = tmp / "shards"  # the index not downloaded: the run would have had random weights
+    shards.mkdir()
+    (shards / "config.json").write_text(json.dumps(config))
+    for i in (1, 2):
+        (shards / f"model-0000{i}-of-00002.safetensors").write_bytes(b"")
     doc = {
         "tool": "gmtool",
         "schema_version": 1,

@@ -38,7 +38,22 @@ def weight_files(ckpt: Path) -> list[Path]:
         if absent is not None:
             raise GmtoolError(f"{index} names the weight file {absent}, which is not in {ckpt}")
         return [ckpt / s for s in shards]
-    return [ckpt / name for name in SINGLE_FILES if (ckpt / name).is_file()][:1]
+    found = [ckpt / name for name in SINGLE_FILES if (ckpt / name).is_file()][:1]
+    # shards without their index (or weights under another name) would leave the run on random weights, told
+    # only in results.json's notes: refused, as a checkpoint whose weights were asked for and not read
+    # (a .bin is weights when named as transformers names them: training_args.bin and the like are not)
+    stray = sorted(
+        p.name
+        for p in ckpt.iterdir()
+        if p.is_file() and (p.suffix == ".safetensors" or p.suffix == ".bin" and p.name.startswith("pytorch_model"))
+    )
+    if not found and stray:
+        more = f" and {len(stray) - 1} more" if len(stray) > 1 else ""
+        raise GmtoolError(
+            f"{ckpt} holds {stray[0]}{more} but no {' or '.join(SINGLE_FILES)} or index of shards: add the "
+            "index, or move them away to run on random weights"
+        )
+    return found
 
 
 def _tensors(file: Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
