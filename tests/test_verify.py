@@ -388,3 +388,25 @@ def test_the_reproduce_command_is_one_verify_accepts():
         opts[k] = int(opts[k])
     VerifyConfig(**opts)  # raises GmtoolError on a refused command
     assert "--steps 20 --check-every 10" in cfg.repro("full", "default", 20)
+
+
+def test_a_clean_verdict_names_what_full_narrow_was_expected_to_show():
+    """full-narrow's baked-in values and wrong replay are expected (exit 0), but the verdict said 'no baked-in
+    value' under a table showing 20 of them."""
+    from gmtool.verify.report import finish_document
+
+    dd = {"mode": "full-narrow", "kind": "prefill", "key": "t16", "clean": False, "expected_unsafe": True}
+    run = {"mode": "full-narrow", "strategy": "default", "steps": 5, "checks": 1, "expected_unsafe": True}
+    doc = {
+        "capturability": [],
+        "dynamic_dims": [{**dd, "baked": [{}] * 20}],
+        "runs": [{**run, "mismatch": {"step": 4}}],
+    }
+    doc = finish_document(doc, None, 1.0)
+    assert doc["exit_code"] == 0 and doc["findings"] == []
+    assert doc["verdict"].endswith(
+        "no baked-in value in the modes that should be safe (full-narrow: 20 baked-in value(s) (prefill), "
+        "a wrong replay at step 4, as expected)"
+    ), doc["verdict"]
+    clean = finish_document({"capturability": [], "dynamic_dims": [], "runs": [{**run, "mismatch": None}]}, None, 1.0)
+    assert clean["verdict"].endswith("no op that breaks capture, no baked-in value")
