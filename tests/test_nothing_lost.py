@@ -123,3 +123,15 @@ def test_an_unwritable_out_is_refused_before_any_model_is_built(tmp_path, monkey
     finally:
         if ro.is_relative_to(tmp_path):
             ro.chmod(0o755)
+
+
+def test_ctrl_c_in_a_command_without_a_sweep_says_so(tmp_path, monkeypatch):
+    """verify (and plan) catch no Ctrl-C themselves: typer turned it into a silent exit 130."""
+    import gmtool.verify.run
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gmtool.verify.run, "run_verify", interrupted)
+    code, _, err = run_cli("verify", "--device", "cpu", "--steps", "2", "--check-every", "1", "--out", tmp_path / "v")
+    assert code == 130 and err.strip() == "interrupted", err

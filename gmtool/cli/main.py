@@ -57,6 +57,8 @@ _register()
 def main() -> None:
     try:
         rc = app(standalone_mode=False, prog_name="gmtool")  # typer.Exit(n) comes back as the return value here
+        if rc == 130:  # typer turns a Ctrl-C that no command caught (verify, plan) into Exit(130), silently
+            err_console.print("[yellow]interrupted[/]")
         sys.exit(rc if isinstance(rc, int) else 0)
     except Interrupted as e:  # says how far the run got; what it measured is written
         err_console.print(f"[yellow]{e}[/]", highlight=False, soft_wrap=True)
