@@ -60,6 +60,7 @@ def test_summary_ratios_and_goals(tmp_path):
                 "capture_only_s": 0.5,
                 "compile_ahead_note": "skipped: this configuration's kernels were compiled into /tmp/t before",
                 "triton": {"compiles": 7, "untimed": 0, "compile_s": 0.2, "kernels": {}},
+                "host_probe_us": 1234.4,
             },
         },
         "host": {
@@ -111,6 +112,8 @@ def test_summary_ratios_and_goals(tmp_path):
         "capture 35 default decode buckets --fuse, warm Triton cache (median of 3 processes, 0.75-1.25 s; capture"
     )
     assert cap[list(cap)[3]][0] == "0.80 s"
+    assert "; host probe 1,234 us; Triton loaded 7" in list(cap)[3]  # beside the capture it was taken with
+    assert sum("host probe" in k for k in cap) == 1
     assert any(
         "408 kernels per replay" in k and "idle device 45.0 us" in k and v[0] == "29.5 us (p90 33)"
         for k, v in rows.items()
@@ -360,3 +363,11 @@ def test_decode_ab_rounds_rotate_which_variant_goes_first():
     firsts = [rotated(work, k * 2)[0] for k in range(4)]
     assert firsts == ["a1", "b1", "c1", "a1"]
     assert sorted(rotated(work, 3)) == sorted(work)
+
+
+def test_the_host_probe_times_the_keyings_it_is_asked_for():
+    """The probe's figure grows with the launches it keys (40 times the work: no scheduling noise inverts it)."""
+    from gmtool.measure.timing import host_probe_us
+
+    small, large = host_probe_us(launches=50, repeats=3), host_probe_us(launches=2000, repeats=3)
+    assert 0 < small < large

@@ -65,8 +65,8 @@ class NormedRow:
 
 
 def cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for the launchers' host code: triton.cdiv is a constexpr function in Triton 3.9, whose call
-    unwraps its arguments (about 4 us a call on the CPU; small_m.pick made 13 of them a projection)."""
+    """ceil(a / b) for the launchers' host code: triton.cdiv is a constexpr function in Triton 3.6 and 3.9, whose
+    call unwraps its arguments (about 4 us a call on the CPU; small_m.pick made up to 13 of them a projection)."""
     return -(-a // b)
 
 

@@ -337,10 +337,12 @@ def _capture_once(fuse: bool) -> dict:
     from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS
     from gmtool.core.compositions import parse_composition
     from gmtool.kernels import compile_ahead
+    from gmtool.measure.timing import host_probe_us
 
     t_load = time.perf_counter()
     ex = _executor(DEFAULT_DECODE_BUCKETS, 1024, 256 * 64 + 1, fuse=fuse)
     load_s = time.perf_counter() - t_load
+    probe = host_probe_us()
     cache, lm = ex.cache, ex.lm
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -367,6 +369,7 @@ def _capture_once(fuse: bool) -> dict:
         "compile_ahead_s": ex.compile_ahead_s,
         "compile_ahead_forwards_s": ex.compile_ahead_forwards_s,  # of it: the pass's forwards (the compiles go on)
         "compile_ahead_note": ex.compile_ahead_note,
+        "host_probe_us": probe,  # the host's Python speed beside the captures (gmtool.measure.timing.host_probe_us)
         "load_s": load_s,  # the model's build and the executor's, before the window: what overlaps it is not free
         # cuBLAS's first uses made in a thread during the build (gmtool.model.gemm_warmup)
         "gemm_warmup": None

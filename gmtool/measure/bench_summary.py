@@ -341,6 +341,8 @@ def summary(out: Path, console: Console) -> list[tuple]:
         again = (cap.get("second_executor") or {}).get("total_s")
         if again is not None:
             where += f"; a second executor in the process {again:.2f} s"
+        if (probe := cap.get("host_probe_us")) is not None:  # a slow host, not a slow capture
+            where += f"; host probe {probe:,.0f} us"
         tri = cap.get("triton") or {}
         kernels = ""
         if tri:

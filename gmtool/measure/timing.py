@@ -104,3 +104,24 @@ TOLERANCES = {torch.float32: (1e-5, 1e-3), torch.float16: (2e-3, 5e-2), torch.bf
 
 def tolerances_for(dtype: torch.dtype) -> tuple[float, float]:
     return TOLERANCES.get(dtype, TOLERANCES[torch.bfloat16])
+
+
+def host_probe_us(launches: int = 1000, repeats: int = 5) -> float:
+    """The host's Python speed as a capture spends it, in microseconds: `launches` keyings of 24 launch arguments
+    the way FastLaunch keys them (a type test and a key entry each, a tuple, a dict lookup), median of repeats.
+    A capture is Python launching kernels, so its seconds follow the host: the same tree's warm --fuse capture of
+    the 35 default decode buckets took 0.69 s in one call and 1.20 s in another (H200, 2026-12-02). The probe,
+    taken beside a capture, tells a slow host from a slow capture."""
+    args = tuple(range(16)) + tuple(float(i) for i in range(8))
+    seen = {}
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(launches):
+            key = []
+            for a in args:
+                t = type(a)
+                key.append((t, a % 16 == 0) if t is int else t)
+            seen.get(tuple(key))
+        times.append((time.perf_counter() - t0) * 1e6)
+    return float(np.median(times))
