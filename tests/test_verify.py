@@ -405,8 +405,8 @@ def test_a_clean_verdict_names_what_full_narrow_was_expected_to_show():
     doc = finish_document(doc, None, 1.0)
     assert doc["exit_code"] == 0 and doc["findings"] == []
     assert doc["verdict"].endswith(
-        "no baked-in value in the modes that should be safe (full-narrow: 20 baked-in value(s) (prefill), "
-        "a wrong replay at step 4, as expected)"
+        "no baked-in value in the modes that should be safe; full-narrow, expected unsafe, showed 20 baked-in "
+        "value(s) (prefill) and a wrong replay at step 4"
     ), doc["verdict"]
     clean = finish_document({"capturability": [], "dynamic_dims": [], "runs": [{**run, "mismatch": None}]}, None, 1.0)
     assert clean["verdict"].endswith("no op that breaks capture, no baked-in value")

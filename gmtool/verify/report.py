@@ -74,8 +74,8 @@ def _expected(doc: dict) -> str:
     for r in doc["runs"]:
         if r["mismatch"] is not None and r["expected_unsafe"]:
             found.setdefault(r["mode"], []).append(f"a wrong replay at step {r['mismatch']['step']}")
-    said = "; ".join(f"{mode}: {', '.join(what)}" for mode, what in found.items())
-    return f" in the modes that should be safe ({said}, as expected)" if said else ""
+    said = "; ".join(f"{mode}, expected unsafe, showed {' and '.join(what)}" for mode, what in found.items())
+    return f" in the modes that should be safe; {said}" if said else ""
 
 
 def runs_frame(doc: dict) -> pd.DataFrame:
