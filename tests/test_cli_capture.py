@@ -21,6 +21,23 @@ def gm(*args):
     return p.returncode, p.stdout, p.stderr
 
 
+def test_capture_prints_what_it_did_not_apply_once(tmp_path):
+    """An option the run could not apply is said on the terminal, not only in results.json's notes (--pdl on the
+    CPU: the fused layers run torch ops there), beside the fused layers' check against the model's own; a note
+    the command printed before the run is not printed again."""
+    code, stdout, stderr = gm(
+        *("capture", "--device", "cpu", "--buckets", "1", "--num-iters", "1", "--num-iters-warmup", "0"),
+        *("--fuse", "--small-m-gemm", "--pdl", "--out", str(tmp_path / "run")),
+    )
+    assert code == 0, stderr
+    notes = [line for line in stdout.splitlines() if line.startswith("note: ")]
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert any(n.startswith("--pdl: off") for n in doc["notes"])
+    assert any(n.startswith("note: --pdl: off") for n in notes), notes
+    assert any(n.startswith("note: --fuse against the model's own layers") for n in notes), notes
+    assert sum("no CUDA here" in n for n in notes) == 1, notes
+
+
 def test_capture_on_cpu_writes_results(tmp_path):
     out = tmp_path / "run"
     code, stdout, stderr = gm(

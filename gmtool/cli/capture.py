@@ -94,4 +94,5 @@ def capture(
         out_.note(note)
     with launch.out_dir_for(out or default_out_dir("capture"), force) as out_dir:
         doc = launch.run(run_capture, cfg, out_dir, progress=progress_bars(out_.console), timeout=tp_timeout)
-    show_sweep(out_, doc, capture_table, f"results: {out_dir / 'results.json'}, {out_dir / 'results.csv'}")
+    wrote = f"results: {out_dir / 'results.json'}, {out_dir / 'results.csv'}"
+    show_sweep(out_, doc, capture_table, wrote, shown=cfg.notes)

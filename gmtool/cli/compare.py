@@ -182,4 +182,4 @@ def compare(
             timeout=tp_timeout,
         )
 
-    show_sweep(out_, doc, compare_table, "wrote " + ", ".join(str(f) for f in files))
+    show_sweep(out_, doc, compare_table, "wrote " + ", ".join(str(f) for f in files), shown=cfg.notes + no_eager)

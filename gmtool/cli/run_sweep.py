@@ -7,7 +7,7 @@ from rich.console import Console
 
 from gmtool.config import SweepConfig
 from gmtool.profiles import load_sweep_profile
-from gmtool.records import CAPTURE_COST, Document
+from gmtool.records import Document
 from gmtool.report.ledger import ledger_table
 from gmtool.report.summary import verdict
 from gmtool.report.tables import baseline_line, noise_warning
@@ -46,9 +46,12 @@ def finish(doc: Document, console: Console, then=None) -> None:
         raise typer.Exit(code)
 
 
-def show_sweep(out_, doc: Document, table, wrote: str) -> None:
-    """capture and compare: the document (json), the command's table, the ledger, the noise warning, the files
-    written, then problems, the verdict and the exit code. table: the command's table of doc.to_dict()."""
+def show_sweep(out_, doc: Document, table, wrote: str, shown: list[str] | tuple = ()) -> None:
+    """capture and compare: the document (json), the command's table, the ledger, the noise warning, the run's
+    notes, the files written, then problems, the verdict and the exit code. table: the command's table of
+    doc.to_dict(). shown: notes the command printed before the run (not repeated). Every other note is printed:
+    what the run did not apply of what was asked (an option that does nothing here, random weights), the fused
+    layers against the model's own, what the captures cost."""
     data = doc.to_dict()
     out_.document(doc.to_json())
     out_.show(table(data))
@@ -59,7 +62,7 @@ def show_sweep(out_, doc: Document, table, wrote: str) -> None:
     if noise := noise_warning(data):
         out_.show(f"[yellow]warning:[/] {noise}", highlight=False)
     for note in data.get("notes") or []:
-        if note.startswith(CAPTURE_COST):
+        if note not in shown:
             out_.note(note)
     out_.show(wrote, highlight=False)
     finish(doc, out_.problems, lambda: out_.verdict(verdict(data), doc.exit_code() == 0))
