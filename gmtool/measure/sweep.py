@@ -67,7 +67,8 @@ def capture_cost_note(mode: GraphMode, ex: GraphExecutor) -> str | None:
     if not entries:
         return None
     capture, warm = sum(e.capture_s for e in entries), sum(e.warmup_s for e in entries)
-    note = f"{CAPTURE_COST}, {mode.value}: {len(entries)} graphs captured in {capture:.2f} s, {warm:.2f} s of eager warm-up"
+    graphs = f"{len(entries)} graph{'s' if len(entries) != 1 else ''}"
+    note = f"{CAPTURE_COST}, {mode.value}: {graphs} captured in {capture:.2f} s, {warm:.2f} s of eager warm-up"
     ahead = [p.compile_ahead_s for p in parts if p.compile_ahead_s is not None]
     if ahead:
         note += f"; Triton kernels compiled ahead of the first in {sum(ahead):.2f} s"
