@@ -30,6 +30,11 @@ def sweep_profiles() -> list[str]:
 
 def load_model_profile(name: str) -> dict:
     path = PROFILES_DIR / "models" / f"{name}.json"
+    if not path.is_file() and ("/" in name or name.endswith(".json")):  # meant as a path: say the path is not there
+        raise GmtoolError(
+            f"--model {name}: no such checkpoint folder or config.json here (gmtool never downloads: a Hub id "
+            "needs its files on disk)"
+        )
     if not path.is_file():
         # the tiny test profiles are named as a family: the line stays short as profiles are added (--help lists all)
         sized = [n for n in model_profiles() if not n.startswith("tiny-")]

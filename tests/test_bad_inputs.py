@@ -36,6 +36,11 @@ CASES = [
     ),
     ("--model an unknown name", ["capture", *CPU, "--model", "no-such-model"], "unknown model 'no-such-model'"),
     (
+        "--model a path that is not there",
+        ["capture", *CPU, "--model", "/no/such/dir"],
+        "--model /no/such/dir: no such checkpoint folder or config.json",
+    ),
+    (
         "--model a checkpoint with corrupt safetensors",
         ["capture", *CPU, "--model", "{tmp}/corrupt"],
         "cannot read weight file",
