@@ -439,6 +439,32 @@ def test_exit_codes(records, code):
     assert ("capture failed" in said) == (code == 1)
 
 
+def test_errors_alike_but_for_their_numbers_print_once_with_their_count():
+    """A too-small KV cache fails every batch with its own block count: one line and how many more alike, while
+    another error stays its own line (each is in results.json)."""
+    import typer
+    from rich.console import Console
+
+    from gmtool.cli.run_sweep import finish
+
+    need = "the batch needs {} KV blocks, the cache has 1: raise --kv-cache-gb or lower --max-kv-len"
+    doc = Document(
+        machine={},
+        model={},
+        config={},
+        records=[Record(mode="full", bucket=8, composition="8*1", status="error", error="capture failed")],
+        errors=[need.format(44), need.format(33), need.format(6)],
+    )
+    console = Console(file=io.StringIO(), width=400)
+    with pytest.raises(typer.Exit):
+        finish(doc, console)
+    lines = [ln for ln in console.file.getvalue().splitlines() if ln.startswith("error:")]
+    assert lines == [
+        f"error: {need.format(44)} (and 2 more alike but for their numbers: each is in results.json)",
+        "error: full bucket 8 (8*1): capture failed",
+    ]
+
+
 def test_peer_static_cache_matches_gmtool_eager():
     """The hf-compiled peer's inputs: an HF StaticCache holding gmtool's K/V gives gmtool eager's logits
     (uncompiled here; the compiled step is only run on CUDA)."""

@@ -505,6 +505,14 @@ MUTANTS: list[Mutant] = [
         "a run's notes leave out the Triton kernels compiled ahead of its first capture",
     ),
     M(
+        "errors-alike-not-grouped",
+        "gmtool/cli/run_sweep.py",
+        '        groups.setdefault(re.sub(r"\\d+(\\.\\d+)?", "#", e), [e, -1])[1] += 1\n',
+        "        groups.setdefault(e, [e, -1])[1] += 1\n",
+        "tests/test_compare.py::test_errors_alike_but_for_their_numbers_print_once_with_their_count",
+        "a too-small KV cache prints one error line per batch, each alike but for its block count",
+    ),
+    M(
         "run-notes-not-printed",
         "gmtool/cli/run_sweep.py",
         "        if note not in shown:\n",

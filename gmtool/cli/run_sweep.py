@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import typer
 from rich.console import Console
 
@@ -22,6 +24,15 @@ def build_config(profile: str | dict | None, **opts) -> SweepConfig:
     return cfg
 
 
+def _alike(errors: list[str]) -> list[tuple[str, int]]:
+    """Each error with how many later ones say the same but for their numbers (a too-small KV cache fails every
+    batch with its own block count), in first-seen order."""
+    groups: dict[str, list] = {}
+    for e in errors:
+        groups.setdefault(re.sub(r"\d+(\.\d+)?", "#", e), [e, -1])[1] += 1
+    return [(first, n) for first, n in groups.values()]
+
+
 def finish(doc: Document, console: Console, then=None) -> None:
     """Print every problem once, then call then() (the verdict line comes last); exit 1 when a row failed, 3 when
     a replay that should be safe was not (full-narrow's UNSAFE rows are the finding it exists to show, not a
@@ -31,8 +42,9 @@ def finish(doc: Document, console: Console, then=None) -> None:
         if r.status.failed and r.error and r.error not in seen:
             seen.add(r.error)
             errors.append(f"{r.mode} bucket {r.bucket} ({r.composition}): {r.error}")
-    for e in errors:
-        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    for e, alike in _alike(errors):
+        more = f" (and {alike} more alike but for their numbers: each is in results.json)" if alike else ""
+        console.print(f"[bold red]error:[/] {e}{more}", highlight=False, soft_wrap=True)
     for r in doc.unexpected_unsafe():
         console.print(
             f"[bold red]UNSAFE[/] {r.mode} bucket {r.bucket} {r.composition}: {r.error}",
