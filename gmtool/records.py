@@ -169,9 +169,6 @@ def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-CAPTURE_COST = "capture cost"  # how a run's note of its captures' cost begins (capture and compare print it)
-
-
 @dataclass(kw_only=True)
 class Document:
     """results.json: the machine, model and config of a run, its records, and whatever went wrong outside them."""

@@ -488,11 +488,10 @@ def before_first_capture(ex, key, batch, fn) -> None:
         with compiling_only(ex.device), torch.no_grad(), leading_layers(ex.lm):
             if others:  # a zeroed arena: every index the torch ops read is 0, in range (the null block, token 0)
                 ex.inputs.arena.zero_()
-            for other in others:
-                views = ex.inputs.views(other)
-                with forward_context(ex._context(other, views, batch)):
-                    ex.forward(views)
-            if others:
+                for other in others:
+                    views = ex.inputs.views(other)
+                    with forward_context(ex._context(other, views, batch)):
+                        ex.forward(views)
                 ex.inputs.invalidate()
                 ex.inputs.load(batch, key)
             fn()  # within the caller's forward context: this shape, this batch

@@ -24,7 +24,7 @@ from gmtool.core.executor import GraphExecutor
 from gmtool.modes import GraphMode
 from gmtool.memory.ledger import capture_ledger
 from gmtool.parallel.comm import agree
-from gmtool.records import CAPTURE_COST, Document, Record, Status
+from gmtool.records import Document, Record, Status
 from gmtool.measure.timing import host_us, host_us_steady, summarize, time_ms, tolerances_for
 from gmtool.measure.workbench import Workbench
 
@@ -68,7 +68,7 @@ def capture_cost_note(mode: GraphMode, ex: GraphExecutor) -> str | None:
         return None
     capture, warm = sum(e.capture_s for e in entries), sum(e.warmup_s for e in entries)
     graphs = f"{len(entries)} graph{'s' if len(entries) != 1 else ''}"
-    note = f"{CAPTURE_COST}, {mode.value}: {graphs} captured in {capture:.2f} s, {warm:.2f} s of eager warm-up"
+    note = f"capture cost, {mode.value}: {graphs} captured in {capture:.2f} s, {warm:.2f} s of eager warm-up"
     ahead = [p.compile_ahead_s for p in parts if p.compile_ahead_s is not None]
     if ahead:
         note += f"; Triton kernels compiled ahead of the first in {sum(ahead):.2f} s"
