@@ -32,13 +32,14 @@ def test_folded_under_interpreter():
 
 @interp_only
 @pytest.mark.parametrize("dtype", [F32, F16])
-@pytest.mark.parametrize("source", ["partials", "partials+bias", "rows"])
+@pytest.mark.parametrize("source", ["partials", "partials+bias", "rows", "embedded"])
 @pytest.mark.parametrize("blocks", [(16, 1), (16, 3), (32, 2)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_interp_qkv_normalizes_its_row(source, blocks, bias, dtype, monkeypatch):
     """The GEMM over a NormedRow gives, bit for bit, add_rms_norm then the small-M GEMM with the same blocks, and
     add_rms_norm's residual sum (hidden 48: the row padded to 64 in the first pass; the block output as split-K
-    partials, with or without their bias, or a row; BLOCK_K 16 whole, 32 masked past K; split into 3 or 2 K
+    partials, with or without their bias, or a row, or an embedding table's row 7 read by its id on the device,
+    with a zero residual, as the first layer folds it; BLOCK_K 16 whole, 32 masked past K; split into 3 or 2 K
     slices, handed on as Partials or reduced; the GEMM's own bias)."""
     from gmtool.kernels import folded, small_m
     from gmtool.kernels.common import NormedRow, Partials
@@ -47,18 +48,24 @@ def test_interp_qkv_normalizes_its_row(source, blocks, bias, dtype, monkeypatch)
     hidden = 48
     x_in, w_prev = _randn(1, 40, seed=1, dtype=dtype), _randn(hidden, 40, seed=2, dtype=dtype) / 6
     x_bias = _randn(hidden, seed=3, dtype=dtype) if source.endswith("bias") else None
+    table = _randn(11, hidden, seed=8, dtype=dtype)  # "embedded": row 7 of an embedding table, no residual yet
     if source == "rows":
         x = small_m.linear(x_in, w_prev, x_bias)
+    elif source == "embedded":
+        x = table[7:8]
     else:
         x = small_m.linear(x_in, w_prev, x_bias, config=small_m.Config(16, 16, 16, 3), partial=True)
-    residual = _randn(1, hidden, seed=4, dtype=dtype)
+    residual = _randn(1, hidden, seed=4, dtype=dtype) if source != "embedded" else torch.zeros(1, hidden, dtype=dtype)
     norm_w, w = _randn(hidden, seed=5, dtype=dtype), _randn(72, hidden, seed=6, dtype=dtype) / 7
     b = _randn(72, seed=7, dtype=dtype) if bias else None
     y, total = add_rms_norm(x, residual, norm_w, 1e-6)
     cfg = small_m.Config(16, 32, *blocks)
     for partial in (True, False):
         expect = small_m.linear(y, w, b, config=cfg, partial=partial)
-        row = NormedRow.of(x, residual, norm_w, 1e-6)
+        if source == "embedded":
+            row = NormedRow.embedded(table, torch.tensor([7]), residual, norm_w, 1e-6)
+        else:
+            row = NormedRow.of(x, residual, norm_w, 1e-6)
         row.total.fill_(float("nan"))
         monkeypatch.setattr(small_m, "pick", lambda *a, **k: cfg)
         got = folded.linear(row, w, b, partial=partial)
@@ -73,9 +80,45 @@ def test_interp_qkv_normalizes_its_row(source, blocks, bias, dtype, monkeypatch)
 
 
 @interp_only
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("source", ["partials", "partials+bias", "rows"])
+@pytest.mark.parametrize("blocks", [(16, 1), (16, 3), (32, 2)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_interp_down_computes_silu_of_its_row(source, blocks, bias, dtype, monkeypatch):
+    """The down projection over a gate/up row gives, bit for bit, SiLU-and-mul then the small-M GEMM with the same
+    blocks (intermediate 48: BLOCK_K 16 whole, 32 masked past K; the gate/up product as split-K partials, with or
+    without their bias, or a row; split into 3 or 2 K slices, handed on as Partials or reduced; its own bias)."""
+    from gmtool.kernels import folded, small_m
+    from gmtool.kernels.common import Partials
+    from gmtool.kernels.layers import silu_mul
+
+    inter = 48
+    x_in, w_gu = _randn(1, 40, seed=1, dtype=dtype), _randn(2 * inter, 40, seed=2, dtype=dtype) / 6
+    gu_bias = _randn(2 * inter, seed=3, dtype=dtype) if source.endswith("bias") else None
+    if source == "rows":
+        gate_up = small_m.linear(x_in, w_gu, gu_bias)
+    else:
+        gate_up = small_m.linear(x_in, w_gu, gu_bias, config=small_m.Config(16, 16, 16, 3), partial=True)
+    w = _randn(72, inter, seed=6, dtype=dtype) / 7
+    b = _randn(72, seed=7, dtype=dtype) if bias else None
+    cfg = small_m.Config(16, 32, *blocks)
+    for partial in (True, False):
+        expect = small_m.linear(silu_mul(gate_up), w, b, config=cfg, partial=partial)
+        monkeypatch.setattr(small_m, "pick", lambda *a, **k: cfg)
+        got = folded.silu_linear(gate_up, w, b, partial=partial)
+        monkeypatch.undo()
+        if partial and blocks[1] > 1:
+            assert isinstance(got, Partials) and isinstance(expect, Partials)
+            assert got.parts.shape == (blocks[1], 1, 72) and torch.equal(got.parts, expect.parts)
+        else:
+            assert got.dtype == dtype and torch.equal(got, expect), (got - expect).abs().max()
+
+
+@interp_only
 def test_interp_fused_decode_of_one_sequence_folds(monkeypatch):
-    """A fused tiny-qwen3 decode step of one sequence on the small-M GEMM: QKV (past the first layer) and gate/up
-    normalize their own rows (one add+RMSNorm kernel left: the final norm's); logits as without the folds. Four
+    """A fused tiny-qwen3 decode step of one sequence on the small-M GEMM: QKV and gate/up normalize their own rows
+    (one add+RMSNorm kernel left: the final norm's), down_proj computes SiLU-and-mul; the same logits without each
+    of those folds, and as without any fold to within rounding. Four
     sequences fold nothing. Eager only: the CPU backend's graphs replay ATen ops, the interpreter's kernels are
     not ATen ops."""
     from gmtool.kernels import folded, layers
@@ -98,6 +141,8 @@ def test_interp_fused_decode_of_one_sequence_folds(monkeypatch):
             return self.launch[grid]
 
     monkeypatch.setattr(layers, "_ADD_RMS_NORM", Counted("add_rms_norm", layers._ADD_RMS_NORM))
+    monkeypatch.setattr(layers, "_SILU_MUL", Counted("silu_mul", layers._SILU_MUL))
+    monkeypatch.setattr(folded, "_SILU_GEMM", Counted("silu_gemm", folded._SILU_GEMM))
     import gmtool.kernels
 
     monkeypatch.setattr(gmtool.kernels, "available", lambda: True)  # Triton attention, interpreted
@@ -107,13 +152,24 @@ def test_interp_fused_decode_of_one_sequence_folds(monkeypatch):
     n = rig.lm.num_layers
     one = rig.batch("1*1@100", seed=1)
     on = rig.eager(one)
-    assert seen == [NormedRow] * (2 * n - 1) and launched == ["add_rms_norm"], launched
+    assert seen == [NormedRow] * (2 * n), seen  # the first layer's QKV too, its row read from the embedding table
+    assert sorted(launched) == ["add_rms_norm"] + ["silu_gemm"] * n, launched  # SiLU inside every down projection
+    fused.ops.fold_first = False
+    seen.clear()
+    assert rel(rig.eager(one), on) == 0  # the same bits with the embedding's and the first RMSNorm's kernels
+    assert seen == [NormedRow] * (2 * n - 1), seen
+    fused.ops.fold_first = True
     assert "add+RMSNorms before QKV and gate/up run inside those GEMMs" in fused.summary
+    fused.ops.fold_silu = False
+    launched.clear()
+    assert rel(rig.eager(one), on) == 0  # the same bits with SiLU-and-mul launched
+    assert sorted(launched) == ["add_rms_norm"] + ["silu_mul"] * n, launched
+    fused.ops.fold_silu = True
     fused.ops.fold = False
     assert "inside those GEMMs" not in fused.summary
     seen.clear(), launched.clear()
     off = rig.eager(one)
-    assert seen == [] and launched == ["add_rms_norm"] * 2 * n
+    assert seen == [] and sorted(launched) == ["add_rms_norm"] * 2 * n + ["silu_mul"] * n, launched
     assert rel(on, off) < 1e-4
     fused.ops.fold = True
     seen.clear()
@@ -143,8 +199,8 @@ def test_folded_linear_rejects_what_it_cannot_fold():
 
 
 @pytest.mark.skipif(INTERPRETED or not HAS_TRITON, reason="needs triton, not interpreted")
-@pytest.mark.parametrize("hidden", [1024, 2880, 4096])
-def test_folded_kernel_compiles_for_hopper(hidden):
+@pytest.mark.parametrize("hidden,gather", [(1024, False), (1024, True), (2880, False), (4096, False)])
+def test_folded_kernel_compiles_for_hopper(hidden, gather):
     """The folded GEMM compiles for sm_90 with PDL (what the interpreter does not run), within an H200's shared
     memory at the widest row it takes, and the weight still streams through pipelined 16-byte copies."""
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -154,12 +210,13 @@ def test_folded_kernel_compiles_for_hopper(hidden):
 
     consts = dict(X_SPLIT=4, X_BIAS=False, K_PAD=pow2(hidden), HAS_BIAS=False, PARTIAL=True, EVEN_K=hidden % 256 == 0)
     consts |= dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, PRECISION="tf32", PDL=2, PF_LINES=4, PF_STRIDE=64)
+    consts |= dict(GATHER=gather, X_SPLIT=0) if gather else {}
 
     def arg(name):
         if name == "eps":
             return "fp32"
         if name.endswith("_ptr"):
-            return "*fp32" if name in ("x_ptr", "xb_ptr", "out_ptr") else "*bf16"
+            return "*fp32" if name in ("x_ptr", "xb_ptr", "out_ptr") else "*i64" if name == "ids_ptr" else "*bf16"
         return "i32"
 
     kernel = compile_for_hopper(folded._norm_gemm_kernel, consts, arg, num_stages=4)
@@ -167,4 +224,26 @@ def test_folded_kernel_compiles_for_hopper(hidden):
     assert "griddepcontrol.wait" in ptx
     if consts["EVEN_K"]:  # as small_m's kernel: a K of no whole steps loads with masks
         assert "cp.async.cg.shared.global" in ptx
+    assert kernel.metadata.shared <= 227 * 1024
+
+
+@pytest.mark.skipif(INTERPRETED or not HAS_TRITON, reason="needs triton, not interpreted")
+def test_silu_down_kernel_compiles_for_hopper():
+    """The down projection computing SiLU-and-mul compiles for sm_90 with PDL, and its weight still streams
+    through pipelined 16-byte copies (qwen3-0.6b's down: K 3,072 in BLOCK_K 256 steps)."""
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    from gmtool.kernels import folded
+    from gmtool.kernels.testing import compile_for_hopper
+
+    consts = dict(X_SPLIT=0, X_BIAS=False, HAS_BIAS=False, PARTIAL=True, EVEN_K=True, BLOCK_M=16, BLOCK_N=64)
+    consts |= dict(BLOCK_K=256, PRECISION="tf32", PDL=2, PF_LINES=4, PF_STRIDE=64)
+
+    def arg(name):
+        if name.endswith("_ptr"):
+            return "*fp32" if name in ("xb_ptr", "out_ptr") else "*bf16"
+        return "i32"
+
+    kernel = compile_for_hopper(folded._silu_gemm_kernel, consts, arg, num_stages=4)
+    ptx = kernel.asm["ptx"]
+    assert "griddepcontrol.wait" in ptx and "cp.async.cg.shared.global" in ptx
     assert kernel.metadata.shared <= 227 * 1024

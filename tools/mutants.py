@@ -505,6 +505,14 @@ MUTANTS: list[Mutant] = [
         "a run's notes leave out the Triton kernels compiled ahead of its first capture",
     ),
     M(
+        "capture-gc-not-frozen",
+        "gmtool/core/executor.py",
+        "        with gc_frozen(), forward_context(ctx), torch.no_grad():\n",
+        "        with forward_context(ctx), torch.no_grad():\n",
+        "tests/test_executor.py::test_capture_runs_with_the_gc_frozen_and_leaves_it_as_it_was",
+        "a full collection inside a capture walks the whole model's objects again",
+    ),
+    M(
         "errors-alike-not-grouped",
         "gmtool/cli/run_sweep.py",
         '        groups.setdefault(re.sub(r"\\d+(\\.\\d+)?", "#", e), [e, -1])[1] += 1\n',
@@ -1227,6 +1235,30 @@ MUTANTS: list[Mutant] = [
         "            return row, residual\n",
         "tests/test_folded.py::test_folded_under_interpreter",
         "the fused layers carry the old residual past a folded norm: each block's add is lost",
+    ),
+    M(
+        "silu-down-reads-gate-as-up",
+        "gmtool/kernels/folded.py",
+        "        up = _row_block(x_ptr, xb_ptr, row, 1, 2 * K, 2 * K, K + k, k_ok, dt, X_SPLIT, X_BIAS)\n",
+        "        up = _row_block(x_ptr, xb_ptr, row, 1, 2 * K, 2 * K, k, k_ok, dt, X_SPLIT, X_BIAS)\n",
+        "tests/test_folded.py::test_folded_under_interpreter",
+        "the down projection's SiLU-and-mul multiplies by the gate where the up projection belongs",
+    ),
+    M(
+        "embedded-row-not-gathered",
+        "gmtool/kernels/folded.py",
+        "        row = tl.load(ids_ptr).to(tl.int64)\n",
+        "        row = (pid_n * 0).to(tl.int64)\n",
+        "tests/test_folded.py::test_folded_under_interpreter",
+        "the first QKV GEMM reads the embedding table's row 0 whatever the token: every B=1 step sees token 0",
+    ),
+    M(
+        "logits-rows-first-for-every-key",
+        "gmtool/core/forwards.py",
+        '    return views.logits.shape[0] if current_context().impl == "decode" else views.logits_indices\n',
+        "    return views.logits.shape[0]\n",
+        "tests/test_executor.py::test_piecewise_matches_eager_for_prefill_mixes",
+        "a prefill step's logits taken from its first rows, not each sequence's last token",
     ),
     # -- the caching-allocator simulator (gmtool/memory/allocsim.py) ------------------------------------------
     M(

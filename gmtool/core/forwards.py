@@ -14,6 +14,13 @@ One strategy per way of cutting the forward into captured steps, chosen when the
 from __future__ import annotations
 
 from gmtool.core.executor import AttentionRunner
+from gmtool.model.attention import current_context
+
+
+def logits_rows(views):
+    """What forward_hidden takes the logits' rows by: a decode step's are its first rows, one token a sequence in
+    order (a padded sequence's row is its padding token's, unread), so no gather kernel; else logits_indices."""
+    return views.logits.shape[0] if current_context().impl == "decode" else views.logits_indices
 
 
 class WholeGraph:
@@ -21,7 +28,7 @@ class WholeGraph:
     compiles = False  # True: the first warm-up of a shape traces (and compiles) it: reported as compile_s
 
     def run(self, ex, views) -> None:
-        ex.lm.logits_into(ex.lm.forward_hidden(views.input_ids, views.positions, views.logits_indices), views.logits)
+        ex.lm.logits_into(ex.lm.forward_hidden(views.input_ids, views.positions, logits_rows(views)), views.logits)
 
     def warmup(self, ex, fn) -> None:
         ex.backend.warmup(fn)

@@ -39,14 +39,24 @@ class Partials:
 class NormedRow:
     """rms_norm(residual + x) * weight for one row, left for the next GEMM to compute where it reads its x tiles
     (gmtool.kernels.folded): the add+RMSNorm kernel is not launched. x is the block's output row (a
-    tensor [1, H], or its last projection's Partials); total [1, H], the residual for the next add, is written by
-    that GEMM."""
+    tensor [1, H], or its last projection's Partials; or, with ids, the row ids[0] of an embedding table x [V, H]);
+    total [1, H], the residual for the next add, is written by that GEMM."""
 
     x: "torch.Tensor | Partials"
     residual: torch.Tensor
     weight: torch.Tensor
     eps: float
     total: torch.Tensor
+    ids: torch.Tensor | None = None  # [1]: x is a table, its row ids[0] read on the device (no embedding kernel)
+
+    @classmethod
+    def embedded(cls, table: torch.Tensor, ids: torch.Tensor, residual: torch.Tensor, weight, eps) -> "NormedRow":
+        """The row ids[0] of table (an nn.Embedding's weight [V, H]) as x: the first layer's norm, folded with the
+        embedding lookup into its QKV GEMM (residual: a zero row, the first layer having none)."""
+        if ids.numel() != 1 or table.dim() != 2 or tuple(residual.shape) != (1, table.shape[1]):
+            raise ValueError(f"an embedded NormedRow is one id of a [V, H] table: ids {tuple(ids.shape)}")
+        row = cls.of(table[:1], residual, weight, eps)
+        return cls(table.contiguous(), row.residual, row.weight, eps, row.total, ids.reshape(1))
 
     @classmethod
     def of(cls, x, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> "NormedRow":

@@ -35,7 +35,6 @@ from gmtool.kernels.launcher import BoundKernel, FastLaunch, KernelLaunch
 
 _NEG = tl.constexpr(NEG_INIT)
 BLOCK_N = 64  # tokens per iteration: several 16-token pages, so each step has enough bytes in flight
-NUM_WARPS = 4
 NUM_STAGES = 2
 # Below this a split's fixed cost (q load, partial write, combine) dominates. 64 (one BLOCK_N tile a split):
 # qwen3-0.6b's --fuse --small-m-gemm --pdl decode graph at B=1 kv 1024 took 1.004 ms against 1.039 at 128
@@ -68,6 +67,25 @@ def combine_dims(programs: int, dv_pad: int, sms: int) -> int:
     cold capture; 32 dims at B=32 was slower (2.342 against 2.316 ms)."""
     narrow = min(32, dv_pad)
     return narrow if programs * (dv_pad // narrow) <= sms else dv_pad
+
+
+def split_warps(group: int, d_pad: int) -> int:
+    """The split kernel's warps: two where a kv head serves at most two q heads of up to 128 dims, else four.
+    qwen3-0.6b (G 2, D 128) --fuse --small-m-gemm --pdl, max kv 4,224 (H200, 2026-12-02, .diag/warpab.py,
+    graphs alternated in one process), kv 1,024: B=1 0.819-0.820 ms against 0.825-0.828, B=8 1.176 against
+    1.209-1.212, B=32 2.233-2.237 against 2.319-2.322; kv 4,096: B=1 0.950 against 0.968. One warp was slower
+    everywhere (0.910 ms at B=1, 2.755 at B=32). The kernel alone (.diag/attnwarps.py, the same day): at G 4 and 7
+    (B=32 kv 4,096: 152.6 against 140.2 us, 158.6 against 89.1) and at D 192 and 256 (591.6 against 515.2 us,
+    182.8 against 159.4) two warps were slower; at G 1, D 96 and G 8, D 64 the same."""
+    return 2 if group <= 2 and d_pad <= 128 else 4
+
+
+def combine_warps(dims: int, dv_pad: int) -> int:
+    """The combine's warps: two where a program holds a whole head of up to 128 dims (qwen3-0.6b, with the split
+    kernel at two warps, the same measurement as split_warps': B=4 1.000 ms against 1.019, B=8 1.156 against
+    1.176, B=32 2.209 against 2.236), four where it holds 32 of a head's dims (B=1: two warps 0.823 against 0.819)
+    or a wider head (not measured: a program's [splits, dims] tile over half the threads)."""
+    return 2 if dims == dv_pad <= 128 else 4
 
 
 # the split count is a run-time value (one compiled variant for every count; only SPLIT, one split or several,
@@ -368,7 +386,7 @@ def decode_attention(
     num_splits=None,
     out=None,
     block_n: int = BLOCK_N,
-    num_warps: int = NUM_WARPS,
+    num_warps: int | None = None,
     num_stages: int = NUM_STAGES,
     window: int | None = None,
     softcap: float | None = None,
@@ -391,9 +409,8 @@ def decode_attention(
     )
     mode = pdl_mod.current() if pdl is None else pdl
     on = dict(PDL=int(mode), PRE_LENS=int(bool(mode) if pre_lens is None else pre_lens))
-    _DECODE_SPLIT[grid](
-        *args, **(consts | on), num_warps=num_warps, num_stages=num_stages, **pdl_mod.launch_options(mode)
-    )
+    warps = num_warps or split_warps(consts["G"], consts["D_PAD"])
+    _DECODE_SPLIT[grid](*args, **(consts | on), num_warps=warps, num_stages=num_stages, **pdl_mod.launch_options(mode))
     if combine is not None:
         grid, args, consts = combine
         # Under EARLY too, the combine lets the kernel after it (o_proj's GEMM) launch only once its own wait has
@@ -403,7 +420,8 @@ def decode_attention(
         # 1.232-1.234. The split kernel doing the same: B=1 0.833-0.834 alone but 0.840 with the combine's, B=8
         # no gain; the QK-norm+RoPE or SiLU kernels: slower (0.854-0.874 ms at B=1).
         late = min(int(mode), pdl_mod.Pdl.AFTER_WAIT)
-        _COMBINE[grid](*args, **(consts | {"PDL": late}), num_warps=NUM_WARPS, **pdl_mod.launch_options(mode))
+        warps = combine_warps(consts["DC"], consts["D_PAD"])
+        _COMBINE[grid](*args, **(consts | {"PDL": late}), num_warps=warps, **pdl_mod.launch_options(mode))
     return out
 
 
@@ -429,11 +447,13 @@ class BoundDecode:
         _, (self.split_grid, args, consts), combine = _arguments(
             q, k_cache, v_cache, block_tables, kv_lens, scale, None, out, BLOCK_N, window, softcap, sinks, scratch
         )
-        self.split = BoundKernel(_decode_split_kernel, args, consts, dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES))
+        opts = dict(num_warps=split_warps(consts["G"], consts["D_PAD"]), num_stages=NUM_STAGES)
+        self.split = BoundKernel(_decode_split_kernel, args, consts, opts)
         self.combine = None
         if combine is not None:
             self.combine_grid, args, consts = combine
-            self.combine = BoundKernel(_combine_kernel, args, consts, dict(num_warps=NUM_WARPS))
+            warps = combine_warps(consts["DC"], consts["D_PAD"])
+            self.combine = BoundKernel(_combine_kernel, args, consts, dict(num_warps=warps))
 
     @property
     def paths(self) -> tuple[str, ...]:

@@ -36,8 +36,9 @@ MAX_K = 4096
 
 @triton.jit
 def _norm_gemm_kernel(
-    x_ptr,  # the block output row [1, K], or its split-K partials [X_SPLIT, 1, K]
+    x_ptr,  # the block output row [1, K], or its split-K partials [X_SPLIT, 1, K] (GATHER: a table [V, K])
     xb_ptr,  # the partials' bias
+    ids_ptr,  # GATHER: the row of x_ptr to read, ids_ptr[0]
     r_ptr,  # the residual row
     nw_ptr,  # the norm's weight
     total_ptr,  # residual + x: out, for the next add
@@ -62,6 +63,7 @@ def _norm_gemm_kernel(
     PDL: tl.constexpr = 0,
     PF_LINES: tl.constexpr = 1,
     PF_STRIDE: tl.constexpr = 1,
+    GATHER: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -74,7 +76,10 @@ def _norm_gemm_kernel(
     if PDL != 0:  # as small_m's kernel: nothing but the weight prefetch before the wait
         small_m.prefetch_then_wait(w_rows, k0, span, K, BLOCK_K, PF_LINES, PF_STRIDE)
     dt = w_ptr.dtype.element_ty  # the activations' (the launcher checks)
-    row = pid_n * 0
+    if GATHER:  # the token id is the step's input (copied in before the graph's first kernel)
+        row = tl.load(ids_ptr).to(tl.int64)
+    else:
+        row = (pid_n * 0).to(tl.int64)
     # the row's sum of squares, as gmtool.kernels.layers' add+RMSNorm kernel takes it
     cols = tl.arange(0, K_PAD)
     cmask = cols < K
@@ -146,6 +151,7 @@ def linear(
     _NORM_GEMM[(cdiv(n, cfg.block_n), split)](
         xp,
         xb,
+        xp if x.ids is None else x.ids,  # unread without GATHER
         x.residual,
         x.weight,
         x.total,
@@ -160,6 +166,112 @@ def linear(
         X_SPLIT=x_split,
         X_BIAS=isinstance(src, Partials) and src.bias is not None,
         K_PAD=pow2(k),
+        **small_m.launch_options(cfg, weight, bias, split, pdl),
+        **({} if x.ids is None else {"GATHER": True}),  # the default left out: the same variant key as before
+    )
+    if split > 1 and partial:
+        return Partials(dst, None if bias is None else b, dtype)
+    if split > 1:
+        small_m.reduce_partials(dst, None if bias is None else b, out, pdl)
+    return out
+
+
+@triton.jit
+def _silu_gemm_kernel(
+    x_ptr,  # the gate/up product row [1, 2K], or its split-K partials [X_SPLIT, 1, 2K]
+    xb_ptr,  # the partials' bias
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_wn,
+    steps_per_split,
+    X_SPLIT: tl.constexpr,
+    X_BIAS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr = 0,
+    PF_LINES: tl.constexpr = 1,
+    PF_STRIDE: tl.constexpr = 1,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
+    k0 = pid_k * steps_per_split * BLOCK_K
+    span = tl.minimum(steps_per_split * BLOCK_K, K - k0)
+    if PDL != 0:
+        small_m.prefetch_then_wait(w_rows, k0, span, K, BLOCK_K, PF_LINES, PF_STRIDE)
+    dt = w_ptr.dtype.element_ty
+    row = pid_n * 0
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kk in range(0, span, BLOCK_K):
+        k = k0 + kk + rk
+        if EVEN_K:
+            k_ok = rk >= 0
+            w = tl.load(w_rows + k[None, :])
+        else:
+            k_ok = k < K
+            w = tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0)
+        gate = _row_block(x_ptr, xb_ptr, row, 1, 2 * K, 2 * K, k, k_ok, dt, X_SPLIT, X_BIAS)
+        up = _row_block(x_ptr, xb_ptr, row, 1, 2 * K, 2 * K, K + k, k_ok, dt, X_SPLIT, X_BIAS)
+        y = (gate * tl.sigmoid(gate) * up).to(dt)  # as gmtool.kernels.layers' SiLU-and-mul kernel rounds it
+        x = tl.where(rm[:, None] == 0, y[None, :], 0.0).to(dt)  # row 0 of the MMA's 16
+        acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)
+    small_m.store_product(acc, out_ptr, b_ptr, rn, rm, pid_k, 1, N, rn < N, rm == 0, HAS_BIAS, PARTIAL)
+
+
+_SILU_GEMM = FastLaunch(_silu_gemm_kernel)
+
+
+def silu_linear(
+    x: "torch.Tensor | Partials",
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    pdl: int = pdl_mod.Pdl.OFF,
+    partial: bool = False,
+):
+    """silu(gate) * up @ weight^T (+ bias) for one row x = [gate | up] ([1, 2K], or the gate/up GEMM's split-K
+    Partials), the SiLU-and-multiply computed where the GEMM reads its x tiles: gmtool.kernels.layers.silu_mul
+    then small_m.linear, bit for bit, in one kernel. Returns as small_m.linear."""
+    if weight.stride(-1) != 1:
+        raise ValueError("weight rows must be contiguous (nn.Linear's layout)")
+    n, k = weight.shape
+    if tuple(x.shape) != (1, 2 * k) or x.dtype != weight.dtype:
+        raise ValueError(f"a gate/up row {tuple(x.shape)} {x.dtype} does not fit weight {tuple(weight.shape)}")
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias {tuple(bias.shape)} does not fit {n} outputs")
+    cfg = small_m.pick(1, n, k, num_sms(weight.device), weight.element_size(), partial=partial)
+    per, split = small_m.slices(cfg, k)
+    if isinstance(x, Partials):
+        xp, xb, x_split = x.parts, x.parts if x.bias is None else x.bias, x.parts.shape[0]
+    else:
+        xp = xb = x.contiguous()
+        x_split = 0
+    dtype = weight.dtype
+    b = bias.contiguous() if bias is not None else weight  # unread without HAS_BIAS
+    out = None if split > 1 and partial else torch.empty((1, n), dtype=dtype, device=weight.device)
+    dst = out if split == 1 else torch.empty((split, 1, n), dtype=torch.float32, device=weight.device)
+    _SILU_GEMM[(cdiv(n, cfg.block_n), split)](
+        xp,
+        xb,
+        weight,
+        b,
+        dst,
+        n,
+        k,
+        weight.stride(0),
+        per,
+        X_SPLIT=x_split,
+        X_BIAS=isinstance(x, Partials) and x.bias is not None,
         **small_m.launch_options(cfg, weight, bias, split, pdl),
     )
     if split > 1 and partial:

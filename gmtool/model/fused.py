@@ -62,6 +62,10 @@ class LayerOps:
         # one-row steps compute the add+RMSNorm before QKV and gate/up inside those GEMMs instead of launching
         # its kernel (gmtool.kernels.folded); False launches it (A/B measurements)
         self.fold = True
+        # those steps also compute SiLU-and-mul inside the down projection (folded.silu_linear), and the embedding
+        # lookup and the first layer's RMSNorm inside its QKV GEMM; False launches them
+        self.fold_silu = True
+        self.fold_first = True
 
     def folds(self, x: torch.Tensor) -> bool:
         """Whether a step of x's rows folds its add+RMSNorms into the GEMMs after them: one row on the small-M
@@ -71,6 +75,16 @@ class LayerOps:
         from gmtool.kernels.folded import norm_folds
 
         return norm_folds(x.shape[-1])
+
+    def silu_linear(self, gate_up, down: torch.nn.Module, partial: bool):
+        """down(silu(gate) * up) for a folded step's gate/up row, in one kernel where down is a plain Linear
+        (gmtool.kernels.folded.silu_linear); None where it is not (a --tp row-parallel one): the caller launches
+        SiLU-and-mul and the projection."""
+        if not self.fold_silu or type(down) is not torch.nn.Linear:
+            return None
+        from gmtool.kernels import folded
+
+        return folded.silu_linear(gate_up, down.weight, down.bias, pdl=self.pdl, partial=partial)
 
     def pdl_for(self, x: torch.Tensor) -> int:
         """The PDL mode for a step of x's tokens: self.pdl up to small_m tokens, else 0. What PDL buys is the
@@ -224,7 +238,11 @@ def _mlp_forward(m, ops: LayerOps):
 
     def forward(x, partial_sums=False):  # as the attention forward's
         rows = _rows(x)
-        y = ops.project(down, ops(_like(rows)).silu_mul(ops.linear(rows, w, partial=True)), partial_sums)
+        gate_up = ops.linear(rows, w, partial=True)
+        # a folded step's row: SiLU-and-mul inside the down projection
+        y = ops.silu_linear(gate_up, down, partial_sums) if isinstance(rows, NormedRow) else None
+        if y is None:
+            y = ops.project(down, ops(_like(rows)).silu_mul(gate_up), partial_sums)
         return y if isinstance(y, Partials) else y.view(*x.shape[:-1], -1)
 
     return forward
@@ -242,6 +260,11 @@ def _residual_stream_forward(base, ops: LayerOps, fused_mlps: set[int]):
     norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in layers]
     mlp_kw = [{"partial_sums": True} if id(layer.mlp) in fused_mlps else {} for layer in layers]
     final = base.norm
+    # A one-row step folds the embedding lookup and the first layer's norm (no residual yet: this zero row, made
+    # here, outside any capture, where it would live in that graph's pool) into the first QKV GEMM.
+    emb = base.embed_tokens.weight
+    zero_row = torch.zeros(1, base.config.hidden_size, dtype=emb.dtype, device=emb.device)
+    plain_embedding = type(base.embed_tokens) is torch.nn.Embedding
 
     def forward(*, input_ids, position_ids, use_cache=False, **kwargs):
         # gmtool's call only (LoadedModel.forward_logits): no HF cache, embeddings or hidden-state outputs
@@ -250,9 +273,13 @@ def _residual_stream_forward(base, ops: LayerOps, fused_mlps: set[int]):
             raise ValueError(
                 f"--fuse's base forward takes input_ids and position_ids only, got use_cache={use_cache} {extra}"
             )
-        h = base.embed_tokens(input_ids)
+        depth = base.config.num_hidden_layers  # read per call: compile-ahead's pass runs the first few only
+        embedded = depth and ops.fold_first and plain_embedding and input_ids.numel() == 1 and ops.folds(zero_row)
+        # embedded: zero_row stands for the step's one row (its shape, dtype and device) where h is not made
+        h = zero_row if embedded and zero_row.device == input_ids.device else base.embed_tokens(input_ids)
+        embedded = h is zero_row
         pos = base.rotary_emb(h, position_ids)
-        shape = h.shape
+        shape = (*input_ids.shape, h.shape[-1])
         h = h.reshape(-1, shape[-1])
         kern = ops(h)
         residual = None
@@ -270,9 +297,11 @@ def _residual_stream_forward(base, ops: LayerOps, fused_mlps: set[int]):
             return row, row.total
 
         fold = ops.folds(h)  # one row: the norms run inside the GEMMs after them (gmtool.kernels.folded)
-        depth = base.config.num_hidden_layers  # read per call: compile-ahead's pass runs the first few only
         for layer, (pre, post), kw in zip(layers[:depth], norms, mlp_kw):
-            if residual is None:
+            if residual is None and embedded:  # rms_norm(emb[id] + 0) in the QKV GEMM, which also stores emb[id]
+                x = NormedRow.embedded(emb, input_ids, zero_row, pre.weight, pre.variance_epsilon)
+                residual = x.total
+            elif residual is None:
                 residual, x = h, kern.rms_norm(h, pre.weight, pre.variance_epsilon).view(shape)
             else:
                 x, residual = norm(h, residual, pre, fold)

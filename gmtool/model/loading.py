@@ -102,11 +102,13 @@ class LoadedModel:
         """Packed tokens [1, T], explicit positions, no HF cache: gmtool's attention owns the KV cache."""
         return self.logits_of(self.forward_hidden(input_ids, positions, logits_indices))
 
-    def forward_hidden(self, input_ids, positions, logits_indices) -> torch.Tensor:
-        """The final hidden state of the rows that become logits (the LM head's input)."""
+    def forward_hidden(self, input_ids, positions, logits_indices: "torch.Tensor | int") -> torch.Tensor:
+        """The final hidden state of the rows that become logits (the LM head's input). logits_indices: those rows'
+        indices, or a count n: the first n rows, a view (a decode step's, whose every token is its sequence's last
+        in order: no gather kernel in its graph)."""
         base = families.base_model(self.model)
-        hidden = base(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)[0]
-        return hidden[0].index_select(0, logits_indices)
+        hidden = base(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)[0][0]
+        return hidden[:logits_indices] if isinstance(logits_indices, int) else hidden.index_select(0, logits_indices)
 
     def logits_of(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         return families.postprocess_logits(self.config, self.model.get_output_embeddings()(hidden_rows))

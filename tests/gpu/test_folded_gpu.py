@@ -77,3 +77,52 @@ def test_fused_decode_graph_with_folds_equals_without():
         folded.linear, bench.lm.fused.ops.fold = real, True
     err = rel_err_per_seq(logits[True], logits[False])
     assert err < tolerances_for(BF16)[0], err  # H200, 2026-12-01: 0 (the same bits)
+
+
+@pytest.mark.parametrize("model", model_profiles())
+def test_down_with_silu_matches_the_chain_at_every_profile_shape(model):
+    """The down projection computing SiLU-and-mul of the gate/up row, launched with PDL, against SiLU-and-mul
+    then the small-M GEMM: the same bits, split-K partials or a row."""
+    from gmtool.kernels import folded, small_m
+    from gmtool.kernels.common import Partials
+    from gmtool.kernels.layers import silu_mul
+
+    shapes = projection_shapes(load_model_profile(model)["config"])
+    n_gu, hidden, gu_bias = shapes["gate_up"]
+    n, k, bias = shapes["down"]
+    w_gu = _randn(n_gu, hidden, seed=1, scale=hidden**-0.5)
+    b_gu = _randn(n_gu, seed=2) if gu_bias else None
+    w, b = _randn(n, k, seed=3, scale=k**-0.5), _randn(n, seed=4) if bias else None
+    for partial_gu in (True, False):
+        gate_up = small_m.linear(_randn(1, hidden, seed=5), w_gu, b_gu, partial=partial_gu)
+        for partial in (True, False):
+            expect = small_m.linear(silu_mul(gate_up), w, b, partial=partial)
+            got = folded.silu_linear(gate_up, w, b, pdl=_pdl(), partial=partial)
+            if isinstance(expect, Partials):
+                assert isinstance(got, Partials) and torch.equal(got.parts, expect.parts), f"{model} partials"
+            else:
+                assert torch.equal(got, expect), f"{model}: {(got.float() - expect.float()).abs().max()}"
+
+
+@pytest.mark.parametrize("fold", ["fold_silu", "fold_first"])
+def test_fused_decode_graph_with_a_fold_equals_without(fold):
+    """qwen3-0.6b --fuse --small-m-gemm --pdl, B=1 kv 1,023: SiLU-and-mul inside down_proj, or the embedding
+    lookup and the first RMSNorm inside the first QKV GEMM, against their kernels: the same logits bit for bit
+    (hidden 1,024: the norm kernel and the GEMM reduce the sum of squares over the same 4 warps)."""
+    from gmtool.core.compositions import parse_composition
+    from gmtool.modes import GraphMode
+
+    from tests.gpu.rigs import small_m_pdl_bench
+
+    bench = small_m_pdl_bench("1,32")
+    batch = bench.batch(parse_composition("1*1@1023", seed=1))
+    logits = {}
+    try:
+        for on in (True, False):
+            setattr(bench.lm.fused.ops, fold, on)
+            ex = bench.executor(GraphMode.FULL)
+            logits[on] = ex.step(batch).float().clone()
+            del ex
+    finally:
+        setattr(bench.lm.fused.ops, fold, True)
+    assert torch.equal(logits[True], logits[False])
