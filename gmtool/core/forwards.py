@@ -19,7 +19,9 @@ from gmtool.model.attention import current_context
 
 def logits_rows(views):
     """What forward_hidden takes the logits' rows by: a decode step's are its first rows, one token a sequence in
-    order (a padded sequence's row is its padding token's, unread), so no gather kernel; else logits_indices."""
+    order (a padded sequence's row is its padding token's, unread), so no gather kernel; else logits_indices.
+    qwen3-0.6b --fuse --small-m-gemm --pdl (H200, 2026-12-02, .diag/microab.py, alternated in one process): B=1
+    kv 1,024 0.803-0.804 ms against 0.805-0.806 with the gather, B=8 1.144 against 1.151."""
     return views.logits.shape[0] if current_context().impl == "decode" else views.logits_indices
 
 

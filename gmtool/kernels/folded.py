@@ -11,6 +11,14 @@ against 0.868 and 0.865 (the same call, graphs alternated), the logits bit for b
 at hidden 1,024, where both kernels reduce the sum of squares with 4 warps; the norm kernel takes 8 from 2,048
 up, so there the scale may differ in its last fp32 bit and a rounded element by one ulp (within tolerance).
 
+The same way, down_proj computes SiLU-and-mul of its K slice of the gate/up row (silu_linear: no first pass, the
+slice only): B=1 kv 1,024 0.804-0.806 ms against 0.818-0.819, kv 4,096 0.930 against 0.946, the logits bit for
+bit (H200, 2026-12-02, .diag/siluab.py, graphs alternated in one process). An earlier try (2026-12-01) that
+computed it over the whole [16, BLOCK_K] x tile was slower (1.127 against 0.989 ms); here it is one row of
+registers, as the norm's. And the first layer's QKV GEMM reads its row straight from the embedding table by the
+token id (NormedRow.embedded, with a zero residual): neither the embedding's kernel nor the first RMSNorm's runs,
+0.801-0.802 ms against 0.808-0.809 (the same bits; .diag/microab.py, the same day).
+
 Tried and dropped: the decode attention's split combine folded into o_proj the same way (each K step combining
 the partials of the heads it covers): 1.051-1.052 ms against 0.865-0.868, and 1.077-1.082 with one K step a
 program (the same call). One row only: every program reads the whole row, which at more rows costs more than

@@ -21,7 +21,8 @@ alternated in one call; 281 graph nodes against 337).
 SiLU-and-multiply in the gate/up GEMM's epilogue (each program streaming gate and up rows into two
 accumulators: one kernel fewer a layer) was tried too (H200, 2026-12-01, qwen3-0.6b B=1 kv 1024, the two trees
 alternated): 1.000 and 0.996 ms under --pdl against 0.978 and 0.975 without it; 1.109 and 1.000 against 1.124
-and 1.003 without PDL. Slower where it matters: dropped, as SiLU in the down projection's loads was before.
+and 1.003 without PDL. Slower where it matters: dropped. SiLU-and-mul in the down
+projection's loads is gmtool.kernels.folded.silu_linear's, for one row.
 
 Block sizes come from the shape (`pick`), never from autotuning: autotune would time kernels inside a CUDA
 graph capture. Launchers allocate from shapes only and read no device value, so a call can be captured (after
