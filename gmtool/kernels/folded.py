@@ -144,46 +144,17 @@ def linear(
         raise ValueError(f"bias {tuple(bias.shape)} does not fit {n} outputs")
     if not norm_folds(k):
         raise ValueError(f"a NormedRow of {k} columns is not folded (at most {MAX_K})")
-    cfg = small_m.pick(1, n, k, num_sms(weight.device), weight.element_size(), partial=partial)
-    per, split = small_m.slices(cfg, k)
-    src = x.x
-    if isinstance(src, Partials):
-        xp, xb, x_split = src.parts, src.parts if src.bias is None else src.bias, src.parts.shape[0]
-    else:
-        xp = xb = src.contiguous()
-        x_split = 0
-    dtype = weight.dtype
-    b = bias.contiguous() if bias is not None else weight  # unread without HAS_BIAS
-    out = None if split > 1 and partial else torch.empty((1, n), dtype=dtype, device=weight.device)
-    dst = out if split == 1 else torch.empty((split, 1, n), dtype=torch.float32, device=weight.device)
-    _NORM_GEMM[(cdiv(n, cfg.block_n), split)](
-        xp,
-        xb,
-        xp if x.ids is None else x.ids,  # unread without GATHER
-        x.residual,
-        x.weight,
-        x.total,
-        weight,
-        b,
-        dst,
-        n,
-        k,
-        weight.stride(0),
-        per,
-        float(x.eps),
-        X_SPLIT=x_split,
-        X_BIAS=isinstance(src, Partials) and src.bias is not None,
-        K_PAD=pow2(k),
-        **small_m.launch_options(cfg, weight, bias, split, pdl),
-        **({} if x.ids is None else {"GATHER": True}),  # the default left out: the same variant key as before
-    )
-    if split > 1 and partial:
-        return Partials(dst, None if bias is None else b, dtype)
-    if split > 1:
-        small_m.reduce_partials(dst, None if bias is None else b, out, pdl)
-    return out
+    xp, xb, x_split, x_bias = _source(x.x)
+    head = (xp, xb, xp if x.ids is None else x.ids, x.residual, x.weight, x.total)  # ids unread without GATHER
+    # GATHER's default left out: the same variant key as before it existed
+    gather = {} if x.ids is None else {"GATHER": True}
+    consts = dict(X_SPLIT=x_split, X_BIAS=x_bias, K_PAD=pow2(k), **gather)
+    return _one_row_gemm(_NORM_GEMM, head, weight, bias, pdl, partial, (float(x.eps),), consts)
 
 
+# Its preamble and K loop are _norm_gemm_kernel's, written out again: the two moved into @triton.jit helpers
+# compiled to other PTX (index math after the wait instead of before it; sm_90, 2026-12-02), and the kernels as
+# they are were the ones measured on the H200.
 @triton.jit
 def _silu_gemm_kernel(
     x_ptr,  # the gate/up product row [1, 2K], or its split-K partials [X_SPLIT, 1, 2K]
@@ -216,7 +187,7 @@ def _silu_gemm_kernel(
     w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
     k0 = pid_k * steps_per_split * BLOCK_K
     span = tl.minimum(steps_per_split * BLOCK_K, K - k0)
-    if PDL != 0:
+    if PDL != 0:  # as small_m's kernel: nothing but the weight prefetch before the wait
         small_m.prefetch_then_wait(w_rows, k0, span, K, BLOCK_K, PF_LINES, PF_STRIDE)
     dt = w_ptr.dtype.element_ty
     row = pid_n * 0
@@ -257,20 +228,31 @@ def silu_linear(
         raise ValueError(f"a gate/up row {tuple(x.shape)} {x.dtype} does not fit weight {tuple(weight.shape)}")
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias {tuple(bias.shape)} does not fit {n} outputs")
+    xp, xb, x_split, x_bias = _source(x)
+    return _one_row_gemm(_SILU_GEMM, (xp, xb), weight, bias, pdl, partial, (), dict(X_SPLIT=x_split, X_BIAS=x_bias))
+
+
+def _source(x: "torch.Tensor | Partials") -> tuple:
+    """A one-row GEMM's input as its kernel reads it: (the row or the partials, their bias pointer, X_SPLIT,
+    X_BIAS)."""
+    if isinstance(x, Partials):
+        return x.parts, x.parts if x.bias is None else x.bias, x.parts.shape[0], x.bias is not None
+    x = x.contiguous()
+    return x, x, 0, False
+
+
+def _one_row_gemm(kernel, head: tuple, weight, bias, pdl: int, partial: bool, tail: tuple, consts: dict):
+    """Launch a one-row GEMM kernel as kernel(*head, weight, bias, out, N, K, stride, steps, *tail, **consts) with
+    small_m.pick's blocks; its product as small_m.linear returns it (Partials where partial and K is split)."""
+    n, k = weight.shape
     cfg = small_m.pick(1, n, k, num_sms(weight.device), weight.element_size(), partial=partial)
     per, split = small_m.slices(cfg, k)
-    if isinstance(x, Partials):
-        xp, xb, x_split = x.parts, x.parts if x.bias is None else x.bias, x.parts.shape[0]
-    else:
-        xp = xb = x.contiguous()
-        x_split = 0
     dtype = weight.dtype
     b = bias.contiguous() if bias is not None else weight  # unread without HAS_BIAS
     out = None if split > 1 and partial else torch.empty((1, n), dtype=dtype, device=weight.device)
     dst = out if split == 1 else torch.empty((split, 1, n), dtype=torch.float32, device=weight.device)
-    _SILU_GEMM[(cdiv(n, cfg.block_n), split)](
-        xp,
-        xb,
+    kernel[(cdiv(n, cfg.block_n), split)](
+        *head,
         weight,
         b,
         dst,
@@ -278,8 +260,8 @@ def silu_linear(
         k,
         weight.stride(0),
         per,
-        X_SPLIT=x_split,
-        X_BIAS=isinstance(x, Partials) and x.bias is not None,
+        *tail,
+        **consts,
         **small_m.launch_options(cfg, weight, bias, split, pdl),
     )
     if split > 1 and partial:
