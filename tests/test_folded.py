@@ -247,3 +247,57 @@ def test_silu_down_kernel_compiles_for_hopper():
     ptx = kernel.asm["ptx"]
     assert "griddepcontrol.wait" in ptx and "cp.async.cg.shared.global" in ptx
     assert kernel.metadata.shared <= 227 * 1024
+
+
+@interp_only
+def test_interp_one_row_folds_step_aside_for_a_row_parallel_down_and_a_scaled_embedding(monkeypatch):
+    """A down projection that is a Linear subclass (--tp's RowParallelLinear adds an all-reduce) keeps its own
+    forward after the SiLU-and-mul kernel, and an embedding that is an nn.Embedding subclass (Gemma scales its
+    rows) is looked up by its own forward: neither fold applies, the other norms still fold, the logits are the
+    unfolded step's within rounding."""
+    from gmtool.kernels import folded, layers
+    from gmtool.kernels.common import NormedRow
+    from gmtool.model import families
+    from gmtool.model import fused as fused_mod
+
+    from .helpers import Rig, rel
+
+    class RowParallelDown(torch.nn.Linear):
+        calls = 0
+
+        def forward(self, x):
+            RowParallelDown.calls += 1
+            return super().forward(x)
+
+    class ScaledEmbedding(torch.nn.Embedding):
+        calls = 0
+
+        def forward(self, ids):
+            ScaledEmbedding.calls += 1
+            return super().forward(ids)
+
+    monkeypatch.setattr(fused_mod, "_triton_runs", lambda x: True)
+    seen, launched = [], []
+    real = folded.linear
+    monkeypatch.setattr(folded, "linear", lambda x, *a, **k: seen.append(type(x)) or real(x, *a, **k))
+    real_silu = layers.silu_mul
+    monkeypatch.setattr(layers, "silu_mul", lambda *a, **k: launched.append("silu_mul") or real_silu(*a, **k))
+    import gmtool.kernels
+
+    monkeypatch.setattr(gmtool.kernels, "available", lambda: True)
+    rig = Rig(buckets=(1, 4), mode="full")
+    rig.bench.cfg.attention_backend = "triton"
+    base = families.base_model(rig.lm.model)
+    for layer in base.layers:
+        layer.mlp.down_proj.__class__ = RowParallelDown
+    base.embed_tokens.__class__ = ScaledEmbedding
+    fused = fused_mod.fuse_layers(rig.lm.model, "triton", rig.lm.layout, small_m=4)
+    n = rig.lm.num_layers
+    one = rig.batch("1*1@100", seed=1)
+    on = rig.eager(one)
+    assert seen == [NormedRow] * (2 * n - 1), seen  # the first layer's QKV reads the embedding's output
+    assert launched == ["silu_mul"] * n and RowParallelDown.calls == n and ScaledEmbedding.calls == 1
+    fused.ops.fold = False
+    off = rig.eager(one)
+    fused.ops.fold = True
+    assert rel(on, off) < 1e-4
