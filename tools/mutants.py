@@ -513,6 +513,14 @@ MUTANTS: list[Mutant] = [
         "a full collection inside a capture walks the whole model's objects again",
     ),
     M(
+        "gc-thaws-a-caller-s-freeze",
+        "gmtool/core/executor.py",
+        "    if _frozen_depth == 0 and gc.get_freeze_count() == 0:\n",
+        "    if _frozen_depth == 0:\n",
+        "tests/test_executor.py::test_capture_runs_with_the_gc_frozen_and_leaves_it_as_it_was",
+        "a capture under an engine's own gc.freeze() thaws everything the engine froze",
+    ),
+    M(
         "errors-alike-not-grouped",
         "gmtool/cli/run_sweep.py",
         '        groups.setdefault(re.sub(r"\\d+(\\.\\d+)?", "#", e), [e, -1])[1] += 1\n',

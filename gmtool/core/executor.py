@@ -38,17 +38,21 @@ def gc_frozen():
     0.58 s of 1.68; with it, 0.34 s (the backend's tapes keep their ops alive, and those it walks). On the H200 (2026-12-02, .diag/gcab.py, nine processes capturing the 35 default decode buckets, with
     this freeze) the one full collection in each was release()'s own, after the captures; a run without the
     freeze was not made there, so no gain on the GPU is claimed.
-    Nests: the outermost scope unfreezes."""
+    Nests: the outermost scope unfreezes. Where objects are frozen already (a caller froze the GC, as an engine
+    may), it leaves them so: an unfreeze would thaw the caller's too."""
     global _frozen_depth
-    if _frozen_depth == 0:
+    if _frozen_depth == 0 and gc.get_freeze_count() == 0:
         gc.freeze()
-    _frozen_depth += 1
+        _frozen_depth = 1
+    elif _frozen_depth:
+        _frozen_depth += 1
     try:
         yield
     finally:
-        _frozen_depth -= 1
-        if _frozen_depth == 0:
-            gc.unfreeze()
+        if _frozen_depth:
+            _frozen_depth -= 1
+            if _frozen_depth == 0:
+                gc.unfreeze()
 
 
 @dataclass

@@ -76,7 +76,8 @@ def split_warps(group: int, d_pad: int) -> int:
     1.209-1.212, B=32 2.233-2.237 against 2.319-2.322; kv 4,096: B=1 0.950 against 0.968. One warp was slower
     everywhere (0.910 ms at B=1, 2.755 at B=32). The kernel alone (.diag/attnwarps.py, the same day): at G 4 and 7
     (B=32 kv 4,096: 152.6 against 140.2 us, 158.6 against 89.1) and at D 192 and 256 (591.6 against 515.2 us,
-    182.8 against 159.4) two warps were slower; at G 1, D 96 and G 8, D 64 the same."""
+    182.8 against 159.4) two warps were slower; at G 1, D 96 and G 8, D 64 the same. d_pad: the key head's
+    padded dims (MLA's 192, with values of 128, takes four)."""
     return 2 if group <= 2 and d_pad <= 128 else 4
 
 

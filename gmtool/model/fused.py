@@ -467,6 +467,10 @@ class FusedLayers:
                     "; at one token the add+RMSNorms before QKV and gate/up run inside those GEMMs "
                     f"(rows up to {MAX_K:,})"
                 )
+                if self.ops.fold_first:
+                    s += ", the first QKV GEMM reading its row from the embedding table"
+                if self.ops.fold_silu:
+                    s += ", and down_proj computes SiLU-and-mul"
         if self.ops is not None and self.ops.triton and self.ops.pdl:
             s += (
                 f"; Triton kernels of steps of up to {self.ops.small_m} tokens launched with PDL (the small-M GEMM "
