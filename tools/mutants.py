@@ -515,8 +515,8 @@ MUTANTS: list[Mutant] = [
     M(
         "gc-thaws-a-caller-s-freeze",
         "gmtool/core/executor.py",
-        "    if _frozen_depth == 0 and gc.get_freeze_count() == 0:\n",
-        "    if _frozen_depth == 0:\n",
+        "    if gc.get_freeze_count():\n",
+        "    if False:\n",
         "tests/test_executor.py::test_capture_runs_with_the_gc_frozen_and_leaves_it_as_it_was",
         "a capture under an engine's own gc.freeze() thaws everything the engine froze",
     ),

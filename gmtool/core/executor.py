@@ -26,33 +26,25 @@ from gmtool.model.loading import LoadedModel
 from gmtool.modes import GraphMode
 
 
-_frozen_depth = 0
-
-
 @contextlib.contextmanager
 def gc_frozen():
     """Python's cyclic GC leaves the objects alive on entry alone until exit (gc.freeze). A full collection
     walks every object the process holds (a built model, transformers, torch: about 370,000 objects, 0.2 s on the
     CPU machine) and can fall inside any capture; frozen, it walks only what was made since (vLLM's and SGLang's
-    graph runners freeze it too). Four captures of qwen3-0.6b on the CPU backend: without it, full collections took
-    0.58 s of 1.68; with it, 0.34 s (the backend's tapes keep their ops alive, and those it walks). On the H200 (2026-12-02, .diag/gcab.py, nine processes capturing the 35 default decode buckets, with
-    this freeze) the one full collection in each was release()'s own, after the captures; a run without the
-    freeze was not made there, so no gain on the GPU is claimed.
-    Nests: the outermost scope unfreezes. Where objects are frozen already (a caller froze the GC, as an engine
-    may), it leaves them so: an unfreeze would thaw the caller's too."""
-    global _frozen_depth
-    if _frozen_depth == 0 and gc.get_freeze_count() == 0:
-        gc.freeze()
-        _frozen_depth = 1
-    elif _frozen_depth:
-        _frozen_depth += 1
+    graph runners freeze it too). Four captures of qwen3-0.6b on the CPU backend: without it, full collections
+    took 0.58 s of 1.68; with it, 0.34 s (the backend's tapes keep their ops alive, and those it walks). On the
+    H200 (2026-12-02, .diag/gcab.py, nine processes capturing the 35 default decode buckets, with this freeze) the
+    one full collection in each was release()'s own, after the captures; no run without it was made there, so no
+    gain on the GPU is claimed. Where objects are frozen already (an outer scope, or a caller that froze the GC,
+    as an engine may), it leaves them so: an unfreeze would thaw the caller's too."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
     try:
         yield
     finally:
-        if _frozen_depth:
-            _frozen_depth -= 1
-            if _frozen_depth == 0:
-                gc.unfreeze()
+        gc.unfreeze()
 
 
 @dataclass

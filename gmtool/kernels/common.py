@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -53,10 +53,9 @@ class NormedRow:
     def embedded(cls, table: torch.Tensor, ids: torch.Tensor, residual: torch.Tensor, weight, eps) -> "NormedRow":
         """The row ids[0] of table (an nn.Embedding's weight [V, H]) as x: the first layer's norm, folded with the
         embedding lookup into its QKV GEMM (residual: a zero row, the first layer having none)."""
-        if ids.numel() != 1 or table.dim() != 2 or tuple(residual.shape) != (1, table.shape[1]):
-            raise ValueError(f"an embedded NormedRow is one id of a [V, H] table: ids {tuple(ids.shape)}")
-        row = cls.of(table[:1], residual, weight, eps)
-        return cls(table.contiguous(), row.residual, row.weight, eps, row.total, ids.reshape(1))
+        if ids.numel() != 1 or table.dim() != 2 or not table.is_contiguous():
+            raise ValueError(f"an embedded NormedRow is one id of a contiguous [V, H] table: ids {tuple(ids.shape)}")
+        return replace(cls.of(table[:1], residual, weight, eps), x=table, ids=ids.reshape(1))
 
     @classmethod
     def of(cls, x, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> "NormedRow":

@@ -76,12 +76,13 @@ class LayerOps:
 
         return norm_folds(x.shape[-1])
 
-    def silu_linear(self, gate_up, down: torch.nn.Module, partial: bool):
-        """down(silu(gate) * up) for a folded step's gate/up row, in one kernel where down is a plain Linear
-        (gmtool.kernels.folded.silu_linear); None where it is not (a --tp row-parallel one): the caller launches
-        SiLU-and-mul and the projection."""
-        if not self.fold_silu or type(down) is not torch.nn.Linear:
-            return None
+    def silu_folds(self, rows, down: torch.nn.Module) -> bool:
+        """Whether the MLP over rows computes SiLU-and-mul inside its down projection: a folded step's row
+        (a NormedRow) and a plain Linear down (not --tp's row-parallel one)."""
+        return self.fold_silu and isinstance(rows, NormedRow) and type(down) is torch.nn.Linear
+
+    def silu_linear(self, gate_up, down: torch.nn.Linear, partial: bool):
+        """down(silu(gate) * up) for a folded step's gate/up row, in one kernel (gmtool.kernels.folded.silu_linear)."""
         from gmtool.kernels import folded
 
         return folded.silu_linear(gate_up, down.weight, down.bias, pdl=self.pdl, partial=partial)
@@ -239,9 +240,9 @@ def _mlp_forward(m, ops: LayerOps):
     def forward(x, partial_sums=False):  # as the attention forward's
         rows = _rows(x)
         gate_up = ops.linear(rows, w, partial=True)
-        # a folded step's row: SiLU-and-mul inside the down projection
-        y = ops.silu_linear(gate_up, down, partial_sums) if isinstance(rows, NormedRow) else None
-        if y is None:
+        if ops.silu_folds(rows, down):
+            y = ops.silu_linear(gate_up, down, partial_sums)
+        else:
             y = ops.project(down, ops(_like(rows)).silu_mul(gate_up), partial_sums)
         return y if isinstance(y, Partials) else y.view(*x.shape[:-1], -1)
 
@@ -264,7 +265,8 @@ def _residual_stream_forward(base, ops: LayerOps, fused_mlps: set[int]):
     # here, outside any capture, where it would live in that graph's pool) into the first QKV GEMM.
     emb = base.embed_tokens.weight
     zero_row = torch.zeros(1, base.config.hidden_size, dtype=emb.dtype, device=emb.device)
-    plain_embedding = type(base.embed_tokens) is torch.nn.Embedding
+    # a plain lookup whose rows the GEMM can address (row i at i * hidden)
+    embedding_folds = type(base.embed_tokens) is torch.nn.Embedding and emb.is_contiguous()
 
     def forward(*, input_ids, position_ids, use_cache=False, **kwargs):
         # gmtool's call only (LoadedModel.forward_logits): no HF cache, embeddings or hidden-state outputs
@@ -274,10 +276,16 @@ def _residual_stream_forward(base, ops: LayerOps, fused_mlps: set[int]):
                 f"--fuse's base forward takes input_ids and position_ids only, got use_cache={use_cache} {extra}"
             )
         depth = base.config.num_hidden_layers  # read per call: compile-ahead's pass runs the first few only
-        embedded = depth and ops.fold_first and plain_embedding and input_ids.numel() == 1 and ops.folds(zero_row)
-        # embedded: zero_row stands for the step's one row (its shape, dtype and device) where h is not made
-        h = zero_row if embedded and zero_row.device == input_ids.device else base.embed_tokens(input_ids)
-        embedded = h is zero_row
+        # one token, folded: zero_row stands for its row (shape, dtype, device), which no embedding kernel makes
+        embedded = (
+            depth > 0
+            and ops.fold_first
+            and embedding_folds
+            and input_ids.numel() == 1
+            and zero_row.device == input_ids.device
+            and ops.folds(zero_row)
+        )
+        h = zero_row if embedded else base.embed_tokens(input_ids)
         pos = base.rotary_emb(h, position_ids)
         shape = (*input_ids.shape, h.shape[-1])
         h = h.reshape(-1, shape[-1])
