@@ -331,6 +331,29 @@ def test_interp_qk_norm_rope_write_kv(dtype, cache_dtype, norm, tokens, hq, hkv,
 
 @interp_only
 @pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_interp_qk_norm_rope_write_kv_reads_its_rows_of_the_tables(dtype, tokens):
+    """With positions, cos/sin are RoPE tables and each token reads its position's row: q and the caches bit for
+    bit those of the same kernel given the gathered rows."""
+    from gmtool.kernels.layers import qk_norm_rope_write_kv
+
+    hq, hkv, dim = 4, 2, 64
+    qkv, weights = _qk_case(tokens, hq, hkv, dim, dtype, True, seed=11)
+    qkv[:, (hq + hkv) * dim :] = _randn(tokens, hkv * dim, seed=12, dtype=dtype)
+    cos, sin = (t.contiguous() for t in _cos_sin(_angles(11, dim), dtype))  # a table of 11 positions
+    positions = torch.tensor([7, 0, 10][:tokens])
+    slots = torch.tensor([9, -1, 17][:tokens], dtype=torch.int64)
+    outs = []
+    for rows in (positions, None):
+        kc, vc = (torch.full((5, 4, hkv, dim), 7.0, dtype=dtype) for _ in range(2))
+        c, s_ = (cos, sin) if rows is not None else (cos[positions], sin[positions])
+        q = qk_norm_rope_write_kv(qkv, hq, hkv, dim, c, s_, *weights, EPS, kc, vc, slots, positions=rows)
+        outs.append((q, kc, vc))
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+@interp_only
+@pytest.mark.parametrize("dtype", [F32, F16])
 @pytest.mark.parametrize("tokens", [1, 3, 7])
 @pytest.mark.parametrize("inter", [96, 1000])
 def test_interp_silu_mul(dtype, tokens, inter):
@@ -381,6 +404,38 @@ def test_interp_qk_norm_rope_write_kv_sums_a_gemm_s_partials_bit_for_bit(dtype, 
         outs.append((qk_norm_rope_write_kv(qkv, hq, hkv, dim, cos, sin, *weights, EPS, kc, vc, slots), kc, vc))
     assert all(torch.equal(a, b) for a, b in zip(*outs))
     assert not torch.equal(outs[0][1], torch.full_like(outs[0][1], 7.0))  # the caches were written
+
+
+@interp_only
+def test_interp_fused_forward_reads_rope_rows_in_the_qk_kernel(monkeypatch):
+    """tiny-qwen3 fused with a RoPE table: a forward that writes the cache in the QK kernel hands it the table and
+    the positions (no gather), and the logits equal those of the forward that gathers them."""
+    from gmtool.model import fused as fused_mod
+    from gmtool.model.rotary_table import RopeRows
+
+    from .helpers import Rig
+
+    monkeypatch.setattr(fused_mod, "_triton_runs", lambda x: True)
+    rig = Rig()
+    fused = fused_mod.fuse_layers(rig.lm.model, "triton", rig.lm.layout, rope_positions=256)
+    assert fused.counts["rope_positions"] == 256
+    batch = rig.batch("1*4@9", seed=2)
+    gathers = []
+    real = RopeRows.gathered
+    monkeypatch.setattr(RopeRows, "gathered", lambda self: gathers.append(1) or real(self))
+    table = rig.lm.model.model.rotary_emb.forward
+    calls, real_call = [], type(table).__call__
+    monkeypatch.setattr(type(table), "__call__", lambda self, *a: calls.append(1) or real_call(self, *a))
+    start = [t.clone() for t in rig.cache.k + rig.cache.v]
+    outs = []
+    for on in (True, False):
+        for t, s in zip(rig.cache.k + rig.cache.v, start):
+            t.copy_(s)
+        fused.ops.rope_rows = on
+        outs.append(rig.eager(batch).clone())
+        assert (calls == []) == on and gathers == [], (on, calls, gathers)  # rows: no gather at all
+        calls.clear()
+    assert torch.equal(*outs)
 
 
 @interp_only

@@ -588,6 +588,14 @@ MUTANTS: list[Mutant] = [
         "the table hands each token another token's cos/sin",
     ),
     M(
+        "rope-rows-read-by-token",
+        "gmtool/kernels/layers.py",
+        "        row = tl.load(pos_ptr + t).to(tl.int64)\n",
+        "        row = t\n",
+        "tests/test_layer_kernels.py::test_interp_qk_norm_rope_write_kv_reads_its_rows_of_the_tables",
+        "the QK kernel rotates each token by the table's row of its index in the step, not of its position",
+    ),
+    M(
         "rope-table-for-any-forward",
         "gmtool/model/rotary_table.py",
         "    if params != FORWARD_PARAMS:\n",
@@ -598,8 +606,8 @@ MUTANTS: list[Mutant] = [
     M(
         "rope-table-ignores-x-dtype",
         "gmtool/model/rotary_table.py",
-        "(x.dtype != self.cos_sin.dtype or x.device != self.cos_sin.device)",
-        "(x.device != self.cos_sin.device)",
+        "(x.dtype == self.cos_sin.dtype and x.device == self.cos_sin.device)",
+        "(x.device == self.cos_sin.device)",
         "tests/test_rotary_table.py::test_an_x_of_another_dtype_gets_the_module_s_own_values",
         "an x of another dtype than the table's gets the table's dtype, not x's as the module gives",
     ),

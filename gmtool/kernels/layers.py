@@ -88,6 +88,16 @@ def _add_rms_norm_kernel(
     tl.store(out_ptr + row * H + cols, (y * w).to(dt), mask=mask)
 
 
+@triton.jit
+def _rope_row(cos_ptr, sin_ptr, row, stride_cos, stride_sin, i, mask, HALF: tl.constexpr):
+    """Row row of cos and sin, each as its two halves (fp32)."""
+    c1 = tl.load(cos_ptr + row * stride_cos + i, mask=mask, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + row * stride_cos + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + row * stride_sin + i, mask=mask, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + row * stride_sin + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    return c1, c2, s1, s2
+
+
 @triton.jit(do_not_specialize=["M"])
 def _qk_norm_rope_kernel(
     qkv_ptr,
@@ -102,6 +112,7 @@ def _qk_norm_rope_kernel(
     kc_ptr,
     vc_ptr,
     slot_ptr,
+    pos_ptr,  # ROPE_ROWS: each token's position, its row of the cos/sin tables
     stride_t,
     stride_cos,
     stride_sin,
@@ -122,21 +133,42 @@ def _qk_norm_rope_kernel(
     SPLIT: tl.constexpr = 0,  # qkv: the QKV GEMM's split-K partials [SPLIT, M, (HQ + 2 HKV) D] (0: the rows)
     HAS_BIAS: tl.constexpr = False,
     PDL: tl.constexpr = 0,
+    ROPE_ROWS: tl.constexpr = False,  # cos/sin: RoPE tables [positions, D], read at each token's position
 ):
-    pdl_mod.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     D: tl.constexpr = 2 * HALF
     i = tl.arange(0, HALF_PAD)
     mask = i < HALF
+    if h < HQ:
+        w_ptr = qw_ptr
+    else:
+        w_ptr = kw_ptr
+    slot = t * 0
+    if ROPE_ROWS:
+        # What no kernel before writes is read ahead of the wait: the step's positions and slots (copied in
+        # before the graph's first kernel, as the decode split kernel's kv_lens), the RoPE table and the norm's
+        # weight. EARLY's trigger comes first: behind these loads it held the next kernel back (B=1 kv 1,024
+        # 0.812-0.815 ms against 0.793-0.795 with it first; see gmtool.kernels.pdl).
+        pdl_mod.trigger_early(PDL)
+        row = tl.load(pos_ptr + t).to(tl.int64)
+        c1, c2, s1, s2 = _rope_row(cos_ptr, sin_ptr, row, stride_cos, stride_sin, i, mask, HALF)
+        if WRITE_KV:
+            slot = tl.load(slot_ptr + t).to(tl.int64)
+        if NORM:
+            w1 = tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
+            w2 = tl.load(w_ptr + HALF + i, mask=mask, other=0.0).to(tl.float32)
+        pdl_mod.wait(PDL)
+    else:
+        pdl_mod.enter(PDL)
     # q, k and v heads sit back to back in the qkv row, so head h's slice is at h * D for all three.
     W: tl.constexpr = (HQ + 2 * HKV) * D
     x1 = _row_block(qkv_ptr, b_ptr, t, M, stride_t, W, h * D + i, mask, q_ptr.dtype.element_ty, SPLIT, HAS_BIAS)
     x2 = _row_block(qkv_ptr, b_ptr, t, M, stride_t, W, h * D + HALF + i, mask, q_ptr.dtype.element_ty, SPLIT, HAS_BIAS)
-    slot = t * 0
     written = mask
     if WRITE_KV:
-        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if not ROPE_ROWS:
+            slot = tl.load(slot_ptr + t).to(tl.int64)
         written = mask & ((slot + i * 0) >= 0)  # a block, as the interpreter's masks must be
         if h >= HQ + HKV:  # a v head (grid HQ + 2 HKV): into the cache as it is
             hv = h - HQ - HKV
@@ -145,22 +177,17 @@ def _qk_norm_rope_kernel(
             tl.store(vdst + i, x1.to(vt), mask=written)
             tl.store(vdst + HALF + i, x2.to(vt), mask=written)
             return
-    if h < HQ:
-        w_ptr = qw_ptr
-    else:
-        w_ptr = kw_ptr
     dt = q_ptr.dtype.element_ty
     if NORM:
         r = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D + eps)
-        w1 = tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
-        w2 = tl.load(w_ptr + HALF + i, mask=mask, other=0.0).to(tl.float32)
+        if not ROPE_ROWS:
+            w1 = tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
+            w2 = tl.load(w_ptr + HALF + i, mask=mask, other=0.0).to(tl.float32)
         # HF rounds twice here (normalized value, then the weighted norm output) before RoPE sees it.
         x1 = ((x1 * r).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
         x2 = ((x2 * r).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
-    c1 = tl.load(cos_ptr + t * stride_cos + i, mask=mask, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + t * stride_cos + HALF + i, mask=mask, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr + t * stride_sin + i, mask=mask, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + t * stride_sin + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    if not ROPE_ROWS:  # cos/sin: the step's gathered rows, a kernel's output
+        c1, c2, s1, s2 = _rope_row(cos_ptr, sin_ptr, t, stride_cos, stride_sin, i, mask, HALF)
     o1 = (x1 * c1 - x2 * s1).to(dt)
     o2 = (x2 * c2 + x1 * s2).to(dt)
     if h < HQ:
@@ -340,10 +367,12 @@ def qk_norm_rope_write_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     pdl: int = pdl_mod.Pdl.OFF,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """qk_norm_rope with the step's K/V written into the paged caches ([blocks, page, Hkv, D]) at slot_mapping
     [T], as gmtool.kernels.kv_write.write_kv would (negative slots left out): one kernel instead of two, and no
-    k tensor. Returns q."""
+    k tensor. Returns q. positions [T]: cos/sin are RoPE tables [P, D] and each token reads its position's row
+    (no gather before the kernel)."""
     check_cache(k_cache, v_cache)
     shape = (num_kv_heads, head_dim)
     if tuple(k_cache.shape[2:]) != shape or tuple(v_cache.shape[2:]) != shape or k_cache.stride(-1) != 1:
@@ -351,15 +380,20 @@ def qk_norm_rope_write_kv(
     if slot_mapping.shape != (qkv.shape[0],):
         raise ValueError(f"slot_mapping {tuple(slot_mapping.shape)} does not fit {qkv.shape[0]} tokens")
     cache = (k_cache, v_cache, slot_mapping)
-    return _qk_norm_rope(qkv, num_heads, num_kv_heads, head_dim, cos, sin, q_weight, k_weight, eps, pdl, cache)[0]
+    return _qk_norm_rope(
+        qkv, num_heads, num_kv_heads, head_dim, cos, sin, q_weight, k_weight, eps, pdl, cache, positions
+    )[0]
 
 
-def _qk_norm_rope(qkv, num_heads, num_kv_heads, head_dim, cos, sin, q_weight, k_weight, eps, pdl, cache):
+def _qk_norm_rope(qkv, num_heads, num_kv_heads, head_dim, cos, sin, q_weight, k_weight, eps, pdl, cache, rows=None):
     src, cos, sin = _Source.of(qkv), _unit_last(cos), _unit_last(sin)
     tokens, width = src.shape
     if head_dim % 2 or width != (num_heads + 2 * num_kv_heads) * head_dim:
         raise ValueError(f"qkv {src.shape} does not hold {num_heads}+2*{num_kv_heads} heads of even dim {head_dim}")
-    if cos.shape != (tokens, head_dim) or sin.shape != cos.shape:
+    if rows is not None:
+        if rows.shape != (tokens,) or cos.dim() != 2 or cos.shape[1] != head_dim or sin.shape != cos.shape:
+            raise ValueError(f"positions {tuple(rows.shape)} and tables {tuple(cos.shape)} do not fit {tokens} tokens")
+    elif cos.shape != (tokens, head_dim) or sin.shape != cos.shape:
         raise ValueError(f"cos/sin {tuple(cos.shape)}/{tuple(sin.shape)} must be [{tokens}, {head_dim}]")
     if (q_weight is None) != (k_weight is None):
         raise ValueError("pass both q_weight and k_weight, or neither")
@@ -391,6 +425,7 @@ def _qk_norm_rope(qkv, num_heads, num_kv_heads, head_dim, cos, sin, q_weight, k_
         kc,
         vc,
         slots,
+        q if rows is None else rows,  # unread without ROPE_ROWS
         src.stride,
         cos.stride(0),
         sin.stride(0),
@@ -408,6 +443,7 @@ def _qk_norm_rope(qkv, num_heads, num_kv_heads, head_dim, cos, sin, q_weight, k_
         PDL=int(pdl),
         num_warps=1,  # a head is 64-128 elements: small programs, many resident per SM
         **pdl_mod.launch_options(pdl),
+        **({} if rows is None else {"ROPE_ROWS": True}),  # its default left out: the variant keys stay as they were
     )
     return q, k
 

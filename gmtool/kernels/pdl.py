@@ -8,8 +8,9 @@ CUDA 12.3+), a kernel's programs may be scheduled as soon as every program of th
 `gdc_launch_dependents()` (or exited). The rule that keeps results right: only memory read after `gdc_wait()`
 is guaranteed complete, since the wait returns once the kernel before has finished and its writes are visible.
 So every PDL-aware kernel calls `gdc_wait()` unconditionally, on every path, before it reads or writes anything
-another kernel touches; only the GEMM's L2 prefetch of its (read-only) weight and the decode split kernel's
-read of kv_lens (the step's input, copied in before the graph's first kernel) run ahead of the wait. Because
+another kernel touches; only reads of what no kernel writes run ahead of the wait: the GEMM's L2 prefetch of its
+(read-only) weight, the decode split kernel's read of kv_lens, and the QK-norm+RoPE kernel's of the positions,
+slots, RoPE table and norm weights (step inputs are copied in before the graph's first kernel). Because
 each kernel waits before it can finish, "the kernel before has finished" carries down the chain.
 
 Modes (the kernels' PDL constexpr): OFF compiles the kernels as before (no griddepcontrol instruction) and
@@ -110,8 +111,21 @@ def launches(mode: int):
 def enter(PDL: tl.constexpr):
     """A PDL-aware kernel's first statement: wait for the kernel before (its writes visible), and let the next one
     launch, before (EARLY) or after (AFTER_WAIT) the wait. OFF: nothing at all (also under the interpreter)."""
+    trigger_early(PDL)
+    wait(PDL)
+
+
+@triton.jit
+def trigger_early(PDL: tl.constexpr):
+    """enter's first half: EARLY lets the next kernel launch. A kernel that reads what no kernel before writes
+    ahead of its wait puts this first, then those reads, then wait()."""
     if PDL == 2:
         gdc_launch_dependents()
+
+
+@triton.jit
+def wait(PDL: tl.constexpr):
+    """enter's second half: the wait, then AFTER_WAIT's trigger."""
     if PDL != 0:
         gdc_wait()
     if PDL == 1:

@@ -30,6 +30,7 @@ from gmtool.kernels.common import NormedRow, Partials
 from gmtool.model import attention
 
 from gmtool.model import layers_ref, rotary_table
+from gmtool.model.rotary_table import RopeRows, RotaryTable
 from gmtool.model import families
 from gmtool.model.families import FUSED_RESIDUAL
 
@@ -66,6 +67,9 @@ class LayerOps:
         # lookup and the first layer's RMSNorm inside its QKV GEMM; False launches them
         self.fold_silu = True
         self.fold_first = True
+        # with RoPE tabled, the QK-norm+RoPE kernel reads each token's row of the table itself: no gather kernel
+        # ahead of the first layer; False gathers them (A/B measurements)
+        self.rope_rows = True
 
     def folds(self, x: torch.Tensor) -> bool:
         """Whether a step of x's rows folds its add+RMSNorms into the GEMMs after them: one row on the small-M
@@ -213,12 +217,28 @@ def _attention_forward(m, ops: LayerOps, opts: attention.LayerOpts):
         ctx = attention.cache_writer() if kernels is not _REF else None
         # with the cache written by the QK kernel, v is its to read too: it may sum the GEMM's split-K partials
         qkv = ops.linear(x, w, b, partial=ctx is not None)
-        cos, sin = (e.reshape(t, dim) for e in position_embeddings)
+        rows = position_embeddings if isinstance(position_embeddings, RopeRows) else None
+        if rows is not None and ctx is not None:  # the QK kernel reads the table at each token's position
+            cos, sin = rows.cos_sin
+        else:
+            cos, sin = (e.reshape(t, dim) for e in (rows.gathered() if rows is not None else position_embeddings))
         if ctx is not None:  # this step's K/V go straight into the cache: one kernel fewer a layer
             layer = m.layer_idx
             kc, vc = ctx.cache.k[layer], ctx.cache.v[layer]
             q = kernels.qk_norm_rope_write_kv(
-                qkv, heads, kv_heads, dim, cos, sin, qw, kw, eps, kc, vc, ctx.views.slot_mapping
+                qkv,
+                heads,
+                kv_heads,
+                dim,
+                cos,
+                sin,
+                qw,
+                kw,
+                eps,
+                kc,
+                vc,
+                ctx.views.slot_mapping,
+                positions=None if rows is None else rows.positions,
             )
             with ops.attention_launches(like):
                 out = ctx.attend_cached(layer, q, m.scaling, opts=opts)
@@ -286,7 +306,11 @@ def _residual_stream_forward(base, ops: LayerOps, fused_mlps: set[int]):
             and ops.folds(zero_row)
         )
         h = zero_row if embedded else base.embed_tokens(input_ids)
-        pos = base.rotary_emb(h, position_ids)
+        table = base.rotary_emb.__dict__.get("forward")  # a RotaryTable where --fuse tabled RoPE
+        # each layer's QK kernel reads its tokens' rows of the table itself where it writes the cache (Triton's)
+        rows_read = ops.rope_rows and isinstance(table, RotaryTable) and ops(h) is not _REF and attention.cache_writer()
+        rows = table.rows(h, position_ids) if rows_read else None
+        pos = rows if rows is not None else base.rotary_emb(h, position_ids)
         shape = (*input_ids.shape, h.shape[-1])
         h = h.reshape(-1, shape[-1])
         kern = ops(h)
@@ -465,6 +489,8 @@ class FusedLayers:
         )
         if c["rope_positions"]:
             s += f"; RoPE's cos/sin gathered from a table of {c['rope_positions']} positions"
+            if self.ops is not None and self.ops.triton and self.ops.rope_rows:
+                s += " (by the QK kernel itself where it writes the cache)"
 
         if self.ops is not None and self.ops.triton and self.ops.small_m:
             s += f"; projections of up to {self.ops.small_m} tokens on gmtool's small-M GEMM"

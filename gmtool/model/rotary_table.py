@@ -19,6 +19,7 @@ returns complex frequencies (DeepSeek-V2).
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
 
@@ -27,6 +28,20 @@ import torch
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 # the only call the table answers: the base model's rotary_emb(hidden_states, position_ids)
 FORWARD_PARAMS = ["self", "x", "position_ids"]
+
+
+@dataclass(frozen=True)
+class RopeRows:
+    """A step's cos/sin left as the table and the positions: a kernel that reads its rows itself
+    (gmtool.kernels.layers.qk_norm_rope_write_kv with positions) needs no gather kernel ahead of the first layer;
+    gathered() is the pair any other reader takes."""
+
+    cos_sin: torch.Tensor  # [2, P, D]
+    positions: torch.Tensor  # [T]
+
+    def gathered(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.cos_sin.index_select(1, self.positions)
+        return rows[0], rows[1]
 
 
 class RotaryTable:
@@ -41,10 +56,19 @@ class RotaryTable:
     def positions(self) -> int:
         return self.cos_sin.shape[1]
 
+    def serves(self, x: torch.Tensor) -> bool:
+        """Whether the table answers for x: the module casts to x's dtype, so another dtype or device than the
+        table's is left to it (where there is one)."""
+        return self.module_forward is None or (x.dtype == self.cos_sin.dtype and x.device == self.cos_sin.device)
+
+    def rows(self, x: torch.Tensor, position_ids: torch.Tensor) -> "RopeRows | None":
+        """What __call__ would gather, not gathered; None where the table does not serve x."""
+        return RopeRows(self.cos_sin, position_ids.reshape(-1)) if self.serves(x) else None
+
     def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What rotary(x, position_ids) returns, [*position_ids.shape, dim] each, in one gather."""
-        if self.module_forward is not None and (x.dtype != self.cos_sin.dtype or x.device != self.cos_sin.device):
-            return self.module_forward(x, position_ids)  # the module casts to x's dtype: the table holds another
+        if not self.serves(x):
+            return self.module_forward(x, position_ids)
         rows = self.cos_sin.index_select(1, position_ids.reshape(-1))
         shape = (*position_ids.shape, rows.shape[-1])
         return rows[0].view(shape), rows[1].view(shape)

@@ -104,11 +104,12 @@ def test_down_with_silu_matches_the_chain_at_every_profile_shape(model):
                 assert torch.equal(got, expect), f"{model}: {(got.float() - expect.float()).abs().max()}"
 
 
-@pytest.mark.parametrize("fold", ["fold_silu", "fold_first"])
+@pytest.mark.parametrize("fold", ["fold_silu", "fold_first", "rope_rows"])
 def test_fused_decode_graph_with_a_fold_equals_without(fold):
-    """qwen3-0.6b --fuse --small-m-gemm --pdl, B=1 kv 1,023: SiLU-and-mul inside down_proj, or the embedding
-    lookup and the first RMSNorm inside the first QKV GEMM, against their kernels: the same logits bit for bit
-    (hidden 1,024: the norm kernel and the GEMM reduce the sum of squares over the same 4 warps)."""
+    """qwen3-0.6b --fuse --small-m-gemm --pdl, B=1 kv 1,023: SiLU-and-mul inside down_proj, the embedding
+    lookup and the first RMSNorm inside the first QKV GEMM, or the QK kernel reading its RoPE rows (ahead of its
+    PDL wait), against their kernels: the same logits bit for bit (hidden 1,024: the norm kernel and the GEMM
+    reduce the sum of squares over the same 4 warps)."""
     from gmtool.core.compositions import parse_composition
     from gmtool.modes import GraphMode
 
