@@ -592,7 +592,7 @@ MUTANTS: list[Mutant] = [
         "gmtool/kernels/layers.py",
         "        row = tl.load(pos_ptr + t).to(tl.int64)\n",
         "        row = t\n",
-        "tests/test_layer_kernels.py::test_interp_qk_norm_rope_write_kv_reads_its_rows_of_the_tables",
+        "tests/test_layer_kernels.py::test_layer_kernels_under_interpreter",
         "the QK kernel rotates each token by the table's row of its index in the step, not of its position",
     ),
     M(
