@@ -26,6 +26,28 @@ class FakeMode:
         FakeMode.events.append(("exit",))
 
 
+class QueuingMode:
+    """Queues each new key's compile on its pool, as Triton's AsyncCompileMode does; waits for them on leaving."""
+
+    active = None
+
+    def __init__(self, executor):
+        self.executor, self.futures, self.keys = executor, [], set()
+
+    def submit(self, key, compile_fn, *callbacks):
+        if key not in self.keys:
+            self.keys.add(key)
+            self.futures.append(self.executor.submit(compile_fn))
+
+    def __enter__(self):
+        QueuingMode.active = self
+        return self
+
+    def __exit__(self, *exc):
+        for f in self.futures:
+            f.result()
+
+
 def test_launches_inside_compile_instead_of_running(monkeypatch):
     from triton.runtime.jit import JITFunction
 
@@ -205,6 +227,7 @@ def test_compiling_only_loads_each_kernel_in_its_worker(monkeypatch, callbacks):
             self.loaded_in = threading.current_thread().name
 
     monkeypatch.setattr(compile_ahead, "_async_mode", lambda: FakeMode)
+    monkeypatch.setenv("GMTOOL_COMPILE_FORK", "0")  # this mode compiles at submit: no child could go first
     finalized = []
     cbs = [finalized.append, lambda k: None][:callbacks]
     with compile_ahead.compiling_only(torch.device("cpu"), workers=2):
@@ -584,3 +607,162 @@ def test_the_pass_runs_every_decode_bucket_s_forward_smallest_first_and_the_capt
     prefill = Rig(buckets=(16, 32), mode="full")
     pb = prefill.batch("2*5")
     assert compile_ahead.pass_shapes(prefill.ex, prefill.ex.key_for(pb), pb) == []
+
+
+def test_child_compiles_run_each_variant_once_in_another_process_and_say_which_failed(tmp_path):
+    """A child runs the compile in its own process (the launcher built after it there, IN_CHILD), leaving the
+    parent's state alone; a key forks once; a compile that raises is a child that failed, not an exception in
+    the parent."""
+    import os
+
+    from gmtool.kernels.compile_ahead import IN_CHILD, ChildCompiles
+
+    children, prebuilding = ChildCompiles(), [True]
+
+    def compile_ok():
+        (tmp_path / "ok").write_text(f"{os.getpid()} {prebuilding[0]}")
+
+    def compile_fails():
+        raise RuntimeError("a compile failed")
+
+    ok = children.start("a", compile_ok, prebuilding)
+    assert children.start("a", compile_ok, prebuilding) is None
+    bad = children.start("b", compile_fails, prebuilding)
+    children.all_started()
+    assert children.wait(ok) is True and children.wait(bad) is False
+    pid, mode = (tmp_path / "ok").read_text().split(" ", 1)
+    assert int(pid) != os.getpid() and mode == IN_CHILD and prebuilding == [True]
+
+
+def test_a_child_compile_that_outlives_its_time_is_killed_and_reaped(monkeypatch):
+    import os
+    import time
+
+    from gmtool.kernels.compile_ahead import ChildCompiles
+
+    monkeypatch.setattr(ChildCompiles, "CHILD_TIMEOUT_S", 0.3)
+    children = ChildCompiles()
+    pid = children.start("k", lambda: time.sleep(60), [True])
+    children.all_started()
+    t0 = time.monotonic()
+    assert children.wait(pid) is False and time.monotonic() - t0 < 10
+    with pytest.raises(ChildProcessError):  # reaped: no zombie left
+        os.waitpid(pid, os.WNOHANG)
+
+
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_in_the_pass_a_child_compiles_each_variant_before_its_worker_loads_it(monkeypatch, tmp_path, fork):
+    """compiling_only() with a mode that queues compiles on its pool, as Triton's does: each new key's compile
+    runs first in a forked child, then in the worker (which, with Triton, finds it in the disk cache and loads
+    it); a key submitted again forks nothing. GMTOOL_COMPILE_FORK=0: the workers compile, as before."""
+    import os
+
+    from gmtool.kernels import compile_ahead
+
+    class Kernel:
+        def _init_handles(self):
+            pass
+
+    log = tmp_path / "log"
+
+    def compile_of(name):
+        def compile_fn():
+            with open(log, "a") as f:
+                f.write(f"{name} {os.getpid()}\n")
+            return Kernel()
+
+        return compile_fn
+
+    monkeypatch.setenv("GMTOOL_COMPILE_FORK", fork)
+    monkeypatch.setattr(compile_ahead, "_async_mode", lambda: QueuingMode)
+    with compile_ahead.compiling_only(torch.device("cpu"), workers=2):
+        for name in ("a", "b", "a"):
+            QueuingMode.active.submit(name, compile_of(name))
+    runs = [line.split() for line in log.read_text().splitlines()]
+    me = str(os.getpid())
+    for name in ("a", "b"):
+        pids = [pid for n, pid in runs if n == name]
+        if fork == "1":  # the child's run, then the worker's
+            assert len(pids) == 2 and pids[0] != me and pids[1] == me, runs
+        else:
+            assert pids == [me], runs
+
+
+def test_a_launch_like_one_held_is_held_once_and_the_longest_kernel_s_launches_replay_first(monkeypatch):
+    """Launches that repeat one held (a later layer's: the same kernel, stand-ins, ints and constexprs) are not
+    replayed again; the replays start with the kernel of the longest source (the longest compile), each kernel's
+    in the order they came."""
+    from types import SimpleNamespace
+
+    from triton.runtime.jit import JITFunction
+
+    from gmtool.kernels import compile_ahead
+
+    calls = []
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **kw: calls.append((self.src, a, kw)))
+    monkeypatch.setattr(compile_ahead, "_async_mode", lambda: FakeMode)
+    short, long = SimpleNamespace(src="x = 1"), SimpleNamespace(src="a much longer kernel body")
+    x = torch.zeros(64)
+    with compile_ahead.compiling_only(torch.device("cpu"), workers=1):
+        for layer in range(3):  # a layer's launches; its tensors differ, their stand-ins do not
+            y = torch.zeros(64)
+            JITFunction.run(short, y, 8, grid=(1,), warmup=False, BLOCK=16)
+            JITFunction.run(long, y, 8, grid=(2,), warmup=False, BLOCK=16)
+        JITFunction.run(short, x, 9, grid=(1,), warmup=False, BLOCK=16)  # another int: another launch
+        JITFunction.run(short, x, 8, grid=(1,), warmup=False, BLOCK=32)  # another constexpr
+        JITFunction.run(short, x[1:], 8, grid=(1,), warmup=False, BLOCK=16)  # a misaligned tensor
+    assert [(src, a[1:], kw) for src, a, kw in calls] == [
+        (long.src, (8,), {"BLOCK": 16}),
+        (short.src, (8,), {"BLOCK": 16}),
+        (short.src, (9,), {"BLOCK": 16}),
+        (short.src, (8,), {"BLOCK": 32}),
+        (short.src, (8,), {"BLOCK": 16}),
+    ]
+    assert calls[1][1][0].data_ptr() % 16 == 0 and calls[4][1][0].data_ptr() % 16 != 0
+
+
+def test_a_compile_child_builds_the_launcher_in_a_process_of_its_own_beside_the_compile(monkeypatch, tmp_path):
+    """In a compile child (IN_CHILD), Triton's compile hands the source to _build_launcher in a grandchild while
+    it compiles, and returns once both are done; the worker's compile then follows, in this process."""
+    import os
+    import threading
+    import time
+
+    import triton.compiler as compiler_package
+
+    from gmtool.kernels import compile_ahead
+
+    def append(name, text):
+        with open(tmp_path / name, "a") as f:
+            f.write(text + "\n")
+
+    class Kernel:
+        def _init_handles(self):
+            pass
+
+    built = threading.Event()
+    monkeypatch.setattr(
+        compile_ahead, "_build_launcher", lambda src: append("launcher", f"{src} {os.getpid()}") or built.set()
+    )
+    here = os.getpid()
+
+    def compile_kernel(src, **kw):
+        if os.getpid() != here:
+            time.sleep(0.3)  # the child's compile is the slow one: the worker's must still come after it
+        append("kernel", str(os.getpid()))
+        return Kernel()
+
+    monkeypatch.setattr(compiler_package, "compile", compile_kernel)
+    monkeypatch.setattr(compile_ahead, "_async_mode", lambda: QueuingMode)
+    monkeypatch.setenv("GMTOOL_COMPILE_FORK", "1")
+    with compile_ahead.compiling_only(torch.device("cpu"), workers=1):
+        wrapped = compiler_package.compile  # what Triton's binder takes in the pass
+        QueuingMode.active.submit("k", lambda: wrapped("SRC", target=7))
+    assert built.wait(10)  # the worker's own launcher build (a disk-cache hit with Triton), in a thread here
+    child, worker = (tmp_path / "kernel").read_text().split()
+    builds = sorted(line.split() for line in (tmp_path / "launcher").read_text().splitlines())
+    me = str(os.getpid())
+    assert worker == me and child != me
+    assert [src for src, _ in builds] == ["SRC", "SRC"]
+    pids = {pid for _, pid in builds}
+    assert me in pids and len(pids - {me, child}) == 1, (builds, child)  # the other: neither here nor the child

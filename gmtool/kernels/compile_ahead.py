@@ -77,12 +77,21 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
     # (the second shape's decode kernel) began compiling 0.53 s after the first; held, 0.28 s after (H200,
     # 2026-12-01, two calls, one cold process each). A launch returns launcher.HELD: FastLaunch and BoundKernel
     # keep no variant from it. Its tensors are held as stand-ins (_StandIns): not the forward's activations.
-    held: list[tuple] = []
+    # A launch the same as one held (the same kernel, stand-ins, ints and constexprs: layers past the first
+    # repeat the first's) is not held again: each made its way through Triton's binder, 0.2-0.3 s for the pass's
+    # ~700 launches of 35 decode shapes (H200, 2026-12-02).
+    held: dict = {}
     stand_ins = _StandIns()
 
     @functools.wraps(launch)  # __wrapped__ names Triton's run: launcher.FastLaunch compares launches with it
     def compile_instead(self, *args, grid, warmup, **kwargs):
-        held.append((self, tuple(map(stand_ins, args)), grid, {k: stand_ins(v) for k, v in kwargs.items()}))
+        made = (self, tuple(map(stand_ins, args)), grid, {k: stand_ins(v) for k, v in kwargs.items()})
+        try:
+            key = (id(self), made[1], grid, tuple(made[3].items()))
+            hash(key)
+        except TypeError:  # an unhashable argument: held as it is
+            key = len(held)
+        held.setdefault(key, made)
         return HELD
 
     # a thread's current CUDA device is its own, and Triton compiles for the current one: the workers take this
@@ -95,13 +104,21 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
         if index is not None:
             torch.cuda.set_device(index)
 
+    children = ChildCompiles() if forks() else None
+
     class LoadingToo(mode):
         """Each worker loads the kernel it compiled too: the load builds Triton's C launcher for the kernel's
         signature (a cc run, about 0.2 s each on the H200's host, once per signature and Triton cache) and
-        would otherwise happen at the first launch, one after the other."""
+        would otherwise happen at the first launch, one after the other. With ChildCompiles, a forked process
+        compiles it first, into Triton's disk cache: the worker's compile then finds it there."""
 
         def submit(self, key, compile_fn, *callbacks):  # finalize (and, from Triton 3.9, cleanup)
+            # a key submitted before gets its first compile back from the mode: no second child
+            child = children.start(key, compile_fn, prebuilding) if children is not None else None
+
             def compile_and_load():
+                if child is not None:
+                    children.wait(child)
                 kernel = compile_fn()
                 try:
                     kernel._init_handles()
@@ -122,6 +139,14 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
         of 0.25-0.32 s made the pass's longest chain; built beside, most loads then found theirs, in 0-2 ms
         (H200, 2026-12-01). A kernel whose binder Triton made in here keeps this as its compile: outside the
         pass it only compiles."""
+        if prebuilding[0] == IN_CHILD:  # a compile child has no threads: the launcher in a process of its own
+            builder = fork_to_run(functools.partial(_build_launcher, src))
+            kernel = compile_kernel(src, *args, **kwargs)
+            if builder is None:
+                _build_launcher(src)
+            else:
+                os.waitpid(builder, 0)
+            return kernel
         if prebuilding[0]:
             builders.submit(_build_launcher, src)
         return compile_kernel(src, *args, **kwargs)
@@ -133,9 +158,13 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
             compiler_package.compile = compile_and_build_its_launcher  # what Triton's binder takes at a first launch
             try:
                 yield
-                for kernel, args, grid, kwargs in held:
+                for kernel, args, grid, kwargs in by_compile_cost(held.values()):
                     launch(kernel, *args, grid=grid, warmup=True, **kwargs)
+                if children is not None:
+                    children.all_started()
             finally:
+                if children is not None:
+                    children.all_started()  # a launch that raised: the workers still wait for their children
                 held.clear()
                 JITFunction.run = launch
                 compiler_package.compile = compile_kernel
@@ -145,6 +174,94 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
         prebuilding[0] = False
         builders.shutdown(wait=False)  # a launcher still building is found in the cache, or built again, by its load
         _unset(mode_in_use)
+
+
+def by_compile_cost(launches) -> list:
+    """Held launches, the kernels with the longest source first (stable: a kernel's launches keep their order):
+    the longest compile starts first. In launch order the decode split kernel's variants, 0.85-1.1 s each in a
+    child against 0.2-0.5 s for the others, were forked last, 0.35 s into the pass (H200, 2026-12-02)."""
+    return sorted(launches, key=lambda h: -len(getattr(h[0], "src", "") or ""))
+
+
+IN_CHILD = "in a compile child"  # compile_and_build_its_launcher's mode there
+
+
+def forks() -> bool:
+    """Whether compile-ahead compiles in forked processes (ChildCompiles): where os.fork exists, unless
+    GMTOOL_COMPILE_FORK=0."""
+    return hasattr(os, "fork") and os.environ.get("GMTOOL_COMPILE_FORK", "1").strip().lower() not in OFF
+
+
+class ChildCompiles:
+    """Each variant compiled in a forked process, into Triton's disk cache; the pass's worker thread then finds
+    it there and loads it. Triton's compiles hold the GIL through most of their stages (Python code generation
+    and the MLIR passes), so in threads they ran one after the other: a one-line kernel took 0.8-1.0 s to
+    compile beside 8 others against 0.2 alone, and the pass 1.6-2.0 s for 9 variants (H200, 2026-12-02,
+    .diag/ctime.py). A forked process has its own.
+
+    Every child is forked from the main thread before any compile starts in this process, and the workers
+    wait (all_started) until the last one is: a fork copies whatever locks other threads hold, and none
+    then holds one a compile takes. A child only compiles (no CUDA call: the target is given, and loading is
+    the worker's) and leaves with os._exit, running no exit handler of the parent's. A child that fails or
+    outlives CHILD_TIMEOUT_S leaves nothing in the cache, and the worker compiles the variant itself."""
+
+    CHILD_TIMEOUT_S = 120.0
+    STARTED_TIMEOUT_S = 60.0  # a mode that compiled at submit would otherwise wait here for ever
+
+    def __init__(self):
+        self._started = threading.Event()
+        self._keys: set = set()
+
+    def start(self, key, compile_fn, prebuilding: list) -> int | None:
+        """Fork a child that runs compile_fn (Triton's compile of one variant) unless key had one; its pid, or
+        None."""
+        if key in self._keys:
+            return None
+        self._keys.add(key)
+
+        def compile_here():
+            prebuilding[0] = IN_CHILD
+            compile_fn()
+
+        return fork_to_run(compile_here)
+
+    def all_started(self) -> None:
+        self._started.set()
+
+    def wait(self, pid: int) -> bool:
+        """Wait for the child (after the last fork); whether it compiled. One past CHILD_TIMEOUT_S is killed."""
+        self._started.wait(self.STARTED_TIMEOUT_S)
+        deadline = time.monotonic() + self.CHILD_TIMEOUT_S
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status) == 0
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                return False
+            time.sleep(0.002)
+
+
+def fork_to_run(fn) -> int | None:
+    """A forked child that runs fn and leaves with os._exit (0 if fn returned, 1 if it raised), never unwinding
+    into the parent's code; its pid, or None where the fork failed."""
+    import warnings
+
+    with warnings.catch_warnings():  # Python 3.12 warns of fork() in a process with threads: see ChildCompiles
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            pid = os.fork()
+        except OSError:
+            return None
+    if pid == 0:
+        code = 1
+        try:
+            fn()
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
 
 
 def _unset(mode) -> None:
