@@ -1,4 +1,4 @@
-"""Triton kernels compiled before the first capture, in parallel threads.
+"""Triton kernels compiled before the first capture, in parallel: each in a forked process, loaded in a thread.
 
 A cold start compiled each Triton variant at its first launch, one after the other: the 35 default decode
 buckets spent about 3.4 of 6 s compiling (H200, 2026-12-01). A compile spends most of its time in LLVM and
@@ -15,6 +15,13 @@ other, as long as the compiles themselves. A cold capture of the 35 default deco
 cache 1.51 and 2.20 s against 1.39 and 1.36 s (the pass itself: 0.36-0.44 s). GMTOOL_COMPILE_AHEAD=0 turns it
 off. A warm cache is why a finished pass leaves a marker for its configuration (done_marker): the next run of
 the same configuration skips the pass and loads each kernel at its first launch.
+
+Threads were not enough: Triton holds the GIL through most of a compile, so nine variants in eight threads ran
+nearly one after the other (a one-line kernel 0.8-1.0 s beside the others). Each variant now compiles in a
+forked process first (ChildCompiles), its launcher in a grandchild beside it, and the thread loads it from the
+disk cache; the longest compile is forked first (by_compile_cost). Cold, the 35 default decode buckets with
+--fuse: 1.83, 1.87 and 1.84 s against 2.47 and 2.32 s in threads (H200, 2026-12-02, fresh processes alternated,
+.diag/ctime.py; the pass 0.96-1.05 s against 1.26-1.51). GMTOOL_COMPILE_FORK=0 compiles in the threads.
 """
 
 from __future__ import annotations
