@@ -720,6 +720,12 @@ def test_a_launch_like_one_held_is_held_once_and_the_longest_kernel_s_launches_r
     ]
     assert calls[1][1][0].data_ptr() % 16 == 0 and calls[4][1][0].data_ptr() % 16 != 0
 
+    calls.clear()  # equal values of other types (1, True, 1.0) are other variants to Triton: each held
+    with compile_ahead.compiling_only(torch.device("cpu"), workers=1):
+        for value in (1, True, 1.0, 1):
+            JITFunction.run(short, x, value, grid=(1,), warmup=False, FLAG=value)
+    assert [(type(a[1]), type(kw["FLAG"])) for _, a, kw in calls] == [(int, int), (bool, bool), (float, float)]
+
 
 def test_a_compile_child_builds_the_launcher_in_a_process_of_its_own_beside_the_compile(monkeypatch, tmp_path):
     """In a compile child (IN_CHILD), Triton's compile hands the source to _build_launcher in a grandchild while
@@ -766,3 +772,111 @@ def test_a_compile_child_builds_the_launcher_in_a_process_of_its_own_beside_the_
     assert [src for src, _ in builds] == ["SRC", "SRC"]
     pids = {pid for _, pid in builds}
     assert me in pids and len(pids - {me, child}) == 1, (builds, child)  # the other: neither here nor the child
+
+
+def test_every_child_is_forked_before_any_worker_compiles(monkeypatch, tmp_path):
+    """The workers wait until the last child is forked (a fork copies the locks other threads hold: none may be
+    compiling then), even where a child is done long before; a worker that gives up waiting closes the forking."""
+    import os
+    import time
+
+    from gmtool.kernels import compile_ahead
+
+    events = []
+    real_fork = compile_ahead.fork_to_run
+
+    def logged_fork(fn, **kw):
+        pid = real_fork(fn, **kw)
+        events.append(("fork", time.monotonic()))
+        return pid
+
+    class Kernel:
+        def _init_handles(self):
+            pass
+
+    def compile_fn():  # fast in the child; logged in this process
+        if os.getpid() == here:
+            events.append(("compile", time.monotonic()))
+        return Kernel()
+
+    here = os.getpid()
+    monkeypatch.setattr(compile_ahead, "fork_to_run", logged_fork)
+    monkeypatch.setattr(compile_ahead.ChildCompiles, "MAX_CHILDREN", 8)
+    monkeypatch.setattr(compile_ahead, "_async_mode", lambda: QueuingMode)
+    monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: tmp_path)
+    monkeypatch.setenv("GMTOOL_COMPILE_FORK", "1")
+    with compile_ahead.compiling_only(torch.device("cpu"), workers=2) as children:
+        for key in "abc":
+            QueuingMode.active.submit(key, compile_fn)
+            time.sleep(0.2)  # the first child is done well before the last fork
+    forks = [t for kind, t in events if kind == "fork"]
+    compiles = [t for kind, t in events if kind == "compile"]
+    assert len(forks) == 3 and len(compiles) == 3 and max(forks) < min(compiles), events
+    assert children.failed == 0
+
+    monkeypatch.setattr(compile_ahead.ChildCompiles, "STARTED_TIMEOUT_S", 0.1)
+    late = compile_ahead.ChildCompiles()
+    pid = late.start("a", lambda: None, [True])
+    assert late.wait(pid) and late.closed  # no all_started(): the worker gave up waiting
+    assert late.start("b", lambda: None, [True]) is None
+
+
+def test_child_compiles_are_capped_and_off_where_the_worker_could_not_find_theirs(monkeypatch, tmp_path):
+    """At most MAX_CHILDREN forks (the rest compile in the threads). No forks without a Triton cache directory,
+    or where Triton compiles every time: the worker's compile would not find the child's."""
+    from triton import knobs
+
+    from gmtool.kernels import compile_ahead
+    from gmtool.kernels.compile_ahead import ChildCompiles, forks
+
+    monkeypatch.setattr(ChildCompiles, "MAX_CHILDREN", 1)
+    children = ChildCompiles()
+    first = children.start("a", lambda: None, [True])
+    assert first is not None and children.start("b", lambda: None, [True]) is None
+    children.all_started()
+    assert children.wait(first)
+
+    monkeypatch.delenv("GMTOOL_COMPILE_FORK", raising=False)
+    monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: tmp_path)
+    assert forks()
+    monkeypatch.setenv("GMTOOL_COMPILE_FORK", "0")
+    assert not forks()
+    monkeypatch.delenv("GMTOOL_COMPILE_FORK")
+    monkeypatch.setattr(knobs.compilation, "always_compile", True)
+    assert not forks()
+    monkeypatch.setattr(knobs.compilation, "always_compile", False)
+    monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: None)
+    assert not forks()
+
+
+def test_a_child_past_its_time_is_killed_with_its_own_children(monkeypatch, tmp_path):
+    """The timeout counts from the fork, and the kill takes the child's process group: its launcher build and
+    ptxas too, not only the child."""
+    import time
+
+    from gmtool.kernels.compile_ahead import ChildCompiles, fork_to_run
+
+    def compile_fn():
+        grandchild = fork_to_run(lambda: time.sleep(60))
+        (tmp_path / "grandchild").write_text(str(grandchild))
+        time.sleep(60)
+
+    monkeypatch.setattr(ChildCompiles, "CHILD_TIMEOUT_S", 0.5)
+    children = ChildCompiles()
+    pid = children.start("k", compile_fn, [True])
+    time.sleep(0.6)  # past its time before anyone waits: the wait kills it at once
+    children.all_started()
+    t0 = time.monotonic()
+    assert children.wait(pid) is False and time.monotonic() - t0 < 0.5 and children.failed == 1
+    grandchild = int((tmp_path / "grandchild").read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            state = open(f"/proc/{grandchild}/stat").read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break  # gone
+        if state == "Z":  # killed, not yet reaped by its new parent
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"grandchild {grandchild} still running")

@@ -251,7 +251,7 @@ class GraphExecutor:
         self.refresh_runner_metadata = True  # False only to demonstrate the stale-metadata bug
         self.warmup_every_capture = False  # True: an eager pass before every capture, as before 2026-12-01
         self.compile_ahead_s: float | None = None  # Triton kernels compiled before the first capture (CUDA)
-        self.compile_ahead_note: str | None = None  # why they were not
+        self.compile_ahead_note: str | None = None  # why they were not, or what the pass could not do as planned
         self.compile_ahead_forwards_s: float | None = None  # of compile_ahead_s: its forwards, before the last compiles
         if forward is None:
             from gmtool.core.forwards import RuntimeSplit, WholeGraph

@@ -73,7 +73,8 @@ def _async_mode():
 @contextlib.contextmanager
 def compiling_only(device: torch.device, workers: int = WORKERS):
     """Inside: a Triton launch returns without running; on leaving, each variant launched compiles in a worker
-    thread, and when it is left every compile has finished and sits in Triton's caches, as a launch leaves it."""
+    thread (first in a forked child: ChildCompiles, yielded, None where forks() is False), and when it is left
+    every compile has finished and sits in Triton's caches, as a launch leaves it."""
     from triton.runtime.jit import JITFunction
 
     mode = _async_mode()
@@ -94,7 +95,7 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
     def compile_instead(self, *args, grid, warmup, **kwargs):
         made = (self, tuple(map(stand_ins, args)), grid, {k: stand_ins(v) for k, v in kwargs.items()})
         try:
-            key = (id(self), made[1], grid, tuple(made[3].items()))
+            key = (id(self), made[1], grid, tuple(made[3].items()), _types(made[1]), _types(made[3].values()))
             hash(key)
         except TypeError:  # an unhashable argument: held as it is
             key = len(held)
@@ -149,10 +150,8 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
         if prebuilding[0] == IN_CHILD:  # a compile child has no threads: the launcher in a process of its own
             builder = fork_to_run(functools.partial(_build_launcher, src))
             kernel = compile_kernel(src, *args, **kwargs)
-            if builder is None:
+            if builder is None or not _reap(builder, time.monotonic() + ChildCompiles.CHILD_TIMEOUT_S):
                 _build_launcher(src)
-            else:
-                os.waitpid(builder, 0)
             return kernel
         if prebuilding[0]:
             builders.submit(_build_launcher, src)
@@ -164,7 +163,7 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
             JITFunction.run = compile_instead
             compiler_package.compile = compile_and_build_its_launcher  # what Triton's binder takes at a first launch
             try:
-                yield
+                yield children
                 for kernel, args, grid, kwargs in by_compile_cost(held.values()):
                     launch(kernel, *args, grid=grid, warmup=True, **kwargs)
                 if children is not None:
@@ -183,6 +182,11 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
         _unset(mode_in_use)
 
 
+def _types(values) -> tuple:
+    """The types of a launch's arguments: 1, True and 1.0 are equal keys, Triton's variants for them are not."""
+    return tuple(type(v) for v in values)
+
+
 def by_compile_cost(launches) -> list:
     """Held launches, the kernels with the longest source first (stable: a kernel's launches keep their order):
     the longest compile starts first. In launch order the decode split kernel's variants, 0.85-1.1 s each in a
@@ -194,9 +198,20 @@ IN_CHILD = "in a compile child"  # compile_and_build_its_launcher's mode there
 
 
 def forks() -> bool:
-    """Whether compile-ahead compiles in forked processes (ChildCompiles): where os.fork exists, unless
-    GMTOOL_COMPILE_FORK=0."""
-    return hasattr(os, "fork") and os.environ.get("GMTOOL_COMPILE_FORK", "1").strip().lower() not in OFF
+    """Whether compile-ahead compiles in forked processes (ChildCompiles): where os.fork exists and the worker
+    can find a child's compile in Triton's disk cache (a cache directory, TRITON_ALWAYS_COMPILE off: else each
+    variant would compile twice), unless GMTOOL_COMPILE_FORK=0."""
+    if not hasattr(os, "fork") or os.environ.get("GMTOOL_COMPILE_FORK", "1").strip().lower() in OFF:
+        return False
+    try:
+        from triton import knobs
+
+        if knobs.compilation.always_compile:
+            return False
+    except Exception:  # a Triton without knobs: its environment variable
+        if os.environ.get("TRITON_ALWAYS_COMPILE", "0") not in ("", "0"):
+            return False
+    return _triton_cache_dir() is not None
 
 
 class ChildCompiles:
@@ -206,23 +221,29 @@ class ChildCompiles:
     compile beside 8 others against 0.2 alone, and the pass 1.6-2.0 s for 9 variants (H200, 2026-12-02,
     .diag/ctime.py). A forked process has its own.
 
-    Every child is forked from the main thread before any compile starts in this process, and the workers
-    wait (all_started) until the last one is: a fork copies whatever locks other threads hold, and none
-    then holds one a compile takes. A child only compiles (no CUDA call: the target is given, and loading is
-    the worker's) and leaves with os._exit, running no exit handler of the parent's. A child that fails or
-    outlives CHILD_TIMEOUT_S leaves nothing in the cache, and the worker compiles the variant itself."""
+    Every child is forked from the main thread before any compile starts in this process: the workers wait
+    (all_started) until the last one is, and once a worker stops waiting no child is forked any more (closed).
+    A fork copies whatever locks other threads hold; a child only compiles (no CUDA call: the target is given,
+    and loading is the worker's), with the GC off and its output to /dev/null, and leaves with os._exit,
+    running no exit handler of the parent's. At most MAX_CHILDREN at once (the rest compile in the threads).
+    A child that fails or outlives CHILD_TIMEOUT_S from its fork (killed with its process group: its launcher
+    build and ptxas) leaves nothing in the cache, and the worker compiles the variant itself (failed counts)."""
 
     CHILD_TIMEOUT_S = 120.0
     STARTED_TIMEOUT_S = 60.0  # a mode that compiled at submit would otherwise wait here for ever
+    MAX_CHILDREN = max(2, os.cpu_count() or 2)
 
     def __init__(self):
         self._started = threading.Event()
         self._keys: set = set()
+        self._forked: dict[int, float] = {}  # pid: when
+        self.closed = False
+        self.failed = 0
 
     def start(self, key, compile_fn, prebuilding: list) -> int | None:
-        """Fork a child that runs compile_fn (Triton's compile of one variant) unless key had one; its pid, or
-        None."""
-        if key in self._keys:
+        """Fork a child that runs compile_fn (Triton's compile of one variant) unless key had one, the workers
+        stopped waiting or MAX_CHILDREN were forked; its pid, or None."""
+        if key in self._keys or self.closed or len(self._forked) >= self.MAX_CHILDREN:
             return None
         self._keys.add(key)
 
@@ -230,29 +251,29 @@ class ChildCompiles:
             prebuilding[0] = IN_CHILD
             compile_fn()
 
-        return fork_to_run(compile_here)
+        pid = fork_to_run(compile_here, isolated=True)
+        if pid is not None:
+            self._forked[pid] = time.monotonic()
+        return pid
 
     def all_started(self) -> None:
         self._started.set()
 
     def wait(self, pid: int) -> bool:
-        """Wait for the child (after the last fork); whether it compiled. One past CHILD_TIMEOUT_S is killed."""
-        self._started.wait(self.STARTED_TIMEOUT_S)
-        deadline = time.monotonic() + self.CHILD_TIMEOUT_S
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return os.waitstatus_to_exitcode(status) == 0
-            if time.monotonic() > deadline:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                return False
-            time.sleep(0.002)
+        """Wait for the child (after the last fork); whether it compiled."""
+        if not self._started.wait(self.STARTED_TIMEOUT_S):
+            self.closed = True  # this worker compiles next: no fork may follow
+        ok = _reap(pid, self._forked.get(pid, time.monotonic()) + self.CHILD_TIMEOUT_S)
+        self.failed += not ok
+        return ok
 
 
-def fork_to_run(fn) -> int | None:
+def fork_to_run(fn, isolated: bool = False) -> int | None:
     """A forked child that runs fn and leaves with os._exit (0 if fn returned, 1 if it raised), never unwinding
-    into the parent's code; its pid, or None where the fork failed."""
+    into the parent's code; its pid, or None where the fork failed. isolated (a child of this process's, which
+    has threads): the child leads a process group of its own, which its children join (so a kill takes them
+    too), its GC is off and its output goes to /dev/null (a thread of the parent's may have held the stream's
+    lock at the fork)."""
     import warnings
 
     with warnings.catch_warnings():  # Python 3.12 warns of fork() in a process with threads: see ChildCompiles
@@ -264,11 +285,42 @@ def fork_to_run(fn) -> int | None:
     if pid == 0:
         code = 1
         try:
+            if isolated:
+                import gc
+                import sys
+
+                os.setpgid(0, 0)
+                gc.disable()  # the parent's garbage (CUDA tensors among it) is not this process's to free
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, 1)
+                os.dup2(null, 2)
+                sys.stdout = sys.stderr = open(null, "w")
             fn()
             code = 0
         finally:
             os._exit(code)
     return pid
+
+
+def _reap(pid: int, deadline: float) -> bool:
+    """Wait for a forked child until deadline (time.monotonic()), then kill its process group; whether it exited
+    with 0. A child already reaped elsewhere (SIGCHLD ignored) counts as failed."""
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status) == 0
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+        try:
+            os.killpg(pid, 9)
+        except OSError:
+            os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    except (ChildProcessError, ProcessLookupError):
+        pass
+    return False
 
 
 def _unset(mode) -> None:
@@ -609,7 +661,7 @@ def before_first_capture(ex, key, batch, fn) -> None:
         return
     t0 = time.perf_counter()
     try:
-        with compiling_only(ex.device), torch.no_grad(), leading_layers(ex.lm):
+        with compiling_only(ex.device) as children, torch.no_grad(), leading_layers(ex.lm):
             if others:  # a zeroed arena: every index the torch ops read is 0, in range (the null block, token 0)
                 ex.inputs.arena.zero_()
                 for other in others:
@@ -621,6 +673,8 @@ def before_first_capture(ex, key, batch, fn) -> None:
             fn()  # within the caller's forward context: this shape, this batch
             forwards_s = time.perf_counter() - t0
         ex.compile_ahead_s, ex.compile_ahead_forwards_s = time.perf_counter() - t0, forwards_s
+        if children is not None and children.failed:  # the pass still compiled them, in its threads: slower
+            ex.compile_ahead_note = f"{children.failed} forked compile(s) failed, compiled in threads instead"
         _mark(marker)
     except Exception as e:  # an optimization only: kernels then compile at their first launch, as before
         ex.compile_ahead_note = f"failed ({type(e).__name__}: {str(e).strip()[:120]}); kernels compile at launch"

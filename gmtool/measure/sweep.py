@@ -70,11 +70,10 @@ def capture_cost_note(mode: GraphMode, ex: GraphExecutor) -> str | None:
     graphs = f"{len(entries)} graph{'s' if len(entries) != 1 else ''}"
     note = f"capture cost, {mode.value}: {graphs} captured in {capture:.2f} s, {warm:.2f} s of eager warm-up"
     ahead = [p.compile_ahead_s for p in parts if p.compile_ahead_s is not None]
+    why = next((p.compile_ahead_note for p in parts if p.compile_ahead_note), None)
     if ahead:
-        note += f"; Triton kernels compiled ahead of the first in {sum(ahead):.2f} s"
-    elif ex.device.type == "cuda" and (
-        why := next((p.compile_ahead_note for p in parts if p.compile_ahead_note), None)
-    ):
+        note += f"; Triton kernels compiled ahead of the first in {sum(ahead):.2f} s" + (f" ({why})" if why else "")
+    elif ex.device.type == "cuda" and why:
         note += f"; compile-ahead {why}"
     return note
 
