@@ -662,8 +662,8 @@ MUTANTS: list[Mutant] = [
     M(
         "rope-table-gathers-other-rows",
         "gmtool/model/rotary_table.py",
-        "index_select(1, position_ids.reshape(-1))",
-        "index_select(1, position_ids.reshape(-1).flip(0))",
+        "index_select(1, self.positions)",
+        "index_select(1, self.positions.flip(0))",
         "tests/test_rotary_table.py::test_the_table_gives_the_module_s_values_bit_for_bit",
         "the table hands each token another token's cos/sin",
     ),

@@ -308,9 +308,9 @@ def _residual_stream_forward(base, ops: LayerOps, fused_mlps: set[int]):
         h = zero_row if embedded else base.embed_tokens(input_ids)
         table = base.rotary_emb.__dict__.get("forward")  # a RotaryTable where --fuse tabled RoPE
         # each layer's QK kernel reads its tokens' rows of the table itself where it writes the cache (Triton's)
-        rows_read = ops.rope_rows and isinstance(table, RotaryTable) and ops(h) is not _REF and attention.cache_writer()
-        rows = table.rows(h, position_ids) if rows_read else None
-        pos = rows if rows is not None else base.rotary_emb(h, position_ids)
+        reads_rows = ops.rope_rows and isinstance(table, RotaryTable) and ops(h) is not _REF
+        rope_rows = table.rows(h, position_ids) if reads_rows and attention.cache_writer() is not None else None
+        pos = rope_rows if rope_rows is not None else base.rotary_emb(h, position_ids)
         shape = (*input_ids.shape, h.shape[-1])
         h = h.reshape(-1, shape[-1])
         kern = ops(h)

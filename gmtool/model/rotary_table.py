@@ -69,9 +69,9 @@ class RotaryTable:
         """What rotary(x, position_ids) returns, [*position_ids.shape, dim] each, in one gather."""
         if not self.serves(x):
             return self.module_forward(x, position_ids)
-        rows = self.cos_sin.index_select(1, position_ids.reshape(-1))
-        shape = (*position_ids.shape, rows.shape[-1])
-        return rows[0].view(shape), rows[1].view(shape)
+        cos, sin = RopeRows(self.cos_sin, position_ids.reshape(-1)).gathered()
+        shape = (*position_ids.shape, cos.shape[-1])
+        return cos.view(shape), sin.view(shape)
 
 
 def _not_tabled(rotary: torch.nn.Module) -> str | None:
