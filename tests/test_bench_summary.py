@@ -91,7 +91,7 @@ def test_summary_ratios_and_goals(tmp_path):
         ("1.50 s", "<= 2 s", "met"),
         ("0.80 s", "<= 1 s", "met"),
     ]
-    assert any(k.endswith("Triton loaded 8 variants, 8 ahead in threads (that pass 0.25 s))") for k in cap)
+    assert any(k.endswith("Triton loaded 8 variants, 8 compiled ahead (that pass 0.25 s))") for k in cap)
     assert list(cap)[3].endswith(
         "Triton loaded 7 variants in 0.20 s; compile-ahead skipped, its marker found (this configuration was "
         "compiled ahead before))"
@@ -100,7 +100,7 @@ def test_summary_ratios_and_goals(tmp_path):
     assert split == [
         "capture 35 default decode buckets, warm Triton cache (capture alone 0.40 s, eager warm-up 0.10, "
         "compile-ahead 0.25, memory readings and uploads 0.05, the rest 0.10; a second executor in the process "
-        "0.60 s; Triton loaded 8 variants, 8 ahead in threads (that pass 0.25 s))"
+        "0.60 s; Triton loaded 8 variants, 8 compiled ahead (that pass 0.25 s))"
     ]
     assert [k for k in cap if "Triton compiled 7 variants in 0.75 s" in k] == [
         "capture 35 default decode buckets --fuse, cold Triton cache (capture alone 0.40 s; warm-up, compiling and "

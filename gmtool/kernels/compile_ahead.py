@@ -422,7 +422,7 @@ class CompileLog:
         ranked = dict(sorted(kernels.items(), key=lambda kv: -kv[1]["s"]))
         return {
             "compiles": len(self.events),
-            "untimed": sum(sec is None for *_, sec in self.events),  # compiled ahead, in threads
+            "untimed": sum(sec is None for *_, sec in self.events),  # compiled ahead, in the pass
             "compile_s": sum(sec or 0.0 for *_, sec in self.events),
             "kernels": {n: {"variants": k["variants"], "s": round(k["s"], 3)} for n, k in ranked.items()},
         }

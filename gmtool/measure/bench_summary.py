@@ -348,8 +348,8 @@ def summary(out: Path, console: Console) -> list[tuple]:
         if tri:
             kernels = f"; Triton {'compiled' if cache == 'cold' else 'loaded'} {tri['compiles']} variants"
             ahead = cap.get("compile_ahead_s")
-            if tri.get("untimed") and ahead is not None:  # compile-ahead's threads: their time is its pass's
-                kernels += f", {tri['untimed']} ahead in threads (that pass {ahead:.2f} s)"
+            if tri.get("untimed") and ahead is not None:  # compiled in compile-ahead's pass: their time is the pass's
+                kernels += f", {tri['untimed']} compiled ahead (that pass {ahead:.2f} s)"
             else:
                 kernels += f" in {tri['compile_s']:.2f} s"
         note = cap.get("compile_ahead_note") or ""
