@@ -217,15 +217,15 @@ def forks() -> bool:
 class ChildCompiles:
     """Each variant compiled in a forked process, into Triton's disk cache; the pass's worker thread then finds
     it there and loads it. Triton's compiles hold the GIL through most of their stages (Python code generation
-    and the MLIR passes), so in threads they ran one after the other: a one-line kernel took 0.8-1.0 s to
-    compile beside 8 others against 0.2 alone, and the pass 1.6-2.0 s for 9 variants (H200, 2026-12-02,
-    .diag/ctime.py). A forked process has its own.
+    and the MLIR passes), so in threads they ran nearly one after the other: a one-line kernel took 0.8-1.0 s
+    to compile beside 8 others, and the pass 1.6-2.0 s for 9 variants (H200, 2026-12-02, .diag/ctime.py;
+    alone, such kernels compile in 0.07-0.24 s on a 2-core CPU machine). A forked process has its own GIL.
 
     Every child is forked from the main thread before any compile starts in this process: the workers wait
     (all_started) until the last one is, and once a worker stops waiting no child is forked any more (closed).
     A fork copies whatever locks other threads hold; a child only compiles (no CUDA call: the target is given,
     and loading is the worker's), with the GC off and its output to /dev/null, and leaves with os._exit,
-    running no exit handler of the parent's. At most MAX_CHILDREN at once (the rest compile in the threads).
+    running no exit handler of the parent's. At most MAX_CHILDREN in a pass (the rest compile in the threads).
     A child that fails or outlives CHILD_TIMEOUT_S from its fork (killed with its process group: its launcher
     build and ptxas) leaves nothing in the cache, and the worker compiles the variant itself (failed counts)."""
 
