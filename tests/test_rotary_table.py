@@ -120,3 +120,7 @@ def test_an_x_of_another_dtype_gets_the_module_s_own_values():
     for x in (torch.empty(1, dtype=torch.float64), torch.empty(1, dtype=torch.bfloat16)):
         want, got = rotary(x, ids), table(x, ids)
         assert all(w.dtype == g.dtype == x.dtype and torch.equal(w, g) for w, g in zip(want, got))
+        assert table.rows(x, ids) is None  # nor does a kernel read the table's rows for it
+    rows = table.rows(torch.empty(1), ids)  # the table's own dtype: its rows, for a kernel to read
+    assert rows.cos_sin is table.cos_sin and rows.positions.tolist() == [0, 159, 7]
+    assert all(torch.equal(g, w[0]) for g, w in zip(rows.gathered(), table(torch.empty(1), ids)))
