@@ -166,11 +166,9 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
                 yield children
                 for kernel, args, grid, kwargs in by_compile_cost(held.values()):
                     launch(kernel, *args, grid=grid, warmup=True, **kwargs)
-                if children is not None:
-                    children.all_started()
             finally:
                 if children is not None:
-                    children.all_started()  # a launch that raised: the workers still wait for their children
+                    children.all_started()  # every fork made (or a launch raised): the workers may go on
                 held.clear()
                 JITFunction.run = launch
                 compiler_package.compile = compile_kernel

@@ -247,14 +247,12 @@ def _one_row_gemm(kernel, head: tuple, weight, bias, pdl: int, partial: bool, ta
     n, k = weight.shape
     cfg = small_m.pick(1, n, k, num_sms(weight.device), weight.element_size(), partial=partial)
     per, split = small_m.slices(cfg, k)
-    dtype = weight.dtype
-    b = bias.contiguous() if bias is not None else weight  # unread without HAS_BIAS
-    out = None if split > 1 and partial else torch.empty((1, n), dtype=dtype, device=weight.device)
-    dst = out if split == 1 else torch.empty((split, 1, n), dtype=torch.float32, device=weight.device)
+    b = bias.contiguous() if bias is not None else None
+    out, dst = small_m.product_buffers(1, n, split, partial, weight.dtype, weight.device)
     kernel[(cdiv(n, cfg.block_n), split)](
         *head,
         weight,
-        b,
+        weight if b is None else b,  # unread without HAS_BIAS
         dst,
         n,
         k,
@@ -264,8 +262,4 @@ def _one_row_gemm(kernel, head: tuple, weight, bias, pdl: int, partial: bool, ta
         **consts,
         **small_m.launch_options(cfg, weight, bias, split, pdl),
     )
-    if split > 1 and partial:
-        return Partials(dst, None if bias is None else b, dtype)
-    if split > 1:
-        small_m.reduce_partials(dst, None if bias is None else b, out, pdl)
-    return out
+    return small_m.finish_product(out, dst, b, weight.dtype, pdl)

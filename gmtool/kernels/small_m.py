@@ -260,17 +260,40 @@ def linear(
     if cfg.block_m < m:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the {m} rows of x")
     per, split = slices(cfg, k)
-    b = bias.contiguous() if bias is not None else x  # unread without HAS_BIAS
-    # no [M, N] output where the caller takes the partials (it would be a graph pool's for nothing)
-    out = None if split > 1 and partial else torch.empty((m, n), dtype=x.dtype, device=x.device)
-    dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    b = bias.contiguous() if bias is not None else None
+    out, dst = product_buffers(m, n, split, partial, x.dtype, x.device)
     _SMALL_M[(cdiv(n, cfg.block_n), split)](
-        x, weight, b, dst, m, n, k, x.stride(0), weight.stride(0), per, **launch_options(cfg, weight, bias, split, pdl)
+        x,
+        weight,
+        x if b is None else b,
+        dst,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        per,
+        **launch_options(cfg, weight, bias, split, pdl),
     )
-    if split > 1 and partial:
-        return Partials(dst, None if bias is None else b, x.dtype)
-    if split > 1:
-        reduce_partials(dst, None if bias is None else b, out, pdl)
+    return finish_product(out, dst, b, x.dtype, pdl)
+
+
+def product_buffers(m: int, n: int, split: int, partial: bool, dtype, device) -> tuple:
+    """(out, dst) for a GEMM kernel of split K slices: the [M, N] output (None where split and the caller takes the
+    partials: it would be a graph pool's for nothing) and what the kernel writes, out itself or fp32 partials
+    [split, M, N]."""
+    out = None if split > 1 and partial else torch.empty((m, n), dtype=dtype, device=device)
+    return out, out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=device)
+
+
+def finish_product(out, dst, bias, dtype, pdl: int):
+    """What a launcher returns once its GEMM kernel wrote dst (product_buffers'): the product; or, where out is
+    None, its Partials for the next kernel to sum; or the partials summed into out by the reduce kernel."""
+    if dst is out:
+        return out
+    if out is None:
+        return Partials(dst, bias, dtype)
+    reduce_partials(dst, bias, out, pdl)
     return out
 
 
