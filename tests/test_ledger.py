@@ -278,6 +278,7 @@ class _FakeDevice:
 
         self.reserved, self.free, self.phys = 100 * MiB, 1000 * MiB, 50 * MiB
         self.growth, self.drop, self.upload_drop = reserved_growth, free_drop, upload_drop
+        self.free_readings = 0
         for name, fn in {
             "synchronize": lambda d=None: None,
             "reset_peak_memory_stats": lambda d=None: None,
@@ -285,9 +286,13 @@ class _FakeDevice:
                 "allocated_bytes": {"all": {"current": 0, "peak": 7 * MiB}},
                 "reserved_bytes": {"all": {"current": self.reserved}},
             },
-            "mem_get_info": lambda d=None: (self.free, 2000 * MiB),
+            "mem_get_info": self._free_and_total,
         }.items():
             monkeypatch.setattr(torch.cuda, name, fn)
+
+    def _free_and_total(self, device=None):
+        self.free_readings += 1
+        return self.free, 2000 * MiB
 
     def capture(self, phys_growth):
         self.reserved += self.growth
@@ -317,3 +322,5 @@ def test_outside_pool_is_the_free_drop_beyond_the_pool_growth(monkeypatch, physi
         assert (entry.pool_growth_bytes, entry.outside_pool_bytes) == (2 * MiB, 2 * MiB)
     else:  # the allocator's view: a pool that grew by more than the device gave shows as negative memory
         assert (entry.pool_growth_bytes, entry.outside_pool_bytes) == (22 * MiB, -18 * MiB)
+    # the driver's free memory read before and after (capture and upload together): each reading costs ~1 ms
+    assert dev.free_readings == 2
