@@ -1373,6 +1373,14 @@ MUTANTS: list[Mutant] = [
         ALLOCSIM + "test_sizes_round_to_512_and_segments_by_kind",
         "a segment for a request of 10 MiB or more is not rounded up to 2 MiB",
     ),
+    M(
+        "outside-pool-without-upload",
+        "gmtool/core/executor.py",
+        "        upload()\n        torch.cuda.synchronize(device)\n",
+        "        torch.cuda.synchronize(device)\n",
+        "tests/test_ledger.py::test_outside_pool_is_the_free_drop_beyond_the_pool_growth",
+        "the graph's upload falls outside the memory reading: the driver's copy of it goes uncounted",
+    ),
 ]
 
 
