@@ -111,7 +111,9 @@ def host_probe_us(launches: int = 1000, repeats: int = 5) -> float:
     the way FastLaunch keys them (a type test and a key entry each, a tuple, a dict lookup), median of repeats.
     A capture is Python launching kernels, so its seconds follow the host: the same tree's warm --fuse capture of
     the 35 default decode buckets took 0.69 s in one call and 1.20 s in another (H200, 2026-12-02). The probe,
-    taken beside a capture, tells a slow host from a slow capture."""
+    taken beside a capture, tells a slow host from a slow capture: on the H200 machine (a KVM guest) each CPU ran
+    it at about 1,500-1,900 or 2,500-4,200 us, switching within a second, and captures followed it (2026-12-02,
+    docs/measurements.md, nineteenth session)."""
     args = tuple(range(16)) + tuple(float(i) for i in range(8))
     seen = {}
     times = []
