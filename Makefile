@@ -30,14 +30,16 @@ test: setup
 # The package as users get it: the wheel built, installed into a fresh virtual environment in a temporary
 # directory (torch==2.13.0 from this machine's disk, as in set-up; --no-compile: no bytecode for all of torch),
 # then `gmtool capture` on its default model and buckets (fewer timed iterations), run from outside the tree; it
-# must exit 0 and write results.json. The temporary directory is removed after.
+# must exit 0 and write results.json; then `gmtool plan` on a built-in workload from those results (the wheel's
+# copy of profiles/workloads). The temporary directory is removed after.
 test-wheel:
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(PY) -m venv "$$tmp/venv"; \
 	"$$tmp/venv/bin/pip" wheel -qq --no-deps -w "$$tmp/dist" .; \
 	"$$tmp/venv/bin/pip" install -qq --no-compile torch==2.13.0 "$$tmp"/dist/gmtool-*.whl; \
 	cd "$$tmp"; venv/bin/gmtool capture --device cpu --out run --num-iters 3 --num-iters-warmup 1; \
-	test -s run/results.json; echo "test-wheel: the installed wheel ran gmtool capture from $$tmp"
+	test -s run/results.json; venv/bin/gmtool plan --workload chat --from run --out plan; test -s plan/plan.json; \
+	echo "test-wheel: the installed wheel ran gmtool capture and plan from $$tmp"
 
 # Targeted mutants of the correctness paths (tools/mutants.py): each must make a test fail.
 # ARGS: e.g. ARGS="-j 2", ARGS="--only relerr-mean", ARGS="--list", ARGS="--markdown mutants.md".

@@ -41,10 +41,15 @@ def test_profiles_resolve_from_an_installed_package(tmp_path):
 
 
 def test_the_wheel_takes_every_profile():
-    """pyproject's package data covers every JSON file under profiles/ (through gmtool/builtin_profiles)."""
+    """pyproject's package data covers every file under profiles/ (through gmtool/builtin_profiles): the model and
+    sweep profiles and plan's built-in workloads, which a pip-installed gmtool otherwise lists as none."""
     globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["gmtool"]
-    files = [p.relative_to(ROOT / "gmtool").as_posix() for p in (ROOT / "gmtool/builtin_profiles").rglob("*.json")]
-    assert len(files) >= 10 and all(any(fnmatch(f, g) for g in globs) for f in files)
+    builtin = ROOT / "gmtool/builtin_profiles"
+    files = [p.relative_to(ROOT / "gmtool").as_posix() for p in builtin.rglob("*") if p.is_file()]
+    kinds = {f.split("/")[1] for f in files}
+    assert len(files) >= 10 and kinds == {"models", "sweeps", "workloads"}
+    missed = [f for f in files if not any(fnmatch(f, g) for g in globs)]
+    assert not missed, f"left out of the wheel: {missed}"
     assert (ROOT / "gmtool/builtin_profiles").resolve() == (ROOT / "profiles").resolve()
 
 

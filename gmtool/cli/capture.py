@@ -54,9 +54,7 @@ def capture(
     tp: o.TpOpt = None,
     tp_timeout: o.TpTimeoutOpt = None,
     profile: o.ProfileOpt = None,
-    out: Annotated[
-        Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/capture-<time>).")
-    ] = None,
+    out: Annotated[Optional[Path], o.out_dir_option("capture")] = None,
     force: o.ForceOpt = False,
     fmt: o.FormatOpt = o.OutputFormat.HUMAN,
 ) -> None:

@@ -44,9 +44,7 @@ DEFAULT_MODES = "eager,full,piecewise"  # compare's own default (a sweep profile
 ModesArg = Annotated[
     Optional[str], typer.Argument(help=f"Comma-separated modes: {', '.join(VALID_MODES)}.", show_default=DEFAULT_MODES)
 ]
-OutOpt = Annotated[
-    Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/compare-<time>).")
-]
+OutOpt = Annotated[Optional[Path], o.out_dir_option("compare")]
 TraceOpt = Annotated[
     bool,
     typer.Option(

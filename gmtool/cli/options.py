@@ -37,7 +37,10 @@ def shown_mode() -> str:
 
 
 def _short(sizes: list[int]) -> str:
-    return ",".join(map(str, sizes)) if len(sizes) <= 5 else f"{','.join(map(str, sizes[:4]))}..{sizes[-1]}"
+    if len(sizes) <= 5:
+        return ",".join(map(str, sizes))
+    # the count says what the ellipsis holds: the decode list is not powers of two (1, 2, 4, then 8..256 by 8)
+    return f"{','.join(map(str, sizes[:5]))}..{sizes[-1]} ({len(sizes)} sizes)"
 
 
 def flag(name: str, help: str):
@@ -134,6 +137,13 @@ PiecewiseImplOpt = Annotated[
     ),
 ]
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory for results.json / results.csv and reports.")]
+
+
+def out_dir_option(command: str):
+    """--out for a command that names its own directory when none is given (report.results.default_out_dir)."""
+    return typer.Option("--out", "-o", help=f"Output directory (default gmtool-out/{command}-<time>-<pid>).")
+
+
 ForceOpt = Annotated[bool, typer.Option("--force", help="Write into an existing output directory.")]
 SeedOpt = Annotated[
     Optional[int],

@@ -98,9 +98,7 @@ def plan(
     num_iters_warmup: o.WarmupOpt = None,
     seed: o.SeedOpt = None,
     profile: o.ProfileOpt = None,
-    out: Annotated[
-        Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/plan-<time>).")
-    ] = None,
+    out: Annotated[Optional[Path], o.out_dir_option("plan")] = None,
     force: o.ForceOpt = False,
     fmt: o.FormatOpt = o.OutputFormat.HUMAN,
 ) -> None:

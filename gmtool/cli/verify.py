@@ -13,11 +13,17 @@ from gmtool.cli import options as o
 from gmtool.cli.output import Output
 from gmtool.report.results import default_out_dir, output_dir
 from gmtool.verify.faults import FAULTS
-from gmtool.verify.run import VerifyConfig
+from gmtool.verify.run import CPU_DEFAULTS, GPU_DEFAULTS, VerifyConfig
 
 
 def _default(name: str) -> str:
     return str(VerifyConfig.__dataclass_fields__[name].default)
+
+
+def _scaled(name: str) -> str:
+    """verify's own default for an engine-shape option: a small engine on the CPU tape, the engines' scale on CUDA
+    (gmtool.verify.run), not capture's."""
+    return f"{CPU_DEFAULTS[name]} on the CPU, {GPU_DEFAULTS[name]} on CUDA"
 
 
 def verify(
@@ -53,17 +59,31 @@ def verify(
         Optional[str],
         typer.Option("--inject", help=f"Inject a bug to see it caught: {', '.join(FAULTS)} (pad-read:LAYER)."),
     ] = None,
-    buckets: o.BucketsOpt = None,
+    buckets: Annotated[
+        Optional[str],
+        typer.Option(
+            "--buckets",
+            "-b",
+            help=f"Token buckets: '1,2,4,8', ranges 'start:stop:step' (stop included). Default: {_scaled('buckets')}.",
+        ),
+    ] = None,
     device: o.DeviceOpt = None,
     dtype: o.DtypeOpt = None,
-    max_num_seqs: o.MaxSeqsOpt = None,
-    max_kv_len: o.MaxKvLenOpt = None,
-    block_size: o.BlockSizeOpt = None,
+    max_num_seqs: Annotated[
+        Optional[int],
+        typer.Option("--max-num-seqs", help="Most sequences in one step.", show_default=_scaled("max_num_seqs")),
+    ] = None,
+    max_kv_len: Annotated[
+        Optional[int],
+        typer.Option("--max-kv-len", help="Longest context a sequence may have.", show_default=_scaled("max_kv_len")),
+    ] = None,
+    block_size: Annotated[
+        Optional[int],
+        typer.Option("--block-size", help="KV cache block size in tokens.", show_default=_scaled("block_size")),
+    ] = None,
     attention: o.AttentionOpt = None,
     seed: o.SeedOpt = None,
-    out: Annotated[
-        Optional[Path], typer.Option("--out", "-o", help="Output directory (default gmtool-out/verify-<time>).")
-    ] = None,
+    out: Annotated[Optional[Path], o.out_dir_option("verify")] = None,
     force: o.ForceOpt = False,
     fmt: o.FormatOpt = o.OutputFormat.HUMAN,
 ) -> None:
