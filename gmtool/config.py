@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
@@ -38,6 +37,7 @@ class AttentionChoice(StrEnum):
 SCENARIOS = tuple(Scenario)
 PIECEWISE_IMPLS = tuple(PiecewiseImpl)
 CPU_DEFAULT_MODEL = "tiny-qwen3"
+MAX_KV_CACHE_GB = 1_000_000  # far past any device; above it the bytes overflow the sizing arithmetic
 GPU_DEFAULT_MODEL = "qwen3-0.6b"
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 CPU_DEFAULT_BUCKETS = {"decode": [1, 2, 4, 8], "prefill": [16, 32, 64]}  # the CPU backend emulates: a small sweep
@@ -107,8 +107,10 @@ class SweepConfig:
             raise GmtoolError(f"--tp must be 1 or more, got {self.tp}")
         if self.num_iters_warmup < 0:
             raise GmtoolError("--num-iters-warmup must be 0 or more")
-        if self.kv_cache_gb is not None and not 0 < self.kv_cache_gb < math.inf:
-            raise GmtoolError(f"--kv-cache-gb must be positive and finite (GiB), got {self.kv_cache_gb}")
+        if self.kv_cache_gb is not None and not 0 < self.kv_cache_gb <= MAX_KV_CACHE_GB:
+            raise GmtoolError(
+                f"--kv-cache-gb must be positive and at most {MAX_KV_CACHE_GB:,} (GiB), got {self.kv_cache_gb}"
+            )
         if not SEED_MIN <= self.seed <= SEED_MAX:  # torch's generators take no other seed
             raise GmtoolError(f"--seed must be between {SEED_MIN} and {SEED_MAX}, got {self.seed}")
         if self.compositions is not None and not str(self.compositions).strip():
@@ -169,7 +171,7 @@ class SweepConfig:
         below, defaulted = 0, []
         for b in sorted(self.compositions_by_bucket):
             if not self.compositions_by_bucket[b]:
-                self.compositions_by_bucket[b].extend(default_compositions(b, self.scenario, below))
+                self.compositions_by_bucket[b].extend(default_compositions(b, self.scenario, below, self.max_num_seqs))
                 defaulted.append(b)
             below = b
         if comps and defaulted:  # the user's mixes all went elsewhere: say why these buckets ran others

@@ -79,7 +79,7 @@ CASES = [
     (
         "--buckets 1:100000:1",
         ["capture", *CPU, "--buckets", "1:100000:1", "--max-num-seqs", "100000"],
-        "lower --buckets (fewer buckets)",
+        "holds 100,000 sizes: at most 4,096",
     ),
     (
         "--max-tokens below the largest bucket",
@@ -128,10 +128,10 @@ CASES = [
     # the hunt of issue badinput: each of these was a traceback, or was run (or dropped) silently
     ("--compositions with an empty item", ["capture", *CPU, "--compositions", "1,,2"], "malformed composition list"),
     ("--max-kv-len 1 (a decode reads a cached token)", ["capture", *CPU, "--max-kv-len", "1"], "at least one cached"),
-    ("--kv-cache-gb inf", ["capture", *CPU, "--kv-cache-gb", "inf"], "--kv-cache-gb must be positive and finite"),
+    ("--kv-cache-gb inf", ["capture", *CPU, "--kv-cache-gb", "inf"], "--kv-cache-gb must be positive and at most"),
     ("--seed beyond torch's range", ["capture", *CPU, "--seed", "99999999999999999999"], "--seed must be between"),
     ("--dtype ''", ["capture", *CPU, "--dtype", ""], "unknown dtype ''"),
-    ("--tp-timeout 0", ["capture", *CPU, "--tp-timeout", "0"], "--tp-timeout must be a positive number"),
+    ("--tp-timeout 0", ["capture", *CPU, "--tp-timeout", "0"], "--tp-timeout must be 1 to 604,800 seconds"),
     ("--tp-timeout without --tp", ["capture", *CPU, "--tp-timeout", "30"], "--tp-timeout applies to ranks waiting"),
     ("--device cuda:x", ["capture", "--device", "cuda:x"], "unknown device 'cuda:x'"),
     (
@@ -139,7 +139,24 @@ CASES = [
         ["capture", *CPU, "--buckets", "8", "--max-num-seqs", "4"],
         "runs on bucket 8, above --max-num-seqs 4",
     ),
-    ("compare ''", ["compare", "", *CPU], "unknown mode '(none)'"),
+    ("compare ''", ["compare", "", *CPU], "no mode given"),
+    # found by a review's sweep (2026-12-02): tracebacks, a run that never ended, and requests silently dropped
+    ("--buckets a range of ten billion", ["capture", *CPU, "--buckets", "1:10000000000"], "at most 4,096"),
+    ("plan --candidates a huge range", ["plan", *CPU, "-w", "chat", "--candidates", "1:100000000"], "at most 4,096"),
+    ("--kv-cache-gb 1e308", ["capture", *CPU, "--kv-cache-gb", "1e308"], "--kv-cache-gb must be positive and at most"),
+    ("--model model_type a list", ["capture", *CPU, "--model", "{tmp}/mtlist.json"], "model_type must be a string"),
+    ("--model a profile file", ["capture", *CPU, "--model", "{tmp}/profile.json"], "looks like a gmtool model profile"),
+    ("--model ''", ["capture", *CPU, "--model", ""], "--model is empty"),
+    ("--model a .bin holding a list", ["capture", *CPU, "--model", "{tmp}/binlist"], "not a state dict"),
+    ("--model a .bin of a non-tensor", ["capture", *CPU, "--model", "{tmp}/binint"], "is not a tensor (int)"),
+    ("--model an index naming no file", ["capture", *CPU, "--model", "{tmp}/idxint"], "is not a weight index"),
+    ("plan a workload count of inf", ["plan", *CPU, "-w", "{tmp}/inf.csv"], "must be a whole number below 2**62"),
+    ("compare a stray comma", ["compare", "eager,,full", *CPU], "has an empty item"),
+    ("compare a trailing comma", ["compare", "eager,full,", *CPU], "has an empty item"),
+    ("verify --modes a stray comma", ["verify", *CPU, "--modes", "full,,piecewise"], "has an empty item"),
+    ("verify --strategy a stray comma", ["verify", *CPU, "--strategy", "default,,default"], "has an empty item"),
+    ("verify --buckets ''", ["verify", *CPU, "--buckets", ""], "empty bucket list"),
+    ("compare a profile of no modes", ["compare", *CPU, "--profile", "{tmp}/nomodes.json"], "no mode given"),
     (
         "compare --peer-buckets without hf-compiled",
         ["compare", "eager,full", *CPU, "--buckets", "1,2", "--peer-buckets", "1"],
@@ -206,6 +223,17 @@ def make_inputs(tmp: Path) -> None:
         (tmp / name).mkdir()
         (tmp / name / "results.json").write_text(json.dumps({**doc, **over}))
     (tmp / "empty").mkdir()
+    (tmp / "mtlist.json").write_text(json.dumps({**config, "model_type": ["qwen3"]}))
+    (tmp / "profile.json").write_text((ROOT / "profiles/models/tiny-qwen3.json").read_text())
+    for name, stored in (("binlist", [1, 2]), ("binint", {"model.embed_tokens.weight": 5})):
+        (tmp / name).mkdir()
+        (tmp / name / "config.json").write_text(json.dumps(config))
+        torch.save(stored, tmp / name / "pytorch_model.bin")
+    (tmp / "idxint").mkdir()
+    (tmp / "idxint" / "config.json").write_text(json.dumps(config))
+    (tmp / "idxint" / "model.safetensors.index.json").write_text('{"weight_map": {"a": 5}}')
+    (tmp / "inf.csv").write_text("num_tokens,num_seqs,count\n1,1,inf\n")
+    (tmp / "nomodes.json").write_text('{"modes": []}')
     (tmp / "cut").mkdir()
     (tmp / "cut" / "records.jsonl").write_text('{"tool": "gmtool", "sche')  # killed while writing its header
 
@@ -241,6 +269,22 @@ RUNS = [
     (
         "verify over buckets below 5 tokens",
         ["verify", *CPU, "--buckets", "1,2", "--max-num-seqs", "2", "--steps", "2", "--check-every", "1"],
+    ),
+    # gmtool's own default prefill mixes held more sequences than --max-num-seqs: every row an error
+    (
+        "prefill defaults within --max-num-seqs 1",
+        [
+            "capture",
+            *CPU,
+            "--scenario",
+            "prefill",
+            "--max-num-seqs",
+            "1",
+            "--num-iters",
+            "1",
+            "--num-iters-warmup",
+            "0",
+        ],
     ),
     # verify's KV cache held too few blocks for its dynamic-dimension decode pair when a sequence has < 4 blocks
     ("verify --block-size 16 on the CPU", ["verify", *CPU, "--block-size", "16", "--steps", "1", "--check-every", "1"]),

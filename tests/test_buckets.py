@@ -107,6 +107,22 @@ def test_default_mixes_of_every_small_bucket_parse_and_belong_to_it(scenario):
         below = bucket
 
 
+@pytest.mark.parametrize("scenario", ["prefill", "mixed"])
+@pytest.mark.parametrize("max_seqs", [1, 2, 3])
+def test_default_mixes_stay_within_max_num_seqs(scenario, max_seqs):
+    """gmtool's own mixes once had more sequences than --max-num-seqs allows (`capture --scenario prefill
+    --max-num-seqs 1` ended in 10 errors): those give way to one-sequence prefills, three or more mixes a bucket,
+    each a prefill the bucket serves."""
+    below = 0
+    for bucket in (16, 32, 64, 128, 512):
+        comps = default_compositions(bucket, scenario, below, max_seqs)
+        labels = [c.label for c in comps]
+        assert all(c.num_seqs <= max_seqs for c in comps), (bucket, labels)
+        assert all(below < c.num_tokens <= bucket for c in comps), (bucket, labels)
+        assert len(comps) >= 3 and not any(c.is_decode for c in comps), (bucket, labels)
+        below = bucket
+
+
 def test_a_bucket_no_given_composition_reaches_says_it_ran_the_defaults():
     """--compositions that all land on bucket 128 leave bucket 64 to its default mixes: the run says so, rather
     than report mixes nobody asked for without a word."""

@@ -221,6 +221,13 @@ def test_a_failed_rank_is_named_and_the_others_stop(tmp_path):
             {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
             "--tp 4 but torchrun started 2 ranks",
         ),
+        (
+            [],
+            {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "x", "MASTER_PORT": "y"},
+            "incomplete rendezvous: MASTER_PORT='y' is not a number",
+        ),
+        (["--tp", "2", "--tp-timeout", "1e308"], {}, "--tp-timeout must be 1 to 604,800 seconds, got 1e+308"),
+        (["--tp", "2", "--tp-timeout", "0.001"], {}, "--tp-timeout must be 1 to 604,800 seconds, got 0.001"),
     ],
 )
 def test_bad_requests_are_one_line(tmp_path, monkeypatch, args, env, says):

@@ -1381,6 +1381,22 @@ MUTANTS: list[Mutant] = [
         "tests/test_ledger.py::test_outside_pool_is_the_free_drop_beyond_the_pool_growth",
         "the graph's upload falls outside the memory reading: the driver's copy of it goes uncounted",
     ),
+    M(
+        "default-mixes-ignore-max-seqs",
+        "gmtool/core/compositions.py",
+        "    fit = [c for c in comps if max_seqs is None or c.num_seqs <= max_seqs]\n",
+        "    fit = list(comps)\n",
+        BUCKETS + "test_default_mixes_stay_within_max_num_seqs",
+        "gmtool's own prefill mixes hold more sequences than --max-num-seqs allows: every such row an error",
+    ),
+    M(
+        "bucket-range-unbounded",
+        "gmtool/core/buckets.py",
+        "    if held + len(sizes) > MAX_BUCKETS:\n",
+        "    if False:\n",
+        "tests/test_bad_inputs.py::test_every_bad_input_is_one_line_and_exit_2",
+        "a bucket range of ten billion sizes is built before anything refuses it (the run is killed for memory)",
+    ),
 ]
 
 

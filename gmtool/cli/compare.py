@@ -23,15 +23,18 @@ from gmtool.profiles import load_sweep_profile
 from gmtool.report.baseline import check_same_model, load_baseline
 from gmtool.report.results import default_out_dir
 from gmtool.report.tables import compare_table
+from gmtool.listopt import comma_items
 
 VALID_MODES = tuple(GraphMode)
 
 
 def parse_modes(text: str) -> list[str]:
-    modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    modes = list(dict.fromkeys(comma_items(text, "modes")))
+    if not modes:
+        raise GmtoolError(f"no mode given: choose from {', '.join(VALID_MODES)}")
     bad = [m for m in modes if m not in VALID_MODES]
-    if bad or not modes:
-        raise GmtoolError(f"unknown mode {bad[0] if bad else '(none)'!r}: choose from {', '.join(VALID_MODES)}")
+    if bad:
+        raise GmtoolError(f"unknown mode {bad[0]!r}: choose from {', '.join(VALID_MODES)}")
     return [GraphMode(m) for m in modes]
 
 
@@ -116,7 +119,8 @@ def compare(
 ) -> None:
     """Run every mode over every bucket and composition in one process; write results and reports."""
     prof = load_sweep_profile(profile) if profile else {}
-    wanted = parse_modes(modes if modes is not None else ",".join(prof.get("modes", ())) or DEFAULT_MODES)
+    # a profile's empty "modes" is refused as an empty argument is, not replaced by the default
+    wanted = parse_modes(modes if modes is not None else ",".join(prof["modes"]) if "modes" in prof else DEFAULT_MODES)
     out_ = Output(fmt)
     base = load_baseline(baseline) if baseline else None
     sweep_modes = tuple(m for m in wanted if m.in_sweep) or (GraphMode.EAGER,)  # the peer's reference is gmtool eager

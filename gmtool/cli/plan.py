@@ -111,7 +111,10 @@ def plan(
         _positive(capture_budget, "--capture-budget"),
         _positive(max_graphs, "--max-graphs"),
     )
-    chosen = parse_buckets(candidates) if candidates is not None else None
+    try:
+        chosen = parse_buckets(candidates) if candidates is not None else None
+    except GmtoolError as e:  # its message speaks of buckets: say which option held them
+        raise GmtoolError(f"--candidates: {e}") from None
     steps, path = load_workload(workload)
     out_ = Output(fmt)
     measured_doc = None
@@ -189,7 +192,9 @@ def plan(
         out_.show(f"[yellow]note:[/] {n}", highlight=False)
     out_.show("wrote " + ", ".join(str(f) for f in files), highlight=False)
     out_.verdict(
-        f"{','.join(map(str, plan_doc['capture_sizes'])) or '(none: eager is faster)'}", True, label="capture sizes"
+        f"{','.join(map(str, plan_doc['capture_sizes'])) or '(none: eager is faster within the budgets)'}",
+        True,
+        label="capture sizes",
     )
 
 

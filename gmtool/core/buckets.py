@@ -25,6 +25,19 @@ class BucketKey:
         return s + (f"xs{self.num_seqs}" if self.num_seqs is not None else "")
 
 
+MAX_BUCKETS = 4096  # one graph each: a list longer than this is a typo in a range, not a plan
+
+
+def _bounded(sizes: range, held: int, text: str) -> range:
+    """A range's sizes, refused before they are made when the list would pass MAX_BUCKETS (a stray digit in
+    '1:10000000000' would otherwise build ten billion buckets)."""
+    if held + len(sizes) > MAX_BUCKETS:
+        raise GmtoolError(
+            f"bucket list {text!r} holds {held + len(sizes):,} sizes: at most {MAX_BUCKETS:,}, one graph each"
+        )
+    return sizes
+
+
 def parse_buckets(text: str) -> list[int]:
     """'1,2,4,8' and ranges 'start:stop:step' (stop included), e.g. '1,2,4,8:256:8'."""
     if text is None or not str(text).strip():
@@ -43,7 +56,7 @@ def parse_buckets(text: str) -> list[int]:
                 step = fields[2] if len(fields) == 3 else 1
                 if step <= 0 or stop < start:
                     raise ValueError
-                sizes.update(range(start, stop + 1, step))
+                sizes.update(_bounded(range(start, stop + 1, step), len(sizes), text))
             else:
                 sizes.add(int(part))
         except ValueError:

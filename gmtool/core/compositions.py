@@ -88,9 +88,11 @@ def parse_compositions(text: str) -> list[Composition]:
     return [parse_composition(t, seed=i) for i, t in enumerate(items)]
 
 
-def default_compositions(bucket: int, scenario: str, below: int = 0) -> list[Composition]:
+def default_compositions(bucket: int, scenario: str, below: int = 0, max_seqs: int | None = None) -> list[Composition]:
     """Three or more mixes that the bucket serves (more than `below`, the next smaller bucket, tokens), so
-    every graph is replayed with batches other than the one it was captured with."""
+    every graph is replayed with batches other than the one it was captured with. Prefill and mixed mixes of more
+    than max_seqs sequences (--max-num-seqs) give way to one-sequence prefills of the bucket's sizes; a decode
+    bucket above it is refused by the config, as the user's own mixes are."""
     seed = bucket * 16
     if scenario == "decode":
         mid = max(below + 1, math.ceil((below + bucket) / 2))
@@ -104,7 +106,15 @@ def default_compositions(bucket: int, scenario: str, below: int = 0) -> list[Com
             texts.append(f"{bucket - chunk - decodes}+{chunk}@512+1*{decodes}")
     comps = [parse_composition(t, seed + i) for i, t in enumerate(texts)]
     # a mix the next smaller bucket serves would never reach this bucket in an engine
-    return [c for c in comps if c.num_tokens > below] or [parse_composition(str(bucket), seed)]
+    comps = [c for c in comps if c.num_tokens > below]
+    fit = [c for c in comps if max_seqs is None or c.num_seqs <= max_seqs]
+    if len(fit) < len(comps) or not fit:
+        # prefills of one sequence: of two tokens at least (one new token is a decode, and a decode step in a
+        # bucket of more tokens than --max-num-seqs is refused)
+        least = min(bucket, max(below + 1, 2))
+        mid = max(least, math.ceil((below + bucket) / 2))
+        fit += [parse_composition(str(n), seed + 8 + i) for i, n in enumerate(dict.fromkeys((bucket, mid, least)))]
+    return fit
 
 
 def assign_buckets(comps: list[Composition], policy) -> dict[int, list[Composition]]:

@@ -15,12 +15,13 @@ import os
 import torch
 
 from gmtool.errors import GmtoolError
+from gmtool.listopt import comma_items
 
 _REGISTRY: dict[str, type] = {}  # name -> strategy class: a subclass with a name is a strategy, in definition order
 
 
 def parse_strategies(text: str) -> list[str]:
-    names = [t.strip() for t in (text or "").split(",") if t.strip()]
+    names = comma_items(text, "--strategies")
     if not names:
         raise GmtoolError(f"no memory strategy given (use {'|'.join(STRATEGIES)})")
     for n in names:

@@ -32,8 +32,12 @@ def weight_files(ckpt: Path) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
             shards = sorted(set(weight_map.values()))
+            if not all(isinstance(s, str) and s for s in shards):
+                raise TypeError
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            raise GmtoolError(f"{index} is not a weight index (a JSON object with a weight_map)") from None
+            raise GmtoolError(
+                f"{index} is not a weight index (a JSON object with a weight_map of names to file names)"
+            ) from None
         absent = next((s for s in shards if not (ckpt / s).is_file()), None)
         if absent is not None:
             raise GmtoolError(f"{index} names the weight file {absent}, which is not in {ckpt}")
@@ -62,7 +66,13 @@ def _tensors(file: Path, device: torch.device) -> Iterator[tuple[str, torch.Tens
             for key in f.keys():
                 yield key, f.get_tensor(key)
     else:
-        yield from torch.load(file, map_location=device, weights_only=True, mmap=True).items()
+        stored = torch.load(file, map_location=device, weights_only=True, mmap=True)
+        if not isinstance(stored, dict):
+            raise ValueError(f"not a state dict of named tensors ({type(stored).__name__})")
+        for key, tensor in stored.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise ValueError(f"{key!r} is not a tensor ({type(tensor).__name__})")
+            yield key, tensor
 
 
 def load_weights(model: torch.nn.Module, files: list[Path], device: torch.device) -> list[str]:

@@ -137,13 +137,20 @@ class LoadedModel:
         return self.model.get_output_embeddings().weight.shape[-1]
 
 
-def _config_from_dict(d: dict):
+def _config_from_dict(d: dict, where: str = "the config"):
     from transformers import AutoConfig
 
     d = dict(d)
     model_type = d.pop("model_type", None)
     if not model_type:
-        raise GmtoolError("the config has no model_type")
+        hint = (
+            " (it looks like a gmtool model profile: name a built-in one without .json, or give a plain config.json)"
+            if isinstance(d.get("config"), dict)
+            else ""
+        )
+        raise GmtoolError(f"{where} has no model_type{hint}")
+    if not isinstance(model_type, str):
+        raise GmtoolError(f"{where}: model_type must be a string, got {model_type!r}")
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING:
@@ -241,6 +248,8 @@ def load_model(
     weights are then copied in (gmtool.model.checkpoint). gemm_rows, head_rows: the row counts the captures' GEMMs
     and LM head will run, warmed up in a thread from here on (gmtool.model.gemm_warmup; on CUDA only): the caller
     joins lm.gemm_warmup before it sizes memory by what is free."""
+    if not spec.strip():  # Path("") is the current directory
+        raise GmtoolError("--model is empty: name a built-in profile, a checkpoint folder or a config.json")
     attention.register()
     if device.type == "cuda":
         from gmtool.kernels.compile_ahead import prepare_triton_in_background
@@ -262,13 +271,13 @@ def load_model(
             )
         if raw.get("quantization_config"):
             raise GmtoolError(f"{spec} is a quantized checkpoint: gmtool builds models in --dtype, not quantized")
-    elif path.suffix == ".json":
+    elif path.suffix == ".json" or path.is_file():  # a config file by any name
         if not path.is_file():
             raise GmtoolError(f"config file {spec} does not exist")
         raw, source = _read_config_json(path), "config"
     else:
         raw, source = load_model_profile(spec)["config"], "profile"
-    cfg = _config_from_dict(raw)
+    cfg = _config_from_dict(raw, f"the config of {spec}")
     _check_supported(cfg)
     with torch.device(device):
         model = _build(cfg, dtype)

@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import datetime
 import gc
-import math
 import os
 import pickle
 import queue as queue_mod
@@ -30,6 +29,7 @@ from gmtool.errors import GmtoolError, Interrupted, RunFailure
 from gmtool.parallel.comm import Place, set_place
 
 RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 7 * 24 * 3600  # --tp-timeout's range
 FAIL_ENV = "GMTOOL_TP_FAIL_RANK"  # fault injection (the tests): that rank fails once it has joined the group
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -45,7 +45,7 @@ def torchrun_world() -> int | None:
             f"{', '.join(k for k in RENDEZVOUS_ENV + ('LOCAL_RANK',) if k in os.environ)} set; "
             "start gmtool under torchrun, or unset them and give --tp"
         )
-    for k in ("RANK", "WORLD_SIZE"):
+    for k in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
         if not os.environ[k].isdigit():
             raise GmtoolError(f"incomplete rendezvous: {k}={os.environ[k]!r} is not a number")
     return int(os.environ["WORLD_SIZE"])
@@ -104,8 +104,10 @@ def run(fn, cfg, *args, timeout: float | None = None, **kwargs):
     """fn(cfg, *args, **kwargs) on each of cfg.tp ranks; rank 0's result. Without --tp, a plain call. timeout:
     --tp-timeout (None: not given, DEFAULT_TIMEOUT_S), refused where no rank waits for another."""
     if timeout is not None:
-        if not 0 < timeout < math.inf:  # a NaN or negative wait is never meant
-            raise GmtoolError(f"--tp-timeout must be a positive number of seconds, got {timeout}")
+        # a NaN or negative wait is never meant; below a second the group cannot even form (c10d's own error and
+        # its C++ stack), above a week the seconds overflow the C int the process group takes
+        if not MIN_TIMEOUT_S <= timeout <= MAX_TIMEOUT_S:
+            raise GmtoolError(f"--tp-timeout must be {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:,} seconds, got {timeout:g}")
         if cfg.tp == 1:  # no other rank to wait for (under torchrun, cfg.tp is its WORLD_SIZE)
             raise GmtoolError("--tp-timeout applies to ranks waiting for each other: give --tp N too, or leave it out")
     timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout

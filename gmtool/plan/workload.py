@@ -73,11 +73,14 @@ def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
     df["count"] = df["count"].fillna(1) if "count" in df.columns else 1  # a row without a count is one step
     df = df[list(COLUMNS)]
     numeric = df.apply(pd.to_numeric, errors="coerce")
-    bad = numeric.isna() | (numeric != numeric.round())
+    # a whole number an int64 holds (inf, 1e30 or twenty digits would fail in the cast or wrap around)
+    huge = numeric.abs() >= 2**62
+    bad = numeric.isna() | (numeric != numeric.round()) | huge
     if bad.any().any():
         row, col = next((r, c) for r in range(len(df)) for c in COLUMNS if bad.iloc[r][c])
+        limit = " below 2**62" if huge.iloc[row][col] else ""
         raise GmtoolError(
-            f"workload {path}, row {row + 1}: {col} must be a whole number, got {str(df.iloc[row][col])!r}"
+            f"workload {path}, row {row + 1}: {col} must be a whole number{limit}, got {str(df.iloc[row][col])!r}"
         )
     df = numeric.astype("int64")
     for col, low in (("num_tokens", 1), ("num_seqs", 1), ("count", 0)):

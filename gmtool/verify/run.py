@@ -11,6 +11,7 @@ from gmtool.core.compositions import parse_composition
 from gmtool.errors import GmtoolError
 from gmtool.modes import CAPTURE_MODES, GraphMode
 from gmtool.verify.faults import Fault, parse_fault
+from gmtool.listopt import comma_items
 
 # the CPU tape emulates: a small engine; on CUDA, the engines' scale
 CPU_DEFAULTS = dict(buckets="1,2,4,8,16", max_num_seqs=4, max_kv_len=48, block_size=8)
@@ -41,7 +42,7 @@ class VerifyConfig:
     fault: Fault | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        names = [m.strip() for m in str(self.modes).split(",") if m.strip()]
+        names = comma_items(self.modes, "--modes")
         bad = [m for m in names if m not in CAPTURE_MODES]
         if bad or not names:
             raise GmtoolError(
@@ -56,7 +57,7 @@ class VerifyConfig:
             )
         from gmtool.memory.strategies import STRATEGIES
 
-        self.strategies = tuple(dict.fromkeys(s.strip() for s in str(self.strategy).split(",") if s.strip()))
+        self.strategies = tuple(dict.fromkeys(comma_items(self.strategy, "--strategy")))
         unknown = [s for s in self.strategies if s not in (DEFAULT_STRATEGY, *STRATEGIES)]
         if unknown or not self.strategies:
             raise GmtoolError(
@@ -86,7 +87,8 @@ class VerifyConfig:
                 setattr(self, name, dflt[name])
             elif value <= 0:
                 raise GmtoolError(f"--{name.replace('_', '-')} must be positive")
-        self.buckets = self.buckets or dflt["buckets"]
+        if self.buckets is None:  # given empty, it is refused below as capture refuses it
+            self.buckets = dflt["buckets"]
         self.sweep = SweepConfig(
             **opts,
             buckets=self.buckets,
