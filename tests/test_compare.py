@@ -404,7 +404,9 @@ def test_error_as_a_process():
 
 def test_parse_modes():
     assert parse_modes("eager, full-narrow,eager,hf-compiled") == ["eager", "full-narrow", "hf-compiled"]
-    with pytest.raises(GmtoolError, match="unknown mode '\\(none\\)'"):
+    with pytest.raises(GmtoolError, match="no mode given"):
+        parse_modes(" ")
+    with pytest.raises(GmtoolError, match="has an empty item"):
         parse_modes(" , ")
 
 

@@ -37,8 +37,8 @@ def sixteen_gib(monkeypatch):
     [
         (["--compositions", "1@10000000"], "--max-kv-len"),
         (["--max-kv-len", "100000000"], "--max-kv-len"),
-        # --max-num-seqs: decode buckets above it are refused before the estimate (SweepConfig.check_decode_seqs)
-        (["--buckets", "1:100000:1", "--max-num-seqs", "100000"], "--buckets"),
+        # a bucket too large to run (a list too long to hold is refused before the estimate: parse_buckets)
+        (["--scenario", "prefill", "--buckets", "4000000", "--compositions", "1000000*4"], "--buckets (the largest)"),
     ],
 )
 def test_a_run_that_cannot_fit_is_refused_before_the_model_is_built(
