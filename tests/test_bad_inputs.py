@@ -145,6 +145,8 @@ CASES = [
     ("plan --candidates a huge range", ["plan", *CPU, "-w", "chat", "--candidates", "1:100000000"], "at most 4,096"),
     ("--kv-cache-gb 1e308", ["capture", *CPU, "--kv-cache-gb", "1e308"], "--kv-cache-gb must be positive and at most"),
     ("--model model_type a list", ["capture", *CPU, "--model", "{tmp}/mtlist.json"], "model_type must be a string"),
+    ("--model vocab_size 0", ["capture", *CPU, "--model", "{tmp}/vocab0.json"], "vocab_size must be positive, got 0"),
+    ("--model no layers", ["capture", *CPU, "--model", "{tmp}/layers0.json"], "num_hidden_layers must be positive"),
     ("--model a profile file", ["capture", *CPU, "--model", "{tmp}/profile.json"], "looks like a gmtool model profile"),
     ("--model ''", ["capture", *CPU, "--model", ""], "--model is empty"),
     ("--model a .bin holding a list", ["capture", *CPU, "--model", "{tmp}/binlist"], "not a state dict"),
@@ -224,6 +226,8 @@ def make_inputs(tmp: Path) -> None:
         (tmp / name / "results.json").write_text(json.dumps({**doc, **over}))
     (tmp / "empty").mkdir()
     (tmp / "mtlist.json").write_text(json.dumps({**config, "model_type": ["qwen3"]}))
+    (tmp / "vocab0.json").write_text(json.dumps({**config, "vocab_size": 0}))
+    (tmp / "layers0.json").write_text(json.dumps({**config, "num_hidden_layers": 0}))
     (tmp / "profile.json").write_text((ROOT / "profiles/models/tiny-qwen3.json").read_text())
     for name, stored in (("binlist", [1, 2]), ("binint", {"model.embed_tokens.weight": 5})):
         (tmp / name).mkdir()

@@ -213,12 +213,20 @@ def _class_failed(cfg, e: Exception) -> GmtoolError:
     )
 
 
+POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
 def _check_supported(cfg) -> None:
     """Refusals before any weights exist: the family table, then the attention classes of the model built on
     the meta device (no memory, no initialisation)."""
     why = families.load_refusal(cfg)
     if why:
         raise GmtoolError(why)
+    text = families.text_config(cfg)
+    for name in POSITIVE_SIZES:  # else transformers builds an empty model, or fails deep inside with another error
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value <= 0:
+            raise GmtoolError(f"the config's {name} must be positive, got {value}")
     with torch.device("meta"):
         skeleton = _build(cfg, torch.float32)
     why = probe.attention_refusal(families.architecture(cfg), skeleton)
