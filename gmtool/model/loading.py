@@ -158,12 +158,13 @@ def _config_from_dict(d: dict, where: str = "the config"):
 
         raise GmtoolError(f"transformers {transformers.__version__} does not know model_type {model_type!r}")
     try:
-        return AutoConfig.for_model(model_type, **d)
+        cfg = AutoConfig.for_model(model_type, **d)
     except Exception as e:  # the config's own checks (ValueError) and huggingface_hub's typed fields (its own error)
         said = " ".join(str(e).split())
         raise GmtoolError(
             f"the {model_type} config is invalid: {said[:200] + '...' if len(said) > 200 else said}"
         ) from None
+    return _refuse_empty_sizes(cfg)
 
 
 def _no_padding_warning(input_ids, attention_mask) -> None:
@@ -216,17 +217,24 @@ def _class_failed(cfg, e: Exception) -> GmtoolError:
 POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
+def _refuse_empty_sizes(cfg):
+    """A size of 0 or less, refused by name: transformers would build an empty model (torch warning of
+    zero-element tensors even on the meta device the memory estimate builds on) or fail deep inside."""
+    text = families.text_config(cfg)
+    for name in POSITIVE_SIZES:
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value <= 0:
+            raise GmtoolError(f"the config's {name} must be positive, got {value}")
+    return cfg
+
+
 def _check_supported(cfg) -> None:
     """Refusals before any weights exist: the family table, then the attention classes of the model built on
     the meta device (no memory, no initialisation)."""
     why = families.load_refusal(cfg)
     if why:
         raise GmtoolError(why)
-    text = families.text_config(cfg)
-    for name in POSITIVE_SIZES:  # else transformers builds an empty model, or fails deep inside with another error
-        value = getattr(text, name, None)
-        if isinstance(value, int) and value <= 0:
-            raise GmtoolError(f"the config's {name} must be positive, got {value}")
+    _refuse_empty_sizes(cfg)  # a checkpoint folder's config did not pass _config_from_dict
     with torch.device("meta"):
         skeleton = _build(cfg, torch.float32)
     why = probe.attention_refusal(families.architecture(cfg), skeleton)
