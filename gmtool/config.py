@@ -37,9 +37,9 @@ class AttentionChoice(StrEnum):
 SCENARIOS = tuple(Scenario)
 PIECEWISE_IMPLS = tuple(PiecewiseImpl)
 CPU_DEFAULT_MODEL = "tiny-qwen3"
-MAX_KV_CACHE_GB = 1_000_000  # far past any device; above it the bytes overflow the sizing arithmetic
 GPU_DEFAULT_MODEL = "qwen3-0.6b"
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+MAX_KV_CACHE_GB = 1_000_000  # far past any device; above it the bytes overflow the sizing arithmetic
 CPU_DEFAULT_BUCKETS = {"decode": [1, 2, 4, 8], "prefill": [16, 32, 64]}  # the CPU backend emulates: a small sweep
 
 

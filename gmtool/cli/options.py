@@ -36,6 +36,9 @@ def shown_mode() -> str:
     return ",".join(m for m in option_default("modes") if GraphMode(m).captures)
 
 
+BUCKET_SYNTAX = "Token buckets: '1,2,4,8', ranges 'start:stop:step' (stop included)."  # capture's and verify's
+
+
 def _short(sizes: list[int]) -> str:
     if len(sizes) <= 5:
         return ",".join(map(str, sizes))
@@ -63,7 +66,7 @@ BucketsOpt = Annotated[
     typer.Option(
         "--buckets",
         "-b",
-        help="Token buckets: '1,2,4,8', ranges 'start:stop:step' (stop included). "
+        help=f"{BUCKET_SYNTAX} "
         f"Default: the engines' decode list {_short(DEFAULT_DECODE_BUCKETS)} (prefill: {_short(DEFAULT_PREFILL_BUCKETS)}); "
         f"on the CPU backend {_short(CPU_DEFAULT_BUCKETS['decode'])} (prefill: {_short(CPU_DEFAULT_BUCKETS['prefill'])}).",
     ),

@@ -64,7 +64,7 @@ def verify(
         typer.Option(
             "--buckets",
             "-b",
-            help=f"Token buckets: '1,2,4,8', ranges 'start:stop:step' (stop included). Default: {_scaled('buckets')}.",
+            help=f"{o.BUCKET_SYNTAX} Default: {_scaled('buckets')}.",
         ),
     ] = None,
     device: o.DeviceOpt = None,

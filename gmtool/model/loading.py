@@ -234,7 +234,6 @@ def _check_supported(cfg) -> None:
     why = families.load_refusal(cfg)
     if why:
         raise GmtoolError(why)
-    _refuse_empty_sizes(cfg)  # a checkpoint folder's config did not pass _config_from_dict
     with torch.device("meta"):
         skeleton = _build(cfg, torch.float32)
     why = probe.attention_refusal(families.architecture(cfg), skeleton)
