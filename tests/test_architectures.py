@@ -52,8 +52,21 @@ MUST_RUN = {
     "cohere2_moe",  # logit scale
     "minicpm3",
 }
+
+
+def _attention_interface(model_type: str) -> bool:
+    """transformers' modeling file for model_type calls the AttentionInterface (falcon does from 5.25)."""
+    import importlib
+    import inspect
+
+    try:
+        module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    except ImportError:
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(module)
+
+
 MUST_REFUSE = {
-    "falcon": "AttentionInterface",
     "bloom": "AttentionInterface",
     "mpt": "AttentionInterface",
     "mamba": "state",
@@ -72,6 +85,8 @@ MUST_REFUSE = {
     "gemma4_unified_assistant": "K/V another model computed",
     "modernbert-decoder": "a head before its output embeddings (lm_head: ModernBertDecoderPredictionHead)",
 }
+if not _attention_interface("falcon"):  # before transformers 5.25 its attention was its own
+    MUST_REFUSE["falcon"] = "AttentionInterface"
 # transformers' own model class fails to build even from its config class's defaults: its words are all there is
 TRANSFORMERS_FAILS = {"cohere_compass_text", "dbrx", "lfm2_moe", "musicgen", "musicgen_melody"}
 
@@ -233,3 +248,31 @@ def test_layers_without_gmtool_attention_are_named(tmp_path):
     path.write_text(json.dumps(cfg))
     with pytest.raises(GmtoolError, match=r"^mllama: layers \[1\] \(MllamaCrossAttentionDecoderLayer\) have no"):
         load_model(str(path), torch.device("cpu"), torch.float32)
+
+
+def test_alibi_configs_are_refused_by_name(tmp_path):
+    """Falcon with ALiBi: transformers (5.25 on) routes its attention through the interface but puts the bias in
+    the mask, which gmtool's attention does not read; refused in one line that says so, not by a failed probe."""
+    import json
+
+    path = write_config("falcon", tmp_path)
+    cfg = json.loads(path.read_text())
+    cfg["alibi"] = True
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(GmtoolError, match=r"^falcon: ALiBi position biases \(config alibi=True\)"):
+        _run_path(path)
+
+
+def _run_path(path):
+    cfg = SweepConfig(
+        model=str(path),
+        device="cpu",
+        dtype="fp32",
+        scenario="prefill",
+        buckets="8",
+        modes=("eager", "full"),
+        max_kv_len=32,
+        num_iters=1,
+        num_iters_warmup=0,
+    )
+    return Sweep(cfg).run()

@@ -89,6 +89,9 @@ class CapturedGraph:
     # its memory reading (CUDA: mem_get_info, allocator stats) and the upload (piecewise: a first replay, which
     # also builds the native step loop, compiling step_loop.c once per machine)
     measure_s: float = 0.0
+    # capture_all: its instantiation and upload, in a worker thread while the next bucket was captured (not in
+    # capture_s); None where capture_s holds them
+    instantiate_s: float | None = None
     graph_mem_bytes: int | None = None  # peak memory the capture allocated (the shape's need; CUDA only)
     pool_growth_bytes: int | None = None  # reserved memory the capture added (CUDA only)
     outside_pool_bytes: int | None = None  # device memory the capture took beyond the pool (CUDA only)
@@ -153,12 +156,13 @@ class CapturedGraph:
 
 
 @contextlib.contextmanager
-def _memory_of(entry: CapturedGraph, device: torch.device, upload=None, held=None):
+def _memory_of(entry: CapturedGraph, device: torch.device, upload=None, held=None, overlapped=False):
     """CUDA: the capture's peak allocation (the shape's need), the pool memory it added, and what the driver
     took outside the pool around capture + instantiation and then around upload() (the graphs' copy to the device).
     held(): the pools' physical bytes, where the allocator's reserved bytes do not say them (it may return None;
     no held, or None: the reserved bytes). VMM maps every shape's virtual range onto shared chunks: its reserved
-    bytes grow by the range, its physical ones by the excess."""
+    bytes grow by the range, its physical ones by the excess. overlapped: the allocator's figures only; the
+    driver's bytes are read once a worker has instantiated the graph (gmtool.core.overlap)."""
     if device.type != "cuda":
         yield
         return
@@ -172,14 +176,17 @@ def _memory_of(entry: CapturedGraph, device: torch.device, upload=None, held=Non
         pool = reserved.get("all", {}).get("current", 0) if got is None else got
         return allocated.get("current", 0), allocated.get("peak", 0), pool
 
-    torch.cuda.synchronize(device)
+    if not overlapped:
+        torch.cuda.synchronize(device)
     mem0, _, res0 = allocator()
-    free0 = torch.cuda.mem_get_info(device)[0]
+    free0 = None if overlapped else torch.cuda.mem_get_info(device)[0]
     torch.cuda.reset_peak_memory_stats(device)
     yield
     _, peak, res1 = allocator()
     entry.graph_mem_bytes = peak - mem0
     entry.pool_growth_bytes = res1 - res0
+    if overlapped:
+        return
     if upload is not None:  # the driver uploads a graph at its first launch: memory outside the pool too
         upload()
         torch.cuda.synchronize(device)
@@ -253,6 +260,8 @@ class GraphExecutor:
         self.compile_ahead_s: float | None = None  # Triton kernels compiled before the first capture (CUDA)
         self.compile_ahead_note: str | None = None  # why they were not, or what the pass could not do as planned
         self.compile_ahead_forwards_s: float | None = None  # of compile_ahead_s: its forwards, before the last compiles
+        self._overlap = None  # capture_all's worker, while it runs (gmtool.core.overlap)
+        self.overlap_note: str | None = None  # capture_all: why its instantiations did not overlap, if they did not
         if forward is None:
             from gmtool.core.forwards import RuntimeSplit, WholeGraph
 
@@ -321,6 +330,40 @@ class GraphExecutor:
         self.graphs[key] = entry
         return entry
 
+    def capture_all(self, batches: list[Batch]) -> list[CapturedGraph]:
+        """Capture each batch's bucket in the order given, as an engine's start-up does (largest first): each
+        graph is instantiated and uploaded in a worker thread while the next is captured (gmtool.core.overlap),
+        where the graphs allow it (overlap_note says why not). Nothing is replayed: a bucket already captured is
+        skipped. A failure stops the loop; the graphs captured before it stay."""
+        from gmtool.core.overlap import OverlappedInstantiation, refusal
+
+        todo: dict[BucketKey, Batch] = {}
+        for batch in batches:
+            if (key := self.key_for(batch)) not in self.graphs:
+                todo.setdefault(key, batch)
+        keys = list(todo)
+        self.overlap_note = refusal(self)
+        if self.overlap_note is not None:
+            return [self.capture(key, todo[key]) for key in keys]
+        entries = []
+        if keys and not self.backend.warmed:  # the first capture warms the stream up (and compiles ahead) alone
+            first = keys.pop(0)
+            entries.append(self.capture(first, todo[first]))
+        with gc_frozen(), OverlappedInstantiation(self.backend, self.device) as overlap:
+            self._overlap, overlapped = overlap, []
+            try:
+                for key in keys:
+                    overlapped.append(self.capture(key, todo[key]))
+            except BaseException:
+                overlap.drain()  # a graph the worker did not finish is not kept: a replay would fail, or instantiate it
+                for entry in overlapped:
+                    if entry.instantiate_s is None:
+                        self.graphs.pop(entry.key, None)
+                raise
+            finally:
+                self._overlap = None
+        return entries + overlapped
+
     def _warm_up(self, entry: CapturedGraph, fn) -> None:
         """An eager pass on the capture stream. The executor's first capture needs one: cuBLAS makes its workspace
         at the stream's first GEMM, and it must not land in a graph's pool (GPU-NOTES pitfall 1). A forward that
@@ -350,15 +393,20 @@ class GraphExecutor:
         ctx.planned_with.clear()  # what a warm-up planned is not the capture's
         # the upload (or, where the graphs cannot upload alone, a replay of the capture's own batch)
         held = getattr(self.memory, "physical_bytes", None)  # an optional strategy hook (VMM's)
+        overlap = self._overlap
+        upload = None if overlap is not None else (lambda: entry.upload(batch))
         t_in = time.perf_counter()
-        with _memory_of(entry, self.device, upload=lambda: entry.upload(batch), held=held):
+        with _memory_of(entry, self.device, upload=upload, held=held, overlapped=overlap is not None):
             t0 = time.perf_counter()
             self._record(entry, fn)
             # taken before the upload: its replay prepares the context again, which forgets the plan
             planned = list(ctx.planned_with)
-            self.backend.synchronize()
+            if overlap is None:
+                self.backend.synchronize()
             entry.capture_s = time.perf_counter() - t0
         entry.measure_s = time.perf_counter() - t_in - entry.capture_s
+        if overlap is not None:
+            overlap.submit(entry)
         return planned
 
     def _record(self, entry: CapturedGraph, fn) -> None:

@@ -18,6 +18,8 @@ which Inductor fuses itself; otherwise they run gmtool's Triton kernels on CUDA,
 
 from __future__ import annotations
 
+import inspect
+
 import contextlib
 import functools
 from dataclasses import dataclass, field
@@ -449,6 +451,7 @@ def _rotate_half_rope(m) -> bool:
 
     module = sys.modules.get(type(m).__module__)
     fn, half = getattr(module, "apply_rotary_pos_emb", None), getattr(module, "rotate_half", None)
+    fn, half = _hub_function(fn), _hub_function(half)
     try:
         if fn is None or "rotate_half(" not in inspect.getsource(fn) or half is None:
             return False
@@ -457,6 +460,19 @@ def _rotate_half_rope(m) -> bool:
         return torch.equal(half(x), torch.tensor([-2.0, -3.0, 0.0, 1.0]))
     except (OSError, TypeError, RuntimeError):
         return False
+
+
+def _hub_function(fn):
+    """The function itself. With the `kernels` package (a dependency of transformers from 5.25), transformers'
+    @use_kernel_forward_from_hub turns a module-level function into an nn.Module instance whose forward calls
+    the original, held in its closure as `func`; without it, the function is left as it is."""
+    if fn is None or inspect.isfunction(fn):
+        return fn
+    forward = getattr(type(fn), "forward", None)
+    code, cells = getattr(forward, "__code__", None), getattr(forward, "__closure__", None) or ()
+    names = code.co_freevars if code is not None else ()
+    inner = dict(zip(names, (c.cell_contents for c in cells))).get("func")
+    return inner if inspect.isfunction(inner) else fn
 
 
 @dataclass

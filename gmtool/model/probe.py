@@ -159,6 +159,14 @@ def attention_refusal(arch: str, model: torch.nn.Module) -> str | None:
             )
     if why := _kv_refusal(arch, mods):
         return why
+    cfg = getattr(model, "config", None)
+    if any(getattr(cfg, name, False) is True for name in ("alibi", "use_alibi")):
+        # falcon's ALiBi configs (transformers 5.25 routes its attention through the interface): the bias rides in
+        # the mask transformers builds, and the probe's forward, given no mask, fails before saying so
+        return (
+            f"{arch}: ALiBi position biases (config alibi=True), which transformers adds to the attention scores "
+            "through the mask and gmtool's attention does not apply"
+        )
     noncausal = sorted({type(m).__name__ for m in mods if getattr(m, "is_causal", True) is False})
     if noncausal:
         return (

@@ -33,6 +33,10 @@ class CudaGraph:
         except RuntimeError as e:
             raise NotNative(f"no instantiated graph: {str(e).splitlines()[0]}") from None
 
+    def instantiate(self) -> None:
+        """A graph whose backend deferred its instantiation (gmtool.core.overlap): torch releases the GIL for it."""
+        self.graph.instantiate()
+
     def upload(self) -> bool:
         """The driver's copy of the graph to the device, as its first launch makes it, on the current stream:
         cuGraphUpload runs no kernel, where a first replay would run the whole step. False where it cannot
@@ -82,6 +86,9 @@ class CudaGraphBackend:
         # graphs keep their cudaGraph_t: piecewise steps embed them in one stitched graph (gmtool.kernels.native_loop),
         # gmtool.verify.graphnodes reads their nodes; host memory only
         self.keep_graph = True
+        # gmtool.core.overlap: end() leaves instantiation to a worker thread, and captures are thread_local, so
+        # that thread's instantiations and uploads do not invalidate the capture under way
+        self.defer_instantiation = False
 
     def warmup(self, fn) -> None:
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -101,7 +108,7 @@ class CudaGraphBackend:
         self._stream_ctx = torch.cuda.stream(self.stream)
         self._stream_ctx.__enter__()
         try:
-            g.capture_begin(pool=self.pool)
+            g.capture_begin(pool=self.pool, capture_error_mode="thread_local" if self.defer_instantiation else "global")
         except RuntimeError as e:
             self._stream_ctx.__exit__(None, None, None)
             raise CaptureError(f"capture could not begin: {e}") from None
@@ -115,7 +122,7 @@ class CudaGraphBackend:
             raise OutOfMemory("out of memory while capturing") from None
         finally:
             self._stream_ctx.__exit__(None, None, None)
-        if self.keep_graph:
+        if self.keep_graph and not self.defer_instantiation:
             g.instantiate()  # a kept graph is otherwise instantiated by its first replay, on the timed path
         self.graphs.append(g)
         return CudaGraph(g)

@@ -1,0 +1,124 @@
+"""capture_all: every bucket captured once, in order; on CUDA each graph's instantiation and upload overlap the next
+capture (gmtool.core.overlap), here driven by stand-in graphs and a stand-in free-memory counter."""
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gmtool.core.buckets import BucketKey
+from gmtool.core.overlap import OverlappedInstantiation, attribute, refusal
+from gmtool.errors import CaptureError
+from tests.helpers import Rig, rel
+
+
+def test_capture_all_captures_each_bucket_once_in_order_and_replays_match_eager():
+    rig = Rig()
+    batches = [rig.batch(t, seed=i) for i, t in enumerate(["1*30", "1*16", "1*12", "1*3", "1*4"])]
+    entries = rig.ex.capture_all(batches)
+    keys = [BucketKey(n, None, True) for n in (32, 16, 4)]
+    assert [e.key for e in entries] == keys  # 12 -> 16 and 3 -> 4 already taken: skipped
+    assert list(rig.ex.graphs) == keys
+    assert rig.ex.overlap_note == "not on CUDA: nothing to instantiate"
+    assert rig.ex.capture_all(batches) == []  # nothing left to capture
+    for b in batches:
+        assert rel(rig.graph(b), rig.eager(b)) < 1e-5
+
+
+def test_capture_all_refuses_to_overlap_piecewise_steps():
+    rig = Rig(mode="piecewise")
+    rig.ex.device = torch.device("cuda")  # only read by refusal()
+    assert refusal(rig.ex) == "piecewise: a step's upload replays its runners"
+
+
+class FakeMemory:
+    """The device's free bytes: the pool and the driver take from it."""
+
+    def __init__(self):
+        self.free, self.lock = 10_000_000, threading.Lock()
+
+    def take(self, n):
+        with self.lock:
+            self.free -= n
+
+    def read(self):
+        with self.lock:
+            return self.free
+
+
+class FakeGraph:
+    """A captured graph whose instantiation and upload take driver bytes, slowly, in whatever thread runs them."""
+
+    def __init__(self, memory, inst_bytes, upload_bytes, ok=True):
+        self.memory, self.inst_bytes, self.upload_bytes, self.ok = memory, inst_bytes, upload_bytes, ok
+        self.threads = []
+
+    def instantiate(self):
+        self.threads.append(threading.get_ident())
+        time.sleep(0.02)  # longer than a capture here: a reading that does not wait for it misses its bytes
+        self.memory.take(self.inst_bytes)
+
+    def upload(self):
+        self.memory.take(self.upload_bytes)
+        return self.ok
+
+
+class SideStream:
+    def synchronize(self):
+        pass
+
+
+def run_overlapped(memory, captures, capture_s=0.002):
+    """captures: (pool bytes, [graphs]) per bucket; each capture takes its pool bytes while the worker runs."""
+    backend = SimpleNamespace(defer_instantiation=False)
+    entries = []
+    with OverlappedInstantiation(backend, torch.device("cpu"), memory.read, SideStream()) as overlap:
+        assert backend.defer_instantiation
+        for i, (pool, graphs) in enumerate(captures):
+            time.sleep(capture_s)  # the forward under capture, while the worker instantiates the previous graph
+            memory.take(pool)
+            entry = SimpleNamespace(
+                key=BucketKey(i + 1, None, True),
+                steps=graphs,
+                pool_growth_bytes=pool,
+                outside_pool_bytes=None,
+                instantiate_s=None,
+                measure_s=0.0,
+            )
+            overlap.submit(entry)
+            entries.append(entry)
+    assert not backend.defer_instantiation
+    return entries
+
+
+def test_each_graph_gets_the_driver_bytes_of_its_own_instantiation_and_upload():
+    """Free memory is read only between captures, while the worker instantiates; the pool's growth over each
+    interval is taken out, so each graph still gets exactly what its instantiation and upload took."""
+    memory = FakeMemory()
+    captures = [
+        (4096, [FakeGraph(memory, 700, 50)]),
+        (2048, [FakeGraph(memory, 300, 20), FakeGraph(memory, 100, 5)]),
+        (0, [FakeGraph(memory, 900, 90)]),
+        (1024, [FakeGraph(memory, 11, 1)]),
+    ]
+    entries = run_overlapped(memory, captures)
+    assert [e.outside_pool_bytes for e in entries] == [750, 425, 990, 12]
+    assert all(e.instantiate_s is not None and e.instantiate_s > 0 for e in entries)
+    # off the capturing thread
+    main = threading.get_ident()
+    assert all(t != main for _, graphs in captures for g in graphs for t in g.threads)
+    # nothing lost: what the device lost is the pools' growth and every graph's driver bytes
+    assert 10_000_000 - memory.read() == sum(p for p, _ in captures) + sum(e.outside_pool_bytes for e in entries)
+
+
+def test_attribute_takes_the_pool_growth_out():
+    assert attribute(1000, 400, 500) == 100
+    assert attribute(1000, 1000, 0) == 0
+
+
+def test_a_refused_upload_fails_the_capture_all_and_says_which_bucket():
+    memory = FakeMemory()
+    with pytest.raises(CaptureError, match=r"bucket .*1.*refused the graph's upload"):
+        run_overlapped(memory, [(10, [FakeGraph(memory, 1, 1, ok=False)]), (10, [FakeGraph(memory, 1, 1)])])
