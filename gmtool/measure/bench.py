@@ -23,7 +23,9 @@ Stages (each writes bench-<stage>.json into --out; the table is built from whate
            Triton cache per forward (the HF layers, and --fuse): cold (kernels compiled) and warm (loaded from
            disk), each the median of CAPTURE_SAMPLES such pairs, split into compile-ahead's pass, the eager
            warm-up, capture itself, memory readings and uploads, and the rest, with Triton's compiles per
-           kernel; capture-once and capture-once-fused are one of them
+           kernel; captured as an engine starts up (GraphExecutor.capture_all: each graph instantiated in a
+           worker beside the next capture, that time shown apart); capture-once and capture-once-fused are one
+           of them
   lean     piecewise against full (wide key) on one prefill step of 128 and 512 tokens: graph memory, host
            time per step, per runner
   host     where the host time of a B=1 replay goes: copy-in, graph launch on an idle and on a busy device,
