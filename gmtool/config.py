@@ -40,6 +40,9 @@ CPU_DEFAULT_MODEL = "tiny-qwen3"
 GPU_DEFAULT_MODEL = "qwen3-0.6b"
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 MAX_KV_CACHE_GB = 1_000_000  # far past any device; above it the bytes overflow the sizing arithmetic
+# timed or warm-up replays per row, and verify's steps: far past any useful run (a row of 1 ms replays would take
+# 28 hours); a larger count is a typo that would otherwise run silently for days
+MAX_ITERS = 100_000
 CPU_DEFAULT_BUCKETS = {"decode": [1, 2, 4, 8], "prefill": [16, 32, 64]}  # the CPU backend emulates: a small sweep
 
 
@@ -107,6 +110,11 @@ class SweepConfig:
             raise GmtoolError(f"--tp must be 1 or more, got {self.tp}")
         if self.num_iters_warmup < 0:
             raise GmtoolError("--num-iters-warmup must be 0 or more")
+        for name in ("num_iters", "num_iters_warmup"):
+            if getattr(self, name) > MAX_ITERS:
+                raise GmtoolError(
+                    f"--{name.replace('_', '-')} must be at most {MAX_ITERS:,}, got {getattr(self, name):,}"
+                )
         if self.kv_cache_gb is not None and not 0 < self.kv_cache_gb <= MAX_KV_CACHE_GB:
             raise GmtoolError(
                 f"--kv-cache-gb must be positive and at most {MAX_KV_CACHE_GB:,} (GiB), got {self.kv_cache_gb}"

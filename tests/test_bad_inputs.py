@@ -182,8 +182,40 @@ CASES = [
         "--buckets sets how costs are measured",
     ),
     ("report on a results.json lacking what it shows", ["report", "{tmp}/prefill.json"], "'model' section lacks"),
-    ("bench --iters 0", ["bench", "--iters", "0"], "--iters must be 1 or more"),
+    ("bench --iters 0", ["bench", "--iters", "0"], "--iters must be between 1 and 100,000, got 0"),
+    ("--num-iters past the bound", ["capture", *CPU, "--num-iters", "100001"], "--num-iters must be at most 100,000"),
+    (
+        "--num-iters-warmup past it",
+        ["compare", *CPU, "--num-iters-warmup", "10000000"],
+        "--num-iters-warmup must be at most",
+    ),
+    (
+        "--kv-cache-gb too small for a block, refused before the load",
+        ["capture", *CPU, "--kv-cache-gb", "1e-300"],
+        "--kv-cache-gb 1e-300 cannot hold two KV blocks of this model",
+    ),
+    (
+        "verify --steps past it",
+        ["verify", *CPU, "--steps", "1000000"],
+        "--steps must be at most 100,000, got 1,000,000",
+    ),
     ("--piecewise-impl fx without a piecewise mode", ["capture", *CPU, "--piecewise-impl", "fx"], "this run has none"),
+    # click keeps the last of a repeated option and drops the first without a word
+    (
+        "--buckets given twice",
+        ["capture", *CPU, "--buckets", "1,2", "-b", "4,8"],
+        "--buckets given 2 times ('1,2' then '4,8')",
+    ),
+    (
+        "--fuse and --no-fuse",
+        ["compare", *CPU, "--fuse", "--no-fuse"],
+        "--fuse given 2 times ('--fuse' then '--no-fuse')",
+    ),
+    (
+        "--workload given twice, one with =",
+        ["plan", "--workload=chat", "--workload", "bursty"],
+        "--workload given 2 times ('chat' then 'bursty')",
+    ),
 ]
 
 CAPTURE_LIKE = ("capture", "compare", "memreport", "plan", "verify")
@@ -299,3 +331,15 @@ RUNS = [
 def test_small_runs_are_not_tracebacks(tmp_path, case, args):
     code, _, stderr = run_cli(*args, "--out", tmp_path / "o")
     assert code == 0 and "Traceback" not in stderr, stderr
+
+
+def test_an_option_repeated_with_the_same_value_is_not_refused():
+    from gmtool.cli.main import app
+    from gmtool.cli.repeats import refuse_repeated
+
+    import typer
+
+    group = typer.main.get_command(app)
+    refuse_repeated(group, ["capture", "--buckets", "1,2", "--buckets=1,2", "--fuse", "--fuse"])
+    refuse_repeated(group, ["capture", "--model", "--buckets"])  # a value, not a second --buckets
+    refuse_repeated(group, ["capture", "--", "--buckets", "1", "--buckets", "2"])  # past --, nothing is an option

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from gmtool.config import MAX_ITERS
 from gmtool.errors import GmtoolError
 from gmtool.measure.bench import STAGES, main, unknown_stages
 
@@ -22,8 +23,8 @@ def bench(
     host time per replay. Reports figures; asserts nothing."""
     import torch
 
-    if iters < 1:
-        raise GmtoolError(f"--iters must be 1 or more, got {iters}")
+    if not 1 <= iters <= MAX_ITERS:
+        raise GmtoolError(f"--iters must be between 1 and {MAX_ITERS:,}, got {iters}")
     unknown = unknown_stages(stages)
     if unknown:
         raise GmtoolError(f"unknown stage {unknown[0]!r}: choose from {', '.join(STAGES)}")

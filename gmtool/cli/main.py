@@ -56,6 +56,9 @@ _register()
 
 def main() -> None:
     try:
+        from gmtool.cli.repeats import refuse_repeated
+
+        refuse_repeated(typer.main.get_command(app), sys.argv[1:])
         rc = app(standalone_mode=False, prog_name="gmtool")  # typer.Exit(n) comes back as the return value here
         if rc == 130:  # typer turns a Ctrl-C that no command caught (verify, plan) into Exit(130), silently
             err_console.print("[yellow]interrupted[/]")

@@ -30,6 +30,7 @@ TAPE_OPS_PER_LAYER = 60  # ATen ops of one decoder layer and its attention, roun
 class Estimate:
     parts: dict[str, int]  # part -> bytes
     options: dict[str, str]  # part -> the option that shrinks it
+    kv_block_bytes: int = 0  # one KV block of every layer (the whole model's heads: a --tp rank holds 1/tp)
 
     @property
     def total(self) -> int:
@@ -138,7 +139,7 @@ def estimate(cfg: SweepConfig, config) -> Estimate:
         "working set": "--buckets (the largest) or --max-kv-len",
         "graph tapes": "--buckets (fewer buckets)",
     }
-    return Estimate(parts, options)
+    return Estimate(parts, options, block)
 
 
 def available_bytes(device: torch.device) -> int:
@@ -160,6 +161,16 @@ def check_fits(cfg: SweepConfig) -> Estimate | None:
     if config is None:
         return None
     est = estimate(cfg, config)
+    if cfg.kv_cache_gb is not None and est.kv_block_bytes:
+        # the null block and one more, on the smallest share a rank can hold: below that no batch can run, and
+        # every row would fail after the model's load
+        least = 2 * est.kv_block_bytes // max(cfg.tp, 1)
+        if cfg.kv_cache_gb * GiB < least:
+            raise GmtoolError(
+                f"--kv-cache-gb {cfg.kv_cache_gb:g} cannot hold two KV blocks of this model ({least:,} bytes at "
+                f"--block-size {cfg.block_size}): raise --kv-cache-gb, or leave it out to size the cache by what "
+                "the device has"
+            )
     have = available_bytes(cfg.torch_device)
     if est.total > have:
         where = "the CPU" if cfg.torch_device.type != "cuda" else str(cfg.torch_device)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from gmtool.config import SweepConfig
+from gmtool.config import MAX_ITERS, SweepConfig
 from gmtool.core.compositions import parse_composition
 from gmtool.errors import GmtoolError
 from gmtool.modes import CAPTURE_MODES, GraphMode
@@ -51,6 +51,8 @@ class VerifyConfig:
         self.graph_modes = tuple(dict.fromkeys(GraphMode(m) for m in names))
         if self.steps <= 0 or self.check_every <= 0:
             raise GmtoolError("--steps and --check-every must be positive")
+        if self.steps > MAX_ITERS:
+            raise GmtoolError(f"--steps must be at most {MAX_ITERS:,}, got {self.steps:,}")
         if self.check_every > self.steps:  # the soak would check no step and still report clean
             raise GmtoolError(
                 f"--check-every {self.check_every} is above --steps {self.steps}: no step would be checked"
