@@ -396,3 +396,32 @@ def test_the_terminal_compare_table_says_what_served_auto():
     con = Console(width=160, record=True, file=io.StringIO())
     con.print(compare_table(doc))
     assert "served by" not in con.export_text()
+
+
+def test_the_ledger_has_a_rank_column_under_tp():
+    """--tp: every rank captures its own graphs, so the ledger has a row per rank and says which; without a
+    rank column the two ranks' rows read as the same bucket twice."""
+    from gmtool.report.ledger import ledger_table, records_ledger_cells
+
+    def rec(rank, pool):
+        return {
+            "mode": "full",
+            "bucket": 4,
+            "key": "d4",
+            "rank": rank,
+            "capture_s": 0.1,
+            "pool_growth_bytes": pool,
+            "outside_pool_bytes": 0,
+            "inputs_bytes": 0,
+            "workspace_bytes": 0,
+            "ledger_total_bytes": pool,
+            "kv_tokens_given_up": 1,
+        }
+
+    doc = {"config": {"tp": 2, "modes": ["full"]}, "records": [rec(1, 2048), rec(0, 1024)]}
+    headers, cells = records_ledger_cells(doc)
+    assert headers[:3] == ["mode", "bucket", "rank"]
+    assert [(c[2], c[4]) for c in cells] == [("0", "1.0 KiB"), ("1", "2.0 KiB")]
+    assert [c.header for c in ledger_table(doc).columns][:3] == ["mode", "bucket", "rank"]
+    one = {"config": {"tp": 1, "modes": ["full"]}, "records": [rec(0, 1024)]}
+    assert "rank" not in records_ledger_cells(one)[0]

@@ -124,7 +124,9 @@ def ledger_from_records(records: list[dict], strategy: str = "shared") -> pd.Dat
         },
         columns=LEDGER_COLUMNS,
     )
-    return df.astype({c: float for c in LEDGER_COLUMNS[4:]}).sort_values(["mode", "bucket"]).reset_index(drop=True)
+    df = df.astype({c: float for c in LEDGER_COLUMNS[4:]})
+    df["rank"] = [int(r.get("rank") or 0) for r in rows]  # --tp: each rank captured its own graphs
+    return df.sort_values(["mode", "bucket", "rank"], kind="stable").reset_index(drop=True)
 
 
 def strategy_ledger(strategy: str, records: list[dict], per_key: list[dict], kv_per_token: int | None) -> pd.DataFrame:

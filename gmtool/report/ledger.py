@@ -23,12 +23,14 @@ def _n(x) -> float | None:
     return None if x is None or x != x else x
 
 
-def ledger_cells(rows: list[dict]) -> list[list[str]]:
-    """rows: ledger rows (gmtool.memory.ledger: bucket, mode, the parts, total_bytes, kv_tokens_given_up)."""
+def ledger_cells(rows: list[dict], by_rank: bool = False) -> list[list[str]]:
+    """rows: ledger rows (gmtool.memory.ledger: bucket, mode, the parts, total_bytes, kv_tokens_given_up);
+    by_rank: a rank cell after the bucket (--tp: a row per rank)."""
     return [
         [
             str(r["mode"]),
             str(int(r["bucket"])),
+            *([str(int(r.get("rank") or 0))] if by_rank else []),
             str(r.get("key") or "-"),
             fmt_bytes(_n(r["pool_bytes"])),
             fmt_bytes(_n(r["outside_pool_bytes"])),
@@ -46,7 +48,7 @@ def records_ledger(doc: dict) -> list[dict]:
     summary shows them (as asked), then by bucket."""
     order = {m: i for i, m in enumerate(mode_order(doc))}
     rows = ledger_from_records(doc["records"]).to_dict("records")
-    return sorted(rows, key=lambda r: (order.get(r["mode"], len(order)), r["bucket"]))
+    return sorted(rows, key=lambda r: (order.get(r["mode"], len(order)), r["bucket"], r.get("rank", 0)))
 
 
 # at 80 columns the parts go first (the results files keep them); total and KV tokens stay
@@ -73,10 +75,17 @@ def _table(title: str, headers: list[str], rows: list[list[str]]) -> FittedTable
     return FittedTable(title, cols, rows)
 
 
+def records_ledger_cells(doc: dict) -> tuple[list[str], list[list[str]]]:
+    """compare/capture: the ledger's headers and cells, with a rank column under --tp (every rank's graphs)."""
+    by_rank = ((doc.get("config") or {}).get("tp") or 1) > 1
+    headers = HEADERS[:2] + ["rank"] + HEADERS[2:] if by_rank else HEADERS
+    return headers, ledger_cells(records_ledger(doc), by_rank)
+
+
 def ledger_table(doc: dict) -> FittedTable | None:
     """compare/capture: the ledger of every captured bucket, None when nothing was captured."""
-    rows = records_ledger(doc)
-    return _table("graph memory ledger", HEADERS, ledger_cells(rows)) if rows else None
+    headers, cells = records_ledger_cells(doc)
+    return _table("graph memory ledger", headers, cells) if cells else None
 
 
 def memreport_ledger_table(doc: dict) -> FittedTable | None:

@@ -145,8 +145,7 @@ def sections(doc: dict) -> list[Section]:
 
     memory = Section(
         "Graph memory ledger",
-        ledger.HEADERS,
-        ledger.ledger_cells(ledger.records_ledger(doc)),
+        *ledger.records_ledger_cells(doc),
         intro=ledger.INTRO,
         empty="no graph was captured",
     )
