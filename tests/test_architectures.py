@@ -99,19 +99,7 @@ def _run(model_type: str, tmp_path):
             f"{model_type}: the tiny config is not one its config class accepts: "
             f"{(str(e).strip().splitlines() or [''])[-1].strip()}"
         )
-    cfg = SweepConfig(
-        model=str(path),
-        device="cpu",
-        dtype="fp32",
-        scenario="prefill",
-        buckets="8",
-        compositions=COMPOSITIONS,
-        modes=("eager", "full", "piecewise"),
-        max_kv_len=32,
-        num_iters=1,
-        num_iters_warmup=0,
-    )
-    return Sweep(cfg).run()
+    return _run_path(path)
 
 
 @pytest.mark.parametrize("model_type", causal_lm_types())
@@ -270,7 +258,8 @@ def _run_path(path):
         dtype="fp32",
         scenario="prefill",
         buckets="8",
-        modes=("eager", "full"),
+        compositions=COMPOSITIONS,
+        modes=("eager", "full", "piecewise"),
         max_kv_len=32,
         num_iters=1,
         num_iters_warmup=0,

@@ -106,8 +106,10 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path, args, message):
     (tmp_path / "unknown.json").write_text('{"model_type": "no-such-type"}')
     out = tmp_path / "o"
     argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    if "--buckets" not in argv:  # a small run, were the input taken: given twice, --buckets is refused itself
+        argv += ["--buckets", "1"]
     p = subprocess.run(
-        [sys.executable, "-m", "gmtool", "capture", "--device", "cpu", "--buckets", "1", *argv, "--out", str(out)],
+        [sys.executable, "-m", "gmtool", "capture", "--device", "cpu", *argv, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
