@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gmtool.errors import GmtoolError
 from tests.test_compare import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -343,3 +344,6 @@ def test_an_option_repeated_with_the_same_value_is_not_refused():
     refuse_repeated(group, ["capture", "--buckets", "1,2", "--buckets=1,2", "--fuse", "--fuse"])
     refuse_repeated(group, ["capture", "--model", "--buckets"])  # a value, not a second --buckets
     refuse_repeated(group, ["capture", "--", "--buckets", "1", "--buckets", "2"])  # past --, nothing is an option
+    refuse_repeated(group, ["capture", "--model", "a", "--out", "--model"])  # --out's value, not a second --model
+    with pytest.raises(GmtoolError, match=r"--model given 2 times \('a' then 'b'\)"):
+        refuse_repeated(group, ["capture", "-ma", "-mb"])  # short options with their values attached

@@ -1392,10 +1392,10 @@ MUTANTS: list[Mutant] = [
     M(
         "overlap-keeps-the-pool-growth",
         "gmtool/core/overlap.py",
-        "    return (free_before - free_after) - pool_growth_between\n",
+        "    return (free_before - free_after) - reserved_growth\n",
         "    return free_before - free_after\n",
         "tests/test_overlap.py::test_each_graph_gets_the_driver_bytes_of_its_own_instantiation_and_upload",
-        "capture_all counts the next capture's pool growth as the driver's bytes outside the pool",
+        "capture_all counts what torch reserved for the next capture as the driver's bytes outside the pool",
     ),
     M(
         "hub-rope-not-unwrapped",

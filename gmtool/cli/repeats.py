@@ -6,24 +6,34 @@ from __future__ import annotations
 from gmtool.errors import GmtoolError
 
 
-def _occurrences(param, argv: list[str]) -> list[str]:
-    """What each occurrence of param in argv says: its value, or for a flag, the name it was given by."""
-    names = [*param.opts, *param.secondary_opts]
-    takes_value = not getattr(param, "is_flag", False) and param.nargs == 1
-    said, i = [], 0
+def _said(params, argv: list[str]) -> dict[str, list[str]]:
+    """For each single-valued option in params, what each of its occurrences in argv says: its value, or for a
+    flag the name it was given by. One pass, so an option's value is never read as another option."""
+    by_name = {}
+    for p in params:
+        if getattr(p, "param_type_name", "") == "option" and not p.multiple and not getattr(p, "count", False):
+            for name in (*p.opts, *p.secondary_opts):
+                by_name[name] = p
+    said: dict[str, list[str]] = {}
+    i = 0
     while i < len(argv):
         tok = argv[i]
         if tok == "--":
             break
-        name, eq, value = tok.partition("=")
-        if tok in names:
-            if takes_value:
-                said.append(argv[i + 1] if i + 1 < len(argv) else "")
+        name, value = tok, None
+        if tok.startswith("--") and "=" in tok:
+            name, _, value = tok.partition("=")
+        elif not tok.startswith("--") and tok.startswith("-") and len(tok) > 2 and tok[:2] in by_name:
+            name, value = tok[:2], tok[2:]  # -b4: a short option with its value attached
+        p = by_name.get(name)
+        if p is not None:
+            takes_value = not getattr(p, "is_flag", False) and p.nargs == 1
+            if not takes_value:
+                value = name
+            elif value is None:
+                value = argv[i + 1] if i + 1 < len(argv) else ""
                 i += 1
-            else:
-                said.append(tok)
-        elif eq and name in names and name.startswith("--"):
-            said.append(value)
+            said.setdefault(p.opts[0], []).append(value)
         i += 1
     return said
 
@@ -35,13 +45,7 @@ def refuse_repeated(group, argv: list[str]) -> None:
     command = group.commands.get(name) if name else None
     if command is None:
         return
-    rest = argv[argv.index(name) + 1 :]
-    for param in command.params:
-        if getattr(param, "param_type_name", "") != "option" or param.multiple or getattr(param, "count", False):
-            continue
-        said = _occurrences(param, rest)
-        if len(set(said)) > 1:
-            shown = " then ".join(f"'{s}'" for s in said)
-            raise GmtoolError(
-                f"{param.opts[0]} given {len(said)} times ({shown}): only one would be used; give it once"
-            )
+    for opt, values in _said(command.params, argv[argv.index(name) + 1 :]).items():
+        if len(set(values)) > 1:
+            shown = " then ".join(f"'{v}'" for v in values)
+            raise GmtoolError(f"{opt} given {len(values)} times ({shown}): only one would be used; give it once")

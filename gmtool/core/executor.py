@@ -84,7 +84,9 @@ class CapturedGraph:
     impl: str
     steps: list
     ctx: ForwardContext
-    capture_s: float = 0.0  # capture, instantiation and the wait for them (the upload not included)
+    # capture, instantiation and the wait for them (the upload not included); capture_all: capture alone (its
+    # worker instantiates: instantiate_s)
+    capture_s: float = 0.0
     warmup_s: float = 0.0  # the eager pass before it, if any (warmed_up)
     # its memory reading (CUDA: mem_get_info, allocator stats) and the upload (piecewise: a first replay, which
     # also builds the native step loop, compiling step_loop.c once per machine)
@@ -322,6 +324,8 @@ class GraphExecutor:
                 entry.steps.clear()
                 planned = self._capture_measured(entry, batch, fn)
                 entry.warmed_after_failure = True
+            if self._overlap is not None:  # outside the retry: a failure of the worker's is not this capture's
+                self._overlap.submit(entry)
         if self.memory is not None:
             self.memory.captured(key, entry)
         if not self.mode.piecewise:  # runners read the plan at replay; a whole graph bakes it in
@@ -354,6 +358,7 @@ class GraphExecutor:
             try:
                 for key in keys:
                     overlapped.append(self.capture(key, todo[key]))
+                overlap.finish()
             except BaseException:
                 overlap.drain()  # a graph the worker did not finish is not kept: a replay would fail, or instantiate it
                 for entry in overlapped:
@@ -362,6 +367,11 @@ class GraphExecutor:
                 raise
             finally:
                 self._overlap = None
+        if overlap.refused_uploads:
+            self.overlap_note = (
+                f"the driver refused {overlap.refused_uploads} graphs' upload: each uploads at its first replay, "
+                "outside their outside_pool_bytes"
+            )
         return entries + overlapped
 
     def _warm_up(self, entry: CapturedGraph, fn) -> None:
@@ -405,8 +415,6 @@ class GraphExecutor:
                 self.backend.synchronize()
             entry.capture_s = time.perf_counter() - t0
         entry.measure_s = time.perf_counter() - t_in - entry.capture_s
-        if overlap is not None:
-            overlap.submit(entry)
         return planned
 
     def _record(self, entry: CapturedGraph, fn) -> None:

@@ -8,8 +8,9 @@ otherwise invalidate the capture under way.
 
 The memory the driver takes for graph k (its exec object and upload: outside the pool) can no longer be read
 around it alone; free device memory is read where the worker has finished graph k and the main thread has
-captured graph k+1, and the pool's own growth over that interval (graph k+1's capture: allocator statistics,
-exact) is taken out: `attribute()`. A capture's own driver allocations, if any, fall to the graph before it.
+captured graph k+1, and what torch's allocator reserved over that interval (graph k+1's pool growth, and a
+warm-up's if a capture had to be retried) is taken out: `attribute()`. A capture's own driver allocations, if
+any, fall to the graph before it.
 """
 
 from __future__ import annotations
@@ -20,34 +21,43 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from gmtool.errors import CaptureError
+from gmtool.errors import CaptureError, OutOfMemory
 
 
-def attribute(free_before: int, free_after: int, pool_growth_between: int) -> int:
-    """The driver's bytes outside the pool over an interval: the free memory it lost, less what the pool grew."""
-    return (free_before - free_after) - pool_growth_between
+def attribute(free_before: int, free_after: int, reserved_growth: int) -> int:
+    """The driver's bytes outside the pool over an interval: the free memory lost, less what torch reserved."""
+    return (free_before - free_after) - reserved_growth
 
 
 class OverlappedInstantiation:
-    """Used by GraphExecutor.capture_all: `submit(entry)` after each capture (its pool statistics taken,
-    its graphs not instantiated); `finish()` after the last. Sets each entry's outside_pool_bytes and
-    instantiate_s (the worker's instantiation and upload: not in its capture_s, nor anyone's)."""
+    """Used by GraphExecutor.capture_all: `submit(entry)` after each capture (its graphs not instantiated);
+    `finish()` after the last. Sets each entry's outside_pool_bytes and instantiate_s (the worker's
+    instantiation and upload: in no capture_s). The main thread's wait for the worker, and its readings, go into
+    the measure_s of the entry it waited for. `refused_uploads`: graphs whose upload the driver refused, left to
+    their first replay (the one-by-one path does the same)."""
 
-    def __init__(self, backend, device: torch.device, free_bytes=None, stream=None):
-        """free_bytes(): the device's free memory (default: cudaMemGetInfo); stream: where uploads go (default:
-        a new side stream, the capture stream being busy capturing). Both given: no CUDA call of its own."""
+    def __init__(self, backend, device: torch.device, free_bytes=None, reserved_bytes=None, stream=None):
+        """free_bytes(): the device's free memory (default: cudaMemGetInfo); reserved_bytes(): what torch's
+        allocator holds (default: its statistics); stream: where uploads go (default: a side stream of its own,
+        the capture stream being busy capturing). All three given: no CUDA call of its own."""
         self.backend, self.device = backend, device
         self.free_bytes = free_bytes or (lambda: torch.cuda.mem_get_info(device)[0])
+        self.reserved_bytes = reserved_bytes or (
+            lambda: torch.cuda.memory_stats_as_nested_dict(device)["reserved_bytes"]["all"]["current"]
+        )
         if stream is None:
             index = device.index if device.index is not None else torch.cuda.current_device()
             self.worker = ThreadPoolExecutor(1, initializer=torch.cuda.set_device, initargs=(index,))
-            stream = torch.cuda.Stream(device)
+            # high priority: torch hands out default-priority streams round robin from a pool of 32, one of which
+            # is the capture stream; an upload there would land in the capture under way
+            stream = torch.cuda.Stream(device, priority=-1)
             torch.cuda.synchronize(device)
         else:
             self.worker = ThreadPoolExecutor(1)
         self.side = stream
         self.pending: tuple | None = None  # (entry, future) of the graph the worker is on
-        self.free = self.free_bytes()
+        self.refused_uploads = 0
+        self.free, self.reserved = self.free_bytes(), self.reserved_bytes()
 
     def __enter__(self) -> "OverlappedInstantiation":
         self.backend.defer_instantiation = True
@@ -55,13 +65,18 @@ class OverlappedInstantiation:
 
     def __exit__(self, *exc) -> None:
         try:
-            if exc[0] is None:
-                self.finish()
-            else:  # a failed capture: leave nothing running in the worker
-                self.drain()
+            self.drain()  # finish() has run unless something failed: leave nothing running in the worker
         finally:
             self.backend.defer_instantiation = False
             self.worker.shutdown(wait=True)
+
+    def submit(self, entry) -> None:
+        self._settle(entry)
+        self.pending = (entry, self.worker.submit(self._instantiate, entry))
+
+    def finish(self) -> None:
+        if self.pending is not None:
+            self._settle(None)
 
     def drain(self) -> None:
         """Wait for the worker's graph, whatever became of it (after a failure elsewhere)."""
@@ -69,39 +84,38 @@ class OverlappedInstantiation:
             self.pending[1].exception()
             self.pending = None
 
-    def submit(self, entry) -> None:
-        self._settle(entry, entry.pool_growth_bytes or 0)
-        self.pending = (entry, self.worker.submit(self._instantiate, entry))
-
-    def finish(self) -> None:
-        if self.pending is not None:
-            self._settle(None, 0)
-
-    def _settle(self, captured, growth: int) -> None:
+    def _settle(self, captured) -> None:
         """The worker's graph done, one reading: its driver bytes (or, before any, the first capture's own)."""
         t0 = time.perf_counter()
         owner = captured
         if self.pending is not None:
             owner, done = self.pending
-            done.result()  # its failure (an instantiation the driver refused) is the capture's
             self.pending = None
-        free = self.free_bytes()
-        owner.outside_pool_bytes = (owner.outside_pool_bytes or 0) + attribute(self.free, free, growth)
-        self.free = free
-        if captured is not None:
-            captured.measure_s += time.perf_counter() - t0
+            done.result()  # its failure (an instantiation the driver refused) ends capture_all
+        free, reserved = self.free_bytes(), self.reserved_bytes()
+        outside = attribute(self.free, free, reserved - self.reserved)
+        owner.outside_pool_bytes = (owner.outside_pool_bytes or 0) + outside
+        self.free, self.reserved = free, reserved
+        owner.measure_s += time.perf_counter() - t0
 
     def _instantiate(self, entry) -> None:
         t0 = time.perf_counter()
-        for step in entry.steps:
-            step.instantiate()
-        # each step alone, not entry.upload(): its fallback replays, and the arena holds the next batch by now
-        on_side = torch.cuda.stream(self.side) if isinstance(self.side, torch.cuda.Stream) else contextlib.nullcontext()
-        with on_side:
-            uploaded = all(step.upload() for step in entry.steps)
-        self.side.synchronize()
-        if not uploaded:
-            raise CaptureError(f"bucket {entry.key}: the driver refused the graph's upload (cuGraphUpload)")
+        try:
+            for step in entry.steps:
+                step.instantiate()
+            # each step alone, not entry.upload(): its fallback replays, and the arena holds the next batch by now
+            on_side = (
+                torch.cuda.stream(self.side) if isinstance(self.side, torch.cuda.Stream) else contextlib.nullcontext()
+            )
+            with on_side:
+                uploaded = all(step.upload() for step in entry.steps)
+            self.side.synchronize()
+        except torch.OutOfMemoryError:
+            raise OutOfMemory(f"out of memory while instantiating bucket {entry.key}'s graph") from None
+        except RuntimeError as e:
+            raise CaptureError(f"instantiation of bucket {entry.key} failed: {str(e).splitlines()[0]}") from None
+        if not uploaded:  # as on the one-by-one path: the first replay uploads it, outside this accounting
+            self.refused_uploads += 1
         entry.instantiate_s = time.perf_counter() - t0
 
 

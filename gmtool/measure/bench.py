@@ -308,8 +308,9 @@ def median_run(docs: list[dict]) -> dict:
 
 def capture_split(entries, compile_ahead_s: float | None, total_s: float) -> dict:
     """Where a list of captures' time went: compile-ahead's pass, the eager warm-up(s), capture itself
-    (instantiation and the wait included), the memory readings and upload replays, and the rest (batches, the
-    copy-in, Triton's first launches outside those)."""
+    (instantiation and the wait included, but under capture_all, whose worker instantiates beside the next
+    capture), the memory readings and uploads (capture_all: the waits for its worker), and the rest (batches,
+    the copy-in, Triton's first launches outside those)."""
     split = {
         "compile_ahead": compile_ahead_s or 0.0,
         "warm_up": sum(e.warmup_s for e in entries),
@@ -363,7 +364,8 @@ def _capture_once(fuse: bool) -> dict:
         "total_s": total,
         "capture_only_s": sum(e.capture_s for e in entries),
         "split_s": capture_split(entries, ex.compile_ahead_s, total),
-        # the graphs' instantiation and upload in capture_all's worker, beside the next capture (not in the split)
+        # the graphs' instantiation and upload in capture_all's worker thread (not in the split: what of it the
+        # main thread waited for is in the split's "measure")
         "instantiate_overlapped_s": sum(e.instantiate_s or 0.0 for e in entries),
         "overlap_note": ex.overlap_note,
         # per bucket, largest first: bucket, warm-up, capture, memory and upload (s): where first-use costs fall

@@ -336,7 +336,7 @@ def summary(out: Path, console: Console) -> list[tuple]:
             else f"capture alone {cap['capture_only_s']:.2f} s; warm-up, compiling and the rest {rest:.2f} s"
         )
         if (inst := cap.get("instantiate_overlapped_s")) and cap.get("overlap_note") is None:
-            where += f"; instantiation and upload {inst:.2f} s beside the next captures"
+            where += f"; instantiation and upload {inst:.2f} s in a worker thread"
         samples = cap.get("samples_s") or []
         if len(samples) > 1:  # the median process of several: the spread says how far one process's figure goes
             where = f"median of {len(samples)} processes, {min(samples):.2f}-{max(samples):.2f} s; " + where

@@ -162,8 +162,9 @@ def check_fits(cfg: SweepConfig) -> Estimate | None:
         return None
     est = estimate(cfg, config)
     if cfg.kv_cache_gb is not None and est.kv_block_bytes:
-        # the null block and one more, on the smallest share a rank can hold: below that no batch can run, and
-        # every row would fail after the model's load
+        # the null block and one more, on the smallest share a rank can hold: below that the cache would exceed
+        # the budget (PagedKVCache.from_budget keeps two blocks) and every batch past one block would fail, after
+        # the model's load
         least = 2 * est.kv_block_bytes // max(cfg.tp, 1)
         if cfg.kv_cache_gb * GiB < least:
             raise GmtoolError(
