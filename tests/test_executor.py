@@ -145,7 +145,7 @@ def test_the_upload_replay_at_capture_keeps_the_baked_plan(monkeypatch):
     from gmtool.core import executor
 
     @contextlib.contextmanager
-    def memory_of(entry, device, upload=None, held=None, overlapped=False):
+    def memory_of(entry, device, upload=None, held=None):
         yield
         if upload is not None:
             upload()

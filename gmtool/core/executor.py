@@ -158,13 +158,13 @@ class CapturedGraph:
 
 
 @contextlib.contextmanager
-def _memory_of(entry: CapturedGraph, device: torch.device, upload=None, held=None, overlapped=False):
+def _memory_of(entry: CapturedGraph, device: torch.device, upload=None, held=None):
     """CUDA: the capture's peak allocation (the shape's need), the pool memory it added, and what the driver
     took outside the pool around capture + instantiation and then around upload() (the graphs' copy to the device).
     held(): the pools' physical bytes, where the allocator's reserved bytes do not say them (it may return None;
     no held, or None: the reserved bytes). VMM maps every shape's virtual range onto shared chunks: its reserved
-    bytes grow by the range, its physical ones by the excess. overlapped: the allocator's figures only; the
-    driver's bytes are read once a worker has instantiated the graph (gmtool.core.overlap)."""
+    bytes grow by the range, its physical ones by the excess. No upload: the allocator's figures only (capture_all
+    reads the driver's bytes once its worker has instantiated and uploaded the graph: gmtool.core.overlap)."""
     if device.type != "cuda":
         yield
         return
@@ -178,20 +178,19 @@ def _memory_of(entry: CapturedGraph, device: torch.device, upload=None, held=Non
         pool = reserved.get("all", {}).get("current", 0) if got is None else got
         return allocated.get("current", 0), allocated.get("peak", 0), pool
 
-    if not overlapped:
+    if upload is not None:
         torch.cuda.synchronize(device)
     mem0, _, res0 = allocator()
-    free0 = None if overlapped else torch.cuda.mem_get_info(device)[0]
+    free0 = None if upload is None else torch.cuda.mem_get_info(device)[0]
     torch.cuda.reset_peak_memory_stats(device)
     yield
     _, peak, res1 = allocator()
     entry.graph_mem_bytes = peak - mem0
     entry.pool_growth_bytes = res1 - res0
-    if overlapped:
+    if upload is None:
         return
-    if upload is not None:  # the driver uploads a graph at its first launch: memory outside the pool too
-        upload()
-        torch.cuda.synchronize(device)
+    upload()  # the driver uploads a graph at its first launch: memory outside the pool too
+    torch.cuda.synchronize(device)
     # what the driver gave beyond the pool's growth: graph instantiation, exec objects and the upload
     # (gmtool.memory.ledger). One reading after both: the upload leaves the pool as it is, and cudaMemGetInfo
     # costs about 1.2 ms on the H200's host (2026-12-02, 106 calls 0.126 s), a third of a bucket's readings.
@@ -353,7 +352,7 @@ class GraphExecutor:
         if keys and not self.backend.warmed:  # the first capture warms the stream up (and compiles ahead) alone
             first = keys.pop(0)
             entries.append(self.capture(first, todo[first]))
-        with gc_frozen(), OverlappedInstantiation(self.backend, self.device) as overlap:
+        with OverlappedInstantiation(self.backend, self.device) as overlap:
             self._overlap, overlapped = overlap, []
             try:
                 for key in keys:
@@ -369,8 +368,8 @@ class GraphExecutor:
                 self._overlap = None
         if overlap.refused_uploads:
             self.overlap_note = (
-                f"the driver refused {overlap.refused_uploads} graphs' upload: each uploads at its first replay, "
-                "outside their outside_pool_bytes"
+                f"{overlap.refused_uploads} graphs could not upload alone (cuGraphUpload: no cuda-python bindings, "
+                "or refused): each uploads at its first replay, outside their outside_pool_bytes"
             )
         return entries + overlapped
 
@@ -406,7 +405,7 @@ class GraphExecutor:
         overlap = self._overlap
         upload = None if overlap is not None else (lambda: entry.upload(batch))
         t_in = time.perf_counter()
-        with _memory_of(entry, self.device, upload=upload, held=held, overlapped=overlap is not None):
+        with _memory_of(entry, self.device, upload=upload, held=held):
             t0 = time.perf_counter()
             self._record(entry, fn)
             # taken before the upload: its replay prepares the context again, which forgets the plan

@@ -33,8 +33,8 @@ class OverlappedInstantiation:
     """Used by GraphExecutor.capture_all: `submit(entry)` after each capture (its graphs not instantiated);
     `finish()` after the last. Sets each entry's outside_pool_bytes and instantiate_s (the worker's
     instantiation and upload: in no capture_s). The main thread's wait for the worker, and its readings, go into
-    the measure_s of the entry it waited for. `refused_uploads`: graphs whose upload the driver refused, left to
-    their first replay (the one-by-one path does the same)."""
+    the measure_s of the entry it waited for. `refused_uploads`: graphs that could not upload alone (no bindings,
+    or the driver refused), left to their first replay (the one-by-one path does the same)."""
 
     def __init__(self, backend, device: torch.device, free_bytes=None, reserved_bytes=None, stream=None):
         """free_bytes(): the device's free memory (default: cudaMemGetInfo); reserved_bytes(): what torch's
@@ -131,8 +131,4 @@ def refusal(ex) -> str | None:
         return f"memory strategy {type(ex.memory).__name__}: it reads each graph finished"
     if ex.forward_impl.compiles or not getattr(ex.backend, "keep_graph", False):
         return "a forward that traces per shape, or graphs instantiated at capture_end"
-    from gmtool.verify.graphnodes import load_driver
-
-    if load_driver() is None:
-        return "no CUDA driver bindings (cuda-python): a graph uploads at its first replay"
     return None
