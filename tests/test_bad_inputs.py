@@ -342,7 +342,8 @@ def test_an_option_repeated_with_the_same_value_is_not_refused():
 
     group = typer.main.get_command(app)
     refuse_repeated(group, ["capture", "--buckets", "1,2", "--buckets=1,2", "--fuse", "--fuse"])
-    refuse_repeated(group, ["capture", "--model", "--buckets"])  # a value, not a second --buckets
+    refuse_repeated(group, ["capture", "--model", "--buckets", "--buckets", "2"])  # --model's value, then --buckets
+    refuse_repeated(group, ["capture", "--model", "a", "--model"])  # no value: click's to say, not a repeat
     refuse_repeated(group, ["capture", "--", "--buckets", "1", "--buckets", "2"])  # past --, nothing is an option
     refuse_repeated(group, ["capture", "--model", "a", "--out", "--model"])  # --out's value, not a second --model
     with pytest.raises(GmtoolError, match=r"--model given 2 times \('a' then 'b'\)"):

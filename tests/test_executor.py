@@ -219,6 +219,75 @@ def test_tape_refuses_host_sync_during_capture():
     be.abort()
 
 
+@pytest.mark.parametrize(
+    "read, why",
+    [
+        (lambda x: x.tolist(), "Tensor.tolist"),
+        (lambda x: x.numpy(), "Tensor.numpy"),
+        (lambda x: x[x > 1], "boolean mask"),
+        (lambda x: x.masked_fill(x > 1, 0)[x > 0], "boolean mask"),
+        (lambda x: torch.repeat_interleave(x, x), "sized by a tensor's values"),
+        (lambda x: torch.masked_select(x, x > 1), "sized by a tensor's values"),
+        (lambda x: torch.unique(x), "sized by a tensor's values"),
+    ],
+)
+def test_tape_refuses_what_a_cuda_capture_would_wait_for(read, why):
+    """What reads a tensor's values on the host, or sizes an output by them, fails a CUDA capture: the tape
+    must refuse it too, or a model the CPU passes breaks on the GPU. The backend is usable after."""
+    be = CpuTapeBackend()
+    x = torch.arange(4)
+    be.begin()
+    with pytest.raises(CaptureError, match=why):
+        read(x)
+    be.abort()
+    x.tolist(), torch.repeat_interleave(x, x)  # outside a capture: allowed
+    be.begin()
+    torch.repeat_interleave(x, x, output_size=6)  # its size given: no sync, captured
+    x[torch.tensor([0, 2])]  # an index tensor, not a mask
+    be.end()
+
+
+@pytest.mark.parametrize("raised", [IndexError("index 9 is out of bounds"), KeyboardInterrupt()])
+def test_a_capture_that_raises_leaves_the_backend_usable(raised):
+    """Whatever a forward raises under capture (a model's IndexError, a Triton compile error, Ctrl-C), the capture
+    ends: a tape left recording would take in every later op of the process, and the next capture would fail."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    rig = Rig()
+    rig.graph(rig.batch("1*4"))  # the first capture warms the backend up
+    record = rig.ex.forward_impl.record
+
+    def failing(ex, entry, fn):
+        fn()
+        raise raised
+
+    rig.ex.forward_impl.record = failing
+    if isinstance(raised, KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt):
+            rig.graph(rig.batch("1*8"))
+    else:
+        with pytest.raises(CaptureError, match="bucket .*8.* failed: IndexError: index 9 is out of bounds"):
+            rig.graph(rig.batch("1*8"))
+    assert _get_current_dispatch_mode() is None and rig.ex.backend._tape is None
+    rig.ex.forward_impl.record = record
+    b = rig.batch("1*16", seed=3)
+    assert rel(rig.graph(b), rig.eager(b)) < 1e-5
+
+
+def test_tape_replays_an_op_that_returns_a_list_of_one():
+    be = CpuTapeBackend()
+    x = torch.arange(6.0).reshape(3, 2)
+    out = torch.zeros(3, 2)
+    be.begin()
+    (y,) = torch.split(x * 1, 4)  # one piece: aten.split returns a list of one tensor
+    out.copy_(y + 1)
+    del y
+    g: TapeGraph = be.end()
+    x.add_(100)
+    g.replay()
+    assert torch.equal(out, x + 1)
+
+
 def test_tape_replay_reruns_over_the_same_tensors():
     be = CpuTapeBackend()
     x = torch.arange(4.0)
@@ -270,6 +339,32 @@ def test_fx_falls_back_to_runtime_split_when_tracing_fails(monkeypatch):
     assert rel(rig.graph(b), rig.eager(b)) < 1e-5
     entry = rig.ex.graphs[rig.ex.key_for(b)]
     assert entry.piecewise_impl.startswith("breakable (fx could not trace") and entry.runners == rig.lm.num_layers
+
+
+def test_fx_fallback_is_for_a_model_it_cannot_trace_not_for_a_shape_that_fails(monkeypatch):
+    """Out of memory at a later bucket is the run's (an OOM row), and a trace failure once a shape has traced
+    is that shape's (an error row): neither turns fx into the runtime split for the rest of the run."""
+    rig = Rig(mode="piecewise", piecewise_impl="fx")
+    fx = rig.ex.forward_impl.active.fx
+    rig.graph(rig.batch("16+16", seed=1))
+    real = fx.forward
+
+    def failing(error):
+        def forward(*args, **kwargs):
+            raise error
+
+        return forward
+
+    monkeypatch.setattr(fx, "forward", failing(torch.OutOfMemoryError("CUDA out of memory. Tried 2 GiB")))
+    with pytest.raises(torch.OutOfMemoryError):
+        rig.graph(rig.batch("4+4", seed=2))
+    monkeypatch.setattr(fx, "forward", failing(ValueError("a guard dynamo cannot build")))
+    with pytest.raises(CaptureError, match="fx could not trace this shape: a guard dynamo cannot build"):
+        rig.graph(rig.batch("4+4", seed=2))
+    monkeypatch.setattr(fx, "forward", real)
+    b = rig.batch("8+8", seed=3)
+    assert rel(rig.graph(b), rig.eager(b)) < 1e-5
+    assert rig.ex.graphs[rig.ex.key_for(b)].piecewise_impl == "fx" and rig.ex.forward_impl.reason is None
 
 
 def test_graph_copies_its_own_inputs():

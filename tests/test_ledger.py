@@ -3,6 +3,8 @@ the per-strategy fit, its prediction and the prediction error."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
@@ -324,3 +326,44 @@ def test_outside_pool_is_the_free_drop_beyond_the_pool_growth(monkeypatch, physi
         assert (entry.pool_growth_bytes, entry.outside_pool_bytes) == (22 * MiB, -18 * MiB)
     # the driver's free memory read before and after (capture and upload together): each reading costs ~1 ms
     assert dev.free_readings == 2
+
+
+def test_what_an_upload_replay_reserves_through_torch_is_not_the_driver_s(monkeypatch):
+    """A piecewise entry uploads by replaying, and its runners run: torch attention's gathers come from torch's
+    allocator (reserved, 8 MiB here). Those are not the graph's driver bytes outside the pool."""
+    import torch
+
+    from gmtool.core.executor import CapturedGraph, _memory_of
+
+    dev = _FakeDevice(monkeypatch, reserved_growth=4 * MiB, free_drop=5 * MiB, upload_drop=MiB)
+
+    def replaying_upload():
+        dev.upload()
+        dev.reserved += 8 * MiB
+        dev.free -= 8 * MiB
+
+    entry = CapturedGraph(None, None, "decode", [], None)
+    with _memory_of(entry, torch.device("cuda"), upload=replaying_upload):
+        dev.capture(phys_growth=0)
+    assert (entry.pool_growth_bytes, entry.outside_pool_bytes) == (4 * MiB, 2 * MiB)
+
+
+def test_inputs_bytes_count_the_buffers_of_the_part_that_serves_the_key():
+    """auto's mixed buckets are served by its piecewise part: their slice holds that part's q, attention-output
+    and last-hidden buffers, as piecewise's own does; a full executor has no runner buffers at all."""
+    from gmtool.core.inputs import StepViews
+    from gmtool.memory.ledger import inputs_bytes
+    from tests.helpers import Rig
+
+    auto, piecewise = Rig(mode="auto"), Rig(mode="piecewise")
+    batch = auto.batch("3+2")
+    auto.graph(batch), piecewise.graph(piecewise.batch("3+2"))
+    key = piecewise.ex.key_for(batch)
+    assert auto.ex.key_for(batch) == key
+    ex, t = piecewise.ex, key.num_tokens
+    views = ex.inputs.views(key)
+    fields = sum(getattr(views, f.name).nbytes for f in dataclasses.fields(StepViews))
+    runners = ex.attn_q[:t].nbytes + ex.attn_out[:t].nbytes + ex.last_hidden[: views.logits.shape[0]].nbytes
+    assert inputs_bytes(ex, key) == fields + runners
+    assert inputs_bytes(auto.ex, key) == fields + runners
+    assert Rig(mode="full").ex.attn_out is None

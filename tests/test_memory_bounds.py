@@ -8,10 +8,12 @@ import os
 import resource
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from gmtool.cli.main import main
 from gmtool.config import SweepConfig
 from gmtool.core.backends.cpu import CpuTapeBackend
@@ -86,8 +88,25 @@ def test_the_tape_drops_intermediates_after_their_last_use():
     kept = [v for op in g.ops for v in op[1] if isinstance(v, torch.Tensor)]
     assert all(v is x or v is out for v in kept)
     x.fill_(2.0)
-    g.replay()
+    with _LiveProducts() as live:  # and a replay drops each after its last use too
+        g.replay()
     assert torch.allclose(out, torch.full_like(out, 2.0 * 1.01**50))
+    assert len(live.made) == 50 and live.most <= 2
+
+
+class _LiveProducts(TorchDispatchMode):
+    """Counts, at each mul, how many of the muls' outputs are still alive."""
+
+    def __init__(self):
+        super().__init__()
+        self.made, self.most = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.mul.Tensor:
+            self.made.append(weakref.ref(out))
+            self.most = max(self.most, sum(r() is not None for r in self.made))
+        return out
 
 
 def test_what_outlives_the_capture_is_written_at_replay():

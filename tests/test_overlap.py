@@ -176,3 +176,38 @@ def test_a_failed_instantiation_ends_capture_all_without_keeping_that_graph(monk
     assert list(rig.ex.graphs) == keys[:failing]
     assert warmups == [keys[0]]  # the first capture's only: no retry of the capture after the failed graph
     assert not rig.ex.backend.defer_instantiation
+
+
+def test_a_failed_capture_keeps_the_graph_before_it_with_its_driver_bytes(monkeypatch):
+    """The main thread's capture fails while the worker instantiates the graph before it: that graph is kept,
+    finished, and its driver bytes are read (not left None); the failed bucket is not kept."""
+    from gmtool.core import overlap as overlap_module
+
+    rig = Rig()
+    memory = FakeMemory()
+
+    class Fake(overlap_module.OverlappedInstantiation):
+        def __init__(self, backend, device):
+            super().__init__(backend, device, memory.read, memory.read_reserved, SideStream())
+
+        def _instantiate(self, entry):
+            entry.steps = [FakeGraph(memory, 700, 50)]
+            super()._instantiate(entry)
+
+    monkeypatch.setattr(overlap_module, "refusal", lambda ex: None)
+    monkeypatch.setattr(overlap_module, "OverlappedInstantiation", Fake)
+    record = rig.ex._record
+
+    def failing_at_4(entry, fn):
+        if entry.key.num_tokens == 4:
+            raise CaptureError("capture of bucket 4 failed: boom")
+        record(entry, fn)
+
+    monkeypatch.setattr(rig.ex, "_record", failing_at_4)
+    batches = [rig.batch(t, seed=i) for i, t in enumerate(["1*30", "1*16", "1*8", "1*4"])]
+    with pytest.raises(CaptureError, match="bucket 4 failed: boom"):
+        rig.ex.capture_all(batches)
+    keys = [BucketKey(n, None, True) for n in (32, 16, 8)]
+    assert list(rig.ex.graphs) == keys
+    assert [rig.ex.graphs[k].outside_pool_bytes for k in keys[1:]] == [750, 750]
+    assert all(rig.ex.graphs[k].instantiate_s is not None for k in keys[1:])

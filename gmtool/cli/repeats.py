@@ -31,7 +31,9 @@ def _said(params, argv: list[str]) -> dict[str, list[str]]:
             if not takes_value:
                 value = name
             elif value is None:
-                value = argv[i + 1] if i + 1 < len(argv) else ""
+                if i + 1 == len(argv):  # no value: click says the option needs one
+                    break
+                value = argv[i + 1]
                 i += 1
             said.setdefault(p.opts[0], []).append(value)
         i += 1

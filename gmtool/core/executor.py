@@ -169,6 +169,9 @@ def _memory_of(entry: CapturedGraph, device: torch.device, upload=None, held=Non
         yield
         return
 
+    def reserved() -> int:
+        return torch.cuda.memory_stats_as_nested_dict(device).get("reserved_bytes", {}).get("all", {}).get("current", 0)
+
     def allocator() -> tuple[int, int, int]:
         """allocated, peak allocated, pool bytes: from one nested reading (torch.cuda.memory_allocated and its
         kind flatten all ~160 allocator statistics per call: 0.4 ms under cProfile on the H200's host)."""
@@ -189,12 +192,15 @@ def _memory_of(entry: CapturedGraph, device: torch.device, upload=None, held=Non
     entry.pool_growth_bytes = res1 - res0
     if upload is None:
         return
+    before_upload = reserved()
     upload()  # the driver uploads a graph at its first launch: memory outside the pool too
     torch.cuda.synchronize(device)
     # what the driver gave beyond the pool's growth: graph instantiation, exec objects and the upload
-    # (gmtool.memory.ledger). One reading after both: the upload leaves the pool as it is, and cudaMemGetInfo
-    # costs about 1.2 ms on the H200's host (2026-12-02, 106 calls 0.126 s), a third of a bucket's readings.
-    entry.outside_pool_bytes = (free0 - torch.cuda.mem_get_info(device)[0]) - entry.pool_growth_bytes
+    # (gmtool.memory.ledger). One reading after both: cudaMemGetInfo costs about 1.2 ms on the H200's host
+    # (2026-12-02, 106 calls 0.126 s), a third of a bucket's readings. An upload that replays (piecewise) runs
+    # its runners, whose temporaries (torch attention's gathers) torch's allocator may reserve: not the driver's.
+    uploaded = reserved() - before_upload
+    entry.outside_pool_bytes = (free0 - torch.cuda.mem_get_info(device)[0]) - entry.pool_growth_bytes - uploaded
 
 
 class GraphExecutor:
@@ -223,8 +229,10 @@ class GraphExecutor:
         # piecewise: one attention-output buffer (V's head dim) and one query buffer (K's) for every layer and
         # bucket (each piece consumes the output before the next runner overwrites it; each runner reads q before
         # the next piece writes it); under --tp, this rank's heads
-        self.attn_out = torch.zeros(
-            policy.max_tokens, lm.rank_heads, cache.spec.v_dim, dtype=lm.model.dtype, device=device
+        self.attn_out = (
+            torch.zeros(policy.max_tokens, lm.rank_heads, cache.spec.v_dim, dtype=lm.model.dtype, device=device)
+            if mode.piecewise
+            else None
         )
         self.attn_q = (
             torch.zeros(policy.max_tokens, lm.rank_heads, lm.head_dim, dtype=lm.model.dtype, device=device)
@@ -359,6 +367,8 @@ class GraphExecutor:
                     overlapped.append(self.capture(key, todo[key]))
                 overlap.finish()
             except BaseException:
+                with contextlib.suppress(Exception):
+                    overlap.finish()  # the worker's last graph, if it finished well, is kept with its driver bytes
                 overlap.drain()  # a graph the worker did not finish is not kept: a replay would fail, or instantiate it
                 for entry in overlapped:
                     if entry.instantiate_s is None:
@@ -430,9 +440,14 @@ class GraphExecutor:
         except CaptureError:
             self.backend.abort()
             raise
-        except RuntimeError as e:
+        except Exception as e:  # torch's RuntimeErrors, and what a model or a Triton compile raises under capture
             self.backend.abort()
-            raise CaptureError(f"capture of bucket {entry.key} failed: {str(e).splitlines()[0]}") from None
+            why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            why = why if type(e) is RuntimeError else f"{type(e).__name__}: {why}".rstrip(": ")
+            raise CaptureError(f"capture of bucket {entry.key} failed: {why}") from None
+        except BaseException:  # Ctrl-C: the stream (CUDA) or the dispatch mode (CPU tape) must not stay capturing
+            self.backend.abort()
+            raise
 
     def prepare(self, batch: Batch) -> CapturedGraph:
         """Copy-in and graph selection: everything the host does before a replay."""

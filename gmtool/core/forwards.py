@@ -13,7 +13,10 @@ One strategy per way of cutting the forward into captured steps, chosen when the
 
 from __future__ import annotations
 
+import torch
+
 from gmtool.core.executor import AttentionRunner
+from gmtool.errors import CaptureError, OutOfMemory
 from gmtool.model.attention import current_context
 
 
@@ -109,6 +112,7 @@ def CompiledWhole(lm) -> FxSplit:  # noqa: N802 (a strategy, named as the others
 class Fallback:
     def __init__(self, primary, secondary):
         self.active, self.secondary, self.reason = primary, secondary, None
+        self.traced = False  # the primary has warmed a shape up: a later failure is that shape's, not the model's
 
     @property
     def label(self) -> str:
@@ -126,10 +130,16 @@ class Fallback:
             return self.active.warmup(ex, fn)
         try:
             self.active.warmup(ex, fn)
-        except Exception as e:  # dynamo raises many types; any of them means: this model cannot be traced
+        except (torch.OutOfMemoryError, OutOfMemory, CaptureError):  # the run's to handle, not a trace's
+            raise
+        except Exception as e:  # dynamo raises many types
             why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            if self.traced:  # another shape traced: this failure is this shape's, and the run records it
+                raise CaptureError(f"fx could not trace this shape: {why}") from None
             self.active, self.reason = self.secondary, f"fx could not trace: {why}"
             self.active.warmup(ex, fn)
+        else:
+            self.traced = True
 
     def record(self, ex, entry, fn) -> None:
         self.active.record(ex, entry, fn)

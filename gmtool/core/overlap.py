@@ -90,8 +90,8 @@ class OverlappedInstantiation:
         owner = captured
         if self.pending is not None:
             owner, done = self.pending
-            self.pending = None
             done.result()  # its failure (an instantiation the driver refused) ends capture_all
+            self.pending = None  # only now: interrupted in the wait, drain() must still wait for the worker
         free, reserved = self.free_bytes(), self.reserved_bytes()
         outside = attribute(self.free, free, reserved - self.reserved)
         owner.outside_pool_bytes = (owner.outside_pool_bytes or 0) + outside

@@ -68,12 +68,17 @@ def ledger(rows: pd.DataFrame, kv_per_token: int | None) -> pd.DataFrame:
 
 def inputs_bytes(ex, key) -> int:
     """The bucket's slice of the executor's persistent input buffers (and, piecewise, of the runners' shared q
-    and output buffers the pieces hand to each other): what separate buffers per shape would cost."""
-    views = ex.inputs.views(key)
+    and output buffers and the last hidden rows the pieces hand on): what separate buffers per shape would cost.
+    auto: the buffers of the part whose graph serves key."""
+    from gmtool.core.auto import parts_of
+
+    owner = next((p for p in parts_of(ex) if key in p.graphs), ex)
+    views = owner.inputs.views(key)
     n = sum(getattr(views, f.name).nbytes for f in dataclasses.fields(StepViews))
-    if not ex.mode.piecewise:
+    if not owner.mode.piecewise:
         return n
-    return n + 2 * ex.attn_out[: key.num_tokens].nbytes + ex.last_hidden[: views.logits.shape[0]].nbytes
+    t = key.num_tokens
+    return n + owner.attn_q[:t].nbytes + owner.attn_out[:t].nbytes + owner.last_hidden[: views.logits.shape[0]].nbytes
 
 
 def capture_ledger(ex, entry) -> dict:

@@ -87,10 +87,13 @@ def _replay_checked(bench, ex, mode, comp, order, tols) -> dict:
 
 def input_costs(ex) -> dict:
     """The one max-shape input arena against separate input tensors per captured shape."""
+    from gmtool.core.auto import parts_of
+
     per_shape = sum(inputs_bytes(ex, k) for k in ex.graphs)
-    arena = ex.inputs.nbytes
-    if ex.mode.piecewise:  # the runners' shared q and output buffers are two more max-shape arenas
-        arena += 2 * ex.attn_out.nbytes
+    arena = ex.inputs.nbytes  # auto: its parts share one
+    for part in parts_of(ex):  # piecewise: the runners' shared q and output buffers, the last hidden rows
+        if part.mode.piecewise:
+            arena += part.attn_q.nbytes + part.attn_out.nbytes + part.last_hidden.nbytes
     return {"input_arena_bytes": arena, "input_per_shape_bytes": per_shape}
 
 

@@ -46,7 +46,13 @@ class Poisoner:
         self.parts = parts_of(ex)  # auto: full and piecewise executors over one arena, each its own attn_out
         self.persistent |= {
             t.untyped_storage().data_ptr()
-            for t in (ex.inputs.arena, ex.inputs.logits, *(p.attn_out for p in self.parts), *ex.cache.k, *ex.cache.v)
+            for t in (
+                ex.inputs.arena,
+                ex.inputs.logits,
+                *(p.attn_out for p in self.parts if p.attn_out is not None),
+                *ex.cache.k,
+                *ex.cache.v,
+            )
         }
         self.skipped: dict[str, str] = {}  # buffer -> why it is not poisoned here
         self._memset = None

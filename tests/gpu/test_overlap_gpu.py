@@ -39,8 +39,9 @@ def test_capture_all_overlapped_matches_one_by_one_and_eager(fuse):
     ours = sum(e.outside_pool_bytes for e in entries)
     theirs = sum(e.outside_pool_bytes for e in one_by_one.graphs.values())
     # the driver keeps what an earlier executor's released graphs held, and may take nothing new for either
-    # (H200, 2026-12-04: 0 and 0 after another executor's release); where it took some, comparable amounts
-    assert theirs == 0 or 0.5 <= ours / theirs <= 2.0, (ours, theirs)
+    # (H200, 2026-12-04: 0 and 0 after another executor's release); where it took some, comparable amounts. A
+    # reading that kept the pools' growth, or missed the worker's bytes, is off by MiBs either way.
+    assert abs(ours - theirs) <= max(0.5 * theirs, 1 << 20), (ours, theirs)
     for i, b in enumerate(BUCKETS):  # other batches than the captures': other kv lengths and block tables
         batch = bench.batch(parse_composition(f"1*{max(1, b - i % 2)}@{300 + 37 * i}", seed=100 + i))
         got = overlapped.step(batch).clone()

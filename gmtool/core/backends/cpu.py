@@ -16,12 +16,40 @@ from __future__ import annotations
 import weakref
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from gmtool.errors import CaptureError
 
 _HOST_SYNC_OPS = {"_local_scalar_dense", "nonzero", "item", "is_nonzero", "equal"}
+# ops whose output's size is read from a tensor's values: on CUDA the host waits for the device to learn it
+_DATA_SIZED_OPS = {"masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive"}
+_MASK_INDEXED_OPS = {"index", "index_put", "index_put_", "_index_put_impl_"}  # a bool index is a nonzero
+
+
+def host_sync(func, args, kwargs) -> str | None:
+    """What a CUDA capture would refuse in this op: a host sync, or an output sized by a tensor's values."""
+    name = func.__name__.split(".")[0]
+    if name in _HOST_SYNC_OPS:
+        return f"host sync inside graph capture: aten.{func.__name__}"
+    sized = func.__name__ == "repeat_interleave.Tensor" and kwargs.get("output_size") is None
+    if name in _DATA_SIZED_OPS or sized:
+        return f"an output sized by a tensor's values inside graph capture (a host sync): aten.{func.__name__}"
+    if name in _MASK_INDEXED_OPS and len(args) > 1:
+        if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1]):
+            return f"indexing by a boolean mask inside graph capture (a host sync): aten.{func.__name__}"
+    return None
+
+
+class _NoHostReads(TorchFunctionMode):
+    """Tensor.tolist() and .numpy() read a tensor's values on the host without an ATen op the tape would see;
+    under a CUDA capture they wait for the device."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.tolist, torch.Tensor.numpy):
+            raise CaptureError(f"host read inside graph capture: Tensor.{func.__name__}()")
+        return func(*args, **(kwargs or {}))
 
 
 class _Slot(int):
@@ -47,8 +75,8 @@ class _Tape(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.__name__.split(".")[0] in _HOST_SYNC_OPS:
-            raise CaptureError(f"host sync inside graph capture: aten.{func.__name__}")
+        if (why := host_sync(func, args, kwargs)) is not None:
+            raise CaptureError(why)
         out = func(*args, **kwargs)
         leaves, spec = tree_flatten((args, kwargs))
         inputs = {id(x) for x in leaves if isinstance(x, torch.Tensor)}
@@ -75,6 +103,12 @@ class _Tape(TorchDispatchMode):
         """(slot, tensor) of what the capture made and something outside the tape still holds."""
         alive = ((e[1], e[0]()) for e in self._live.values())
         return [(s, t) for s, t in alive if t is not None]
+
+
+def _returns_a_tensor(func) -> bool:
+    """One Tensor, not a list of them: a split into one piece returns a list of one."""
+    schema = getattr(func, "_schema", None)
+    return schema is None or (len(schema.returns) == 1 and str(schema.returns[0].type) == "Tensor")
 
 
 class TapeGraph:
@@ -115,7 +149,7 @@ class TapeGraph:
             if nested:
                 args, kwargs = tuple(leaves), spec
             subs = tuple((i, int(x)) for i, x in enumerate(args) if type(x) is _Slot)
-            out = outs[0] if len(outs) == 1 else tuple(outs)
+            out = outs[0] if len(outs) == 1 and _returns_a_tensor(func) else tuple(outs)
             self._steps.append((func, tuple(args), kwargs, subs, nested, out, tuple(free)))
         self.reads = reads or set()
         self.peak_bytes, self.exports = _live_bytes(ops, frees, storage_of or [], self.reads, keep)
@@ -220,20 +254,28 @@ class CpuTapeBackend:
 
     def begin(self) -> None:
         assert self._tape is None, "capture already in progress"
+        self._reads = _NoHostReads()
+        self._reads.__enter__()
         self._tape = _Tape()
         self._tape.__enter__()
 
-    def end(self) -> TapeGraph:
+    def _stop(self) -> "_Tape":
         tape, self._tape = self._tape, None
-        tape.__exit__(None, None, None)
+        try:
+            tape.__exit__(None, None, None)
+        finally:
+            self._reads.__exit__(None, None, None)
+        return tape
+
+    def end(self) -> TapeGraph:
+        tape = self._stop()
         g = TapeGraph(tape.ops, tape.num_slots, tape.escaped(), tape.storage_of, tape.reads)
         self.graphs.append(g)
         return g
 
     def abort(self) -> None:
         if self._tape is not None:
-            self._tape.__exit__(None, None, None)
-            self._tape = None
+            self._stop()
 
     def synchronize(self) -> None:
         pass
