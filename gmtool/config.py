@@ -190,6 +190,16 @@ class SweepConfig:
             )
             if note not in self.notes:  # a config copied with dataclasses.replace runs this again
                 self.notes.append(note)
+        if self.buckets is not None and comps and not defaulted:
+            self._scenario_of(comps)
+        every = [c for cs in self.compositions_by_bucket.values() for c in cs]
+        if pieces and GraphMode.PIECEWISE not in self.modes and all(c.is_decode for c in every):
+            if self.piecewise_impl != PiecewiseImpl.BREAKABLE:  # auto's piecewise part would serve no batch
+                raise GmtoolError(
+                    f"--piecewise-impl {self.piecewise_impl} splits piecewise graphs, and auto serves every batch of "
+                    "this run with full graphs (all are decode steps): give prefill or mixed compositions "
+                    "(--scenario prefill), or leave --piecewise-impl out"
+                )
         longest = max(kv_len(p) for cs in self.compositions_by_bucket.values() for c in cs for p in c.parts)
         if self.max_kv_len is None:
             self.max_kv_len = max(1024 if cuda else 128, longest)
@@ -207,6 +217,26 @@ class SweepConfig:
                 f"composition {c.label}: prefix + new tokens = {longest} exceeds --max-kv-len {self.max_kv_len}"
                 + (" (a decode reads at least one cached token)" if bare and longest == 2 else "")
             )
+
+    def _scenario_of(self, comps: list[Composition]) -> None:
+        """--scenario chooses the default buckets and mixes; where the user gave both, it chose nothing, and the
+        run records the scenario its mixes make (a report's baseline and plan read it): decode steps only, or
+        not."""
+        decode = all(c.is_decode for c in comps)
+        if decode == (self.scenario == Scenario.DECODE):
+            return
+        given = self.scenario
+        if decode:
+            self.scenario = Scenario.DECODE
+        else:
+            mixed = any(len({p.new_tokens == 1 for p in c.parts}) == 2 for c in comps)
+            self.scenario = Scenario.MIXED if mixed else Scenario.PREFILL
+        note = (
+            f"scenario {self.scenario}, as the --compositions are (--scenario {given} chooses default buckets "
+            "and mixes, and every bucket ran the given ones)"
+        )
+        if note not in self.notes:  # a config copied with dataclasses.replace runs this again
+            self.notes.append(note)
 
     def check_decode_seqs(self) -> None:
         """A decode graph has one sequence per token: a decode batch on a bucket above --max-num-seqs has no

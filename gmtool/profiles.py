@@ -59,4 +59,8 @@ def load_sweep_profile(name_or_path: str) -> dict:
         prof = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise GmtoolError(f"sweep profile {path} is not valid JSON: {e}") from None
+    except UnicodeDecodeError as e:
+        raise GmtoolError(f"sweep profile {path} is not UTF-8 text: {e.reason} at byte {e.start}") from None
+    except OSError as e:
+        raise GmtoolError(f"cannot read sweep profile {path}: {e.strerror or e}") from None
     return check_profile(prof, str(path))

@@ -218,6 +218,11 @@ class Document:
         """A checked document: GmtoolError naming the first missing key or value of the wrong type."""
         if not isinstance(d, dict) or d.get("tool") != "gmtool" or not isinstance(d.get("records"), list):
             raise GmtoolError("not a gmtool results file")
+        version = d.get("schema_version", SCHEMA_VERSION)
+        if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+            raise GmtoolError(
+                f"a results file of schema version {version}, from a newer gmtool (this one reads {SCHEMA_VERSION})"
+            )
         for key in ("model", "config", "machine"):
             if not isinstance(d.get(key), dict):
                 raise GmtoolError(f"not a complete gmtool results file: no {key!r} section")

@@ -217,6 +217,19 @@ CASES = [
         ["plan", "--workload=chat", "--workload", "bursty"],
         "--workload given 2 times ('chat' then 'bursty')",
     ),
+    ("a capture profile of eager alone", ["capture", *CPU, "--profile", "{tmp}/eager.json"], "capture nothing"),
+    (
+        "--piecewise-impl fx where auto serves only decode steps",
+        ["capture", *CPU, "--mode", "auto", "--piecewise-impl", "fx", "--buckets", "1,2"],
+        "auto serves every batch of this run with full graphs",
+    ),
+    (
+        "a workload row with more fields than its header",
+        ["plan", "--workload", "{tmp}/toomany.csv", "--from", "{tmp}/o"],
+        "its rows have more fields than its header",
+    ),
+    ("a misspelt workload column", ["plan", "--workload", "{tmp}/typo.csv"], "unknown column 'counts'"),
+    ("a sweep profile that is not UTF-8", ["capture", *CPU, "--profile", "{tmp}/latin.json"], "is not UTF-8 text"),
 ]
 
 CAPTURE_LIKE = ("capture", "compare", "memreport", "plan", "verify")
@@ -271,6 +284,10 @@ def make_inputs(tmp: Path) -> None:
     (tmp / "idxint" / "model.safetensors.index.json").write_text('{"weight_map": {"a": 5}}')
     (tmp / "inf.csv").write_text("num_tokens,num_seqs,count\n1,1,inf\n")
     (tmp / "nomodes.json").write_text('{"modes": []}')
+    (tmp / "eager.json").write_text('{"modes": ["eager"], "buckets": "1,2"}')
+    (tmp / "toomany.csv").write_text("num_tokens,num_seqs\n4,2,7,9\n")
+    (tmp / "typo.csv").write_text("num_tokens,num_seqs,counts\n4,2,1000\n600,1,1\n")
+    (tmp / "latin.json").write_bytes(b'{"buckets": "1,2", "description": "\xff\xfe"}')
     (tmp / "cut").mkdir()
     (tmp / "cut" / "records.jsonl").write_text('{"tool": "gmtool", "sche')  # killed while writing its header
 

@@ -139,3 +139,20 @@ def test_a_bucket_no_given_composition_reaches_says_it_ran_the_defaults():
     assert [n for n in again.notes if "--compositions" in n] == said
     plain = SweepConfig(device="cpu", scenario="prefill", buckets="64,128")  # nothing given: nothing to explain
     assert not [n for n in plain.notes if "--compositions" in n]
+
+
+def test_a_run_of_given_mixes_only_records_the_scenario_they_make():
+    """--scenario chooses default buckets and mixes; where every bucket ran given mixes, the recorded scenario
+    (which a report's baseline and plan read) is what ran, and a note says why it differs from --scenario."""
+    from gmtool.config import SweepConfig
+
+    cfg = SweepConfig(device="cpu", scenario="prefill", buckets="4", compositions="1*4")
+    assert cfg.scenario == "decode" and any(n.startswith("scenario decode, as the --compositions") for n in cfg.notes)
+    assert SweepConfig(device="cpu", buckets="8", compositions="5*1").scenario == "prefill"
+    assert SweepConfig(device="cpu", buckets="8", compositions="3+1*2").scenario == "mixed"
+    kept = SweepConfig(device="cpu", scenario="prefill", buckets="8", compositions="4*2")
+    assert kept.scenario == "prefill" and not any(n.startswith("scenario ") for n in kept.notes)
+    # a bucket that ran defaults was shaped by --scenario: it stays
+    assert SweepConfig(device="cpu", buckets="1,2,8", compositions="5*1").scenario == "decode"
+    assert SweepConfig(device="cpu", scenario="prefill", compositions="1*4").scenario == "prefill"  # its buckets
+    assert dataclasses.replace(cfg, seed=1).scenario == "decode"

@@ -34,6 +34,7 @@ def test_capture_prints_what_it_did_not_apply_once(tmp_path):
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     assert any(n.startswith("--pdl: off") for n in doc["notes"])
     assert any(n.startswith("note: --pdl: off") for n in notes), notes
+    assert any(n.startswith("note: --small-m-gemm: off, the fused layers run torch ops here") for n in notes), notes
     assert any(n.startswith("note: --fuse against the model's own layers") for n in notes), notes
     assert sum("no CUDA here" in n for n in notes) == 1, notes
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from gmtool.cli.main import main
+from gmtool.errors import GmtoolError
 from gmtool.config import SweepConfig
 from gmtool.core.backends.cpu import CpuTapeBackend
 from gmtool.measure import workbench
@@ -166,9 +167,10 @@ def test_cpu_threads_are_bounded_and_overridable(monkeypatch):
     assert 1 <= workbench.cpu_threads() <= workbench.CPU_THREADS_MAX
     monkeypatch.setenv(workbench.CPU_THREADS_ENV, "3")
     assert workbench.cpu_threads() == 3
-    monkeypatch.setenv(workbench.CPU_THREADS_ENV, "lots")
-    with pytest.raises(Exception, match="GMTOOL_CPU_THREADS"):
-        workbench.cpu_threads()
+    for bad in ("lots", "0", "99999999999999999999", "\u00b2"):  # '²' is a digit to str.isdigit, not to int()
+        monkeypatch.setenv(workbench.CPU_THREADS_ENV, bad)
+        with pytest.raises(GmtoolError, match="GMTOOL_CPU_THREADS=.*: give a number of threads from 1 to 1024"):
+            workbench.cpu_threads()
 
 
 def test_tp_ranks_share_the_cpu_threads(monkeypatch):

@@ -382,9 +382,11 @@ def test_scratch_keeps_the_python_path(monkeypatch):
     assert path.startswith("python: ") and "scratch" in path
 
 
-def test_the_switch_turns_it_off(monkeypatch):
-    monkeypatch.setenv(native_loop.ENV, "0")
-    assert _path_after_one_step(monkeypatch).launch_path == "python: GMTOOL_NATIVE_LOOP=0"
+@pytest.mark.parametrize("off", ["0", "false", " OFF", "no"])
+def test_the_switch_turns_it_off(monkeypatch, off):
+    """Every GMTOOL_* switch takes the same off words (gmtool.switches): 'false' left this one on."""
+    monkeypatch.setenv(native_loop.ENV, off)
+    assert _path_after_one_step(monkeypatch).launch_path == f"python: GMTOOL_NATIVE_LOOP={off}"
 
 
 def _with_scratch(init):

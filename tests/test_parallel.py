@@ -226,6 +226,21 @@ def test_a_failed_rank_is_named_and_the_others_stop(tmp_path):
             {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "x", "MASTER_PORT": "y"},
             "incomplete rendezvous: MASTER_PORT='y' is not a number",
         ),
+        (
+            [],
+            {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "99999"},
+            "incomplete rendezvous: MASTER_PORT=99999 is not a TCP port",
+        ),
+        (  # a rank past the group waited for the others until the timeout, then a traceback
+            [],
+            {"WORLD_SIZE": "2", "RANK": "3", "MASTER_ADDR": "localhost", "MASTER_PORT": "29512"},
+            "incomplete rendezvous: RANK=3 in a group of WORLD_SIZE=2",
+        ),
+        (
+            [],
+            {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "nowhere.invalid", "MASTER_PORT": "29513"},
+            "incomplete rendezvous: MASTER_ADDR='nowhere.invalid' does not resolve",
+        ),
         (["--tp", "2", "--tp-timeout", "1e308"], {}, "--tp-timeout must be 1 to 604,800 seconds, got 1e+308"),
         (["--tp", "2", "--tp-timeout", "0.001"], {}, "--tp-timeout must be 1 to 604,800 seconds, got 0.001"),
     ],

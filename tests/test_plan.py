@@ -228,6 +228,8 @@ def test_engine_default_lists():
         ("num_tokens,num_seqs\n4,4\n2,3\n", "row 2: 3 sequences cannot share 2 tokens"),
         ("num_tokens,num_seqs\nfour,4\n", "row 1: num_tokens must be a whole number, got 'four'"),
         ("num_tokens,num_seqs,count\n4,4,0\n", "every count is 0"),
+        ("num_tokens,num_seqs\n4,2,7,9\n", "more fields than its header"),
+        ("num_tokens,num_seqs,counts\n4,2,1000\n600,1,1\n", "unknown column 'counts'"),
     ],
 )
 def test_bad_workloads_are_one_line(tmp_path, text, why):
@@ -235,6 +237,13 @@ def test_bad_workloads_are_one_line(tmp_path, text, why):
     f.write_text(text)
     with pytest.raises(GmtoolError, match=why):
         load_workload(str(f))
+
+
+def test_a_trailing_comma_is_an_empty_field_not_a_column(tmp_path):
+    f = tmp_path / "w.csv"
+    f.write_text("num_tokens,num_seqs,count,\n4,2,3,\n")
+    steps, _ = load_workload(str(f))
+    assert steps[["num_tokens", "num_seqs", "count"]].values.tolist() == [[4, 2, 3]]
 
 
 def test_workload_jsonl_and_counts(tmp_path):
@@ -370,6 +379,44 @@ def test_plan_bad_inputs_are_one_line(tmp_path, results_file):
     ):
         code, _, err = run_cli("plan", "--from", results_file, "--out", tmp_path / "o", *args)
         assert code == 2 and why in one_error(err), (args, err)
+
+
+def test_tp_ranks_capture_side_by_side():
+    """Under --tp each rank captures its own graphs at once: a bucket's capture costs its slowest rank's."""
+    doc = results_doc()
+    ranked = []
+    for r in doc["records"]:
+        for rank, scale in ((0, 1.0), (1, 1.5)):
+            ranked.append({**r, "rank": rank, **({"capture_s": r["capture_s"] * scale} if "capture_s" in r else {})})
+    doc["records"] = ranked
+    t = from_results(doc)
+    assert t.graph.loc[8, "capture_s"] == 1.5  # rank 1's two rows, 0.75 each; not 2.5 for both ranks
+
+
+def test_plan_costs_full_or_piecewise_only(tmp_path):
+    """auto's rows are full and piecewise graphs batch by batch: plan neither takes --mode auto nor plans auto
+    rows it was given; a profile of auto alone is refused, not replaced by full without a word."""
+    doc = results_doc()
+    for r in doc["records"]:
+        r["mode"] = "auto" if r["mode"] == "full" else r["mode"]
+    with pytest.raises(GmtoolError, match=r"no full or piecewise rows \(graph modes there: auto\)"):
+        from_results(doc)
+    prof = tmp_path / "auto.json"
+    prof.write_text('{"modes": ["eager", "auto"], "buckets": "1,2"}')
+    code, _, err = run_cli("plan", "--workload", "chat", "--profile", prof, "--out", tmp_path / "o")
+    assert code == 2 and "the profile's modes (auto) hold no full or piecewise graphs" in one_error(err), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_plan_refuses_an_output_directory_before_it_measures(tmp_path):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    code, out, err = run_cli(
+        "plan", "--workload", "chat", "--device", "cpu", "--buckets", "1,2", "--num-iters", "1", "--out", taken
+    )
+    assert code == 2 and "exists and is not empty" in one_error(err), err
+    assert "bucket" not in out and sorted(p.name for p in taken.iterdir()) == ["notes.txt"]
 
 
 def test_plan_measured_on_the_spot_then_from_its_results(tmp_path):

@@ -109,6 +109,13 @@ def test_bad_profile_is_refused(tmp_path, prof, msg):
         load_sweep_profile(path)
 
 
+def test_a_profile_that_is_not_utf8_is_refused(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_bytes(b'{"buckets": "1,2", "description": "\xff\xfe"}')
+    with pytest.raises(GmtoolError, match="is not UTF-8 text"):
+        load_sweep_profile(str(path))
+
+
 @pytest.mark.parametrize("name", sweep_profiles())
 def test_builtin_profiles_have_known_keys(name):
     assert load_sweep_profile(name)  # raises on an unknown key or a wrong type

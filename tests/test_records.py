@@ -82,6 +82,7 @@ def test_exit_code_is_the_documents():
         (lambda d: d["records"][1].update(mode="turbo"), "record 1: mode is 'turbo', not one of eager, full"),
         (lambda d: d["records"][4]["latency_ms"].pop("n"), "record 4: latency_ms lacks 'n'"),
         (lambda d: d.update(errors="none"), "errors is not a list"),
+        (lambda d: d.update(schema_version=99), "a results file of schema version 99, from a newer gmtool"),
     ],
 )
 def test_a_malformed_results_file_is_one_line(tmp_path, change, message):

@@ -314,6 +314,19 @@ def test_report_out_dir_needs_force(results_dir, tmp_path):
     assert len(table_rows((other / "report.md").read_text(), "Summary (mode x bucket)")) == len(SUMMARY)
 
 
+def test_report_never_clears_another_run_s_results(results_dir, tmp_path):
+    """--force clears what an older gmtool run wrote; report writes two report files only, and another run's
+    results there would be deleted for them (or left beside a report of another run): refused, files kept."""
+    other = tmp_path / "run-b"
+    other.mkdir()
+    for name in ("results.json", "results.csv", "report.md"):
+        (other / name).write_text("run b")
+    code, _, err = run_cli("report", results_dir, "--out", other, "--force")
+    assert code == 2 and "holds another run's files (results.csv, results.json)" in one_error(err), err
+    assert sorted(p.name for p in other.iterdir()) == ["report.md", "results.csv", "results.json"]
+    assert (other / "results.json").read_text() == "run b"
+
+
 def test_write_reports_from_a_copy_is_deterministic(tmp_path):
     doc = Document.from_dict(make_doc())
     a, b = tmp_path / "a", tmp_path / "b"

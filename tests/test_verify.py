@@ -136,6 +136,14 @@ def test_full_narrow_freezes_the_plan_and_verify_says_so(rig):
     assert any("attention plan frozen at capture" in s for s in res.mismatch.suspects)
 
 
+def test_a_fault_injected_into_full_narrow_is_found_not_expected(rig):
+    """full-narrow is expected to replay a prefill graph's frozen plan wrongly; an injected fault it shows is
+    what the user asked verify to find: a finding (the verdict is not clean), and the early stop is said."""
+    res = soak(rig, "full-narrow", fault="share-output-across-buckets", steps=20, check_every=1)
+    assert res.mismatch is not None and not res.expected_unsafe
+    assert any(n.startswith("stopped at the first wrong replay") for n in res.notes), res.notes
+
+
 # -- capturability ---------------------------------------------------------------------------------------------
 class _Sync(torch.nn.Module):
     def forward(self, x):

@@ -88,6 +88,11 @@ def capture(
         seed=seed,
         tp=resolve_tp(tp),
     )
+    if not cfg.graph_modes:  # a profile's modes: --mode is checked above
+        raise GmtoolError(
+            f"the profile's modes ({', '.join(cfg.modes)}) capture nothing: give one of {', '.join(CAPTURE_MODES)} "
+            "(--mode, or the profile's modes); compare runs eager alone"
+        )
     for note in cfg.notes:
         out_.note(note)
     with launch.out_dir_for(out or default_out_dir("capture"), force) as out_dir:

@@ -10,7 +10,17 @@ import typer
 from gmtool.cli import options as o
 from gmtool.cli.output import Output
 from gmtool.report.baseline import attach_baseline, load_baseline
-from gmtool.report.results import check_renderable, load_results, prepare_out_dir, results_file, write_reports
+from gmtool.errors import GmtoolError
+from gmtool.report.results import (
+    OUTPUT_FILES,
+    REPORT_HTML,
+    REPORT_MD,
+    check_renderable,
+    load_results,
+    prepare_out_dir,
+    results_file,
+    write_reports,
+)
 from gmtool.report.summary import verdict
 from gmtool.report.tables import baseline_line, compare_table, noise_warning
 
@@ -44,6 +54,12 @@ def report(
     if out is None or out.resolve() == src_dir.resolve():
         out_dir = src_dir  # re-rendering in place replaces only the two report files
     else:
+        theirs = sorted({f.name for p in OUTPUT_FILES if out.is_dir() for f in out.glob(p)} - {REPORT_MD, REPORT_HTML})
+        if theirs:  # --force would delete another run's results to write two report files beside nothing
+            raise GmtoolError(
+                f"--out {out} holds another run's files ({', '.join(theirs)}): report writes only "
+                f"{REPORT_MD} and {REPORT_HTML}, give a directory of their own"
+            )
         out_dir = prepare_out_dir(out, force)
     files = write_reports(out_dir, doc)
     data = doc.to_dict()

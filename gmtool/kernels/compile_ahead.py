@@ -39,15 +39,15 @@ from pathlib import Path
 
 import torch
 
+from gmtool.switches import switched_off
 from gmtool.kernels.launcher import HELD
 
 WORKERS = 8
-OFF = ("0", "false", "off", "no")  # GMTOOL_COMPILE_AHEAD values that turn it off
 
 
 def unavailable() -> str | None:
     """Why kernels cannot be compiled ahead here; None when they can."""
-    if os.environ.get("GMTOOL_COMPILE_AHEAD", "1").strip().lower() in OFF:
+    if switched_off("GMTOOL_COMPILE_AHEAD"):
         return f"off: GMTOOL_COMPILE_AHEAD={os.environ['GMTOOL_COMPILE_AHEAD']}"
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "the Triton interpreter compiles nothing"
@@ -199,7 +199,7 @@ def forks() -> bool:
     """Whether compile-ahead compiles in forked processes (ChildCompiles): where os.fork exists and the worker
     can find a child's compile in Triton's disk cache (a cache directory, TRITON_ALWAYS_COMPILE off: else each
     variant would compile twice), unless GMTOOL_COMPILE_FORK=0."""
-    if not hasattr(os, "fork") or os.environ.get("GMTOOL_COMPILE_FORK", "1").strip().lower() in OFF:
+    if not hasattr(os, "fork") or switched_off("GMTOOL_COMPILE_FORK"):
         return False
     try:
         from triton import knobs

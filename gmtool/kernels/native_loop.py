@@ -49,6 +49,7 @@ import weakref
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+from gmtool.switches import switched_off
 from gmtool.kernels.launcher import DIRECT, PENDING, KernelLaunch, NotNative, StepValue
 
 SOURCE = Path(__file__).with_name("step_loop.c")
@@ -560,8 +561,8 @@ def default_stream() -> Callable[[], int]:
 def build_step_loop(entry, driver: Driver | None = None, stream=None, lib=None) -> tuple[StepLoop | None, str]:
     """The entry's StepLoop and its launch path ("native", "native for N of M steps; python: why", or
     "python: why", then no loop; "pending: why" while a runner's kernel has not launched yet)."""
-    if os.environ.get(ENV, "1") == "0":
-        return None, f"{PYTHON}: {ENV}=0"
+    if switched_off(ENV):
+        return None, f"{PYTHON}: {ENV}={os.environ[ENV]}"
     if not any(getattr(s, "is_runner", False) for s in entry.steps):
         return None, f"{PYTHON}: no runners (one graph launch per step already)"
     graphs = [s for s in entry.steps if not getattr(s, "is_runner", False)]
@@ -600,9 +601,11 @@ def build_step_loop(entry, driver: Driver | None = None, stream=None, lib=None) 
     stream = stream or default_stream()
     starts = {seg[0]: seg for seg in segments}
     parts, i, why_unstitched = [], 0, None
-    stitch = driver.graphs is not None and os.environ.get(STITCH_ENV, "1") != "0"
+    stitch = driver.graphs is not None and not switched_off(STITCH_ENV)
     if not stitch:
-        why_unstitched = f"{STITCH_ENV}=0" if driver.graphs is not None else "the driver builds no graphs"
+        why_unstitched = (
+            f"{STITCH_ENV}={os.environ.get(STITCH_ENV)}" if driver.graphs is not None else "the driver builds no graphs"
+        )
     while i < len(entry.steps):
         seg = starts.get(i)
         if seg is None:

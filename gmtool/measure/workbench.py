@@ -30,6 +30,7 @@ from gmtool.modes import GraphMode
 
 CPU_THREADS_ENV = "GMTOOL_CPU_THREADS"
 CPU_THREADS_MAX = 4  # more threads than this only fight each other (and other processes) on a shared CPU
+CPU_THREADS_LIMIT = 1024  # what GMTOOL_CPU_THREADS may ask for (torch takes a C int; '²' is a digit to Python)
 
 
 def cpu_threads(ranks: int = 1) -> int:
@@ -38,8 +39,8 @@ def cpu_threads(ranks: int = 1) -> int:
     --tp 2 compare on 2 cores took 42 s idle, 200 s beside other work, against 14 s with a thread a rank)."""
     env = os.environ.get(CPU_THREADS_ENV, "").strip()
     if env:
-        if not env.isdigit() or int(env) < 1:
-            raise GmtoolError(f"{CPU_THREADS_ENV}={env!r}: give a positive number of threads")
+        if not (env.isascii() and env.isdigit()) or not 1 <= int(env) <= CPU_THREADS_LIMIT:
+            raise GmtoolError(f"{CPU_THREADS_ENV}={env!r}: give a number of threads from 1 to {CPU_THREADS_LIMIT}")
         return int(env)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cores, CPU_THREADS_MAX) // max(1, ranks))
@@ -107,6 +108,8 @@ def _shard_and_fuse(cfg: SweepConfig, lm: LoadedModel) -> int:
         from gmtool.model.fused import fuse_layers
 
         small_m = SMALL_M_DEFAULT if cfg.small_m_gemm else 0
+        if small_m and cfg.attention_backend != "triton":
+            lm.notes.append("--small-m-gemm: off, the fused layers run torch ops here (the small-M GEMM is Triton's)")
         pdl = _pdl_mode(cfg, lm.notes)
         lm.fused = fuse_layers(lm.model, cfg.attention_backend, lm.layout, small_m, pdl, cfg.max_kv_len)
     return rank

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from gmtool.switches import switched_off
 from gmtool.model import attention, checkpoint, families, probe
 from gmtool.errors import GmtoolError
 from gmtool.profiles import load_model_profile
@@ -297,7 +298,7 @@ def load_model(
     with torch.device(device):
         model = _build(cfg, dtype)
     warmup = None
-    if device.type == "cuda" and (gemm_rows or head_rows) and os.environ.get("GMTOOL_GEMM_WARMUP", "1") != "0":
+    if device.type == "cuda" and (gemm_rows or head_rows) and not switched_off("GMTOOL_GEMM_WARMUP"):
         from gmtool.model import gemm_warmup
 
         warmup = gemm_warmup.start(model, list(gemm_rows), list(head_rows))

@@ -32,6 +32,7 @@ RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 7 * 24 * 3600  # --tp-timeout's range
 FAIL_ENV = "GMTOOL_TP_FAIL_RANK"  # fault injection (the tests): that rank fails once it has joined the group
 DEFAULT_TIMEOUT_S = 120.0
+MAX_WORLD = 1 << 16  # ranks in a group torchrun may start
 
 
 def torchrun_world() -> int | None:
@@ -45,10 +46,17 @@ def torchrun_world() -> int | None:
             f"{', '.join(k for k in RENDEZVOUS_ENV + ('LOCAL_RANK',) if k in os.environ)} set; "
             "start gmtool under torchrun, or unset them and give --tp"
         )
-    for k in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
-        if not os.environ[k].isdigit():
+    for k in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK"):
+        if k in os.environ and not (os.environ[k].isascii() and os.environ[k].isdigit()):
             raise GmtoolError(f"incomplete rendezvous: {k}={os.environ[k]!r} is not a number")
-    return int(os.environ["WORLD_SIZE"])
+    rank, world, port = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT"))
+    if not 1 <= world <= MAX_WORLD or rank >= world:  # a rank past the group would wait for it until the timeout
+        raise GmtoolError(
+            f"incomplete rendezvous: RANK={rank} in a group of WORLD_SIZE={world} (ranks 0 to {world - 1})"
+        )
+    if not 1 <= port <= 65535:
+        raise GmtoolError(f"incomplete rendezvous: MASTER_PORT={port} is not a TCP port (1 to 65535)")
+    return world
 
 
 def writes_here() -> bool:
@@ -137,14 +145,22 @@ def _as_rank(place: Place, init_method: str, fn, cfg_kwargs: dict, args, kwargs,
             raise GmtoolError(f"rank {place.rank} wants cuda:{place.local_rank}, {torch.cuda.device_count()} visible")
         cfg = SweepConfig(**{**cfg_kwargs, "device": f"cuda:{place.local_rank}"})
         torch.cuda.set_device(cfg.torch_device)
-    dist.init_process_group(
-        "nccl" if cuda else "gloo",
-        init_method=init_method,
-        rank=place.rank,
-        world_size=place.world,
-        timeout=datetime.timedelta(seconds=timeout),
-        **({"device_id": cfg.torch_device} if cuda else {}),
-    )
+    try:
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            init_method=init_method,
+            rank=place.rank,
+            world_size=place.world,
+            timeout=datetime.timedelta(seconds=timeout),
+            **({"device_id": cfg.torch_device} if cuda else {}),
+        )
+    except (dist.DistError, ValueError) as e:  # an address that does not resolve, ranks that never came
+        where = (
+            f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+            if init_method == "env://"
+            else init_method
+        )
+        raise GmtoolError(f"rank {place.rank} could not join the process group at {where}: {_one_line(e)}") from None
     set_place(place)
     if os.environ.get(FAIL_ENV) == str(place.rank):
         raise RunFailure(f"injected failure ({FAIL_ENV}={place.rank})")
@@ -174,6 +190,11 @@ def _torchrun_rank(fn, cfg, args, kwargs, timeout: float):
         raise GmtoolError(f"--tp {cfg.tp} but torchrun started {world} ranks (WORLD_SIZE)")
     if world > 1:
         check_request(cfg, count_gpus=False)
+    addr = os.environ["MASTER_ADDR"]
+    try:  # c10d would retry an address that does not resolve until the timeout, logging each try
+        socket.getaddrinfo(addr, None)
+    except OSError as e:
+        raise GmtoolError(f"incomplete rendezvous: MASTER_ADDR={addr!r} does not resolve ({e.strerror or e})") from None
     if rank:  # one progress bar on the terminal, rank 0's
         kwargs = {k: v for k, v in kwargs.items() if not callable(v)}
     place = Place(rank, world, int(os.environ.get("LOCAL_RANK", rank)))

@@ -85,15 +85,22 @@ class CostTable:
         return sum(h is not Source.MEASURED for h in estimate(self.eager, sizes)[1])
 
 
+PLANNED = (GraphMode.FULL, GraphMode.PIECEWISE)  # the graph modes a plan costs (auto is both, batch by batch)
+
+
 def _graph_mode(df: pd.DataFrame, mode: str | None) -> str:
     present = [m for m in dict.fromkeys(df["mode"]) if m in {g.value for g in GraphMode if g.captures}]
     if mode is not None:
         if mode not in present:
             raise GmtoolError(f"the results have no {mode} rows (graph modes there: {', '.join(present) or 'none'})")
         return mode
-    if not present:
-        raise GmtoolError("the results have no graph-mode rows: run compare or capture with full or piecewise")
-    return GraphMode.FULL if GraphMode.FULL in present else present[0]
+    plannable = [m for m in present if m in PLANNED]
+    if not plannable:
+        raise GmtoolError(
+            f"the results have no full or piecewise rows (graph modes there: {', '.join(present) or 'none'}): "
+            "run compare or capture with full or piecewise"
+        )
+    return GraphMode.FULL if GraphMode.FULL in plannable else plannable[0]
 
 
 def _flat(records: list[dict]) -> pd.DataFrame:
@@ -131,8 +138,10 @@ def from_results(doc: dict, mode: str | None = None) -> CostTable:
         graph_ms=("latency_ms_median", "median"),
         pool_bytes=("graph_mem_bytes", "max"),
         overhead_bytes=("outside_pool_bytes", "max"),
-        capture_s=("capture_s", "sum"),
     )
+    # --tp: each rank captures its own graphs at the same time: a bucket costs its slowest rank's, not their sum
+    rank = rows["rank"].fillna(0) if "rank" in rows else 0
+    g["capture_s"] = rows.assign(rank=rank).groupby(["bucket", "rank"])["capture_s"].sum().groupby("bucket").max()
     g.index = g.index.astype(int)
     if g["overhead_bytes"].isna().all():
         g["overhead_bytes"] = 0.0

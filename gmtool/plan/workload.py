@@ -64,7 +64,17 @@ def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
     df = _read(path)
     if not len(df.columns):
         raise GmtoolError(f"workload {path} is empty (need num_tokens,num_seqs[,count] rows)")
+    if not isinstance(df.index, pd.RangeIndex):  # pandas takes the fields beyond the header's as the rows' index
+        raise GmtoolError(f"workload {path}: its rows have more fields than its header (num_tokens,num_seqs[,count])")
     df.columns = [str(c).strip() for c in df.columns]
+    # a trailing comma makes an empty column pandas names "Unnamed: N": nothing was written there
+    df = df.drop(columns=[c for c in df.columns if c.startswith("Unnamed: ") and df[c].isna().all()])
+    unknown = [c for c in df.columns if c not in COLUMNS]
+    if unknown:  # a misspelt count would be dropped, and every row taken as one step
+        raise GmtoolError(
+            f"workload {path}: unknown column {', '.join(map(repr, unknown))} (the columns are num_tokens, "
+            "num_seqs and, optionally, count)"
+        )
     missing = [c for c in COLUMNS[:2] if c not in df.columns]
     if missing:
         raise GmtoolError(f"workload {path}: missing column {', '.join(missing)} (need num_tokens,num_seqs[,count])")

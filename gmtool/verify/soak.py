@@ -145,7 +145,9 @@ class Soak:
             wall,
             60 * (step + 1) / wall if wall > 0 else 0.0,
             {str(k): v for k, v in self.poisoner.skipped.items()},
-            self.mode.expected_unsafe,
+            # full-narrow's known bug is a prefill graph's frozen plan: a wrong decode replay, or any under an
+            # injected fault, is a finding there too, not the expected one
+            self.mode.expected_unsafe and opts.fault is None and (mismatch is None or not batch.is_decode),
             mismatch,
             served,
         )
@@ -153,6 +155,8 @@ class Soak:
             res.notes.append(
                 f"stopped at the time limit ({opts.time_limit_s:.0f} s) after {step + 1} of {opts.steps} steps"
             )
+        elif mismatch is not None and step + 1 < opts.steps:
+            res.notes.append(f"stopped at the first wrong replay, step {step + 1} of {opts.steps}")
         return res
 
     # -- one checked step ------------------------------------------------------------------------------
