@@ -1472,7 +1472,7 @@ MUTANTS: list[Mutant] = [
     M(
         "upload-reservations-as-driver-bytes",
         "gmtool/core/executor.py",
-        "    uploaded = reserved() - before_upload\n",
+        "    uploaded = allocator()[3] - before_upload\n",
         "    uploaded = 0\n",
         "tests/test_ledger.py::test_what_an_upload_replay_reserves_through_torch_is_not_the_driver_s",
         "a piecewise upload replay's torch attention temporaries are counted as the graph's driver bytes",

@@ -169,37 +169,33 @@ def _memory_of(entry: CapturedGraph, device: torch.device, upload=None, held=Non
         yield
         return
 
-    def reserved() -> int:
-        return torch.cuda.memory_stats_as_nested_dict(device).get("reserved_bytes", {}).get("all", {}).get("current", 0)
-
-    def allocator() -> tuple[int, int, int]:
-        """allocated, peak allocated, pool bytes: from one nested reading (torch.cuda.memory_allocated and its
-        kind flatten all ~160 allocator statistics per call: 0.4 ms under cProfile on the H200's host)."""
+    def allocator() -> tuple[int, int, int, int]:
+        """allocated, peak allocated, pool bytes, reserved bytes: from one nested reading (torch.cuda.memory_allocated
+        and its kind flatten all ~160 allocator statistics per call: 0.4 ms under cProfile on the H200's host)."""
         stats = torch.cuda.memory_stats_as_nested_dict(device)
-        allocated, reserved = stats.get("allocated_bytes", {}).get("all", {}), stats.get("reserved_bytes", {})
+        allocated = stats.get("allocated_bytes", {}).get("all", {})
+        reserved = stats.get("reserved_bytes", {}).get("all", {}).get("current", 0)
         got = held() if held is not None else None
-        pool = reserved.get("all", {}).get("current", 0) if got is None else got
-        return allocated.get("current", 0), allocated.get("peak", 0), pool
+        return allocated.get("current", 0), allocated.get("peak", 0), reserved if got is None else got, reserved
 
     if upload is not None:
         torch.cuda.synchronize(device)
-    mem0, _, res0 = allocator()
+    mem0, _, res0, _ = allocator()
     free0 = None if upload is None else torch.cuda.mem_get_info(device)[0]
     torch.cuda.reset_peak_memory_stats(device)
     yield
-    _, peak, res1 = allocator()
+    _, peak, res1, before_upload = allocator()
     entry.graph_mem_bytes = peak - mem0
     entry.pool_growth_bytes = res1 - res0
     if upload is None:
         return
-    before_upload = reserved()
     upload()  # the driver uploads a graph at its first launch: memory outside the pool too
     torch.cuda.synchronize(device)
     # what the driver gave beyond the pool's growth: graph instantiation, exec objects and the upload
     # (gmtool.memory.ledger). One reading after both: cudaMemGetInfo costs about 1.2 ms on the H200's host
     # (2026-12-02, 106 calls 0.126 s), a third of a bucket's readings. An upload that replays (piecewise) runs
     # its runners, whose temporaries (torch attention's gathers) torch's allocator may reserve: not the driver's.
-    uploaded = reserved() - before_upload
+    uploaded = allocator()[3] - before_upload
     entry.outside_pool_bytes = (free0 - torch.cuda.mem_get_info(device)[0]) - entry.pool_growth_bytes - uploaded
 
 
