@@ -230,6 +230,11 @@ CASES = [
     ),
     ("a misspelt workload column", ["plan", "--workload", "{tmp}/typo.csv"], "unknown column 'counts'"),
     ("a sweep profile that is not UTF-8", ["capture", *CPU, "--profile", "{tmp}/latin.json"], "is not UTF-8 text"),
+    (
+        "verify's output-sharing fault on piecewise graphs alone",
+        ["verify", *CPU, "--modes", "piecewise", "--inject", "share-output-across-buckets"],
+        "it is modeled on full graphs",
+    ),
 ]
 
 CAPTURE_LIKE = ("capture", "compare", "memreport", "plan", "verify")

@@ -106,6 +106,12 @@ class VerifyConfig:
                 f"graph holds one sequence per token): add {self.max_num_seqs} to --buckets or raise --max-num-seqs"
             )
         self.fault = parse_fault(self.inject)  # the layer is checked once the model is loaded
+        if self.fault is not None and self.fault.name == "share-output-across-buckets":
+            if all(GraphMode(m).piecewise for m in self.graph_modes):  # before the probes, not after them
+                raise GmtoolError(
+                    "--inject share-output-across-buckets: it is modeled on full graphs (piecewise ends with the LM "
+                    "head's own write into the persistent logits); use full, full-narrow or auto"
+                )
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in ("sweep", "fault")}
