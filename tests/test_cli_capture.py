@@ -146,6 +146,10 @@ def test_narrow_full_graph_for_prefill_is_reported_unsafe(tmp_path):
     assert bad["max_rel_err"] > 1e-2 and bad["max_rel_err_same_shape"] > 1e-2
     assert bad["latency_ms"] is None and bad["speedup"] is None
     assert "UNSAFE" in stdout
+    # the bucket's eager figure is over both mixes, the unsafe one's included, as the eager rows' own is
+    doc = json.loads((out / "results.json").read_text())
+    eager = {r["composition"]: r["latency_ms"]["median"] for r in doc["records"] if r["mode"] == "eager"}
+    assert [r["eager_latency_ms"] for r in rows] == [eager["16+16"], eager["8*4"]]
 
 
 @pytest.mark.parametrize(

@@ -232,6 +232,17 @@ def test_a_sweep_notes_what_each_mode_s_captures_cost(monkeypatch):
 
     assert capture_cost_note(GraphMode.FULL, Bare()) is None  # nothing captured: nothing to say
 
+    # fx: a shape's warm-up traces it; those seconds are said as tracing, not as eager warm-up
+    from types import SimpleNamespace
+
+    e = SimpleNamespace(capture_s=0.01, warmup_s=1.0, compile_s=0.9)
+    fx = SimpleNamespace(graphs={1: e, 2: e}, compile_ahead_s=None, compile_ahead_note=None, device=cfg.torch_device)
+    note = capture_cost_note(GraphMode.PIECEWISE, fx)
+    assert note == (
+        "capture cost, piecewise: 2 graphs captured in 0.02 s, 0.20 s of eager warm-up, 1.80 s tracing (and "
+        "compiling) the shapes (each row's compile_s)"
+    )
+
 
 def test_capture_mode_eager_is_refused(tmp_path):
     import subprocess

@@ -58,6 +58,17 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path, monkeypatch):
     assert "3 of 4 rows measured (read from the journal" in md and "| 2 | full | 1 | ok |" in md
 
 
+def test_ctrl_c_under_json_prints_the_partial_document(tmp_path, monkeypatch):
+    """stdout under --format json holds the command's document, a partial one too: empty, a program reading it
+    would get nothing although the run wrote one."""
+    out, seen = tmp_path / "run", []
+    _stop_at_second_graph_row(monkeypatch, KeyboardInterrupt(), out, seen)
+    code, stdout, err = run_cli("compare", "eager,full", *SMALL, "--format", "json", "--out", out)
+    assert code == 130 and "interrupted after 3 of 4 rows" in " ".join(err.split())
+    doc = json.loads(stdout)
+    assert doc == json.loads((out / "results.json").read_text()) and doc["partial"]["measured"] == 3
+
+
 def test_a_crash_keeps_the_partial_files(tmp_path, monkeypatch):
     from gmtool.app import run_capture
 

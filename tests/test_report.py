@@ -176,7 +176,7 @@ def test_html_without_graph_memory_says_so():
         r["graph_mem_bytes"] = None
     html = render_html(doc)
     assert html.count("data:image/png;base64,") == 2
-    assert "Graph memory per mode: nothing measured on this backend." in html
+    assert "Graph memory per mode: no figures for it in this run." in html
 
 
 def test_noise_warning_in_terminal_table():

@@ -141,7 +141,8 @@ def test_a_fault_injected_into_full_narrow_is_found_not_expected(rig):
     what the user asked verify to find: a finding (the verdict is not clean), and the early stop is said."""
     res = soak(rig, "full-narrow", fault="share-output-across-buckets", steps=20, check_every=1)
     assert res.mismatch is not None and not res.expected_unsafe
-    assert any(n.startswith("stopped at the first wrong replay") for n in res.notes), res.notes
+    said = f"stopped at the first wrong replay, at step {res.mismatch.step} ({res.mismatch.step + 1} of 20 steps run)"
+    assert said in res.notes, res.notes  # numbered as the mismatch is
 
 
 # -- capturability ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from gmtool.app import run_capture
-from gmtool.cli.output import Output
+from gmtool.cli.output import Output, document_if_interrupted
 from gmtool.cli.progress import progress_bars
 
 from gmtool.cli import options as o
@@ -17,7 +17,7 @@ from gmtool.parallel.launch import resolve_tp
 from gmtool.cli.run_sweep import build_config, show_sweep
 from gmtool.errors import GmtoolError
 from gmtool.modes import CAPTURE_MODES, GraphMode
-from gmtool.report.results import default_out_dir
+from gmtool.report.results import RESULTS_JSON, default_out_dir
 from gmtool.report.tables import capture_table
 
 
@@ -95,7 +95,10 @@ def capture(
         )
     for note in cfg.notes:
         out_.note(note)
-    with launch.out_dir_for(out or default_out_dir("capture"), force) as out_dir:
+    with (
+        launch.out_dir_for(out or default_out_dir("capture"), force) as out_dir,
+        document_if_interrupted(out_, out_dir / RESULTS_JSON),
+    ):
         doc = launch.run(run_capture, cfg, out_dir, progress=progress_bars(out_.console), timeout=tp_timeout)
     wrote = f"results: {out_dir / 'results.json'}, {out_dir / 'results.csv'}"
     show_sweep(out_, doc, capture_table, wrote, shown=cfg.notes)

@@ -11,7 +11,7 @@ from gmtool.cli import options as o
 from gmtool.parallel import launch
 from gmtool.parallel.launch import resolve_tp
 from gmtool.app import run_compare
-from gmtool.cli.output import Output
+from gmtool.cli.output import Output, document_if_interrupted
 from gmtool.cli.progress import progress_bars
 from gmtool.cli.report import BaselineOpt
 from gmtool.cli.run_sweep import build_config, show_sweep
@@ -21,7 +21,7 @@ from gmtool.core.buckets import parse_buckets
 from gmtool.measure.hf_compiled import NEEDS_CUDA, PeerCompile
 from gmtool.profiles import load_sweep_profile
 from gmtool.report.baseline import check_same_model, load_baseline
-from gmtool.report.results import default_out_dir
+from gmtool.report.results import RESULTS_JSON, default_out_dir
 from gmtool.report.tables import compare_table
 from gmtool.listopt import comma_items
 
@@ -170,7 +170,10 @@ def compare(
         raise GmtoolError(
             f"--tp runs gmtool's modes only: {'hf-compiled' if not trace else '--trace'} is single-device"
         )
-    with launch.out_dir_for(out or default_out_dir("compare"), force) as out_dir:
+    with (
+        launch.out_dir_for(out or default_out_dir("compare"), force) as out_dir,
+        document_if_interrupted(out_, out_dir / RESULTS_JSON),
+    ):
         doc, files = launch.run(
             run_compare,
             cfg,

@@ -11,12 +11,12 @@ from gmtool.cli import options as o
 from gmtool.parallel import launch
 from gmtool.parallel.launch import resolve_tp
 from gmtool.app import run_memreport
-from gmtool.cli.output import Output
+from gmtool.cli.output import Output, document_if_interrupted
 from gmtool.cli.progress import progress_bars
 from gmtool.cli.run_sweep import build_config
 from gmtool.errors import GmtoolError
 from gmtool.memory.ledger import sample_buckets
-from gmtool.memory.report import memreport_table, memreport_verdict
+from gmtool.memory.report import MEMREPORT_JSON, memreport_table, memreport_verdict
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
 from gmtool.modes import MEMORY_MODES
 from gmtool.records import Status
@@ -117,7 +117,10 @@ def memreport(
         if row.status != Status.OK:
             out_.problems.print(f"[bold yellow]{row.strategy}:[/] {row.status}: {row.reason}", highlight=False)
 
-    with launch.out_dir_for(out or default_out_dir("memreport"), force) as out_dir:
+    with (
+        launch.out_dir_for(out or default_out_dir("memreport"), force) as out_dir,
+        document_if_interrupted(out_, out_dir / MEMREPORT_JSON),
+    ):
         doc, paths = launch.run(
             run_memreport,
             cfg,

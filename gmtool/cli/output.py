@@ -3,12 +3,15 @@ only what went wrong and the verdict."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from pathlib import Path
 
 from rich.markup import escape
 
 from gmtool.cli.options import OutputFormat
 from gmtool.cli.progress import make_console
+from gmtool.errors import Interrupted
 
 
 class Output:
@@ -51,3 +54,15 @@ class Output:
             self.console.print(shown, highlight=False, soft_wrap=True)
         elif self.fmt == OutputFormat.QUIET:
             print(f"{head}{line}", flush=True)
+
+
+@contextlib.contextmanager
+def document_if_interrupted(out: Output, path: Path):
+    """Ctrl-C: under --format json, the partial document the run wrote at path goes to stdout, as a finished
+    run's document does (its "partial" section says how far it got)."""
+    try:
+        yield
+    except Interrupted:
+        if path.is_file():
+            out.document(path.read_text())
+        raise

@@ -67,8 +67,11 @@ def capture_cost_note(mode: GraphMode, ex: GraphExecutor) -> str | None:
     if not entries:
         return None
     capture, warm = sum(e.capture_s for e in entries), sum(e.warmup_s for e in entries)
+    traced = sum(e.compile_s or 0.0 for e in entries)  # fx, --compile: each shape's warm-up traces it
     graphs = f"{len(entries)} graph{'s' if len(entries) != 1 else ''}"
-    note = f"capture cost, {mode.value}: {graphs} captured in {capture:.2f} s, {warm:.2f} s of eager warm-up"
+    note = f"capture cost, {mode.value}: {graphs} captured in {capture:.2f} s, {warm - traced:.2f} s of eager warm-up"
+    if traced:
+        note += f", {traced:.2f} s tracing (and compiling) the shapes (each row's compile_s)"
     ahead = [p.compile_ahead_s for p in parts if p.compile_ahead_s is not None]
     why = next((p.compile_ahead_note for p in parts if p.compile_ahead_note), None)
     if ahead:
@@ -250,12 +253,14 @@ class Sweep:
             served_by=entry.mode.served_by,
             **(capture_ledger(ex, entry) if fresh else {}),
         )
+        # the mix's eager figure, whatever the replay: a bucket's eager ms is the median over all its mixes
+        rec.eager_latency_ms = eager_med
         why = agree(check.failure(tol_same, tol))  # under --tp, every rank's verdict (its own K/V differ)
         if why:
             rec.status, rec.error = Status.UNSAFE, why
             return rec  # an unsafe replay gets no latency and no speedup
         lat = summarize(time_ms(lambda: entry.replay(batch), cfg.num_iters, cfg.num_iters_warmup, self.device))
-        rec.latency_ms, rec.eager_latency_ms = lat, eager_med
+        rec.latency_ms = lat
         rec.speedup = (eager_med / lat.median) if eager_med and lat.median > 0 else None
         n = max(5, cfg.num_iters // 2)
         rec.host_us = summarize(host_us(lambda: ex.step(batch), n, self.device))  # copy-in + dispatch

@@ -46,7 +46,8 @@ def render_html(doc: dict) -> str:
     out.append("</ul><h2>Plots</h2>")
     for caption, uri in all_plots(doc):
         if uri is None:
-            out.append(f'<p class="note">{escape(caption)}: nothing measured on this backend.</p>')
+            # not only the backend: a capture run measures no floor, a run stopped early none either
+            out.append(f'<p class="note">{escape(caption)}: no figures for it in this run.</p>')
         else:
             out.append(
                 f'<figure><img src="{uri}" alt="{escape(caption)}"><figcaption>{escape(caption)}</figcaption></figure>'

@@ -94,7 +94,8 @@ def _signed_pct(x) -> str:
 
 
 def compare_table(doc: dict) -> FittedTable:
-    """Every mode side by side, bucket by bucket; '!' marks a noisy median (IQR above 10% of it)."""
+    """Every mode side by side, bucket by bucket; '!' marks a bucket one of whose timings is noisy (IQR above 10%
+    of its median)."""
     machine = doc["machine"].get("gpu") or doc["machine"]["backend"]
     title = f"gmtool {doc.get('command', 'compare')}: {doc['model']['name']} on {machine}"
     deltas = {(d["mode"], d["bucket"]): d for d in (doc.get("baseline") or {}).get("buckets", [])}
@@ -125,7 +126,10 @@ def compare_table(doc: dict) -> FittedTable:
     for i, s in enumerate(summary):
         if i and s["bucket"] != summary[i - 1]["bucket"]:
             rows.append(None)
-        setup = s["compile_s"] if s["compile_s"] is not None else s["capture_s"]
+        # a traced shape's setup: its trace (compile_s, fx and --compile) and its capture, together
+        setup = (
+            None if s["capture_s"] is None and s["compile_s"] is None else (s["capture_s"] or 0) + (s["compile_s"] or 0)
+        )
         cells = [
             str(s["bucket"]),
             s["mode"],
@@ -153,7 +157,8 @@ def noise_warning(doc: dict) -> str | None:
         return None
     return (
         f"{len(noisy)} of {sum(1 for r in doc['records'] if r.get('latency_ms'))} timings are noisy (IQR above "
-        "10% of the median, marked '!'): raise --num-iters or run on an idle machine before trusting them"
+        "10% of the median; a bucket with one is marked '!' where its mode is shown): raise --num-iters or run on an "
+        "idle machine before trusting them"
     )
 
 

@@ -156,7 +156,9 @@ class Soak:
                 f"stopped at the time limit ({opts.time_limit_s:.0f} s) after {step + 1} of {opts.steps} steps"
             )
         elif mismatch is not None and step + 1 < opts.steps:
-            res.notes.append(f"stopped at the first wrong replay, step {step + 1} of {opts.steps}")
+            res.notes.append(
+                f"stopped at the first wrong replay, at step {step} ({step + 1} of {opts.steps} steps run)"
+            )
         return res
 
     # -- one checked step ------------------------------------------------------------------------------
