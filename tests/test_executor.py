@@ -244,7 +244,28 @@ def test_tape_refuses_what_a_cuda_capture_would_wait_for(read, why):
     be.begin()
     torch.repeat_interleave(x, x, output_size=6)  # its size given: no sync, captured
     x[torch.tensor([0, 2])]  # an index tensor, not a mask
+    x[x > 2] = 0  # one value through a mask: ATen makes it a masked_fill_, no sync
     be.end()
+    be.begin()
+    with pytest.raises(CaptureError, match="boolean mask"):
+        x[x > -1] = torch.arange(4)  # values for each selected element: their count is the mask's
+    be.abort()
+
+
+def test_out_of_memory_at_capture_end_stays_out_of_memory(monkeypatch):
+    """capture_end's OutOfMemory is the sweep's OOM row (the mode stops there), not a plain capture error."""
+    from gmtool.errors import OutOfMemory
+
+    rig = Rig()
+    rig.graph(rig.batch("1*4"))
+
+    def end():
+        raise OutOfMemory("out of memory while capturing")
+
+    monkeypatch.setattr(rig.ex.backend, "end", end)
+    with pytest.raises(OutOfMemory, match="out of memory while capturing"):
+        rig.graph(rig.batch("1*8"))
+    assert rig.ex.backend._tape is None
 
 
 @pytest.mark.parametrize("raised", [IndexError("index 9 is out of bounds"), KeyboardInterrupt()])

@@ -229,7 +229,8 @@ def test_engine_default_lists():
         ("num_tokens,num_seqs\nfour,4\n", "row 1: num_tokens must be a whole number, got 'four'"),
         ("num_tokens,num_seqs,count\n4,4,0\n", "every count is 0"),
         ("num_tokens,num_seqs\n4,2,7,9\n", "more fields than its header"),
-        ("num_tokens,num_seqs,counts\n4,2,1000\n600,1,1\n", "unknown column 'counts'"),
+        ("num_tokens,num_seqs,counts\n4,2,1000\n600,1,1\n", "unknown column 'counts' \\(did you mean 'count'\\?\\)"),
+        ("num_token,num_seqs\n4,2\n", "unknown column 'num_token'"),
     ],
 )
 def test_bad_workloads_are_one_line(tmp_path, text, why):
@@ -239,11 +240,16 @@ def test_bad_workloads_are_one_line(tmp_path, text, why):
         load_workload(str(f))
 
 
-def test_a_trailing_comma_is_an_empty_field_not_a_column(tmp_path):
+def test_other_columns_of_a_log_are_not_the_workload_s(tmp_path):
+    """A trailing comma, pandas' index column, a log's timestamps: read past, as before; a misspelt column is not."""
     f = tmp_path / "w.csv"
-    f.write_text("num_tokens,num_seqs,count,\n4,2,3,\n")
-    steps, _ = load_workload(str(f))
-    assert steps[["num_tokens", "num_seqs", "count"]].values.tolist() == [[4, 2, 3]]
+    for text in ("num_tokens,num_seqs,count,\n4,2,3,\n", ",num_tokens,num_seqs,count\n0,4,2,3\n"):
+        f.write_text(text)
+        steps, _ = load_workload(str(f))
+        assert steps[["num_tokens", "num_seqs", "count"]].values.tolist() == [[4, 2, 3]], text
+    j = tmp_path / "w.jsonl"
+    j.write_text('{"num_tokens": 4, "num_seqs": 2, "t_ms": 17.5}\n')
+    assert load_workload(str(j))[0]["count"].tolist() == [1]
 
 
 def test_workload_jsonl_and_counts(tmp_path):
@@ -406,6 +412,25 @@ def test_plan_costs_full_or_piecewise_only(tmp_path):
     code, _, err = run_cli("plan", "--workload", "chat", "--profile", prof, "--out", tmp_path / "o")
     assert code == 2 and "the profile's modes (auto) hold no full or piecewise graphs" in one_error(err), err
     assert not (tmp_path / "o").exists()
+
+
+def test_plan_keeps_what_it_reads_and_what_it_refuses_over(tmp_path, results_file):
+    """--force clears a directory only to write the plan: not when the request is refused, and never the
+    directory of the --from results it reads."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "plan.json").write_text("{}")
+    code, _, err = run_cli(
+        "plan", "-w", "chat", "--from", results_file, "--out", old, "--force", "--scenario", "decode"
+    )
+    assert code == 2 and "--scenario sets how costs are measured" in one_error(err)
+    assert (old / "plan.json").exists()
+    code, _, err = run_cli("plan", "-w", "chat", "--from", results_file, "--out", results_file.parent, "--force")
+    assert code == 2 and "holds the --from results" in one_error(err) and results_file.exists()
+    prof = tmp_path / "typo.json"
+    prof.write_text('{"modes": ["eager", "ful"]}')
+    code, _, err = run_cli("plan", "-w", "chat", "--profile", prof, "--out", tmp_path / "o")
+    assert code == 2 and "unknown mode 'ful' in the profile" in one_error(err), err
 
 
 def test_plan_refuses_an_output_directory_before_it_measures(tmp_path):

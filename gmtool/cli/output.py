@@ -4,6 +4,7 @@ only what went wrong and the verdict."""
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from pathlib import Path
 
@@ -60,9 +61,18 @@ class Output:
 def document_if_interrupted(out: Output, path: Path):
     """Ctrl-C: under --format json, the partial document the run wrote at path goes to stdout, as a finished
     run's document does (its "partial" section says how far it got)."""
+    from gmtool.parallel.launch import writes_here
+
     try:
         yield
     except Interrupted:
-        if path.is_file():
-            out.document(path.read_text())
+        # this run's: marked partial (a file left by an earlier phase, as memreport --check's sampled one, is
+        # not), and once (a torchrun rank other than 0 writes nothing)
+        text = path.read_text() if writes_here() and path.is_file() else ""
+        try:
+            partial = isinstance(doc := json.loads(text), dict) and "partial" in doc
+        except ValueError:  # half-written, or nothing
+            partial = False
+        if partial:
+            out.document(text)
         raise

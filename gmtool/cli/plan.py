@@ -22,7 +22,7 @@ from gmtool.plan.document import build_document, lazy_line, plan_table, write_pl
 from gmtool.plan.optimizer import Budgets, PoolSharing
 from gmtool.plan.run import PlanInputs, make_plan, measure, needed_buckets
 from gmtool.plan.workload import builtin_workloads, is_decode, load_workload
-from gmtool.report.results import default_out_dir, load_results, output_dir, write_results
+from gmtool.report.results import check_out_dir, default_out_dir, load_results, output_dir, write_results
 
 
 def _positive(value, name: str):
@@ -38,7 +38,11 @@ def _profile_mode(profile, out_: Output) -> str | None:
         return None
     from gmtool.profiles import load_sweep_profile
 
-    asked = [GraphMode(m) for m in load_sweep_profile(profile).get("modes", ()) if GraphMode(m).captures]
+    modes = load_sweep_profile(profile).get("modes", ())
+    unknown = [m for m in modes if m not in tuple(GraphMode)]
+    if unknown:
+        raise GmtoolError(f"unknown mode {unknown[0]!r} in the profile: choose from {', '.join(GraphMode)}")
+    asked = [GraphMode(m) for m in modes if GraphMode(m).captures]
     plannable = [m for m in asked if m in PLAN_MODES]
     if not asked:
         return None
@@ -157,55 +161,60 @@ def plan(
         num_iters_warmup=num_iters_warmup,
         seed=seed,
     )
-    # the output directory first: a directory it cannot write is refused before a measurement, not after
-    with output_dir(out or default_out_dir("plan"), force) as out_dir:
-        if from_ is not None:
-            given = [k for k, v in {**measuring, "scenario": scenario, "profile": profile}.items() if v is not None]
-            if given:  # they shape a measurement, and --from measures nothing: they would be ignored
-                raise GmtoolError(
-                    f"--{given[0].replace('_', '-')} sets how costs are measured, but --from takes them from "
-                    f"{from_}: drop it, or drop --from to measure now"
-                )
-            doc = load_results(from_).to_dict()
-            name = doc["model"].get("name")
-            if model is not None and Path(model).name != name:
-                raise GmtoolError(f"--model {model} but {from_} measured {name}")
-            source = {"kind": "results file", "path": str(from_)}
-        else:
-            mode = mode or _profile_mode(profile, out_)
+    target = Path(out or default_out_dir("plan"))
+    src = Path(from_) if from_ is not None else None
+    if src is not None and target.resolve() == (src if src.is_dir() else src.parent).resolve():
+        # --force would clear the results it reads, and the plan's results files would replace them
+        raise GmtoolError(f"--out {target} holds the --from results: give the plan a directory of its own")
+    check_out_dir(target, force)  # before a measurement, not after it; cleared (--force) only to write
+    if from_ is not None:
+        given = [k for k, v in {**measuring, "scenario": scenario, "profile": profile}.items() if v is not None]
+        if given:  # they shape a measurement, and --from measures nothing: they would be ignored
+            raise GmtoolError(
+                f"--{given[0].replace('_', '-')} sets how costs are measured, but --from takes them from "
+                f"{from_}: drop it, or drop --from to measure now"
+            )
+        doc = load_results(from_).to_dict()
+        name = doc["model"].get("name")
+        if model is not None and Path(model).name != name:
+            raise GmtoolError(f"--model {model} but {from_} measured {name}")
+        source = {"kind": "results file", "path": str(from_)}
+    else:
+        mode = mode or _profile_mode(profile, out_)
+        cfg = build_config(
+            profile,
+            model=model,
+            scenario=scenario or ("decode" if is_decode(steps) else "mixed"),
+            modes=("eager", mode or "full"),
+            max_tokens=max_tokens,
+            **measuring,
+        )
+        if buckets is None:  # only the buckets the workload reaches
             cfg = build_config(
                 profile,
-                model=model,
-                scenario=scenario or ("decode" if is_decode(steps) else "mixed"),
-                modes=("eager", mode or "full"),
-                max_tokens=max_tokens,
-                **measuring,
+                **{
+                    **cfg_opts(cfg),
+                    "buckets": ",".join(map(str, needed_buckets(cfg.bucket_sizes, int(steps["num_tokens"].max())))),
+                },
             )
-            if buckets is None:  # only the buckets the workload reaches
-                cfg = build_config(
-                    profile,
-                    **{
-                        **cfg_opts(cfg),
-                        "buckets": ",".join(map(str, needed_buckets(cfg.bucket_sizes, int(steps["num_tokens"].max())))),
-                    },
-                )
-            for note in cfg.notes:
-                out_.note(note)
-            source = {"kind": "measured now", "buckets": cfg.bucket_sizes}
-            measured_doc = measure(cfg, progress_bars(out_.console))
-            doc = measured_doc.to_dict()
-        mixed = int(steps.loc[steps["num_tokens"] != steps["num_seqs"], "count"].sum())
-        notes = (
-            [
-                f"{mixed} of {int(steps['count'].sum())} steps are not pure decode but the costs are of decode "
-                "graphs: they are costed by their token count"
-            ]
-            if mixed and doc["config"].get("scenario") == "decode"
-            else []
-        )
-        inp = PlanInputs(steps, path, from_results(doc, mode), budgets, memory_sharing, chosen, max_tokens, notes)
-        res = make_plan(inp)
-        plan_doc = build_document(res, inp, source, doc["model"], doc["machine"])
+        for note in cfg.notes:
+            out_.note(note)
+        source = {"kind": "measured now", "buckets": cfg.bucket_sizes}
+        measured_doc = measure(cfg, progress_bars(out_.console))
+        doc = measured_doc.to_dict()
+    mixed = int(steps.loc[steps["num_tokens"] != steps["num_seqs"], "count"].sum())
+    notes = (
+        [
+            f"{mixed} of {int(steps['count'].sum())} steps are not pure decode but the costs are of decode "
+            "graphs: they are costed by their token count"
+        ]
+        if mixed and doc["config"].get("scenario") == "decode"
+        else []
+    )
+    inp = PlanInputs(steps, path, from_results(doc, mode), budgets, memory_sharing, chosen, max_tokens, notes)
+    res = make_plan(inp)
+    plan_doc = build_document(res, inp, source, doc["model"], doc["machine"])
+    with output_dir(target, force) as out_dir:
         files = (write_results(out_dir, measured_doc) if measured_doc else []) + write_plan(out_dir, plan_doc)
     out_.document(json.dumps(plan_doc, indent=2, default=str))
     out_.show(plan_table(plan_doc))

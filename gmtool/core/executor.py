@@ -433,7 +433,7 @@ class GraphExecutor:
         except torch.OutOfMemoryError:
             self.backend.abort()
             raise OutOfMemory(f"out of memory while capturing bucket {entry.key}") from None
-        except CaptureError:
+        except (CaptureError, OutOfMemory):  # OutOfMemory: capture_end's (the sweep marks the mode dead on it)
             self.backend.abort()
             raise
         except Exception as e:  # torch's RuntimeErrors, and what a model or a Triton compile raises under capture

@@ -69,7 +69,7 @@ def capture_cost_note(mode: GraphMode, ex: GraphExecutor) -> str | None:
     capture, warm = sum(e.capture_s for e in entries), sum(e.warmup_s for e in entries)
     traced = sum(e.compile_s or 0.0 for e in entries)  # fx, --compile: each shape's warm-up traces it
     graphs = f"{len(entries)} graph{'s' if len(entries) != 1 else ''}"
-    note = f"capture cost, {mode.value}: {graphs} captured in {capture:.2f} s, {warm - traced:.2f} s of eager warm-up"
+    note = f"capture cost, {mode.value}: {graphs} captured in {capture:.2f} s, {max(0.0, warm - traced):.2f} s of eager warm-up"
     if traced:
         note += f", {traced:.2f} s tracing (and compiling) the shapes (each row's compile_s)"
     ahead = [p.compile_ahead_s for p in parts if p.compile_ahead_s is not None]

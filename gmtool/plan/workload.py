@@ -7,6 +7,7 @@ shape are summed. A built-in workload is named by its file's stem under profiles
 from __future__ import annotations
 
 import json
+from difflib import get_close_matches
 from pathlib import Path
 
 import pandas as pd
@@ -67,14 +68,12 @@ def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
     if not isinstance(df.index, pd.RangeIndex):  # pandas takes the fields beyond the header's as the rows' index
         raise GmtoolError(f"workload {path}: its rows have more fields than its header (num_tokens,num_seqs[,count])")
     df.columns = [str(c).strip() for c in df.columns]
-    # a trailing comma makes an empty column pandas names "Unnamed: N": nothing was written there
-    df = df.drop(columns=[c for c in df.columns if c.startswith("Unnamed: ") and df[c].isna().all()])
-    unknown = [c for c in df.columns if c not in COLUMNS]
-    if unknown:  # a misspelt count would be dropped, and every row taken as one step
-        raise GmtoolError(
-            f"workload {path}: unknown column {', '.join(map(repr, unknown))} (the columns are num_tokens, "
-            "num_seqs and, optionally, count)"
-        )
+    # other columns (a log's timestamps, the index pandas' to_csv writes) are not the workload's; a misspelt
+    # count is: dropped, every row would be taken as one step
+    misspelt = [(c, m[0]) for c in df.columns if c not in COLUMNS and (m := get_close_matches(c, COLUMNS, 1, 0.75))]
+    if misspelt:
+        c, meant = misspelt[0]
+        raise GmtoolError(f"workload {path}: unknown column {c!r} (did you mean {meant!r}?)")
     missing = [c for c in COLUMNS[:2] if c not in df.columns]
     if missing:
         raise GmtoolError(f"workload {path}: missing column {', '.join(missing)} (need num_tokens,num_seqs[,count])")

@@ -37,17 +37,24 @@ OUTPUT_FILES = (
 )
 
 
+def check_out_dir(out: Path, force: bool) -> None:
+    """What prepare_out_dir would refuse of out, without creating or clearing anything: for a command that has
+    work to do before it writes (plan's measurement)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise GmtoolError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise GmtoolError(
+            f"output directory {out} exists and is not empty: pass --force to overwrite, or another --out"
+        )
+
+
 def prepare_out_dir(out: Path, force: bool) -> Path:
     """Refuse to write into a non-empty directory unless --force: never overwrite silently. With --force,
     the files an earlier gmtool run wrote there are removed first (other files are left alone)."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise GmtoolError(f"--out {out} exists and is not a directory")
+    check_out_dir(out, force)
     if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise GmtoolError(
-                f"output directory {out} exists and is not empty: pass --force to overwrite, or another --out"
-            )
         try:
             for pattern in OUTPUT_FILES:
                 for f in out.glob(pattern):
