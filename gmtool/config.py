@@ -193,13 +193,13 @@ class SweepConfig:
         if self.buckets is not None and comps and not defaulted:
             self._scenario_of(comps)
         every = [c for cs in self.compositions_by_bucket.values() for c in cs]
-        if pieces and GraphMode.PIECEWISE not in self.modes and all(c.is_decode for c in every):
-            if self.piecewise_impl != PiecewiseImpl.BREAKABLE:  # auto's piecewise part would serve no batch
-                raise GmtoolError(
-                    f"--piecewise-impl {self.piecewise_impl} splits piecewise graphs, and auto serves every batch of "
-                    "this run with full graphs (all are decode steps): give prefill or mixed compositions "
-                    "(--scenario prefill), or leave --piecewise-impl out"
-                )
+        only_auto = GraphMode.PIECEWISE not in self.modes  # pieces: auto's; it serves decode with full graphs
+        if self.piecewise_impl != PiecewiseImpl.BREAKABLE and only_auto and all(c.is_decode for c in every):
+            raise GmtoolError(
+                f"--piecewise-impl {self.piecewise_impl} splits piecewise graphs, and auto serves every batch of "
+                "this run with full graphs (all are decode steps): give prefill or mixed compositions "
+                "(--scenario prefill), or leave --piecewise-impl out"
+            )
         longest = max(kv_len(p) for cs in self.compositions_by_bucket.values() for c in cs for p in c.parts)
         if self.max_kv_len is None:
             self.max_kv_len = max(1024 if cuda else 128, longest)

@@ -27,3 +27,13 @@ class OutOfMemory(RunFailure):
 class Interrupted(Exception):
     """Ctrl-C during a run, after what was measured was written (exit 130); its text says how far it got. Not a
     KeyboardInterrupt: typer turns those into a silent exit 130."""
+
+
+def first_line(e: BaseException, typed: bool = False) -> str:
+    """An exception said in one line: its message's first line (its type's name where it has none); typed: the
+    type's name before it, for exceptions whose message does not name what went wrong."""
+    lines = str(e).strip().splitlines()
+    text = lines[0] if lines else ""
+    if typed:
+        return f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return text or type(e).__name__

@@ -19,7 +19,7 @@ from gmtool.core.backends import make_backend
 from gmtool.core.batch import Batch
 from gmtool.kernels import compile_ahead
 from gmtool.core.buckets import BucketKey, BucketPolicy
-from gmtool.errors import CaptureError, GmtoolError, InputsNotLoaded, OutOfMemory
+from gmtool.errors import CaptureError, GmtoolError, InputsNotLoaded, OutOfMemory, first_line
 from gmtool.core.inputs import PersistentInputs, StepViews
 from gmtool.core.kv_cache import PagedKVCache
 from gmtool.model.loading import LoadedModel
@@ -273,6 +273,16 @@ class GraphExecutor:
             forward = RuntimeSplit() if mode.piecewise else WholeGraph()
         self.forward_impl = forward
 
+    def runner_buffers(self, key: BucketKey | None = None) -> list[torch.Tensor]:
+        """Piecewise: the buffers every bucket's pieces and runners share (q in, attention out, the last hidden
+        rows the LM head reads), or key's slices of them; none for whole graphs."""
+        if not self.mode.piecewise:
+            return []
+        if key is None:
+            return [self.attn_q, self.attn_out, self.last_hidden]
+        t, rows = key.num_tokens, self.inputs.views(key).logits.shape[0]
+        return [self.attn_q[:t], self.attn_out[:t], self.last_hidden[:rows]]
+
     def key_for(self, batch: Batch) -> BucketKey:
         return self.policy.key_for(batch.num_tokens, batch.num_seqs, batch.is_decode, batch.composition.bucket)
 
@@ -430,20 +440,16 @@ class GraphExecutor:
             self.inputs.copy_in(entry.key)
             self.forward_impl.record(self, entry, fn)
             entry.copies_inputs = True
-        except torch.OutOfMemoryError:
-            self.backend.abort()
-            raise OutOfMemory(f"out of memory while capturing bucket {entry.key}") from None
-        except (CaptureError, OutOfMemory):  # OutOfMemory: capture_end's (the sweep marks the mode dead on it)
-            self.backend.abort()
-            raise
-        except Exception as e:  # torch's RuntimeErrors, and what a model or a Triton compile raises under capture
-            self.backend.abort()
-            why = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            why = why if type(e) is RuntimeError else f"{type(e).__name__}: {why}".rstrip(": ")
+        except BaseException as e:
+            self.backend.abort()  # whatever ended it (Ctrl-C too): the stream or the tape must not stay capturing
+            if isinstance(e, torch.OutOfMemoryError):
+                raise OutOfMemory(f"out of memory while capturing bucket {entry.key}") from None
+            # capture_end's OutOfMemory stays one (the sweep stops the mode on it); Ctrl-C stays what it is
+            if isinstance(e, (CaptureError, OutOfMemory)) or not isinstance(e, Exception):
+                raise
+            # torch's RuntimeErrors, and what a model or a Triton compile raises under capture
+            why = first_line(e, typed=type(e) is not RuntimeError)
             raise CaptureError(f"capture of bucket {entry.key} failed: {why}") from None
-        except BaseException:  # Ctrl-C: the stream (CUDA) or the dispatch mode (CPU tape) must not stay capturing
-            self.backend.abort()
-            raise
 
     def prepare(self, batch: Batch) -> CapturedGraph:
         """Copy-in and graph selection: everything the host does before a replay."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from gmtool.core.executor import AttentionRunner
-from gmtool.errors import CaptureError, OutOfMemory
+from gmtool.errors import CaptureError, OutOfMemory, first_line
 from gmtool.model.attention import current_context
 
 
@@ -133,7 +133,7 @@ class Fallback:
         except (torch.OutOfMemoryError, OutOfMemory, CaptureError):  # the run's to handle, not a trace's
             raise
         except Exception as e:  # dynamo raises many types
-            why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            why = first_line(e)[:160]
             if self.traced:  # another shape traced: this failure is this shape's, and the run records it
                 raise CaptureError(f"fx could not trace this shape: {why}") from None
             self.active, self.reason = self.secondary, f"fx could not trace: {why}"

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from gmtool.errors import CaptureError, OutOfMemory
+from gmtool.errors import CaptureError, OutOfMemory, first_line
 
 
 def attribute(free_before: int, free_after: int, reserved_growth: int) -> int:
@@ -113,7 +113,7 @@ class OverlappedInstantiation:
         except torch.OutOfMemoryError:
             raise OutOfMemory(f"out of memory while instantiating bucket {entry.key}'s graph") from None
         except RuntimeError as e:
-            raise CaptureError(f"instantiation of bucket {entry.key} failed: {str(e).splitlines()[0]}") from None
+            raise CaptureError(f"instantiation of bucket {entry.key} failed: {first_line(e)}") from None
         if not uploaded:  # as on the one-by-one path: the first replay uploads it, outside this accounting
             self.refused_uploads += 1
         entry.instantiate_s = time.perf_counter() - t0

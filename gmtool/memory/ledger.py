@@ -75,10 +75,7 @@ def inputs_bytes(ex, key) -> int:
     owner = next((p for p in parts_of(ex) if key in p.graphs), ex)
     views = owner.inputs.views(key)
     n = sum(getattr(views, f.name).nbytes for f in dataclasses.fields(StepViews))
-    if not owner.mode.piecewise:
-        return n
-    t = key.num_tokens
-    return n + owner.attn_q[:t].nbytes + owner.attn_out[:t].nbytes + owner.last_hidden[: views.logits.shape[0]].nbytes
+    return n + sum(b.nbytes for b in owner.runner_buffers(key))
 
 
 def capture_ledger(ex, entry) -> dict:

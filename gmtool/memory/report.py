@@ -90,10 +90,8 @@ def input_costs(ex) -> dict:
     from gmtool.core.auto import parts_of
 
     per_shape = sum(inputs_bytes(ex, k) for k in ex.graphs)
-    arena = ex.inputs.nbytes  # auto: its parts share one
-    for part in parts_of(ex):  # piecewise: the runners' shared q and output buffers, the last hidden rows
-        if part.mode.piecewise:
-            arena += part.attn_q.nbytes + part.attn_out.nbytes + part.last_hidden.nbytes
+    # auto's parts share one input arena; piecewise adds the runners' shared buffers, max-shape arenas too
+    arena = ex.inputs.nbytes + sum(b.nbytes for part in parts_of(ex) for b in part.runner_buffers())
     return {"input_arena_bytes": arena, "input_per_shape_bytes": per_shape}
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from gmtool.errors import GmtoolError, Interrupted, RunFailure
+from gmtool.errors import GmtoolError, Interrupted, RunFailure, first_line
 from gmtool.parallel.comm import Place, set_place
 
 RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -160,7 +160,7 @@ def _as_rank(place: Place, init_method: str, fn, cfg_kwargs: dict, args, kwargs,
             if init_method == "env://"
             else init_method
         )
-        raise GmtoolError(f"rank {place.rank} could not join the process group at {where}: {_one_line(e)}") from None
+        raise GmtoolError(f"rank {place.rank} could not join the process group at {where}: {first_line(e)}") from None
     set_place(place)
     if os.environ.get(FAIL_ENV) == str(place.rank):
         raise RunFailure(f"injected failure ({FAIL_ENV}={place.rank})")
@@ -177,11 +177,6 @@ def _exit_code(e: BaseException) -> int:
     if isinstance(e, GmtoolError):
         return 1 if isinstance(e, RunFailure) else 2
     return 130 if isinstance(e, (KeyboardInterrupt, Interrupted)) else 1
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 def _torchrun_rank(fn, cfg, args, kwargs, timeout: float):
@@ -210,7 +205,7 @@ def _worker(rank: int, world: int, port: int, fn, cfg_kwargs, args, kwargs, time
         # plain pickle: torch's queue would share tensors by memory this process takes with it when it exits
         messages.put((rank, 0, pickle.dumps(result) if rank == 0 else None))
     except BaseException as e:  # everything becomes the parent's one line; no traceback from a rank
-        messages.put((rank, _exit_code(e), _one_line(e)))
+        messages.put((rank, _exit_code(e), first_line(e)))
         messages.close()
         messages.join_thread()
         os._exit(1)  # no teardown: a group whose other rank is stuck can hang in it

@@ -43,13 +43,13 @@ class Poisoner:
         """persistent: tensors outside the graphs' own memory (weights, the KV cache, taps) besides ex's."""
         self.ex, self.cache, self.seed = ex, ex.cache, seed
         self.persistent = {t.untyped_storage().data_ptr() for t in persistent}
-        self.parts = parts_of(ex)  # auto: full and piecewise executors over one arena, each its own attn_out
+        self.parts = parts_of(ex)  # auto: full and piecewise executors over one arena, each its own runner buffers
         self.persistent |= {
             t.untyped_storage().data_ptr()
             for t in (
                 ex.inputs.arena,
                 ex.inputs.logits,
-                *(p.attn_out for p in self.parts if p.attn_out is not None),
+                *(b for p in self.parts for b in p.runner_buffers()),
                 *ex.cache.k,
                 *ex.cache.v,
             )

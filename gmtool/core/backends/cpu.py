@@ -37,10 +37,11 @@ def host_sync(func, args, kwargs) -> str | None:
     if name in _DATA_SIZED_OPS or sized:
         return f"an output sized by a tensor's values inside graph capture (a host sync): aten.{func.__name__}"
     if name in _MASK_INDEXED_OPS and len(args) > 1:
-        masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
-        # x[mask] = value of one element: ATen makes it a masked_fill_, no sync
-        filled = name != "index" and len(args[1]) == 1 and len(args) > 2 and args[2].numel() == 1
-        if masks and not (filled and not (args[3] if len(args) > 3 else kwargs.get("accumulate", False))):
+        masked = any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+        accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+        # x[mask] = one value: ATen makes it a masked_fill_, no sync
+        fill = name != "index" and len(args[1]) == 1 and len(args) > 2 and args[2].numel() == 1 and not accumulate
+        if masked and not fill:
             return f"indexing by a boolean mask inside graph capture (a host sync): aten.{func.__name__}"
     return None
 
