@@ -1,5 +1,5 @@
-"""gmtool's environment switches (GMTOOL_COMPILE_AHEAD, GMTOOL_COMPILE_FORK, GMTOOL_GEMM_WARMUP, GMTOOL_NATIVE_LOOP,
-GMTOOL_STITCH): each is on unless set to one of the off words, the same words for every switch."""
+"""gmtool's environment switches (GMTOOL_COMPILE_AHEAD, GMTOOL_COMPILE_FORK, GMTOOL_EARLY_COMPILE,
+GMTOOL_GEMM_WARMUP, GMTOOL_NATIVE_LOOP, GMTOOL_STITCH): each is on unless set to one of the off words, the same words for every switch."""
 
 from __future__ import annotations
 

@@ -52,6 +52,8 @@ def test_summary_ratios_and_goals(tmp_path):
                 "total_s": 1.5,
                 "capture_only_s": 0.4,
                 "triton": {"compiles": 7, "compile_s": 0.75, "kernels": {}},
+                "load_s": 9.5,
+                "early_compile": {"launches": 105, "s": 3.25, "waited_s": 0.0, "error": None},
             },
             "warm --fuse": {
                 "buckets": 35,
@@ -104,7 +106,8 @@ def test_summary_ratios_and_goals(tmp_path):
     ]
     assert [k for k in cap if "Triton compiled 7 variants in 0.75 s" in k] == [
         "capture 35 default decode buckets --fuse, cold Triton cache (capture alone 0.40 s; warm-up, compiling and "
-        "the rest 1.10 s; Triton compiled 7 variants in 0.75 s)"
+        "the rest 1.10 s; Triton compiled 7 variants in 0.75 s; the decode attention's kernels compiled during the "
+        "model's build (3.25 s beside it, 0.00 s waited; the build 9.50 s))"
     ]
     assert "cold Triton cache" in next(iter(cap)) and "the rest 10.00 s" in next(iter(cap))
     assert list(cap)[2].startswith("capture 35 default decode buckets --fuse, cold Triton cache")

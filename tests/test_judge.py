@@ -236,11 +236,21 @@ def test_a_sweep_notes_what_each_mode_s_captures_cost(monkeypatch):
     from types import SimpleNamespace
 
     e = SimpleNamespace(capture_s=0.01, warmup_s=1.0, compile_s=0.9)
+    lm = SimpleNamespace(early_compile=None)
     fx = SimpleNamespace(graphs={1: e, 2: e}, compile_ahead_s=None, compile_ahead_note=None, device=cfg.torch_device)
+    fx.lm = lm
     note = capture_cost_note(GraphMode.PIECEWISE, fx)
     assert note == (
         "capture cost, piecewise: 2 graphs captured in 0.02 s, 0.20 s of eager warm-up, 1.80 s tracing (and "
         "compiling) the shapes (each row's compile_s)"
+    )
+    # the decode attention's kernels compiled during the build (gmtool.kernels.early_compile): said, with its wait
+    from gmtool.kernels.early_compile import EarlyCompile, geometry, raw_config
+
+    lm.early_compile = EarlyCompile(geometry(cfg, raw_config("qwen3-0.6b")), seconds=3.5, waited_s=0.25)
+    assert capture_cost_note(GraphMode.PIECEWISE, fx).endswith(
+        "; the decode attention kernels of 2 bucket sizes compiled (or loaded) during the model's build, 3.50 s "
+        "beside it, 0.25 s waited at its end"
     )
 
 

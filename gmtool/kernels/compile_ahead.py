@@ -71,10 +71,12 @@ def _async_mode():
 
 
 @contextlib.contextmanager
-def compiling_only(device: torch.device, workers: int = WORKERS):
-    """Inside: a Triton launch returns without running; on leaving, each variant launched compiles in a worker
-    thread (first in a forked child: ChildCompiles, yielded, None where forks() is False), and when it is left
-    every compile has finished and sits in Triton's caches, as a launch leaves it."""
+def compiling_only(device: torch.device, workers: int = WORKERS, held_out: list | None = None):
+    """Inside: a Triton launch of this thread returns without running (another thread's runs: the build's own
+    work beside gmtool.kernels.early_compile); on leaving, each variant launched compiles in a worker thread
+    (first in a forked child: ChildCompiles, yielded, None where forks() is False), and when it is left every
+    compile has finished and sits in Triton's caches, as a launch leaves it. held_out gets the number of
+    distinct launches held."""
     from triton.runtime.jit import JITFunction
 
     mode = _async_mode()
@@ -90,9 +92,12 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
     # ~700 launches of 35 decode shapes (H200, 2026-12-02).
     held: dict = {}
     stand_ins = _StandIns()
+    owner = threading.get_ident()
 
     @functools.wraps(launch)  # __wrapped__ names Triton's run: launcher.FastLaunch compares launches with it
     def compile_instead(self, *args, grid, warmup, **kwargs):
+        if threading.get_ident() != owner:
+            return launch(self, *args, grid=grid, warmup=warmup, **kwargs)
         made = (self, tuple(map(stand_ins, args)), grid, {k: stand_ins(v) for k, v in kwargs.items()})
         try:
             key = (id(self), made[1], grid, tuple(made[3].items()), _types(made[1]), _types(made[3].values()))
@@ -169,6 +174,8 @@ def compiling_only(device: torch.device, workers: int = WORKERS):
             finally:
                 if children is not None:
                     children.all_started()  # every fork made (or a launch raised): the workers may go on
+                if held_out is not None:
+                    held_out.append(len(held))
                 held.clear()
                 JITFunction.run = launch
                 compiler_package.compile = compile_kernel

@@ -379,6 +379,10 @@ def _capture_once(fuse: bool) -> dict:
         "compile_ahead_note": ex.compile_ahead_note,
         "host_probe_us": probe,  # the host's Python speed beside the captures (gmtool.measure.timing.host_probe_us)
         "load_s": load_s,  # the model's build and the executor's, before the window: what overlaps it is not free
+        # the decode attention's kernels compiled in a thread during the build (gmtool.kernels.early_compile)
+        "early_compile": None
+        if (c := lm.early_compile) is None
+        else {"launches": c.launches, "s": c.seconds, "waited_s": c.waited_s, "error": c.error},
         # cuBLAS's first uses made in a thread during the build (gmtool.model.gemm_warmup)
         "gemm_warmup": None
         if (w := lm.gemm_warmup) is None

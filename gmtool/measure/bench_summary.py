@@ -354,6 +354,11 @@ def summary(out: Path, console: Console) -> list[tuple]:
                 kernels += f", {tri['untimed']} compiled ahead (that pass {ahead:.2f} s)"
             else:
                 kernels += f" in {tri['compile_s']:.2f} s"
+        if (early := cap.get("early_compile")) and early.get("error") is None:  # moved out of the window: say so
+            kernels += (
+                f"; the decode attention's kernels compiled during the model's build ({early['s']:.2f} s beside it, "
+                f"{early['waited_s']:.2f} s waited; the build {cap.get('load_s', 0):.2f} s)"
+            )
         note = cap.get("compile_ahead_note") or ""
         if note.startswith(COMPILE_AHEAD_SKIPPED):
             kernels += "; compile-ahead skipped, its marker found (this configuration was compiled ahead before)"

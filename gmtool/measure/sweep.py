@@ -78,6 +78,8 @@ def capture_cost_note(mode: GraphMode, ex: GraphExecutor) -> str | None:
         note += f"; Triton kernels compiled ahead of the first in {sum(ahead):.2f} s" + (f" ({why})" if why else "")
     elif ex.device.type == "cuda" and why:
         note += f"; compile-ahead {why}"
+    if (early := getattr(ex.lm, "early_compile", None)) is not None:
+        note += f"; {early.summary()}"
     return note
 
 

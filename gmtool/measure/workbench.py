@@ -24,6 +24,7 @@ from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.core.executor import GraphExecutor
 from gmtool.core.inputs import PersistentInputs
 from gmtool.core.kv_cache import KVCacheSpec, PagedKVCache
+from gmtool.kernels import early_compile
 from gmtool.model.loading import LoadedModel, load_model
 from gmtool.modes import GraphMode
 
@@ -127,6 +128,8 @@ class Workbench:
         """num_blocks: a fixed KV cache size; default: what the config's compositions need, within budget."""
         from gmtool.memory.estimate import check_fits
 
+        # the decode attention's Triton kernels compile beside transformers' import and the model's build
+        early = early_compile.start(cfg)
         check_fits(cfg)  # before any weights are built: a run that cannot fit is refused in one line
         device = cfg.torch_device
         if device.type == "cpu":
@@ -134,11 +137,14 @@ class Workbench:
         rows = tuple(cfg.bucket_sizes) if cfg.tp == 1 else ()  # under --tp the shapes change after the load
         head_rows = tuple(sorted({min(r, cfg.max_num_seqs) for r in rows}))  # a key's logits: one row a sequence
         lm = load_model(cfg.model, device, cfg.torch_dtype, cfg.seed, rows, head_rows)
+        lm.early_compile = early
         try:
             rank = _shard_and_fuse(cfg, lm)
         finally:  # before the KV cache is sized by what is free; on an error, before it reaches a caller that
             if lm.gemm_warmup is not None:  # may go on to capture while the thread's GEMMs still run
                 lm.gemm_warmup.join()
+            if early is not None:  # its compiles must not run beside the first capture's
+                early.join()
         spec = KVCacheSpec(
             lm.num_layers,
             lm.rank_kv_heads,

@@ -112,19 +112,20 @@ from gmtool.core.compositions import parse_composition
 from gmtool.kernels import compile_ahead
 from gmtool.measure import bench
 buckets = [1, 8, 64, 256]
-ex = bench._executor(buckets, 1024, 256 * 64 + 1, fuse=True)
+fuse = sys.argv[1] == "fuse"
+with compile_ahead.compile_log() as built:  # the decode attention's kernels compile during the build
+    ex = bench._executor(buckets, 1024, 256 * 64 + 1, fuse=fuse)
 with compile_ahead.compile_log() as log:
     for b in sorted(buckets, reverse=True):
         batch = make_batch(parse_composition(f"1*{b}", seed=b), ex.cache, ex.lm.vocab_size, 256)
         ex.capture(ex.key_for(batch), batch)
-print(json.dumps({"log": log.summary(), "ahead_s": ex.compile_ahead_s, "note": ex.compile_ahead_note}))
+early = ex.lm.early_compile
+print(json.dumps({"built": built.summary(), "log": log.summary(), "ahead_s": ex.compile_ahead_s,
+                  "note": ex.compile_ahead_note, "early": None if early is None else [early.launches, early.error]}))
 """
 
 
-def test_a_cold_capture_compiles_every_variant_in_compile_ahead_s_pass(tmp_path):
-    """On an empty Triton cache, in a fresh process: the decode buckets 256, 64, 8 and 1 launch different decode
-    split and combine variants (on an H200, 1 shares its heads' dims out, 8 and 64 do not); every one of them
-    compiles in the pass, none inside a capture (a compile there is timed: CompileLog's compile_s and untimed)."""
+def _cold_capture(tmp_path, fuse: bool) -> dict:
     import json
     import os
     import subprocess
@@ -134,12 +135,34 @@ def test_a_cold_capture_compiles_every_variant_in_compile_ahead_s_pass(tmp_path)
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"), "PYTHONPATH": root}
     env.pop("GMTOOL_COMPILE_AHEAD", None)
-    run = subprocess.run([sys.executable, "-c", _COLD_CAPTURE], env=env, capture_output=True, text=True, timeout=300)
+    args = [sys.executable, "-c", _COLD_CAPTURE, "fuse" if fuse else "hf"]
+    run = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    doc = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_a_cold_capture_compiles_every_variant_in_compile_ahead_s_pass(tmp_path):
+    """On an empty Triton cache, in a fresh process: the decode buckets 256, 64, 8 and 1 launch different decode
+    split and combine variants (on an H200, 1 shares its heads' dims out, 8 and 64 do not); every one of them
+    compiles during the build (gmtool.kernels.early_compile: the decode attention's) or in the pass (the fused
+    layers'), none inside a capture (a compile there is timed: CompileLog's compile_s and untimed)."""
+    doc = _cold_capture(tmp_path, fuse=True)
     assert doc["ahead_s"] is not None, doc["note"]
-    log = doc["log"]
-    assert log["compiles"] >= 5 and log["untimed"] == log["compiles"], log
+    built, log = doc["built"], doc["log"]
+    assert log["compiles"] >= 4 and log["untimed"] == log["compiles"], log  # the fused layers' kernels
+    assert built["untimed"] == built["compiles"] and "_decode_split_kernel" in built["kernels"], built
+    assert doc["early"][0] > 0 and doc["early"][1] is None, doc["early"]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if 64 <= sms < 512:  # 16 heads: a program per 32 dims at B=1 (64 programs), whole heads at 8 and 64
-        assert log["kernels"]["_combine_kernel"]["variants"] == 2, log
+        assert built["kernels"]["_combine_kernel"]["variants"] == 2, built
+
+
+def test_the_hf_layers_decode_kernels_compile_during_the_build_and_none_after_it(tmp_path):
+    """The model's own layers launch only the attention's Triton kernels: each variant the captures need was
+    guessed from the config and compiled while the model was built, so the pass and the captures compile
+    nothing (a wrong guess would compile there)."""
+    doc = _cold_capture(tmp_path, fuse=False)
+    built, log = doc["built"], doc["log"]
+    assert log["compiles"] == 0, log
+    assert {"_write_kv_kernel", "_decode_split_kernel", "_combine_kernel"} <= set(built["kernels"]), built
+    assert doc["early"][1] is None, doc["early"]

@@ -1,0 +1,180 @@
+"""The decode attention's Triton kernels compiled while the model is still being built.
+
+compile-ahead's pass (gmtool.kernels.compile_ahead) needs the model: its forwards find the variants, and it runs
+at the first capture, after the build. The attention kernels' variants follow from the config alone (heads, head
+dim, the KV cache's block size and length, each bucket's size), so a thread can launch them, as compiling_only
+holds launches, from the build's start, beside transformers' import and the model's build (several seconds on
+the H200's host); the build joins it at its end, and the pass then finds them compiled (a cold cache) or loaded
+(a warm one). The split decode kernel is the longest compile of a cold capture (0.85-1.1 s in a child).
+
+Only where the variants can be told from the config: decode buckets, plain attention (no sliding window,
+soft-cap, sinks or MLA), no --tp (the heads per rank) and no --pdl (another variant). A guess that misses
+compiles for nothing; the kernels the capture needs then compile in the pass, as without this.
+GMTOOL_EARLY_COMPILE=0 turns it off.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gmtool.switches import switched_off
+
+
+@dataclass(frozen=True)
+class DecodeGeometry:
+    """What the decode attention's kernels specialize on, read from the config."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    block_size: int
+    max_kv_len: int
+    dtype: torch.dtype
+    sizes: tuple[int, ...]  # the decode buckets' sizes, smallest first
+    max_tokens: int
+    max_seqs: int
+
+
+@dataclass
+class EarlyCompile:
+    """The thread compiling, and what it did: its launches, its seconds, the build's wait for it."""
+
+    geometry: DecodeGeometry
+    thread: threading.Thread | None = None
+    launches: int = 0  # distinct launches held: each bucket's K/V write, split kernel and combine
+    seconds: float | None = None
+    waited_s: float = 0.0
+    error: str | None = None
+    _t0: float = field(default_factory=time.perf_counter)
+
+    def join(self) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            t = time.perf_counter()
+            self.thread.join()
+            self.waited_s += time.perf_counter() - t
+
+    def summary(self) -> str:
+        if self.error is not None:
+            return f"attention kernels compiled during the build: failed ({self.error}); they compile at the pass"
+        return (
+            f"the decode attention kernels of {len(self.geometry.sizes)} bucket sizes compiled (or loaded) during "
+            f"the model's build, {self.seconds:.2f} s beside it, {self.waited_s:.2f} s waited at its end"
+        )
+
+
+def raw_config(spec: str) -> dict | None:
+    """The model's config as its JSON says, without transformers (not imported yet): None where unreadable."""
+    import json
+
+    from gmtool.profiles import load_model_profile
+
+    try:
+        path = Path(spec)
+        if path.is_dir():
+            raw = json.loads((path / "config.json").read_text())
+        elif path.suffix == ".json" or path.is_file():
+            raw = json.loads(path.read_text())
+        else:
+            raw = load_model_profile(spec)["config"]
+    except Exception:  # the build says what is wrong with it
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+PLAIN_TYPES = {"full_attention", "attention"}  # layer_types entries of plain attention
+
+
+def geometry(cfg, raw: dict | None) -> DecodeGeometry | None:
+    """The decode geometry of a run of cfg over a model of config raw; None where it cannot be told, or the run
+    captures no decode bucket."""
+    if raw is None or cfg.scenario != "decode" or cfg.tp != 1 or cfg.pdl:
+        return None
+    windowed = raw.get("sliding_window") and raw.get("use_sliding_window") is not False
+    if windowed or any(raw.get(k) for k in ("attn_logit_softcapping", "kv_lora_rank", "text_config")):
+        return None
+    if set(raw.get("layer_types") or ()) - PLAIN_TYPES or raw.get("model_type") == "gpt_oss":  # windows, sinks
+        return None
+    try:
+        heads = int(raw["num_attention_heads"])
+        kv_heads = int(raw.get("num_key_value_heads") or heads)
+        head_dim = int(raw.get("head_dim") or int(raw["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    policy = cfg.policy()
+    sizes = tuple(s for s in sorted(policy.sizes) if s <= cfg.max_num_seqs)
+    if not sizes or heads <= 0 or kv_heads <= 0 or heads % kv_heads:
+        return None
+    return DecodeGeometry(
+        heads, kv_heads, head_dim, cfg.block_size, cfg.max_kv_len, cfg.torch_dtype, sizes, policy.max_tokens,
+        cfg.max_num_seqs,
+    )  # fmt: skip
+
+
+_started: dict[DecodeGeometry, EarlyCompile] = {}
+
+
+def start(cfg) -> EarlyCompile | None:
+    """Start compiling cfg's decode attention kernels in a thread (CUDA, Triton attention, compile-ahead on);
+    None where nothing is started. One thread per geometry in a process: a second build of it gets the first's."""
+    from gmtool.kernels import compile_ahead
+
+    if cfg.torch_device.type != "cuda" or cfg.attention_backend != "triton" or switched_off("GMTOOL_EARLY_COMPILE"):
+        return None
+    if compile_ahead.unavailable():
+        return None
+    geom = geometry(cfg, raw_config(cfg.model))
+    if geom is None:
+        return None
+    if geom in _started:
+        return _started[geom]
+    from gmtool.kernels import TritonAttention  # imported here, not beside the main thread's imports
+
+    device = cfg.torch_device
+    if device.index is None:  # a thread's current device is its own: name this one's
+        device = torch.device("cuda", torch.cuda.current_device())
+    run = _started[geom] = EarlyCompile(geom)
+    run.thread = threading.Thread(
+        target=_compile, args=(run, TritonAttention(), device), name="gmtool-early-compile", daemon=True
+    )
+    run.thread.start()
+    return run
+
+
+def _compile(run: EarlyCompile, backend, device: torch.device) -> None:
+    """Each decode bucket's K/V write and attention launched as the HF layers launch them (ForwardContext.attend
+    over an executor's own input layout: the metadata's alignment is a key of the variant), held and compiled."""
+    from gmtool.core.buckets import BucketPolicy
+    from gmtool.core.inputs import PersistentInputs
+    from gmtool.core.kv_cache import KVCacheSpec, PagedKVCache
+    from gmtool.kernels import compile_ahead
+    from gmtool.model.attention import ForwardContext
+
+    g = run.geometry
+    try:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        for work in compile_ahead._first_launch_work:  # Triton's key and driver, started by the load
+            work.join()
+        spec = KVCacheSpec(1, g.kv_heads, g.head_dim, g.block_size, g.max_kv_len, g.dtype)
+        cache = PagedKVCache(spec, 2, device)  # a block's strides do not depend on the number of blocks
+        inputs = PersistentInputs(g.max_tokens, g.max_seqs, spec.blocks_per_seq, 1, g.dtype, device)
+        policy = BucketPolicy(list(g.sizes), g.max_tokens)
+        held: list[int] = []
+        with compile_ahead.compiling_only(device, held_out=held), torch.no_grad():
+            for size in g.sizes:
+                views = inputs.views(policy.key_for(size, size, True))
+                q = torch.empty(size, g.heads, g.head_dim, dtype=g.dtype, device=device)
+                k = torch.empty(size, g.kv_heads, g.head_dim, dtype=g.dtype, device=device)
+                ForwardContext(cache, views, "decode", backend=backend).attend(0, q, k, torch.empty_like(k), 1.0)
+        run.launches = held[0] if held else 0
+    except Exception as e:  # an optimization only: the pass compiles what is missing
+        from gmtool.errors import first_line
+
+        run.error = first_line(e, typed=True)
+    finally:
+        run.seconds = time.perf_counter() - run._t0
