@@ -27,9 +27,10 @@ def test_the_geometry_is_read_from_a_profile_s_config_with_every_decode_bucket_w
     assert g.sizes == (1, 2, 4, 8, 16, 24, 32)  # 40..64 hold more sequences than the slots: never a decode key
     assert g.max_tokens == cfg.policy().max_tokens and g.dtype == cfg.torch_dtype
     # no head_dim in the config: hidden size over heads, as transformers derives it
-    g = early_compile.geometry(cfg, {"num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096})
+    llama = {"model_type": "llama", "num_attention_heads": 32, "hidden_size": 4096}
+    g = early_compile.geometry(cfg, {**llama, "num_key_value_heads": 8})
     assert (g.heads, g.kv_heads, g.head_dim) == (32, 8, 128)
-    assert early_compile.geometry(cfg, {"num_attention_heads": 32, "hidden_size": 4096}).kv_heads == 32
+    assert early_compile.geometry(cfg, llama).kv_heads == 32
 
 
 @pytest.mark.parametrize(
@@ -49,11 +50,22 @@ def test_no_guess_where_the_config_does_not_tell_the_variants(model, kw):
     assert early_compile.geometry(_cfg(model=model, **kw), early_compile.raw_config(model)) is None
 
 
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma", "mistral", "falcon", "gpt_bigcode", "cohere2", None])
+def test_no_guess_for_a_family_whose_defaults_a_saved_config_leaves_out(model_type):
+    """A saved config holds only what differs from its class's defaults: gemma2's window and soft-cap, falcon's
+    single KV head, mistral's window are the defaults, absent from the JSON. Only families whose defaults are
+    plain attention are read from the JSON alone."""
+    raw = {"model_type": model_type, "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128}
+    assert early_compile.geometry(_cfg(), raw) is None
+    assert early_compile.geometry(_cfg(), {**raw, "model_type": "qwen2"}) is not None
+
+
 def test_a_window_switched_off_is_no_window_and_an_unreadable_config_no_geometry(tmp_path):
     raw = {**early_compile.raw_config("qwen3-0.6b"), "sliding_window": 4096, "use_sliding_window": False}
     assert early_compile.geometry(_cfg(), raw) is not None
     assert early_compile.geometry(_cfg(), {**raw, "use_sliding_window": True}) is None
-    assert early_compile.geometry(_cfg(), {"num_attention_heads": 12, "num_key_value_heads": 5, "head_dim": 64}) is None
+    odd = {"model_type": "llama", "num_attention_heads": 12, "num_key_value_heads": 5, "head_dim": 64}
+    assert early_compile.geometry(_cfg(), odd) is None  # heads not a multiple of the KV heads
     (tmp_path / "config.json").write_text("{not json")
     assert early_compile.raw_config(str(tmp_path)) is None
     assert early_compile.raw_config("no-such-model") is None
@@ -85,20 +97,25 @@ def test_each_decode_bucket_s_write_and_attention_are_launched_smallest_first_ov
             seen.append(("write", tuple(k.shape), tuple(v.shape), slots.data_ptr(), tuple(kc.shape[1:])))
 
         def decode(self, ctx, q, kc, vc, scale, out, opts=None):
-            views = ctx.views
-            seen.append(("decode", tuple(q.shape), views.block_tables.data_ptr() - views.slot_mapping.data_ptr()))
+            v = ctx.views
+            at = v.slot_mapping.data_ptr()
+            seen.append(("decode", tuple(q.shape), (v.block_tables.data_ptr() - at, v.kv_lens.data_ptr() - at), at))
 
     @contextlib.contextmanager
     def plain(device, held_out=None):
+        seen.append(("window",))
         yield None
-        held_out.append(len(seen))
+        held_out.append(7)  # what compiling_only() counted: the run keeps it
 
     monkeypatch.setattr(compile_ahead, "compiling_only", plain)
+    monkeypatch.setattr(compile_ahead, "import_for_compiles", lambda: seen.append(("imports",)))
     cfg = _cfg(max_num_seqs=16, max_kv_len=256)
     geom = early_compile.geometry(cfg, early_compile.raw_config("qwen3-0.6b"))
     run = early_compile.EarlyCompile(geom)
     early_compile._compile(run, Spy(), torch.device("cpu"))
     assert run.error is None and run.seconds is not None
+    # Triton's compile imports done before the window forks its compile children from this thread
+    assert seen[:2] == [("imports",), ("window",)]
     decodes = [x for x in seen if x[0] == "decode"]
     writes = [x for x in seen if x[0] == "write"]
     assert [d[1] for d in decodes] == [(s, 16, 128) for s in (1, 2, 4, 8, 16)]
@@ -106,10 +123,12 @@ def test_each_decode_bucket_s_write_and_attention_are_launched_smallest_first_ov
     assert all(w[4] == (16, 8, 128) for w in writes)  # the cache's block: block size, kv heads, head dim
     # the metadata sits where an executor's own inputs put it for each key (its alignment is part of a variant)
     ref = PersistentInputs(cfg.policy().max_tokens, 16, 256 // 16, 1, torch.float32, torch.device("cpu"))
-    for d, s in zip(decodes, (1, 2, 4, 8, 16)):
+    for d, w, s in zip(decodes, writes, (1, 2, 4, 8, 16)):
         v = ref.views(BucketKey(s, None, True))
-        assert d[2] == v.block_tables.data_ptr() - v.slot_mapping.data_ptr()
-    assert run.launches == len(seen) == 10
+        at = v.slot_mapping.data_ptr()
+        assert d[2] == (v.block_tables.data_ptr() - at, v.kv_lens.data_ptr() - at)
+        assert w[3] == d[3]  # the write's slots are the step's slot mapping
+    assert run.launches == 7
 
 
 def test_a_failure_is_kept_in_one_line_and_the_build_goes_on(monkeypatch):
@@ -164,3 +183,65 @@ class _Mode:
 
     def __exit__(self, *exc):
         pass
+
+
+def test_a_refused_build_waits_for_the_early_compile_before_it_raises(monkeypatch):
+    """check_fits refusing (or a load failing) while the thread holds its launches: the build joins it before
+    the error reaches a caller that may go on to compile (its window on Triton's run must be over)."""
+    from gmtool.errors import GmtoolError
+    from gmtool.measure import workbench
+
+    class Fake:
+        joined = 0
+
+        def join(self):
+            Fake.joined += 1
+
+    def refuse(cfg):
+        raise GmtoolError("too big")
+
+    monkeypatch.setattr(early_compile, "start", lambda cfg: Fake())
+    monkeypatch.setattr("gmtool.memory.estimate.check_fits", refuse)
+    with pytest.raises(GmtoolError, match="too big"):
+        workbench.Workbench.build(_cfg(model="tiny-qwen3", buckets="1,2"))
+    assert Fake.joined == 1
+
+
+def test_two_threads_compiling_only_take_turns_and_leave_triton_s_run_as_found(monkeypatch):
+    """The early compile's window and another (a second build's, or the pass) do not overlap: the second waits
+    for the first to end. Overlapping, the one that ended last put back the other's stand-in for good, and a
+    later thread reusing the first's id had its launches held and never run."""
+    pytest.importorskip("triton")
+    from triton.runtime.jit import JITFunction
+
+    from gmtool.kernels import compile_ahead
+
+    original = lambda self, *a, grid, warmup, **kw: "ran"  # noqa: E731
+    monkeypatch.setattr(JITFunction, "run", original)
+    monkeypatch.setattr(compile_ahead, "_async_mode", lambda: _Mode)
+    inside, leave, order = threading.Event(), threading.Event(), []
+
+    def first():
+        with compile_ahead.compiling_only(torch.device("cpu"), workers=1):
+            order.append("first in")
+            inside.set()
+            leave.wait(10)
+            order.append("first out")
+
+    def second():
+        with compile_ahead.compiling_only(torch.device("cpu"), workers=1):
+            order.append("second in")
+        order.append("second out")
+
+    a = threading.Thread(target=first)
+    a.start()
+    assert inside.wait(10)
+    b = threading.Thread(target=second)
+    b.start()
+    b.join(0.3)
+    assert b.is_alive() and order == ["first in"]  # waiting for the first window to end
+    leave.set()
+    a.join(10)
+    b.join(10)
+    assert order == ["first in", "first out", "second in", "second out"]
+    assert JITFunction.run is original

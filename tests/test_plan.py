@@ -414,6 +414,20 @@ def test_plan_costs_full_or_piecewise_only(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_plan_measures_a_profile_s_scenario_not_the_workload_s(tmp_path):
+    """A sweep profile names its scenario and a KV length fit for it (smoke: decode, 128): plan measures that,
+    saying which steps it costs by their token count. It measured the chat workload's mixed scenario instead,
+    whose compositions need a 512-token prefix, and refused its own built-in profile."""
+    code, _, err = run_cli(
+        "plan", "-w", "chat", "--profile", "smoke", "--num-iters", "1", "--num-iters-warmup", "0",
+        "--out", tmp_path / "o",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["config"]["scenario"] == "decode"
+    notes = json.loads((tmp_path / "o" / "plan.json").read_text())["notes"]
+    assert any("are not pure decode but the costs are of decode graphs" in n for n in notes), notes
+
+
 def test_plan_keeps_what_it_reads_and_what_it_refuses_over(tmp_path, results_file):
     """--force clears a directory only to write the plan: not when the request is refused, and never the
     directory of the --from results it reads."""

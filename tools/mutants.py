@@ -465,6 +465,22 @@ MUTANTS: list[Mutant] = [
         "while the early compile holds its launches, the build's other threads' Triton launches are held and dropped",
     ),
     M(
+        "compile-ahead-windows-overlap",
+        "gmtool/kernels/compile_ahead.py",
+        "    with _WINDOW, _compiling_only(device, workers, held_out) as children:\n",
+        "    with _compiling_only(device, workers, held_out) as children:\n",
+        "tests/test_early_compile.py::test_two_threads_compiling_only_take_turns_and_leave_triton_s_run_as_found",
+        "two threads' compiling_only windows overlap: the one that ends last puts back the other's stand-in for good",
+    ),
+    M(
+        "early-compile-not-joined-on-refusal",
+        "gmtool/measure/workbench.py",
+        "            if early is not None:\n                early.join()\n            raise\n",
+        "            raise\n",
+        "tests/test_early_compile.py::test_a_refused_build_waits_for_the_early_compile_before_it_raises",
+        "a refused build raises while the early compile still holds Triton's launch path",
+    ),
+    M(
         "early-compile-one-bucket",
         "gmtool/kernels/early_compile.py",
         "            for size in g.sizes:\n",

@@ -57,6 +57,14 @@ def _profile_mode(profile, out_: Output) -> str | None:
     return mode
 
 
+def _profile_scenario(profile) -> str | None:
+    if profile is None:
+        return None
+    from gmtool.profiles import load_sweep_profile
+
+    return load_sweep_profile(profile).get("scenario")
+
+
 def plan(
     workload: Annotated[
         str,
@@ -184,7 +192,8 @@ def plan(
         cfg = build_config(
             profile,
             model=model,
-            scenario=scenario or ("decode" if is_decode(steps) else "mixed"),
+            # a profile's scenario stands (with its KV length): the workload's only where neither names one
+            scenario=scenario or _profile_scenario(profile) or ("decode" if is_decode(steps) else "mixed"),
             modes=("eager", mode or "full"),
             max_tokens=max_tokens,
             **measuring,

@@ -70,13 +70,24 @@ def _async_mode():
     return cls
 
 
+# one compiling_only() at a time in a process: each replaces Triton's run and compile and puts back what it found,
+# so two that overlapped would leave the first one's stand-in in place for good
+_WINDOW = threading.RLock()
+
+
 @contextlib.contextmanager
 def compiling_only(device: torch.device, workers: int = WORKERS, held_out: list | None = None):
     """Inside: a Triton launch of this thread returns without running (another thread's runs: the build's own
     work beside gmtool.kernels.early_compile); on leaving, each variant launched compiles in a worker thread
     (first in a forked child: ChildCompiles, yielded, None where forks() is False), and when it is left every
     compile has finished and sits in Triton's caches, as a launch leaves it. held_out gets the number of
-    distinct launches held."""
+    distinct launches held. Another thread's compiling_only() waits for this one to end."""
+    with _WINDOW, _compiling_only(device, workers, held_out) as children:
+        yield children
+
+
+@contextlib.contextmanager
+def _compiling_only(device: torch.device, workers: int, held_out: list | None):
     from triton.runtime.jit import JITFunction
 
     mode = _async_mode()
@@ -159,7 +170,8 @@ def compiling_only(device: torch.device, workers: int = WORKERS, held_out: list 
                 _build_launcher(src)
             return kernel
         if prebuilding[0]:
-            builders.submit(_build_launcher, src)
+            with contextlib.suppress(RuntimeError):  # the pass ended since: its pool takes no more
+                builders.submit(_build_launcher, src)
         return compile_kernel(src, *args, **kwargs)
 
     builders, mode_in_use = ThreadPoolExecutor(workers), None
@@ -226,8 +238,9 @@ class ChildCompiles:
     to compile beside 8 others, and the pass 1.6-2.0 s for 9 variants (H200, 2026-12-02, .diag/ctime.py;
     alone, such kernels compile in 0.07-0.24 s on a 2-core CPU machine). A forked process has its own GIL.
 
-    Every child is forked from the main thread before any compile starts in this process: the workers wait
-    (all_started) until the last one is, and once a worker stops waiting no child is forked any more (closed).
+    Every child is forked from the thread in compiling_only() (the main one, or gmtool.kernels.early_compile's
+    after import_for_compiles) before any compile starts in this process: the workers wait (all_started) until
+    the last one is, and once a worker stops waiting no child is forked any more (closed).
     A fork copies whatever locks other threads hold; a child only compiles (no CUDA call: the target is given,
     and loading is the worker's), with the GC off and its output to /dev/null, and leaves with os._exit,
     running no exit handler of the parent's. At most MAX_CHILDREN in a pass (the rest compile in the threads).
@@ -550,6 +563,22 @@ _first_launch_work: list[threading.Thread] = []  # started at model load; joined
 # Triton 3.6's first argument specialization imports its Gluon package (to know its tensor descriptor type):
 # 0.12 s inside the first warm-up on the H200's host (cProfile, 2026-12-01), where no .pyc was cached
 FIRST_LAUNCH_IMPORTS = ("triton.experimental.gluon",)
+# what a compile imports at its first use (Triton 3.9 imports its code generator, and through it Gluon, inside
+# its first compile): imported before a compile child is forked from a thread other than the main one, else the
+# child could inherit the lock of a module another thread was importing and wait on it until it is killed
+COMPILE_IMPORTS = ("triton.compiler.code_generator",) + FIRST_LAUNCH_IMPORTS
+
+
+def import_for_compiles() -> None:
+    """Triton's first-launch work (prepare_triton_in_background) done and COMPILE_IMPORTS imported, here."""
+    prepare_triton_in_background()
+    for work in _first_launch_work:
+        work.join()
+    for name in COMPILE_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # another Triton: its compile imports what it needs
+            pass
 
 
 def prepare_triton_in_background() -> None:

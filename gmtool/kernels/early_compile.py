@@ -7,8 +7,8 @@ holds launches, from the build's start, beside transformers' import and the mode
 the H200's host); the build joins it at its end, and the pass then finds them compiled (a cold cache) or loaded
 (a warm one). The split decode kernel is the longest compile of a cold capture (0.85-1.1 s in a child).
 
-Only where the variants can be told from the config: decode buckets, plain attention (no sliding window,
-soft-cap, sinks or MLA), no --tp (the heads per rank) and no --pdl (another variant). A guess that misses
+Only where the variants can be told from the config: decode buckets, families whose attention is plain (no
+sliding window, soft-cap, sinks or MLA) and says so, no --tp (the heads per rank) and no --pdl (another variant). A guess that misses
 compiles for nothing; the kernels the capture needs then compile in the pass, as without this.
 GMTOOL_EARLY_COMPILE=0 turns it off.
 """
@@ -87,6 +87,9 @@ def raw_config(spec: str) -> dict | None:
 
 
 PLAIN_TYPES = {"full_attention", "attention"}  # layer_types entries of plain attention
+# families whose attention is plain when the config leaves a field out (a saved config holds only what differs
+# from its class's defaults: gemma2's leave out their window and soft-cap, falcon's its one KV head)
+PLAIN_FAMILIES = {"llama", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
 
 
 def geometry(cfg, raw: dict | None) -> DecodeGeometry | None:
@@ -94,10 +97,12 @@ def geometry(cfg, raw: dict | None) -> DecodeGeometry | None:
     captures no decode bucket."""
     if raw is None or cfg.scenario != "decode" or cfg.tp != 1 or cfg.pdl:
         return None
+    if raw.get("model_type") not in PLAIN_FAMILIES:
+        return None
     windowed = raw.get("sliding_window") and raw.get("use_sliding_window") is not False
     if windowed or any(raw.get(k) for k in ("attn_logit_softcapping", "kv_lora_rank", "text_config")):
         return None
-    if set(raw.get("layer_types") or ()) - PLAIN_TYPES or raw.get("model_type") == "gpt_oss":  # windows, sinks
+    if set(raw.get("layer_types") or ()) - PLAIN_TYPES:  # sliding layers
         return None
     try:
         heads = int(raw["num_attention_heads"])
@@ -115,12 +120,10 @@ def geometry(cfg, raw: dict | None) -> DecodeGeometry | None:
     )  # fmt: skip
 
 
-_started: dict[DecodeGeometry, EarlyCompile] = {}
-
-
 def start(cfg) -> EarlyCompile | None:
     """Start compiling cfg's decode attention kernels in a thread (CUDA, Triton attention, compile-ahead on);
-    None where nothing is started. One thread per geometry in a process: a second build of it gets the first's."""
+    None where nothing is started. A second build of the geometry in a process starts another: its launches find
+    the first's kernels compiled, and its figures are its own."""
     from gmtool.kernels import compile_ahead
 
     if cfg.torch_device.type != "cuda" or cfg.attention_backend != "triton" or switched_off("GMTOOL_EARLY_COMPILE"):
@@ -130,14 +133,12 @@ def start(cfg) -> EarlyCompile | None:
     geom = geometry(cfg, raw_config(cfg.model))
     if geom is None:
         return None
-    if geom in _started:
-        return _started[geom]
     from gmtool.kernels import TritonAttention  # imported here, not beside the main thread's imports
 
     device = cfg.torch_device
     if device.index is None:  # a thread's current device is its own: name this one's
         device = torch.device("cuda", torch.cuda.current_device())
-    run = _started[geom] = EarlyCompile(geom)
+    run = EarlyCompile(geom)
     run.thread = threading.Thread(
         target=_compile, args=(run, TritonAttention(), device), name="gmtool-early-compile", daemon=True
     )
@@ -158,8 +159,7 @@ def _compile(run: EarlyCompile, backend, device: torch.device) -> None:
     try:
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        for work in compile_ahead._first_launch_work:  # Triton's key and driver, started by the load
-            work.join()
+        compile_ahead.import_for_compiles()  # before this thread forks compile children (ChildCompiles)
         spec = KVCacheSpec(1, g.kv_heads, g.head_dim, g.block_size, g.max_kv_len, g.dtype)
         cache = PagedKVCache(spec, 2, device)  # a block's strides do not depend on the number of blocks
         inputs = PersistentInputs(g.max_tokens, g.max_seqs, spec.blocks_per_seq, 1, g.dtype, device)

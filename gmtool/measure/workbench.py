@@ -130,13 +130,18 @@ class Workbench:
 
         # the decode attention's Triton kernels compile beside transformers' import and the model's build
         early = early_compile.start(cfg)
-        check_fits(cfg)  # before any weights are built: a run that cannot fit is refused in one line
-        device = cfg.torch_device
-        if device.type == "cpu":
-            torch.set_num_threads(cpu_threads(cfg.tp))
-        rows = tuple(cfg.bucket_sizes) if cfg.tp == 1 else ()  # under --tp the shapes change after the load
-        head_rows = tuple(sorted({min(r, cfg.max_num_seqs) for r in rows}))  # a key's logits: one row a sequence
-        lm = load_model(cfg.model, device, cfg.torch_dtype, cfg.seed, rows, head_rows)
+        try:
+            check_fits(cfg)  # before any weights are built: a run that cannot fit is refused in one line
+            device = cfg.torch_device
+            if device.type == "cpu":
+                torch.set_num_threads(cpu_threads(cfg.tp))
+            rows = tuple(cfg.bucket_sizes) if cfg.tp == 1 else ()  # under --tp the shapes change after the load
+            head_rows = tuple(sorted({min(r, cfg.max_num_seqs) for r in rows}))  # a key's logits: a row a sequence
+            lm = load_model(cfg.model, device, cfg.torch_dtype, cfg.seed, rows, head_rows)
+        except BaseException:  # refused or failed: the thread's window on Triton's globals ends before the caller's
+            if early is not None:
+                early.join()
+            raise
         lm.early_compile = early
         try:
             rank = _shard_and_fuse(cfg, lm)

@@ -150,6 +150,7 @@ def test_a_cold_capture_compiles_every_variant_in_compile_ahead_s_pass(tmp_path)
     assert doc["ahead_s"] is not None, doc["note"]
     built, log = doc["built"], doc["log"]
     assert log["compiles"] >= 4 and log["untimed"] == log["compiles"], log  # the fused layers' kernels
+    assert "_decode_split_kernel" not in log["kernels"], log  # compiled during the build, not again
     assert built["untimed"] == built["compiles"] and "_decode_split_kernel" in built["kernels"], built
     assert doc["early"][0] > 0 and doc["early"][1] is None, doc["early"]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
