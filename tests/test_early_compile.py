@@ -245,3 +245,40 @@ def test_two_threads_compiling_only_take_turns_and_leave_triton_s_run_as_found(m
     b.join(10)
     assert order == ["first in", "first out", "second in", "second out"]
     assert JITFunction.run is original
+
+
+def test_start_imports_triton_s_compile_modules_on_its_own_thread_before_the_compile_thread_runs(monkeypatch):
+    """The main thread goes on to import transformers (torch._dynamo imports Triton's modules too): the modules
+    a compile imports are imported before the thread starts, on the caller's thread, never beside that."""
+    from types import SimpleNamespace
+
+    from gmtool.kernels import compile_ahead
+
+    cfg = _cfg()
+    fake = SimpleNamespace(**{f: getattr(cfg, f) for f in ("model", "scenario", "tp", "pdl", "block_size")})
+    fake.__dict__.update(
+        max_kv_len=cfg.max_kv_len,
+        max_num_seqs=cfg.max_num_seqs,
+        torch_dtype=cfg.torch_dtype,
+        policy=cfg.policy,
+        torch_device=torch.device("cuda", 0),
+        attention_backend="triton",
+    )
+    events = []
+    monkeypatch.setattr(compile_ahead, "unavailable", lambda: None)
+    monkeypatch.setattr(
+        compile_ahead, "import_compile_modules", lambda: events.append(("imports", threading.get_ident()))
+    )
+    monkeypatch.setattr("gmtool.kernels.TritonAttention", lambda: "backend")
+    monkeypatch.setattr(
+        early_compile,
+        "_compile",
+        lambda run, backend, device: events.append(("compile", threading.get_ident(), device)),
+    )
+    run = early_compile.start(fake)
+    run.join()
+    me = threading.get_ident()
+    assert events[0] == ("imports", me)
+    assert events[1][0] == "compile" and events[1][1] != me and events[1][2] == torch.device("cuda", 0)
+    monkeypatch.setenv("GMTOOL_EARLY_COMPILE", "off")
+    assert early_compile.start(fake) is None

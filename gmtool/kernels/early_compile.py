@@ -8,9 +8,9 @@ the H200's host); the build joins it at its end, and the pass then finds them co
 (a warm one). The split decode kernel is the longest compile of a cold capture (0.85-1.1 s in a child).
 
 Only where the variants can be told from the config: decode buckets, families whose attention is plain (no
-sliding window, soft-cap, sinks or MLA) and says so, no --tp (the heads per rank) and no --pdl (another variant). A guess that misses
-compiles for nothing; the kernels the capture needs then compile in the pass, as without this.
-GMTOOL_EARLY_COMPILE=0 turns it off.
+sliding window, soft-cap, sinks or MLA) unless their config says otherwise, no --tp (the heads per rank) and no
+--pdl (another variant). A guess that misses compiles for nothing; the kernels the capture needs then compile in
+the pass, as without this. GMTOOL_EARLY_COMPILE=0 turns it off.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class EarlyCompile:
             return f"attention kernels compiled during the build: failed ({self.error}); they compile at the pass"
         return (
             f"the decode attention kernels of {len(self.geometry.sizes)} bucket sizes compiled (or loaded) during "
-            f"the model's build, {self.seconds:.2f} s beside it, {self.waited_s:.2f} s waited at its end"
+            f"the model's build, {self.seconds or 0.0:.2f} s beside it, {self.waited_s:.2f} s waited at its end"
         )
 
 
@@ -134,6 +134,8 @@ def start(cfg) -> EarlyCompile | None:
     if geom is None:
         return None
     from gmtool.kernels import TritonAttention  # imported here, not beside the main thread's imports
+
+    compile_ahead.import_compile_modules()  # so are what Triton's compiles import at their first use
 
     device = cfg.torch_device
     if device.index is None:  # a thread's current device is its own: name this one's
