@@ -45,6 +45,17 @@ def load_model_profile(name: str) -> dict:
     return json.loads(path.read_text())
 
 
+class _RepeatedKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) < len(keys):
+        raise _RepeatedKey(next(k for k in keys if keys.count(k) > 1))
+    return dict(pairs)
+
+
 def load_sweep_profile(name_or_path: str) -> dict:
     """A sweep profile (a name under profiles/sweeps or a path) as SweepConfig keyword arguments; an unknown key
     or a value of the wrong type is refused."""
@@ -56,9 +67,11 @@ def load_sweep_profile(name_or_path: str) -> dict:
     if not path.is_file():
         raise GmtoolError(f"unknown sweep profile {name_or_path!r}: choose from {', '.join(sweep_profiles())}")
     try:
-        prof = json.loads(path.read_text())
+        prof = json.loads(path.read_text(), object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise GmtoolError(f"sweep profile {path} is not valid JSON: {e}") from None
+    except _RepeatedKey as e:  # json keeps the last value of a key given twice, as if the first were not there
+        raise GmtoolError(f"sweep profile {path} gives {e.args[0]!r} twice: keep one") from None
     except UnicodeDecodeError as e:
         raise GmtoolError(f"sweep profile {path} is not UTF-8 text: {e.reason} at byte {e.start}") from None
     except OSError as e:

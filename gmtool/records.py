@@ -229,7 +229,7 @@ class Document:
         for i, r in enumerate(d["records"]):
             missing = [k for k in REQUIRED if not isinstance(r, dict) or k not in r]
             if missing:
-                raise GmtoolError(f"record {i} lacks {', '.join(missing)}")
+                raise GmtoolError(f"record {i + 1} lacks {', '.join(missing)}")
         return from_plain(cls, d)
 
     @classmethod
@@ -269,7 +269,8 @@ def _typed(value, hint, where: str):
         if not isinstance(value, list):
             raise GmtoolError(f"{where} is not a list")
         return [
-            _typed(v, args[0], f"{where}[{i}]" if where != "records" else f"record {i}") for i, v in enumerate(value)
+            _typed(v, args[0], f"{where}[{i}]" if where != "records" else f"record {i + 1}")
+            for i, v in enumerate(value)
         ]
     if isinstance(hint, type) and issubclass(hint, StrEnum):
         try:

@@ -102,7 +102,7 @@ CASES = [
     ),
     ("memreport on the CPU", ["memreport", *CPU], "memory strategies need CUDA"),
     ("memreport --mode eager", ["memreport", *CPU, "--mode", "eager"], "--mode must be one of full, piecewise, auto"),
-    ("report on a results.json missing keys", ["report", "{tmp}/incomplete"], "record 0 lacks composition, status"),
+    ("report on a results.json missing keys", ["report", "{tmp}/incomplete"], "record 1 lacks composition, status"),
     ("report on a results.json without a model", ["report", "{tmp}/nomodel"], "no 'model' section"),
     ("report on a directory without results", ["report", "{tmp}/empty"], "no results file"),
     ("report on a journal cut short in its first line", ["report", "{tmp}/cut"], "one line, cut short"),
@@ -370,3 +370,19 @@ def test_an_option_repeated_with_the_same_value_is_not_refused():
     refuse_repeated(group, ["capture", "--model", "a", "--out", "--model"])  # --out's value, not a second --model
     with pytest.raises(GmtoolError, match=r"--model given 2 times \('a' then 'b'\)"):
         refuse_repeated(group, ["capture", "-ma", "-mb"])  # short options with their values attached
+
+
+@pytest.mark.parametrize("value", ["maybe", "disable", "2"])
+def test_a_switch_set_to_neither_an_on_nor_an_off_word_is_refused(tmp_path, monkeypatch, value):
+    """GMTOOL_COMPILE_AHEAD=disable read as on: the run went on with the pass the user meant to turn off."""
+    from tests.test_compare import one_error, run_cli
+
+    monkeypatch.setenv("GMTOOL_COMPILE_AHEAD", value)
+    code, _, err = run_cli("capture", "--buckets", "1", "--out", tmp_path / "o")
+    assert code == 2 and f"GMTOOL_COMPILE_AHEAD={value!r}: give 0/false/off/no" in one_error(err)
+    assert not (tmp_path / "o").exists()
+    for fine in ("off", " No ", "1", "yes", ""):
+        monkeypatch.setenv("GMTOOL_COMPILE_AHEAD", fine)
+        from gmtool.switches import check_switches
+
+        check_switches()

@@ -171,7 +171,7 @@ def test_report_on_an_incomplete_results_file_is_one_line(tmp_path):
     d.mkdir()
     (d / "results.json").write_text(json.dumps(_results_doc(records=[{"mode": "full", "bucket": 1}])))
     p = subprocess.run([sys.executable, "-m", "gmtool", "report", str(d)], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 2 and "record 0 lacks composition, status" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "record 1 lacks composition, status" in p.stderr and "Traceback" not in p.stderr
     (d / "results.json").write_text(json.dumps({"tool": "gmtool", "records": []}))
     p = subprocess.run([sys.executable, "-m", "gmtool", "report", str(d)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "no 'model' section" in p.stderr and "Traceback" not in p.stderr

@@ -163,3 +163,14 @@ def test_help_shows_the_config_defaults():
         "[default: (full)]",
     ):
         assert default in text, default
+
+
+def test_a_key_given_twice_in_a_sweep_profile_is_refused(tmp_path):
+    """json keeps the last of two values of a key: the first would be dropped without a word."""
+    from gmtool.errors import GmtoolError
+    from gmtool.profiles import load_sweep_profile
+
+    p = tmp_path / "dup.json"
+    p.write_text('{"buckets": "1", "scenario": "decode", "buckets": "2"}')
+    with pytest.raises(GmtoolError, match="gives 'buckets' twice: keep one"):
+        load_sweep_profile(str(p))

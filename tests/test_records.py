@@ -73,14 +73,14 @@ def test_exit_code_is_the_documents():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda d: d["records"][2].update(bucket="8"), 'record 2: bucket is "8", not an integer'),
-        (lambda d: d["records"][0].update(status="fine"), "record 0: status is 'fine', not one of ok, skipped"),
+        (lambda d: d["records"][2].update(bucket="8"), 'record 3: bucket is "8", not an integer'),
+        (lambda d: d["records"][0].update(status="fine"), "record 1: status is 'fine', not one of ok, skipped"),
         (
             lambda d: d["records"][3]["latency_ms"].update(median="fast"),
-            'record 3: latency_ms: median is "fast", not a number',
+            'record 4: latency_ms: median is "fast", not a number',
         ),
-        (lambda d: d["records"][1].update(mode="turbo"), "record 1: mode is 'turbo', not one of eager, full"),
-        (lambda d: d["records"][4]["latency_ms"].pop("n"), "record 4: latency_ms lacks 'n'"),
+        (lambda d: d["records"][1].update(mode="turbo"), "record 2: mode is 'turbo', not one of eager, full"),
+        (lambda d: d["records"][4]["latency_ms"].pop("n"), "record 5: latency_ms lacks 'n'"),
         (lambda d: d.update(errors="none"), "errors is not a list"),
         (lambda d: d.update(schema_version=99), "a results file of schema version 99, from a newer gmtool"),
     ],

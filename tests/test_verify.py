@@ -80,6 +80,31 @@ def test_localization_names_the_layer_the_bug_is_in(rig):
     assert pw.first_divergence["module"] == "model.layers.1.mlp" and pw.first_divergence["piece"] == 2
 
 
+def test_a_family_with_other_module_names_is_tapped_and_localized(tmp_path):
+    """Falcon keeps its layers in `h`, calls its attention `self_attention` and its final norm `ln_f`: verify's
+    taps find them by role (it raised AttributeError on `embed_tokens`, where capture ran the model)."""
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "falcon", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2, '
+        '"vocab_size": 256}'
+    )
+    cfg = VerifyConfig(model=str(tmp_path), device="cpu", dtype="fp32", modes="full,piecewise")
+    bench = build_bench(cfg)
+    taps = LayerTaps(bench.lm, bench.cfg.policy().largest, bench.device)
+    try:
+        assert taps.modules == [
+            "transformer.word_embeddings",
+            *[f"transformer.h.{i}{part}" for i in (0, 1) for part in (".self_attention", ".mlp", "")],
+            "transformer.ln_f",
+        ]
+        assert [m.endswith("self_attention") for m in taps.modules] == taps.attention
+        rig = (cfg, bench, taps)
+        assert soak(rig, "piecewise").mismatch is None
+        m = soak(rig, fault="stale-slot-mapping", steps=20, check_every=1).mismatch
+        assert m is not None and m.first_divergence["module"] == "transformer.h.0.self_attention"
+    finally:
+        taps.remove()
+
+
 @pytest.mark.parametrize("fault,field", [("stale-positions", "positions"), ("stale-slot-mapping", "slot_mapping")])
 def test_a_stale_input_field_is_named(rig, fault, field):
     m = soak(rig, fault=fault, steps=20, check_every=1).mismatch

@@ -37,6 +37,9 @@ def _root(
     ] = None,
 ) -> None:
     """gmtool: CUDA graph capture, replay and memory, measured against eager."""
+    from gmtool.switches import check_switches
+
+    check_switches()
 
 
 def _register() -> None:

@@ -20,18 +20,18 @@ from gmtool.plan.costs import PLANNED as PLAN_MODES
 from gmtool.plan.costs import from_results
 from gmtool.plan.document import build_document, lazy_line, plan_table, write_plan
 from gmtool.plan.optimizer import Budgets, PoolSharing
-from gmtool.plan.run import PlanInputs, make_plan, measure, needed_buckets
+from gmtool.plan.run import PlanInputs, check_candidates, check_steps, make_plan, measure, needed_buckets
 from gmtool.plan.workload import builtin_workloads, is_decode, load_workload
 from gmtool.report.results import check_out_dir, default_out_dir, load_results, output_dir, write_results
 
 
 def _positive(value, name: str):
-    if value is not None and not value > 0:
-        raise GmtoolError(f"{name} must be positive")
+    if value is not None and not 0 < value < float("inf"):
+        raise GmtoolError(f"{name} must be positive and finite, got {value}")
     return value
 
 
-def _profile_mode(profile, out_: Output) -> str | None:
+def _profile_mode(profile, note) -> str | None:
     """The graph mode a sweep profile asks for, as plan costs one: full or piecewise (full where it has both,
     said in a note); None without a profile or modes in it."""
     if profile is None:
@@ -53,7 +53,7 @@ def _profile_mode(profile, out_: Output) -> str | None:
         )
     mode = GraphMode.FULL if GraphMode.FULL in plannable else plannable[0]
     if len(asked) > 1:
-        out_.note(f"plan costs one graph mode: {mode}, of the profile's {', '.join(asked)} (--mode picks another)")
+        note(f"plan costs one graph mode: {mode}, of the profile's {', '.join(asked)} (--mode picks another)")
     return mode
 
 
@@ -149,7 +149,15 @@ def plan(
     except GmtoolError as e:  # its message speaks of buckets: say which option held them
         raise GmtoolError(f"--candidates: {e}") from None
     steps, path = load_workload(workload)
+    check_steps(steps["num_tokens"], max_tokens)  # before measuring: a refusal after it would lose the measurement
+    check_candidates(chosen, max_tokens)
     out_ = Output(fmt)
+    said: list[str] = []  # notes printed as they came (before a measurement): the plan's notes hold them too
+
+    def note(text: str) -> None:
+        said.append(text)
+        out_.note(text)
+
     measured_doc = None
     # what shapes a measurement (--max-tokens also bounds the plan's candidates: it stays valid with --from)
     measuring = dict(
@@ -188,7 +196,7 @@ def plan(
             raise GmtoolError(f"--model {model} but {from_} measured {name}")
         source = {"kind": "results file", "path": str(from_)}
     else:
-        mode = mode or _profile_mode(profile, out_)
+        mode = mode or _profile_mode(profile, note)
         cfg = build_config(
             profile,
             model=model,
@@ -198,21 +206,19 @@ def plan(
             max_tokens=max_tokens,
             **measuring,
         )
-        if buckets is None:  # only the buckets the workload reaches
-            cfg = build_config(
-                profile,
-                **{
-                    **cfg_opts(cfg),
-                    "buckets": ",".join(map(str, needed_buckets(cfg.bucket_sizes, int(steps["num_tokens"].max())))),
-                },
-            )
-        for note in cfg.notes:
-            out_.note(note)
+        if buckets is None:  # only the buckets the workload reaches, with the mixes that run on them
+            kept = needed_buckets(cfg.bucket_sizes, int(steps["num_tokens"].max()))
+            mixes, left = _mixes_on(cfg.compositions, kept)
+            if left:
+                note(f"the mixes {', '.join(left)} run on buckets the workload never reaches: not measured")
+            cfg = build_config(profile, **{**cfg_opts(cfg), "buckets": ",".join(map(str, kept)), "compositions": mixes})
+        for n in cfg.notes:
+            note(n)
         source = {"kind": "measured now", "buckets": cfg.bucket_sizes}
         measured_doc = measure(cfg, progress_bars(out_.console))
         doc = measured_doc.to_dict()
     mixed = int(steps.loc[steps["num_tokens"] != steps["num_seqs"], "count"].sum())
-    notes = (
+    notes = said + (
         [
             f"{mixed} of {int(steps['count'].sum())} steps are not pure decode but the costs are of decode "
             "graphs: they are costed by their token count"
@@ -230,13 +236,29 @@ def plan(
     for line in lazy_line(plan_doc.get("lazy_capture")):
         out_.show(line, highlight=False)
     for n in plan_doc["notes"]:
-        out_.show(f"[yellow]note:[/] {n}", highlight=False)
+        if n not in said:
+            out_.show(f"[yellow]note:[/] {n}", highlight=False)
     out_.show("wrote " + ", ".join(str(f) for f in files), highlight=False)
     out_.verdict(
         f"{','.join(map(str, plan_doc['capture_sizes'])) or '(none: eager is faster within the budgets)'}",
         True,
         label="capture sizes",
     )
+
+
+def _mixes_on(compositions: str | None, buckets: list[int]) -> tuple[str | None, list[str]]:
+    """The comma-separated mixes that run on one of buckets (pinned there, or the smallest that holds them is
+    among them), and the others; None where none is left (each bucket then gets the defaults)."""
+    from gmtool.core.compositions import parse_composition
+
+    if not compositions:
+        return None, []
+    kept, left = [], []
+    for text in compositions.split(","):
+        c = parse_composition(text)
+        runs_on = c.bucket if c.bucket is not None else next((b for b in sorted(buckets) if b >= c.num_tokens), None)
+        (kept if runs_on in buckets else left).append(text.strip())
+    return ",".join(kept) or None, left
 
 
 def cfg_opts(cfg) -> dict:

@@ -44,13 +44,36 @@ class PlanResult:
     extrapolated: dict[str, int] = field(default_factory=dict)  # per default list: its sizes beyond the measured
 
 
+def check_candidates(candidates: list[int] | None, max_tokens: int | None) -> None:
+    """--candidates as plan takes them: at most MAX_CANDIDATES sizes, none above --max-tokens (a step never gets
+    there: a graph of that size would only be captured for nothing)."""
+    if candidates is None:
+        return
+    if len(set(candidates)) > MAX_CANDIDATES:
+        raise GmtoolError(f"--candidates: {len(set(candidates))} sizes; plan takes at most {MAX_CANDIDATES}")
+    if max_tokens is not None and max(candidates) > max_tokens:
+        raise GmtoolError(f"--candidates: size {max(candidates)} is above --max-tokens {max_tokens}")
+
+
+def check_steps(sizes, max_tokens: int | None) -> None:
+    if max_tokens is not None and max(sizes) > max_tokens:
+        raise GmtoolError(f"the workload has a step of {max(sizes)} tokens, above --max-tokens {max_tokens}")
+
+
 def candidate_sizes(inp: PlanInputs, sizes: pd.Series) -> tuple[list[int], list[str]]:
+    check_candidates(inp.candidates, inp.max_tokens)
     measured = inp.costs.buckets
     if inp.candidates is not None:
         return sorted(set(inp.candidates)), []
-    top = max(measured)
-    extra = sizes[(sizes.index <= top) & ~sizes.index.isin(measured)]
     notes = []
+    top = max(measured)
+    if inp.max_tokens is not None and top > inp.max_tokens:  # no step goes there: the workload's sizes up to it
+        above = [b for b in measured if b > inp.max_tokens]
+        notes.append(
+            f"measured buckets {', '.join(map(str, above))} are above --max-tokens {inp.max_tokens}: not candidates"
+        )
+        measured, top = [b for b in measured if b <= inp.max_tokens], inp.max_tokens
+    extra = sizes[(sizes.index <= top) & ~sizes.index.isin(measured)]
     room = MAX_CANDIDATES - len(measured)
     if len(extra) > room:
         notes.append(
@@ -64,8 +87,7 @@ def candidate_sizes(inp: PlanInputs, sizes: pd.Series) -> tuple[list[int], list[
 def make_plan(inp: PlanInputs) -> PlanResult:
     sizes = by_size(inp.steps)
     notes = list(inp.costs.notes) + list(inp.notes)
-    if inp.max_tokens is not None and sizes.index.max() > inp.max_tokens:
-        raise GmtoolError(f"the workload has a step of {sizes.index.max()} tokens, above --max-tokens {inp.max_tokens}")
+    check_steps(sizes.index, inp.max_tokens)
     cands, more = candidate_sizes(inp, sizes)
     notes += more
     every = sorted(set(cands) | {s for d in ENGINE_DEFAULTS for s in d.sizes})

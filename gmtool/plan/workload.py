@@ -10,6 +10,7 @@ import json
 from difflib import get_close_matches
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from gmtool.errors import GmtoolError
@@ -81,7 +82,8 @@ def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
         raise GmtoolError(f"workload {path} has no steps")
     df["count"] = df["count"].fillna(1) if "count" in df.columns else 1  # a row without a count is one step
     df = df[list(COLUMNS)]
-    numeric = df.apply(pd.to_numeric, errors="coerce")
+    flags = df.map(lambda v: isinstance(v, (bool, np.bool_)))  # pandas reads true/false as booleans: not counts
+    numeric = df.apply(pd.to_numeric, errors="coerce").mask(flags)
     # a whole number an int64 holds (inf, 1e30 or twenty digits would fail in the cast or wrap around)
     huge = numeric.abs() >= 2**62
     bad = numeric.isna() | (numeric != numeric.round()) | huge
@@ -106,6 +108,9 @@ def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
             f"workload {path}, row {r + 1}: {df.at[r, 'num_seqs']} sequences cannot share "
             f"{df.at[r, 'num_tokens']} tokens (each sequence has at least one)"
         )
+    total = sum(int(c) for c in df["count"])  # Python's ints: int64 sums would wrap around
+    if total >= 2**62:
+        raise GmtoolError(f"workload {path}: its counts add up to {total:,} steps, more than 2**62")
     # where in the trace (the file's order, counts expanded) each shape first appears: lazy capture's first hits
     df["first_step"] = df["count"].cumsum() - df["count"]
     steps = (
