@@ -519,6 +519,7 @@ def test_max_tokens_bounds_the_candidates_and_is_checked_before_measuring(tmp_pa
     assert code == 0, err
     plan = json.loads((tmp_path / "a" / "plan.json").read_text())
     assert max(plan["capture_sizes"]) <= 3, plan["capture_sizes"]
+    assert [c["size"] for c in plan["candidates"]] == [1, 2, 3]  # 3: the workload's own size, up to --max-tokens
     assert any("measured buckets 4, 8, 16 are above --max-tokens 3: not candidates" in n for n in plan["notes"])
     code, _, err = run_cli(
         "plan", "-w", wl, "--from", results_file, "--max-tokens", "3", "--candidates", "2,4", "--out", tmp_path / "b"
