@@ -1,7 +1,7 @@
 """gmtool's environment switches (GMTOOL_COMPILE_AHEAD, GMTOOL_COMPILE_FORK, GMTOOL_EARLY_COMPILE,
 GMTOOL_GEMM_WARMUP, GMTOOL_NATIVE_LOOP, GMTOOL_STITCH): each is on unless set to one of the off words, the same
-words for every switch. The command line refuses any other value (check_switches): a typo must not leave a
-switch on without a word."""
+words for every switch. A run refuses any other value as it builds its model (check_switches): a typo must not
+leave a switch on without a word."""
 
 from __future__ import annotations
 

@@ -381,6 +381,8 @@ def test_a_switch_set_to_neither_an_on_nor_an_off_word_is_refused(tmp_path, monk
     code, _, err = run_cli("capture", "--buckets", "1", "--out", tmp_path / "o")
     assert code == 2 and f"GMTOOL_COMPILE_AHEAD={value!r}: give 0/false/off/no" in one_error(err)
     assert not (tmp_path / "o").exists()
+    code, out, _ = run_cli("capture", "--help")  # refused where a run reads it, not on a help page
+    assert code == 0 and "Usage" in out
     for fine in ("off", " No ", "1", "yes", ""):
         monkeypatch.setenv("GMTOOL_COMPILE_AHEAD", fine)
         from gmtool.switches import check_switches

@@ -37,9 +37,6 @@ def _root(
     ] = None,
 ) -> None:
     """gmtool: CUDA graph capture, replay and memory, measured against eager."""
-    from gmtool.switches import check_switches
-
-    check_switches()
 
 
 def _register() -> None:

@@ -206,13 +206,16 @@ def plan(
             max_tokens=max_tokens,
             **measuring,
         )
+        first_notes = list(cfg.notes)  # a rebuild names the model: the first's note of the CPU default stays
         if buckets is None:  # only the buckets the workload reaches, with the mixes that run on them
             kept = needed_buckets(cfg.bucket_sizes, int(steps["num_tokens"].max()))
             mixes, left = _mixes_on(cfg.compositions, kept)
             if left:
                 note(f"the mixes {', '.join(left)} run on buckets the workload never reaches: not measured")
-            cfg = build_config(profile, **{**cfg_opts(cfg), "buckets": ",".join(map(str, kept)), "compositions": mixes})
-        for n in cfg.notes:
+            # every option as the first config resolved it, but the mixes: none left means each bucket's defaults
+            opts = {k: v for k, v in cfg_opts(cfg).items() if k != "compositions"}
+            cfg = build_config(None, **opts, buckets=",".join(map(str, kept)), compositions=mixes)
+        for n in dict.fromkeys(first_notes + cfg.notes):
             note(n)
         source = {"kind": "measured now", "buckets": cfg.bucket_sizes}
         measured_doc = measure(cfg, progress_bars(out_.console))

@@ -127,7 +127,9 @@ class Workbench:
     def build(cls, cfg: SweepConfig, num_blocks: int | None = None) -> "Workbench":
         """num_blocks: a fixed KV cache size; default: what the config's compositions need, within budget."""
         from gmtool.memory.estimate import check_fits
+        from gmtool.switches import check_switches
 
+        check_switches()  # where they are read: a help page or a report reads none
         # the decode attention's Triton kernels compile beside transformers' import and the model's build
         early = early_compile.start(cfg)
         try:

@@ -57,6 +57,15 @@ def _read(path: Path) -> pd.DataFrame:
         ) from None
 
 
+def _booleans(col: pd.Series) -> pd.Series:
+    """Which values of a column are booleans: all of a bool column, the bool objects of a mixed one."""
+    if col.dtype == bool:
+        return pd.Series(True, index=col.index)
+    if col.dtype == object:
+        return col.map(lambda v: isinstance(v, (bool, np.bool_)))
+    return pd.Series(False, index=col.index)
+
+
 def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
     """(steps, the file read): one row per distinct (num_tokens, num_seqs) with its count and the index of its
     first step in the file's order, sorted by size."""
@@ -82,7 +91,7 @@ def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
         raise GmtoolError(f"workload {path} has no steps")
     df["count"] = df["count"].fillna(1) if "count" in df.columns else 1  # a row without a count is one step
     df = df[list(COLUMNS)]
-    flags = df.map(lambda v: isinstance(v, (bool, np.bool_)))  # pandas reads true/false as booleans: not counts
+    flags = df.apply(_booleans)  # pandas reads true/false as booleans: not counts
     numeric = df.apply(pd.to_numeric, errors="coerce").mask(flags)
     # a whole number an int64 holds (inf, 1e30 or twenty digits would fail in the cast or wrap around)
     huge = numeric.abs() >= 2**62

@@ -38,7 +38,7 @@ class Divergence:
 # what families call a decoder layer's attention and MLP, and the norm after the last layer (Llama's names first;
 # Falcon's, GPT-NeoX's, Phi's, ...): a family naming them otherwise gets its layers' outputs tapped alone
 ATTENTION_NAMES = ("self_attn", "self_attention", "attention", "attn")
-MLP_NAMES = ("mlp", "feed_forward", "ffn")
+MLP_NAMES = ("mlp", "block_sparse_moe", "feed_forward", "ffn")
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
 
 
