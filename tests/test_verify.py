@@ -82,7 +82,7 @@ def test_localization_names_the_layer_the_bug_is_in(rig):
 
 def test_a_family_with_other_module_names_is_tapped_and_localized(tmp_path):
     """Falcon keeps its layers in `h`, calls its attention `self_attention` and its final norm `ln_f`: verify's
-    taps find them by role (it raised AttributeError on `embed_tokens`, where capture ran the model)."""
+    taps and its pad-read fault find them by role (both raised AttributeError, where capture ran the model)."""
     (tmp_path / "config.json").write_text(
         '{"model_type": "falcon", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2, '
         '"vocab_size": 256}'
@@ -101,6 +101,8 @@ def test_a_family_with_other_module_names_is_tapped_and_localized(tmp_path):
         assert soak(rig, "piecewise").mismatch is None
         m = soak(rig, fault="stale-slot-mapping", steps=20, check_every=1).mismatch
         assert m is not None and m.first_divergence["module"] == "transformer.h.0.self_attention"
+        m = soak(rig, fault="pad-read:1", check_every=1).mismatch  # the fault finds Falcon's MLP too
+        assert m is not None and m.first_divergence["module"] == "transformer.h.1.mlp"
     finally:
         taps.remove()
 

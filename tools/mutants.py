@@ -475,14 +475,14 @@ MUTANTS: list[Mutant] = [
     M(
         "early-compile-not-joined-on-refusal",
         "gmtool/measure/workbench.py",
-        "            if early is not None:\n                early.join()\n            raise\n",
-        "            raise\n",
+        "            if early is not None:  # outlive a refused build\n                early.join()\n",
+        "            pass\n",
         "tests/test_early_compile.py::test_a_refused_build_waits_for_the_early_compile_before_it_raises",
         "a refused build raises while the early compile still holds Triton's launch path",
     ),
     M(
         "taps-llama-names-only",
-        "gmtool/verify/taps.py",
+        "gmtool/model/families.py",
         "    return next((m for m in base.children() if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers), None)\n",
         "    return None\n",
         "tests/test_verify.py::test_a_family_with_other_module_names_is_tapped_and_localized",
@@ -499,7 +499,7 @@ MUTANTS: list[Mutant] = [
     M(
         "plan-keeps-mixes-of-cut-buckets",
         "gmtool/cli/plan.py",
-        "        (kept if runs_on in buckets else left).append(text.strip())\n",
+        "        (kept if (c.bucket or policy.bucket_for(c.num_tokens)) in buckets else left).append(text.strip())\n",
         "        kept.append(text.strip())\n",
         "tests/test_plan.py::test_plan_keeps_a_profile_s_mixes_on_the_buckets_it_measures_and_says_which_it_leaves",
         "plan keeps a profile's mixes on the buckets it leaves out, and refuses its own built-in profile",
@@ -774,8 +774,8 @@ MUTANTS: list[Mutant] = [
     M(
         "build-leaves-the-gemm-warmup-running-on-error",
         "gmtool/measure/workbench.py",
-        "        try:\n            rank = _shard_and_fuse(cfg, lm)\n        finally:",
-        "        try:\n            rank = _shard_and_fuse(cfg, lm)\n        except Exception:\n            raise\n        else:",
+        "            try:\n                rank = _shard_and_fuse(cfg, lm)\n            finally:",
+        "            try:\n                rank = _shard_and_fuse(cfg, lm)\n            except Exception:\n                raise\n            else:",
         "tests/test_gemm_warmup.py::test_a_build_that_fails_after_the_load_waits_for_the_warm_up_first",
         "a build that fails after the load leaves the GEMM warm-up thread running into the caller's captures",
     ),

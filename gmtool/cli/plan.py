@@ -22,6 +22,7 @@ from gmtool.plan.document import build_document, lazy_line, plan_table, write_pl
 from gmtool.plan.optimizer import Budgets, PoolSharing
 from gmtool.plan.run import PlanInputs, check_candidates, check_steps, make_plan, measure, needed_buckets
 from gmtool.plan.workload import builtin_workloads, is_decode, load_workload
+from gmtool.profiles import load_sweep_profile
 from gmtool.report.results import check_out_dir, default_out_dir, load_results, output_dir, write_results
 
 
@@ -31,14 +32,9 @@ def _positive(value, name: str):
     return value
 
 
-def _profile_mode(profile, note) -> str | None:
-    """The graph mode a sweep profile asks for, as plan costs one: full or piecewise (full where it has both,
-    said in a note); None without a profile or modes in it."""
-    if profile is None:
-        return None
-    from gmtool.profiles import load_sweep_profile
-
-    modes = load_sweep_profile(profile).get("modes", ())
+def _profile_mode(modes, note) -> str | None:
+    """The graph mode a sweep profile's modes ask for, as plan costs one: full or piecewise (full where it has
+    both, said in a note); None without modes."""
     unknown = [m for m in modes if m not in tuple(GraphMode)]
     if unknown:
         raise GmtoolError(f"unknown mode {unknown[0]!r} in the profile: choose from {', '.join(GraphMode)}")
@@ -55,14 +51,6 @@ def _profile_mode(profile, note) -> str | None:
     if len(asked) > 1:
         note(f"plan costs one graph mode: {mode}, of the profile's {', '.join(asked)} (--mode picks another)")
     return mode
-
-
-def _profile_scenario(profile) -> str | None:
-    if profile is None:
-        return None
-    from gmtool.profiles import load_sweep_profile
-
-    return load_sweep_profile(profile).get("scenario")
 
 
 def plan(
@@ -196,12 +184,13 @@ def plan(
             raise GmtoolError(f"--model {model} but {from_} measured {name}")
         source = {"kind": "results file", "path": str(from_)}
     else:
-        mode = mode or _profile_mode(profile, note)
+        prof = load_sweep_profile(profile) if profile is not None else {}
+        mode = mode or _profile_mode(prof.get("modes", ()), note)
         cfg = build_config(
-            profile,
+            prof,
             model=model,
             # a profile's scenario stands (with its KV length): the workload's only where neither names one
-            scenario=scenario or _profile_scenario(profile) or ("decode" if is_decode(steps) else "mixed"),
+            scenario=scenario or prof.get("scenario") or ("decode" if is_decode(steps) else "mixed"),
             modes=("eager", mode or "full"),
             max_tokens=max_tokens,
             **measuring,
@@ -209,7 +198,7 @@ def plan(
         first_notes = list(cfg.notes)  # a rebuild names the model: the first's note of the CPU default stays
         if buckets is None:  # only the buckets the workload reaches, with the mixes that run on them
             kept = needed_buckets(cfg.bucket_sizes, int(steps["num_tokens"].max()))
-            mixes, left = _mixes_on(cfg.compositions, kept)
+            mixes, left = _mixes_on(cfg, kept)
             if left:
                 note(f"the mixes {', '.join(left)} run on buckets the workload never reaches: not measured")
             # every option as the first config resolved it, but the mixes: none left means each bucket's defaults
@@ -249,18 +238,17 @@ def plan(
     )
 
 
-def _mixes_on(compositions: str | None, buckets: list[int]) -> tuple[str | None, list[str]]:
-    """The comma-separated mixes that run on one of buckets (pinned there, or the smallest that holds them is
-    among them), and the others; None where none is left (each bucket then gets the defaults)."""
+def _mixes_on(cfg, buckets: list[int]) -> tuple[str | None, list[str]]:
+    """cfg's own mixes (--compositions) that run on one of buckets, as cfg's bucket policy places them, and the
+    others; None where none is left (each bucket then gets the defaults)."""
     from gmtool.core.compositions import parse_composition
 
-    if not compositions:
+    if not cfg.compositions:
         return None, []
-    kept, left = [], []
-    for text in compositions.split(","):
+    policy, kept, left = cfg.policy(), [], []
+    for text in cfg.compositions.split(","):
         c = parse_composition(text)
-        runs_on = c.bucket if c.bucket is not None else next((b for b in sorted(buckets) if b >= c.num_tokens), None)
-        (kept if runs_on in buckets else left).append(text.strip())
+        (kept if (c.bucket or policy.bucket_for(c.num_tokens)) in buckets else left).append(text.strip())
     return ",".join(kept) or None, left
 
 

@@ -78,7 +78,7 @@ def capture_cost_note(mode: GraphMode, ex: GraphExecutor) -> str | None:
         note += f"; Triton kernels compiled ahead of the first in {sum(ahead):.2f} s" + (f" ({why})" if why else "")
     elif ex.device.type == "cuda" and why:
         note += f"; compile-ahead {why}"
-    if (early := getattr(ex.lm, "early_compile", None)) is not None:
+    if (early := ex.lm.early_compile) is not None:
         note += f"; {early.summary()}"
     return note
 

@@ -140,17 +140,14 @@ class Workbench:
             rows = tuple(cfg.bucket_sizes) if cfg.tp == 1 else ()  # under --tp the shapes change after the load
             head_rows = tuple(sorted({min(r, cfg.max_num_seqs) for r in rows}))  # a key's logits: a row a sequence
             lm = load_model(cfg.model, device, cfg.torch_dtype, cfg.seed, rows, head_rows)
-        except BaseException:  # refused or failed: the thread's window on Triton's globals ends before the caller's
-            if early is not None:
-                early.join()
-            raise
-        lm.early_compile = early
-        try:
-            rank = _shard_and_fuse(cfg, lm)
-        finally:  # before the KV cache is sized by what is free; on an error, before it reaches a caller that
-            if lm.gemm_warmup is not None:  # may go on to capture while the thread's GEMMs still run
-                lm.gemm_warmup.join()
-            if early is not None:  # its compiles must not run beside the first capture's
+            lm.early_compile = early
+            try:
+                rank = _shard_and_fuse(cfg, lm)
+            finally:  # before the KV cache is sized by what is free; on an error, before it reaches a caller that
+                if lm.gemm_warmup is not None:  # may go on to capture while the thread's GEMMs still run
+                    lm.gemm_warmup.join()
+        finally:  # its compiles must not run beside the first capture's, nor its window on Triton's globals
+            if early is not None:  # outlive a refused build
                 early.join()
         spec = KVCacheSpec(
             lm.num_layers,

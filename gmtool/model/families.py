@@ -91,6 +91,30 @@ def base_model(model: torch.nn.Module) -> torch.nn.Module | None:
     return base if isinstance(base, torch.nn.Module) else getattr(model, "model", None)
 
 
+# what families call a decoder layer's attention and MLP, and the norm after the last layer (Llama's names first;
+# Falcon's, GPT-NeoX's, Phi's, Mixtral's, ...)
+ATTENTION_NAMES = ("self_attn", "self_attention", "attention", "attn")
+MLP_NAMES = ("mlp", "block_sparse_moe", "feed_forward", "ffn")
+FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
+
+
+def part(module: torch.nn.Module, names: tuple[str, ...]) -> torch.nn.Module | None:
+    """module's submodule under the first of names it has (ATTENTION_NAMES, MLP_NAMES, FINAL_NORM_NAMES)."""
+    return next((m for n in names if isinstance(m := getattr(module, n, None), torch.nn.Module)), None)
+
+
+def decoder_layers(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList | None:
+    """The causal LM's decoder layers: its base model's `layers`, else the first module list of num_layers
+    modules there (Falcon's `h`); None where there is none."""
+    base = base_model(model)
+    if base is None:
+        return None
+    stack = getattr(base, "layers", None)
+    if isinstance(stack, torch.nn.ModuleList):
+        return stack
+    return next((m for m in base.children() if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers), None)
+
+
 def text_config(config):
     """The config of the language model (multimodal configs hold it inside; some hold several, or none)."""
     try:

@@ -63,9 +63,7 @@ class LoadedModel:
     tp: int = 1  # tensor-parallel ranks the projections are split over (gmtool.parallel.shard)
     whole_params: int | None = None  # the unsharded model's count, taken before a --tp split
     gemm_warmup: object = None  # gmtool.model.gemm_warmup.GemmWarmup: cuBLAS warming up while the build ends
-    early_compile: object = (
-        None  # gmtool.kernels.early_compile.EarlyCompile: attention kernels compiled beside the build
-    )
+    early_compile: object = None  # gmtool.kernels.early_compile.EarlyCompile: attention kernels compiled early
 
     @property
     def num_layers(self) -> int:

@@ -194,7 +194,7 @@ def probe_layout(lm, arch: str) -> KVLayout:
     layers = [m.layer_idx for m, *_ in calls]
     if sorted(layers) != list(range(lm.num_layers)):
         missing = sorted(set(range(lm.num_layers)) - set(layers))
-        stack = getattr(families.base_model(lm.model), "layers", None)
+        stack = families.decoder_layers(lm.model, lm.num_layers)
         kinds = f" ({', '.join(sorted({type(stack[i]).__name__ for i in missing}))})" if stack is not None else ""
         raise GmtoolError(
             f"{arch}: "

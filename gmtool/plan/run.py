@@ -61,7 +61,7 @@ def check_steps(sizes, max_tokens: int | None) -> None:
 
 
 def candidate_sizes(inp: PlanInputs, sizes: pd.Series) -> tuple[list[int], list[str]]:
-    check_candidates(inp.candidates, inp.max_tokens)
+    """inp's candidates (checked with check_candidates, and its steps with check_steps, before any measurement)."""
     measured = inp.costs.buckets
     if inp.candidates is not None:
         return sorted(set(inp.candidates)), []
@@ -87,7 +87,6 @@ def candidate_sizes(inp: PlanInputs, sizes: pd.Series) -> tuple[list[int], list[
 def make_plan(inp: PlanInputs) -> PlanResult:
     sizes = by_size(inp.steps)
     notes = list(inp.costs.notes) + list(inp.notes)
-    check_steps(sizes.index, inp.max_tokens)
     cands, more = candidate_sizes(inp, sizes)
     notes += more
     every = sorted(set(cands) | {s for d in ENGINE_DEFAULTS for s in d.sizes})

@@ -150,7 +150,10 @@ def _freeze(ex, field: str) -> None:
 @contextlib.contextmanager
 def _pad_read(parts: list, layer: int):
     lm = parts[0].lm
-    base = families.base_model(lm.model)
+    stack = families.decoder_layers(lm.model, lm.num_layers)
+    mlp = families.part(stack[layer], families.MLP_NAMES) if stack is not None else None
+    if mlp is None:
+        raise GmtoolError(f"--inject pad-read:{layer}: no MLP found in layer {layer} of {type(lm.model).__name__}")
     recording = [False]
 
     def flagged(record):
@@ -169,7 +172,7 @@ def _pad_read(parts: list, layer: int):
 
     for ex in parts:
         ex.forward_impl.record = flagged(ex.forward_impl.record)
-    handle = base.layers[layer].mlp.register_forward_hook(hook, prepend=True)  # before any tap sees it
+    handle = mlp.register_forward_hook(hook, prepend=True)  # before any tap sees it
     try:
         yield
     finally:

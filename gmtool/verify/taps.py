@@ -35,54 +35,31 @@ class Divergence:
         return asdict(self)
 
 
-# what families call a decoder layer's attention and MLP, and the norm after the last layer (Llama's names first;
-# Falcon's, GPT-NeoX's, Phi's, ...): a family naming them otherwise gets its layers' outputs tapped alone
-ATTENTION_NAMES = ("self_attn", "self_attention", "attention", "attn")
-MLP_NAMES = ("mlp", "block_sparse_moe", "feed_forward", "ffn")
-FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
-
-
-def _first(module: torch.nn.Module, names: tuple[str, ...]) -> torch.nn.Module | None:
-    return next((m for n in names if isinstance(m := getattr(module, n, None), torch.nn.Module)), None)
-
-
-def decoder_layers(base: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList | None:
-    """The stack of decoder layers: `layers`, else the first module list of num_layers modules (Falcon's `h`)."""
-    stack = getattr(base, "layers", None)
-    if isinstance(stack, torch.nn.ModuleList):
-        return stack
-    return next((m for m in base.children() if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers), None)
-
-
 class LayerTaps:
     def __init__(self, lm, max_tokens: int, device: torch.device):
         model = lm.model
-        base = families.base_model(model)
-        stack = decoder_layers(base, lm.num_layers) if base is not None else None
+        stack = families.decoder_layers(model, lm.num_layers)
         if stack is None:
             raise GmtoolError(
-                f"verify's per-layer taps find no decoder layers in {type(base or model).__name__}: "
+                f"verify's per-layer taps find no decoder layers in {type(model).__name__}: "
                 "run capture or compare on this model, which check the logits"
             )
         names = {id(m): n for n, m in model.named_modules()}
         embed = model.get_input_embeddings()
-        points: list[tuple[torch.nn.Module, int | None]] = [(embed, None)]
-        attention: set[int] = set()
+        points: list[tuple[torch.nn.Module, int | None, bool]] = [(embed, None, False)]  # module, layer, attention
         for i, layer in enumerate(stack[: lm.num_layers]):
-            attn, mlp = _first(layer, ATTENTION_NAMES), _first(layer, MLP_NAMES)
-            if attn is not None:
-                attention.add(id(attn))
-            points += [(m, i) for m in (attn, mlp, layer) if m is not None]
-        if (norm := _first(base, FINAL_NORM_NAMES)) is not None:
-            points.append((norm, None))
-        self.modules = [names[id(m)] for m, _ in points]
-        self.layers = [i for _, i in points]
-        self.attention = [id(m) in attention for m, _ in points]
+            attn, mlp = families.part(layer, families.ATTENTION_NAMES), families.part(layer, families.MLP_NAMES)
+            points += [(m, i, m is attn) for m in (attn, mlp, layer) if m is not None]
+        if (norm := families.part(families.base_model(model), families.FINAL_NORM_NAMES)) is not None:
+            points.append((norm, None, False))
+        self.modules = [names[id(m)] for m, *_ in points]
+        self.layers = [i for _, i, _ in points]
+        self.attention = [a for *_, a in points]
         width = getattr(families.text_config(lm.config), "hidden_size", None) or embed.weight.shape[-1]
         self.graph_buf = torch.zeros(len(points), max_tokens, width, dtype=model.dtype, device=device)
         self.eager_buf = torch.zeros_like(self.graph_buf)
         self.target = self.graph_buf
-        self._hooks = [m.register_forward_hook(partial(self._tap, j)) for j, (m, _) in enumerate(points)]
+        self._hooks = [m.register_forward_hook(partial(self._tap, j)) for j, (m, *_) in enumerate(points)]
 
     @property
     def buffers(self) -> list[torch.Tensor]:
