@@ -276,7 +276,7 @@ def test_a_finished_pass_leaves_a_marker_that_skips_the_next_for_the_same_config
     marker is written only after a pass that finished, and another shape or model digests differently."""
     import contextlib
 
-    from gmtool.kernels import compile_ahead
+    from gmtool.kernels import compile_ahead, compile_marker
     from tests.helpers import Rig, rel
 
     passes = []
@@ -288,7 +288,7 @@ def test_a_finished_pass_leaves_a_marker_that_skips_the_next_for_the_same_config
 
     monkeypatch.setattr(compile_ahead, "compiling_only", counting)
     monkeypatch.setattr(compile_ahead, "unavailable", lambda: None)
-    monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(compile_marker, "triton_cache_dir", lambda: tmp_path)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Fake GPU")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
 
@@ -313,7 +313,7 @@ def test_a_finished_pass_leaves_a_marker_that_skips_the_next_for_the_same_config
     again = Rig()
     ex, b = first_capture(again, "1*8")  # a new executor, the same configuration: skipped
     assert len(passes) == 1 and ex.compile_ahead_s is None
-    assert ex.compile_ahead_note.startswith(compile_ahead.SKIPPED) and str(tmp_path) in ex.compile_ahead_note
+    assert ex.compile_ahead_note.startswith(compile_marker.SKIPPED) and str(tmp_path) in ex.compile_ahead_note
     assert rel(again.graph(b), again.eager(b)) < 1e-5
 
     first_capture(Rig(), "1*4")  # another first bucket of the same decode buckets: the pass ran for all of them
@@ -416,24 +416,24 @@ def test_triton_s_first_launch_work_starts_at_model_load_in_two_threads(monkeypa
 
     import triton.runtime.cache
 
-    from gmtool.kernels import compile_ahead
+    from gmtool.kernels import triton_prep
 
     done = []
     monkeypatch.setattr(triton.runtime.cache, "triton_key", lambda: done.append("key"))
     real_import = importlib.import_module
     monkeypatch.setattr(importlib, "import_module", lambda name: done.append(name) or real_import("json"))
-    monkeypatch.setattr(compile_ahead, "_first_launch_work", [])
+    monkeypatch.setattr(triton_prep, "first_launch_work", [])
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    compile_ahead.prepare_triton_in_background()
-    assert compile_ahead._first_launch_work == []
+    triton_prep.prepare_triton_in_background()
+    assert triton_prep.first_launch_work == []
     monkeypatch.delenv("TRITON_INTERPRET")
-    compile_ahead.prepare_triton_in_background()
-    compile_ahead.prepare_triton_in_background()  # once per process
-    threads = list(compile_ahead._first_launch_work)
+    triton_prep.prepare_triton_in_background()
+    triton_prep.prepare_triton_in_background()  # once per process
+    threads = list(triton_prep.first_launch_work)
     assert len(threads) == 2
     for t in threads:
         t.join(30)
-    assert sorted(done) == sorted(["key", *compile_ahead.FIRST_LAUNCH_IMPORTS])
+    assert sorted(done) == sorted(["key", *triton_prep.FIRST_LAUNCH_IMPORTS])
 
 
 def test_a_compile_that_starts_only_when_the_pass_is_left_still_builds_its_launcher(monkeypatch):
@@ -550,7 +550,7 @@ def test_the_pass_runs_every_decode_bucket_s_forward_smallest_first_and_the_capt
     so does the capture after a forward that failed. A prefill key runs its own forward only."""
     import contextlib
 
-    from gmtool.kernels import compile_ahead
+    from gmtool.kernels import compile_ahead, compile_marker
     from tests.helpers import Rig
 
     ran = []
@@ -562,7 +562,7 @@ def test_the_pass_runs_every_decode_bucket_s_forward_smallest_first_and_the_capt
 
     monkeypatch.setattr(compile_ahead, "compiling_only", passing)
     monkeypatch.setattr(compile_ahead, "unavailable", lambda: None)
-    monkeypatch.setattr(compile_ahead, "done_marker", lambda *a: None)
+    monkeypatch.setattr(compile_marker, "done_marker", lambda *a: None)
 
     def first_pass(rig, text, fail_at=None):
         ex, b = rig.ex, rig.batch(text)
@@ -615,7 +615,7 @@ def test_child_compiles_run_each_variant_once_in_another_process_and_say_which_f
     the parent."""
     import os
 
-    from gmtool.kernels.compile_ahead import IN_CHILD, ChildCompiles
+    from gmtool.kernels.compile_children import IN_CHILD, ChildCompiles
 
     children, prebuilding = ChildCompiles(), [True]
 
@@ -638,7 +638,7 @@ def test_a_child_compile_that_outlives_its_time_is_killed_and_reaped(monkeypatch
     import os
     import time
 
-    from gmtool.kernels.compile_ahead import ChildCompiles
+    from gmtool.kernels.compile_children import ChildCompiles
 
     monkeypatch.setattr(ChildCompiles, "CHILD_TIMEOUT_S", 0.3)
     children = ChildCompiles()
@@ -780,10 +780,10 @@ def test_every_child_is_forked_before_any_worker_compiles(monkeypatch, tmp_path)
     import os
     import time
 
-    from gmtool.kernels import compile_ahead
+    from gmtool.kernels import compile_ahead, compile_children, compile_marker
 
     events = []
-    real_fork = compile_ahead.fork_to_run
+    real_fork = compile_children.fork_to_run
 
     def logged_fork(fn, **kw):
         pid = real_fork(fn, **kw)
@@ -800,10 +800,10 @@ def test_every_child_is_forked_before_any_worker_compiles(monkeypatch, tmp_path)
         return Kernel()
 
     here = os.getpid()
-    monkeypatch.setattr(compile_ahead, "fork_to_run", logged_fork)
-    monkeypatch.setattr(compile_ahead.ChildCompiles, "MAX_CHILDREN", 8)
+    monkeypatch.setattr(compile_children, "fork_to_run", logged_fork)
+    monkeypatch.setattr(compile_children.ChildCompiles, "MAX_CHILDREN", 8)
     monkeypatch.setattr(compile_ahead, "_async_mode", lambda: QueuingMode)
-    monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(compile_marker, "triton_cache_dir", lambda: tmp_path)
     monkeypatch.setenv("GMTOOL_COMPILE_FORK", "1")
     with compile_ahead.compiling_only(torch.device("cpu"), workers=2) as children:
         for key in "abc":
@@ -814,8 +814,8 @@ def test_every_child_is_forked_before_any_worker_compiles(monkeypatch, tmp_path)
     assert len(forks) == 3 and len(compiles) == 3 and max(forks) < min(compiles), events
     assert children.failed == 0
 
-    monkeypatch.setattr(compile_ahead.ChildCompiles, "STARTED_TIMEOUT_S", 0.1)
-    late = compile_ahead.ChildCompiles()
+    monkeypatch.setattr(compile_children.ChildCompiles, "STARTED_TIMEOUT_S", 0.1)
+    late = compile_children.ChildCompiles()
     pid = late.start("a", lambda: None, [True])
     assert late.wait(pid) and late.closed  # no all_started(): the worker gave up waiting
     assert late.start("b", lambda: None, [True]) is None
@@ -826,8 +826,8 @@ def test_child_compiles_are_capped_and_off_where_the_worker_could_not_find_their
     or where Triton compiles every time: the worker's compile would not find the child's."""
     from triton import knobs
 
-    from gmtool.kernels import compile_ahead
-    from gmtool.kernels.compile_ahead import ChildCompiles, forks
+    from gmtool.kernels import compile_marker
+    from gmtool.kernels.compile_children import ChildCompiles, forks
 
     monkeypatch.setattr(ChildCompiles, "MAX_CHILDREN", 1)
     children = ChildCompiles()
@@ -837,7 +837,7 @@ def test_child_compiles_are_capped_and_off_where_the_worker_could_not_find_their
     assert children.wait(first)
 
     monkeypatch.delenv("GMTOOL_COMPILE_FORK", raising=False)
-    monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(compile_marker, "triton_cache_dir", lambda: tmp_path)
     assert forks()
     monkeypatch.setenv("GMTOOL_COMPILE_FORK", "0")
     assert not forks()
@@ -845,7 +845,7 @@ def test_child_compiles_are_capped_and_off_where_the_worker_could_not_find_their
     monkeypatch.setattr(knobs.compilation, "always_compile", True)
     assert not forks()
     monkeypatch.setattr(knobs.compilation, "always_compile", False)
-    monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: None)
+    monkeypatch.setattr(compile_marker, "triton_cache_dir", lambda: None)
     assert not forks()
 
 
@@ -854,7 +854,7 @@ def test_a_child_past_its_time_is_killed_with_its_own_children(monkeypatch, tmp_
     ptxas too, not only the child."""
     import time
 
-    from gmtool.kernels.compile_ahead import ChildCompiles, fork_to_run
+    from gmtool.kernels.compile_children import ChildCompiles, fork_to_run
 
     def compile_fn():
         grandchild = fork_to_run(lambda: time.sleep(60))

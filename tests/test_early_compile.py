@@ -87,7 +87,7 @@ def test_each_decode_bucket_s_write_and_attention_are_launched_smallest_first_ov
 
     from gmtool.core.buckets import BucketKey
     from gmtool.core.inputs import PersistentInputs
-    from gmtool.kernels import compile_ahead
+    from gmtool.kernels import compile_ahead, triton_prep
     from gmtool.model.attention import TorchAttention
 
     seen = []
@@ -108,7 +108,7 @@ def test_each_decode_bucket_s_write_and_attention_are_launched_smallest_first_ov
         held_out.append(7)  # what compiling_only() counted: the run keeps it
 
     monkeypatch.setattr(compile_ahead, "compiling_only", plain)
-    monkeypatch.setattr(compile_ahead, "import_for_compiles", lambda: seen.append(("imports",)))
+    monkeypatch.setattr(triton_prep, "import_for_compiles", lambda: seen.append(("imports",)))
     cfg = _cfg(max_num_seqs=16, max_kv_len=256)
     geom = early_compile.geometry(cfg, early_compile.raw_config("qwen3-0.6b"))
     run = early_compile.EarlyCompile(geom)
@@ -252,7 +252,7 @@ def test_start_imports_triton_s_compile_modules_on_its_own_thread_before_the_com
     a compile imports are imported before the thread starts, on the caller's thread, never beside that."""
     from types import SimpleNamespace
 
-    from gmtool.kernels import compile_ahead
+    from gmtool.kernels import compile_ahead, triton_prep
 
     cfg = _cfg()
     fake = SimpleNamespace(**{f: getattr(cfg, f) for f in ("model", "scenario", "tp", "pdl", "block_size")})
@@ -267,7 +267,7 @@ def test_start_imports_triton_s_compile_modules_on_its_own_thread_before_the_com
     events = []
     monkeypatch.setattr(compile_ahead, "unavailable", lambda: None)
     monkeypatch.setattr(
-        compile_ahead, "import_compile_modules", lambda: events.append(("imports", threading.get_ident()))
+        triton_prep, "import_compile_modules", lambda: events.append(("imports", threading.get_ident()))
     )
     monkeypatch.setattr("gmtool.kernels.TritonAttention", lambda: "backend")
     monkeypatch.setattr(

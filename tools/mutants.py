@@ -586,7 +586,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "compile-child-per-submit",
-        "gmtool/kernels/compile_ahead.py",
+        "gmtool/kernels/compile_children.py",
         "        if key in self._keys or self.closed",
         "        if key is None or self.closed",
         "tests/test_compile_ahead.py::test_child_compiles_run_each_variant_once_in_another_process_and_say_which_failed",
@@ -594,7 +594,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "compile-child-barrier-skipped",
-        "gmtool/kernels/compile_ahead.py",
+        "gmtool/kernels/compile_children.py",
         "        if not self._started.wait(self.STARTED_TIMEOUT_S):\n",
         "        if False:\n",
         "tests/test_compile_ahead.py::test_every_child_is_forked_before_any_worker_compiles",
@@ -602,7 +602,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "compile-child-killed-alone",
-        "gmtool/kernels/compile_ahead.py",
+        "gmtool/kernels/compile_children.py",
         "            os.killpg(pid, 9)\n",
         "            os.kill(pid, 9)\n",
         "tests/test_compile_ahead.py::test_a_child_past_its_time_is_killed_with_its_own_children",

@@ -13,34 +13,33 @@ kernel's signature (a cc run, about 0.2 s each), which otherwise happened at eac
 other, as long as the compiles themselves. A cold capture of the 35 default decode buckets with --fuse (H200,
 2026-12-01, 8 kernel variants) took 2.95 and 3.63 s with it against 6.49 and 5.71 s without; with a warm Triton
 cache 1.51 and 2.20 s against 1.39 and 1.36 s (the pass itself: 0.36-0.44 s). GMTOOL_COMPILE_AHEAD=0 turns it
-off. A warm cache is why a finished pass leaves a marker for its configuration (done_marker): the next run of
+off. A warm cache is why a finished pass leaves a marker for its configuration (compile_marker): the next run of
 the same configuration skips the pass and loads each kernel at its first launch.
 
 Threads were not enough: Triton holds the GIL through most of a compile, so nine variants in eight threads ran
 nearly one after the other (a one-line kernel 0.8-1.0 s beside the others). Each variant now compiles in a
-forked process first (ChildCompiles), its launcher in a grandchild beside it, and the thread loads it from the
+forked process first (compile_children.ChildCompiles), its launcher in a grandchild beside it, and the thread loads it from the
 disk cache; the longest compile is forked first (by_compile_cost). Cold, the 35 default decode buckets with
 --fuse: 1.83, 1.87 and 1.84 s against 2.47 and 2.32 s in threads (H200, 2026-12-02, fresh processes alternated,
 .diag/ctime.py; the pass 0.96-1.05 s against 1.26-1.51). GMTOOL_COMPILE_FORK=0 compiles in the threads.
+Triton's own first-launch work starts at the model's load (triton_prep).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import importlib
-import json
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import torch
 
-from gmtool.switches import switched_off
+from gmtool.kernels import compile_children, compile_marker, triton_prep
+from gmtool.kernels.compile_children import IN_CHILD, ChildCompiles
 from gmtool.kernels.launcher import HELD
+from gmtool.switches import switched_off
 
 WORKERS = 8
 
@@ -128,7 +127,7 @@ def _compiling_only(device: torch.device, workers: int, held_out: list | None):
         if index is not None:
             torch.cuda.set_device(index)
 
-    children = ChildCompiles() if forks() else None
+    children = ChildCompiles() if compile_children.forks() else None
 
     class LoadingToo(mode):
         """Each worker loads the kernel it compiled too: the load builds Triton's C launcher for the kernel's
@@ -164,9 +163,9 @@ def _compiling_only(device: torch.device, workers: int, held_out: list | None):
         (H200, 2026-12-01). A kernel whose binder Triton made in here keeps this as its compile: outside the
         pass it only compiles."""
         if prebuilding[0] == IN_CHILD:  # a compile child has no threads: the launcher in a process of its own
-            builder = fork_to_run(functools.partial(_build_launcher, src))
+            builder = compile_children.fork_to_run(functools.partial(_build_launcher, src))
             kernel = compile_kernel(src, *args, **kwargs)
-            if builder is None or not _reap(builder, time.monotonic() + ChildCompiles.CHILD_TIMEOUT_S):
+            if builder is None or not compile_children.reap(builder, time.monotonic() + ChildCompiles.CHILD_TIMEOUT_S):
                 _build_launcher(src)
             return kernel
         if prebuilding[0]:
@@ -209,136 +208,6 @@ def by_compile_cost(launches) -> list:
     the longest compile starts first. In launch order the decode split kernel's variants, 0.85-1.1 s each in a
     child against 0.2-0.5 s for the others, were forked last, 0.35 s into the pass (H200, 2026-12-02)."""
     return sorted(launches, key=lambda h: -len(getattr(h[0], "src", "") or ""))
-
-
-IN_CHILD = "in a compile child"  # compile_and_build_its_launcher's mode there
-
-
-def forks() -> bool:
-    """Whether compile-ahead compiles in forked processes (ChildCompiles): where os.fork exists and the worker
-    can find a child's compile in Triton's disk cache (a cache directory, TRITON_ALWAYS_COMPILE off: else each
-    variant would compile twice), unless GMTOOL_COMPILE_FORK=0."""
-    if not hasattr(os, "fork") or switched_off("GMTOOL_COMPILE_FORK"):
-        return False
-    try:
-        from triton import knobs
-
-        if knobs.compilation.always_compile:
-            return False
-    except Exception:  # a Triton without knobs: its environment variable
-        if os.environ.get("TRITON_ALWAYS_COMPILE", "0") not in ("", "0"):
-            return False
-    return _triton_cache_dir() is not None
-
-
-class ChildCompiles:
-    """Each variant compiled in a forked process, into Triton's disk cache; the pass's worker thread then finds
-    it there and loads it. Triton's compiles hold the GIL through most of their stages (Python code generation
-    and the MLIR passes), so in threads they ran nearly one after the other: a one-line kernel took 0.8-1.0 s
-    to compile beside 8 others, and the pass 1.6-2.0 s for 9 variants (H200, 2026-12-02, .diag/ctime.py;
-    alone, such kernels compile in 0.07-0.24 s on a 2-core CPU machine). A forked process has its own GIL.
-
-    Every child is forked from the thread in compiling_only() (the main one, or gmtool.kernels.early_compile's
-    after import_for_compiles) before any compile starts in this process: the workers wait (all_started) until
-    the last one is, and once a worker stops waiting no child is forked any more (closed).
-    A fork copies whatever locks other threads hold; a child only compiles (no CUDA call: the target is given,
-    and loading is the worker's), with the GC off and its output to /dev/null, and leaves with os._exit,
-    running no exit handler of the parent's. At most MAX_CHILDREN in a pass (the rest compile in the threads).
-    A child that fails or outlives CHILD_TIMEOUT_S from its fork (killed with its process group: its launcher
-    build and ptxas) leaves nothing in the cache, and the worker compiles the variant itself (failed counts)."""
-
-    CHILD_TIMEOUT_S = 120.0
-    STARTED_TIMEOUT_S = 60.0  # a mode that compiled at submit would otherwise wait here for ever
-    MAX_CHILDREN = max(2, os.cpu_count() or 2)
-
-    def __init__(self):
-        self._started = threading.Event()
-        self._keys: set = set()
-        self._forked: dict[int, float] = {}  # pid: when
-        self.closed = False
-        self.failed = 0
-
-    def start(self, key, compile_fn, prebuilding: list) -> int | None:
-        """Fork a child that runs compile_fn (Triton's compile of one variant) unless key had one, the workers
-        stopped waiting or MAX_CHILDREN were forked; its pid, or None."""
-        if key in self._keys or self.closed or len(self._forked) >= self.MAX_CHILDREN:
-            return None
-        self._keys.add(key)
-
-        def compile_here():
-            prebuilding[0] = IN_CHILD
-            compile_fn()
-
-        pid = fork_to_run(compile_here, isolated=True)
-        if pid is not None:
-            self._forked[pid] = time.monotonic()
-        return pid
-
-    def all_started(self) -> None:
-        self._started.set()
-
-    def wait(self, pid: int) -> bool:
-        """Wait for the child (after the last fork); whether it compiled."""
-        if not self._started.wait(self.STARTED_TIMEOUT_S):
-            self.closed = True  # this worker compiles next: no fork may follow
-        ok = _reap(pid, self._forked.get(pid, time.monotonic()) + self.CHILD_TIMEOUT_S)
-        self.failed += not ok
-        return ok
-
-
-def fork_to_run(fn, isolated: bool = False) -> int | None:
-    """A forked child that runs fn and leaves with os._exit (0 if fn returned, 1 if it raised), never unwinding
-    into the parent's code; its pid, or None where the fork failed. isolated (a child of this process's, which
-    has threads): the child leads a process group of its own, which its children join (so a kill takes them
-    too), its GC is off and its output goes to /dev/null (a thread of the parent's may have held the stream's
-    lock at the fork)."""
-    import warnings
-
-    with warnings.catch_warnings():  # Python 3.12 warns of fork() in a process with threads: see ChildCompiles
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            pid = os.fork()
-        except OSError:
-            return None
-    if pid == 0:
-        code = 1
-        try:
-            if isolated:
-                import gc
-                import sys
-
-                os.setpgid(0, 0)
-                gc.disable()  # the parent's garbage (CUDA tensors among it) is not this process's to free
-                null = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(null, 1)
-                os.dup2(null, 2)
-                sys.stdout = sys.stderr = open(null, "w")
-            fn()
-            code = 0
-        finally:
-            os._exit(code)
-    return pid
-
-
-def _reap(pid: int, deadline: float) -> bool:
-    """Wait for a forked child until deadline (time.monotonic()), then kill its process group; whether it exited
-    with 0. A child already reaped elsewhere (SIGCHLD ignored) counts as failed."""
-    try:
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return os.waitstatus_to_exitcode(status) == 0
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.002)
-        try:
-            os.killpg(pid, 9)
-        except OSError:
-            os.kill(pid, 9)
-        os.waitpid(pid, 0)
-    except (ChildProcessError, ProcessLookupError):
-        pass
-    return False
 
 
 def _unset(mode) -> None:
@@ -465,168 +334,6 @@ def compile_log():
         hooks.jit_cache_hook, hooks.jit_post_compile_hook = saved
 
 
-SKIPPED = "skipped"  # the note's first word when a finished pass for this configuration left its marker
-
-
-def _triton_cache_dir() -> Path | None:
-    """Triton's disk cache (TRITON_CACHE_DIR, else its default under the home directory); None if unknown."""
-    try:
-        from triton import knobs
-
-        d = knobs.cache.dir
-    except Exception:  # no knobs in this Triton, or a setting it cannot read
-        d = os.environ.get("TRITON_CACHE_DIR")
-    return Path(d) if d else None
-
-
-def _cache_env() -> dict:
-    """Every TRITON_* variable (TRITON_DEBUG, say, changes the compile options) and those Triton's own cache key
-    reads (DISABLE_LLVM_OPT and the like)."""
-    env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_") and k != "TRITON_CACHE_DIR"}
-    try:
-        from triton._C.libtriton import get_cache_invalidating_env_vars
-
-        env.update(get_cache_invalidating_env_vars())
-    except Exception:  # a Triton without the list: the TRITON_* ones stand
-        pass
-    return dict(sorted(env.items()))
-
-
-def configuration(ex, key, others, batch) -> dict:
-    """What decides which Triton variants a pass compiles: the software, the device, gmtool's sources (the
-    kernels, and the code choosing their constexprs and shapes), the model and its fused layers, the cache and the
-    shapes the pass runs."""
-    import triton
-
-    sources = hashlib.sha256()
-    package = Path(__file__).parents[1]
-    for f in sorted(package.rglob("*.py")):
-        sources.update(str(f.relative_to(package)).encode() + f.read_bytes())
-    lm, dev = ex.lm, ex.device
-    config = lm.config.to_json_string() if hasattr(lm.config, "to_json_string") else repr(lm.config)
-    fused = getattr(lm, "fused", None)
-    return {
-        "triton": triton.__version__,
-        "torch": torch.__version__,
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
-        "capability": list(torch.cuda.get_device_capability(dev)) if dev.type == "cuda" else None,
-        "env": _cache_env(),
-        "sources": sources.hexdigest(),
-        "model": hashlib.sha256(config.encode()).hexdigest(),
-        "dtype": str(next(lm.model.parameters()).dtype),
-        "fused": getattr(fused, "summary", None),
-        "ops": [getattr(getattr(fused, "ops", None), a, None) for a in ("triton", "small_m", "pdl")],
-        "tp": getattr(lm, "tp", 1),
-        "forward": type(ex.forward_impl).__name__,
-        "attention": getattr(ex.attention, "name", type(ex.attention).__name__),
-        "cache": [repr(ex.cache.spec), ex.cache.num_blocks],
-        # whichever decode bucket is captured first (its batch's sequences select no variant); a prefill key's own
-        "shapes": [sorted(map(repr, (key, *others))), None if key.decode else batch.num_seqs],
-    }
-
-
-def done_marker(ex, key, others, batch) -> Path | None:
-    """The file a finished pass leaves in Triton's cache directory for this configuration. Its presence skips
-    the pass: with every variant on disk, loading them at their first launches, one by one, was faster than the
-    pass (H200, 2026-12-01, 35 decode buckets --fuse, warm cache: 1.84 and 1.45 s without it against 2.32 and
-    1.86 s with it). If the cache lost kernels since, they compile at their first launch, as without the pass.
-    None where the directory is unknown (the pass then always runs)."""
-    root = _triton_cache_dir()
-    if root is None:
-        return None
-    try:
-        digest = hashlib.sha256(json.dumps(configuration(ex, key, others, batch), sort_keys=True).encode())
-    except Exception:  # a model or config without what the digest reads: run the pass, as before
-        return None
-    return root / "gmtool-compiled-ahead" / digest.hexdigest()[:32]
-
-
-def _exists(marker: Path) -> bool:
-    try:
-        return marker.exists()
-    except OSError:  # an unreadable cache directory: run the pass
-        return False
-
-
-def _mark(marker: Path | None) -> None:
-    if marker is None:
-        return
-    try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
-    except OSError:  # a read-only cache: the next run compiles ahead again
-        pass
-
-
-_first_launch_work: list[threading.Thread] = []  # started at model load; joined before the first capture
-
-# Triton 3.6's first argument specialization imports its Gluon package (to know its tensor descriptor type):
-# 0.12 s inside the first warm-up on the H200's host (cProfile, 2026-12-01), where no .pyc was cached
-FIRST_LAUNCH_IMPORTS = ("triton.experimental.gluon",)
-# what a compile imports at its first use (Triton 3.9 imports its code generator, and through it Gluon, inside
-# its first compile): imported before a compile child is forked from a thread other than the main one, else the
-# child could inherit the lock of a module another thread was importing and wait on it until it is killed
-COMPILE_IMPORTS = ("triton.compiler.code_generator",) + FIRST_LAUNCH_IMPORTS
-
-
-def import_compile_modules() -> None:
-    """COMPILE_IMPORTS imported (0.04 s once Triton is). Called on the main thread before another thread starts
-    compiling: imported in that thread while the main one imports transformers (whose torch._dynamo imports
-    Triton's modules too), two imports in a cycle would leave one thread a partly initialized module."""
-    for name in COMPILE_IMPORTS:
-        try:
-            importlib.import_module(name)
-        except Exception:  # another Triton: its compile imports what it needs
-            pass
-
-
-def import_for_compiles() -> None:
-    """Triton's first-launch work (prepare_triton_in_background) done and COMPILE_IMPORTS imported, here."""
-    prepare_triton_in_background()
-    for work in _first_launch_work:
-        work.join()
-    import_compile_modules()
-
-
-def prepare_triton_in_background() -> None:
-    """Start, in two threads, what Triton's first kernel launch in a process would do, so that it overlaps the
-    model's build; before_first_capture waits for both, so nothing is done twice.
-    - Triton's hash of its own installation (libtriton.so and its sources): 0.4-0.7 s on the H200's host
-      (profiled, 2026-12-01), inside the first warm-up. hashlib releases the GIL over large buffers.
-    - The imports of FIRST_LAUNCH_IMPORTS, then the driver, whose C helpers (cuda_utils) an empty cache compiles
-      with cc. With both in the first launch, 0.45 s passed in a cold process's pass before its first compile
-      began; with them here, 0.19 s (H200, 2026-12-01, one process each)."""
-    if _first_launch_work or os.environ.get("TRITON_INTERPRET") == "1":
-        return
-    try:
-        from triton.runtime.cache import triton_key
-    except ImportError:
-        return
-
-    def key():
-        try:
-            triton_key()
-        except Exception:  # the first kernel computes it then, and says what is wrong
-            pass
-
-    def imports_and_driver():
-        for name in FIRST_LAUNCH_IMPORTS:
-            try:
-                importlib.import_module(name)
-            except Exception:  # another Triton: its first launch imports what it needs
-                pass
-        try:
-            from triton.runtime import driver
-
-            driver.active
-        except Exception:  # the first launch creates it, and says what is wrong
-            pass
-
-    for name, fn in (("key", key), ("driver", imports_and_driver)):
-        _first_launch_work.append(threading.Thread(target=fn, name=f"gmtool-triton-{name}", daemon=True))
-        _first_launch_work[-1].start()
-
-
 PASS_LAYERS = 3  # layers 0, 1 and 2: an int argument that follows the layer is 0, 1 and neither (Triton keys those)
 
 
@@ -687,8 +394,7 @@ def before_first_capture(ex, key, batch, fn) -> None:
     ex.compile_ahead_note: why not."""
     from gmtool.model.attention import forward_context
 
-    for work in _first_launch_work:
-        work.join()
+    triton_prep.join_first_launch_work()
     ex.compile_ahead_note = unavailable()
     if ex.device.type != "cuda" or ex.compile_ahead_note is not None:
         return
@@ -696,9 +402,11 @@ def before_first_capture(ex, key, batch, fn) -> None:
         ex.compile_ahead_note = "not under --tp (every rank would run collectives on skipped kernels' output)"
         return
     others = pass_shapes(ex, key, batch)
-    marker = done_marker(ex, key, others, batch)
-    if marker is not None and _exists(marker):
-        ex.compile_ahead_note = f"{SKIPPED}: this configuration's kernels were compiled into {marker.parents[1]} before"
+    marker = compile_marker.done_marker(ex, key, others, batch)
+    if marker is not None and compile_marker.exists(marker):
+        ex.compile_ahead_note = (
+            f"{compile_marker.SKIPPED}: this configuration's kernels were compiled into {marker.parents[1]} before"
+        )
         return
     t0 = time.perf_counter()
     try:
@@ -716,7 +424,7 @@ def before_first_capture(ex, key, batch, fn) -> None:
         ex.compile_ahead_s, ex.compile_ahead_forwards_s = time.perf_counter() - t0, forwards_s
         if children is not None and children.failed:  # the pass still compiled them, in its threads: slower
             ex.compile_ahead_note = f"{children.failed} forked compile(s) failed, compiled in threads instead"
-        _mark(marker)
+        compile_marker.mark(marker)
     except Exception as e:  # an optimization only: kernels then compile at their first launch, as before
         ex.compile_ahead_note = f"failed ({type(e).__name__}: {str(e).strip()[:120]}); kernels compile at launch"
     if others:  # fn's torch ops ran over skipped kernels' outputs, and may have written the inputs' buffers

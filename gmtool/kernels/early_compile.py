@@ -124,7 +124,7 @@ def start(cfg) -> EarlyCompile | None:
     """Start compiling cfg's decode attention kernels in a thread (CUDA, Triton attention, compile-ahead on);
     None where nothing is started. A second build of the geometry in a process starts another: its launches find
     the first's kernels compiled, and its figures are its own."""
-    from gmtool.kernels import compile_ahead
+    from gmtool.kernels import compile_ahead, triton_prep
 
     if cfg.torch_device.type != "cuda" or cfg.attention_backend != "triton" or switched_off("GMTOOL_EARLY_COMPILE"):
         return None
@@ -135,7 +135,7 @@ def start(cfg) -> EarlyCompile | None:
         return None
     from gmtool.kernels import TritonAttention  # imported here, not beside the main thread's imports
 
-    compile_ahead.import_compile_modules()  # so are what Triton's compiles import at their first use
+    triton_prep.import_compile_modules()  # so are what Triton's compiles import at their first use
 
     device = cfg.torch_device
     if device.index is None:  # a thread's current device is its own: name this one's
@@ -154,14 +154,14 @@ def _compile(run: EarlyCompile, backend, device: torch.device) -> None:
     from gmtool.core.buckets import BucketPolicy
     from gmtool.core.inputs import PersistentInputs
     from gmtool.core.kv_cache import KVCacheSpec, PagedKVCache
-    from gmtool.kernels import compile_ahead
+    from gmtool.kernels import compile_ahead, triton_prep
     from gmtool.model.attention import ForwardContext
 
     g = run.geometry
     try:
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        compile_ahead.import_for_compiles()  # before this thread forks compile children (ChildCompiles)
+        triton_prep.import_for_compiles()  # before this thread forks compile children (ChildCompiles)
         spec = KVCacheSpec(1, g.kv_heads, g.head_dim, g.block_size, g.max_kv_len, g.dtype)
         cache = PagedKVCache(spec, 2, device)  # a block's strides do not depend on the number of blocks
         inputs = PersistentInputs(g.max_tokens, g.max_seqs, spec.blocks_per_seq, 1, g.dtype, device)

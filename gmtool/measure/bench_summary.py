@@ -13,7 +13,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from gmtool.kernels.compile_ahead import SKIPPED as COMPILE_AHEAD_SKIPPED  # imports Triton lazily
+from gmtool.kernels.compile_marker import SKIPPED as COMPILE_AHEAD_SKIPPED  # imports Triton lazily
 from gmtool.measure import decode_ab
 from gmtool.measure.bench import BATCHES, CAPTURE_GOALS_S, DECODE_VARIANTS, KV_LENS, MODEL, SMALL_M_GOAL_MS
 from gmtool.records import Status

@@ -269,7 +269,7 @@ def load_model(
         raise GmtoolError("--model is empty: name a built-in profile, a checkpoint folder or a config.json")
     attention.register()
     if device.type == "cuda":
-        from gmtool.kernels.compile_ahead import prepare_triton_in_background
+        from gmtool.kernels.triton_prep import prepare_triton_in_background
 
         prepare_triton_in_background()  # overlaps the model's build: Triton's first kernel needs it
     path = Path(spec)

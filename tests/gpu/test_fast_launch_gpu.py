@@ -79,7 +79,7 @@ def test_kernels_first_launched_in_compile_ahead_s_pass_launch_directly_after_it
     graphs replay like eager."""
     from gmtool.core.batch import make_batch
     from gmtool.core.compositions import parse_composition
-    from gmtool.kernels import compile_ahead
+    from gmtool.kernels import compile_marker
     from gmtool.measure import bench
     from gmtool.measure.timing import rel_err_per_seq
 
@@ -92,7 +92,7 @@ def test_kernels_first_launched_in_compile_ahead_s_pass_launch_directly_after_it
     }  # no write_kv: the fused QK-norm + RoPE kernel writes the cache
     for (module, name), kernel in fresh.items():  # not set up yet: their first launch is the pass's
         monkeypatch.setattr(module, name, launcher.FastLaunch(kernel))
-    monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: tmp_path)  # no marker: the pass runs
+    monkeypatch.setattr(compile_marker, "triton_cache_dir", lambda: tmp_path)  # no marker: the pass runs
     monkeypatch.delenv("GMTOOL_COMPILE_AHEAD", raising=False)
     ex = bench._executor([1, 8], 1024, 64 * 16 + 1, fuse=True)
     batch = make_batch(parse_composition("1*8", seed=3), ex.cache, ex.lm.vocab_size, 8)
