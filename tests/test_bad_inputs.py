@@ -36,6 +36,9 @@ CASES = [
         "the qwen3 config is invalid: Validation error for field 'hidden_size'",
     ),
     ("--model an unknown name", ["capture", *CPU, "--model", "no-such-model"], "unknown model 'no-such-model'"),
+    # the one line is printed as written: rich would read [/b] as a closing tag (a traceback) and drop [red]
+    ("an error quoting rich markup", ["capture", *CPU, "--buckets", "1,[/b]"], "malformed bucket item '[/b]'"),
+    ("--model a path with brackets", ["capture", *CPU, "--model", "{tmp}/[red]x"], "[red]x: no such checkpoint folder"),
     (
         "--model a path that is not there",
         ["capture", *CPU, "--model", "/no/such/dir"],

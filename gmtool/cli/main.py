@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from gmtool.errors import GmtoolError, Interrupted, RunFailure
+from rich.markup import escape
 
 app = typer.Typer(
     name="gmtool",
@@ -64,10 +65,10 @@ def main() -> None:
             err_console.print("[yellow]interrupted[/]")
         sys.exit(rc if isinstance(rc, int) else 0)
     except Interrupted as e:  # says how far the run got; what it measured is written
-        err_console.print(f"[yellow]{e}[/]", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]{escape(str(e))}[/]", highlight=False, soft_wrap=True)
         sys.exit(130)
     except GmtoolError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(1 if isinstance(e, RunFailure) else 2)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
@@ -81,7 +82,9 @@ def main() -> None:
                 e.show()
                 sys.exit(0)
             msg = e.format_message().replace("Value error, ", "")
-            err_console.print(f"[bold red]error:[/] {msg[:1].lower() + msg[1:]}", highlight=False, soft_wrap=True)
+            err_console.print(
+                f"[bold red]error:[/] {escape(msg[:1].lower() + msg[1:])}", highlight=False, soft_wrap=True
+            )
             sys.exit(e.exit_code)
         if type(e).__name__ == "Abort":
             sys.exit(1)

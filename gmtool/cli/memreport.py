@@ -22,6 +22,7 @@ from gmtool.modes import MEMORY_MODES
 from gmtool.records import Status
 from gmtool.report.ledger import memreport_ledger_table, prediction_table
 from gmtool.report.results import default_out_dir
+from rich.markup import escape
 
 MEMREPORT_MODES = MEMORY_MODES
 
@@ -115,7 +116,9 @@ def memreport(
 
     def said(row):
         if row.status != Status.OK:
-            out_.problems.print(f"[bold yellow]{row.strategy}:[/] {row.status}: {row.reason}", highlight=False)
+            out_.problems.print(
+                f"[bold yellow]{row.strategy}:[/] {row.status}: {escape(str(row.reason))}", highlight=False
+            )
 
     with (
         launch.out_dir_for(out or default_out_dir("memreport"), force) as out_dir,
@@ -139,10 +142,10 @@ def memreport(
             out_.show(table)
     for p in doc.prediction:  # the allocator simulator's: buckets whose events were not interpolated alike
         for note in p.notes:
-            out_.show(f"[dim]prediction ({p.strategy}, {p.method}):[/] {note}", highlight=False)
+            out_.show(f"[dim]prediction ({p.strategy}, {p.method}):[/] {escape(note)}", highlight=False)
     for r in doc.strategies:
         for w in r.warning_list:
-            out_.show(f"[yellow]warning ({r.strategy}):[/] {w}", highlight=False)
+            out_.show(f"[yellow]warning ({r.strategy}):[/] {escape(w)}", highlight=False)
     out_.show(f"results: {', '.join(str(p) for p in paths)}", highlight=False)
     code = doc.exit_code()
     out_.verdict(memreport_verdict(doc), code == 0)

@@ -24,6 +24,7 @@ from gmtool.plan.run import PlanInputs, check_candidates, check_steps, make_plan
 from gmtool.plan.workload import builtin_workloads, is_decode, load_workload
 from gmtool.profiles import load_sweep_profile
 from gmtool.report.results import check_out_dir, default_out_dir, load_results, output_dir, write_results
+from rich.markup import escape
 
 
 def _positive(value, name: str):
@@ -229,7 +230,7 @@ def plan(
         out_.show(line, highlight=False)
     for n in plan_doc["notes"]:
         if n not in said:
-            out_.show(f"[yellow]note:[/] {n}", highlight=False)
+            out_.show(f"[yellow]note:[/] {escape(n)}", highlight=False)
     out_.show("wrote " + ", ".join(str(f) for f in files), highlight=False)
     out_.verdict(
         f"{','.join(map(str, plan_doc['capture_sizes'])) or '(none: eager is faster within the budgets)'}",

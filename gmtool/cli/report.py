@@ -23,6 +23,7 @@ from gmtool.report.results import (
 )
 from gmtool.report.summary import verdict
 from gmtool.report.tables import baseline_line, compare_table, noise_warning
+from rich.markup import escape
 
 
 BaselineOpt = Annotated[
@@ -69,6 +70,6 @@ def report(
         out_.show(base, highlight=False)
     noise = noise_warning(data)
     if noise:
-        out_.show(f"[yellow]warning:[/] {noise}", highlight=False)
+        out_.show(f"[yellow]warning:[/] {escape(noise)}", highlight=False)
     out_.show(f"from {results_file(results)}: wrote " + ", ".join(str(f) for f in files), highlight=False)
     out_.verdict(verdict(data), doc.exit_code() == 0)

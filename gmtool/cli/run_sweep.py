@@ -13,6 +13,7 @@ from gmtool.records import Document
 from gmtool.report.ledger import ledger_table
 from gmtool.report.summary import verdict
 from gmtool.report.tables import baseline_line, noise_warning
+from rich.markup import escape
 
 
 def build_config(profile: str | dict | None, **opts) -> SweepConfig:
@@ -44,10 +45,10 @@ def finish(doc: Document, console: Console, then=None) -> None:
             errors.append(f"{r.mode} bucket {r.bucket} ({r.composition}): {r.error}")
     for e, alike in _alike(errors):
         more = f" (and {alike} more alike but for their numbers: each is in results.json)" if alike else ""
-        console.print(f"[bold red]error:[/] {e}{more}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(e)}{more}", highlight=False, soft_wrap=True)
     for r in doc.unexpected_unsafe():
         console.print(
-            f"[bold red]UNSAFE[/] {r.mode} bucket {r.bucket} {r.composition}: {r.error}",
+            f"[bold red]UNSAFE[/] {r.mode} bucket {r.bucket} {escape(f'{r.composition}: {r.error}')}",
             highlight=False,
             soft_wrap=True,
         )

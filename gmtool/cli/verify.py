@@ -14,6 +14,7 @@ from gmtool.cli.output import Output
 from gmtool.report.results import default_out_dir, output_dir
 from gmtool.verify.faults import FAULTS
 from gmtool.verify.run import CPU_DEFAULTS, GPU_DEFAULTS, VerifyConfig
+from rich.markup import escape
 
 
 def _default(name: str) -> str:
@@ -110,20 +111,20 @@ def verify(
     )
     cfg = VerifyConfig(**{k: v for k, v in given.items() if v is not None})
     with output_dir(out or default_out_dir("verify"), force) as out_dir:
-        doc = run_verify(cfg, lambda text: out_.console.print(f"[dim]{text}[/]", highlight=False))
+        doc = run_verify(cfg, lambda text: out_.console.print(f"[dim]{escape(text)}[/]", highlight=False))
         path = write_document(out_dir, doc)
     out_.document(json.dumps(doc, indent=2, default=str))
     for f in doc["capturability"]:
-        out_.show(f"[yellow]capturability:[/] {f['text']}", highlight=False, soft_wrap=True)
+        out_.show(f"[yellow]capturability:[/] {escape(f['text'])}", highlight=False, soft_wrap=True)
     if doc["dynamic_dims"]:
         out_.show(dyndims_table(doc))
     dd_notes = [n for d in doc["dynamic_dims"] for n in (d["graph_nodes"] or {}).get("notes", []) + [d["note"]]]
     for note in dict.fromkeys(n for n in dd_notes if n):  # the same note for every mode once
-        out_.show(f"[dim]dynamic dimensions: {note}[/]", highlight=False, soft_wrap=True)
+        out_.show(f"[dim]dynamic dimensions: {escape(note)}[/]", highlight=False, soft_wrap=True)
     if doc["runs"]:
         out_.show(runs_table(doc))
     for f in doc["findings"]:
-        out_.problems.print(f"[bold red]found:[/] {f}", highlight=False, soft_wrap=True)
+        out_.problems.print(f"[bold red]found:[/] {escape(str(f))}", highlight=False, soft_wrap=True)
     out_.show(f"verify.json: {path}", highlight=False)
     out_.verdict(doc["verdict"], doc["exit_code"] == 0, label="")
     if doc["exit_code"]:

@@ -11,6 +11,7 @@ from rich.table import Table
 from gmtool.plan.engines import flags
 from gmtool.plan.optimizer import Choice
 from gmtool.report.tables import _f, fmt_bytes
+from rich.markup import escape
 
 PLAN_JSON, PLAN_MD, PLAN_PNG = "plan.json", "plan.md", "plan.png"
 
@@ -134,8 +135,10 @@ def _any_extrapolated(doc: dict) -> bool:
 def plan_table(doc: dict) -> Table:
     w = doc["workload"]
     t = Table(
-        title=f"gmtool plan: {doc['model'].get('name')} ({doc['mode']} graphs), workload "
-        f"{Path(w['path']).name} ({w['steps']} steps, {w['sizes']} sizes)",
+        title=escape(
+            f"gmtool plan: {doc['model'].get('name')} ({doc['mode']} graphs), workload "
+            f"{Path(w['path']).name} ({w['steps']} steps, {w['sizes']} sizes)"
+        ),
         caption=EXTRAPOLATED_LEGEND if _any_extrapolated(doc) else None,
         caption_justify="left",
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
+from rich.markup import escape
 
 EMPTY_CELLS = {"", "-", "-/-"}
 
@@ -66,7 +67,7 @@ class FittedTable:
             more = max(0, min(len(self.columns[i].header) - widths[i], spare))
             widths[i] += more
             spare -= more
-        t = Table(title=self.title, caption=self.caption(keep, width), caption_justify="left")
+        t = Table(title=escape(self.title), caption=self.caption(keep, width), caption_justify="left")
         for i in keep:
             c = self.columns[i]
             t.add_column(c.header, justify=c.justify, width=widths[i], overflow="fold")

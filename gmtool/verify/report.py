@@ -14,6 +14,7 @@ import pandas as pd
 from rich.table import Table
 
 from gmtool.verify.nodediff import fold_layers
+from rich.markup import escape
 
 EXIT_CLEAN, EXIT_FOUND = 0, 3
 
@@ -143,7 +144,7 @@ def dyndims_frame(doc: dict) -> pd.DataFrame:
 
 
 def _table(df: pd.DataFrame, title: str) -> Table:
-    t = Table(title=title)
+    t = Table(title=escape(title))
     for c in df.columns:
         t.add_column(c, justify="right" if df[c].dtype.kind in "if" else "left")
     for row in df.itertuples(index=False):
