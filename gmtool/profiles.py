@@ -30,7 +30,9 @@ def sweep_profiles() -> list[str]:
 
 def load_model_profile(name: str) -> dict:
     path = PROFILES_DIR / "models" / f"{name}.json"
-    if not path.is_file() and ("/" in name or name.endswith(".json")):  # meant as a path: say the path is not there
+    # a name with a path's marks was meant as a path (not a profile: an absolute one or ./name would otherwise
+    # reach into or past the profiles folder): say the path is not there
+    if "/" in name or name.startswith(".") or name.endswith(".json"):
         raise GmtoolError(
             f"--model {name}: no such checkpoint folder or config.json here (gmtool never downloads: a Hub id "
             "needs its files on disk)"

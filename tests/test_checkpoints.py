@@ -1,6 +1,6 @@
-"""Local checkpoint directories (--model DIR): loaded without accelerate, with the weights as saved; a folder
-with a config and no weights runs on random weights and says so; damaged or mismatched weights are refused in
-one line that names the file."""
+"""Local checkpoint directories (--model DIR): loaded as transformers' from_pretrained loads them (without
+accelerate), to the weights transformers gives; a folder with a config and no weights runs on random weights
+and says so; damaged or mismatched weights are refused in one line that names the file or folder."""
 
 import json
 import shutil
@@ -116,8 +116,7 @@ def test_weights_that_do_not_fit_the_config_are_refused(saved, tmp_path):
     save_file(weights, d / "model.safetensors")
     with pytest.raises(
         GmtoolError,
-        match=r"model.safetensors: model.norm.weight has shape \(3,\), but the config "
-        r"gives \(64,\)",
+        match=r"ckpt: model.norm.weight has shape \(3,\), but the config gives \(64,\)",
     ):
         load_model(str(d), CPU, torch.float32)
 
@@ -129,3 +128,134 @@ def test_an_index_naming_an_absent_shard_is_refused(saved, tmp_path):
     )
     with pytest.raises(GmtoolError, match="names the weight file part-2.safetensors, which is not in"):
         load_model(str(d), CPU, torch.float32)
+
+
+def _converted_types() -> list[str]:
+    """The causal-LM architectures whose saved checkpoints transformers converts on load (per-expert weights
+    fused, a multimodal model's language_model prefix moved, ...)."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    from tests.arch_configs import causal_lm_types
+
+    return [t for t in causal_lm_types() if get_checkpoint_conversion_mapping(t)]
+
+
+@pytest.mark.parametrize("model_type", _converted_types())
+def test_a_checkpoint_that_transformers_converts_on_load_loads_as_transformers_loads_it(model_type, tmp_path):
+    """save_pretrained writes these in their older key layout (Mixtral's experts.N.w1, Qwen3-MoE's
+    experts.N.gate_proj, Gemma 3's language_model.model.*), and from_pretrained converts them back: every such
+    checkpoint of a family gmtool runs must load to transformers' own weights (a 1:1 copy of the stored keys
+    refused them all)."""
+    from transformers import AutoModelForCausalLM
+
+    from gmtool.model import attention, checkpoint, loading
+    from tests.arch_configs import tiny_config
+
+    attention.register()
+    try:
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(loading._config_from_dict(tiny_config(model_type))).save_pretrained(tmp_path)
+        cfg = loading._config_from_dict(json.loads((tmp_path / "config.json").read_text()))
+        loading._check_supported(cfg)  # a family gmtool refuses is refused before any weights: nothing to load
+    except Exception as e:  # noqa: BLE001 (transformers' own tiny-config failures, gmtool's refusals)
+        pytest.skip(f"{model_type}: not built here: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+    files = checkpoint.weight_files(tmp_path)
+    model, notes = checkpoint.load_pretrained(tmp_path, files, cfg, torch.float32, CPU, attention.ATTN_NAME)
+    assert notes == []
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).state_dict()
+    sd = model.state_dict()
+    assert sd.keys() == ref.keys()
+    assert all(torch.equal(sd[k], ref[k]) for k in ref)
+
+
+def test_a_stored_head_that_differs_from_its_tied_embedding_unties_them_as_transformers_does(saved, tmp_path):
+    """tie_word_embeddings with an lm_head.weight stored beside the embedding, and different from it: transformers
+    keeps both (a copy into one shared storage let the embedding win, and the logits were another model's)."""
+    d = copy_of(saved, tmp_path, "config.json", "model.safetensors")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(cfg | {"tie_word_embeddings": True}))
+    weights = load_file(d / "model.safetensors")
+    head = torch.randn_like(weights["model.embed_tokens.weight"])
+    save_file(weights | {"lm_head.weight": head}, d / "model.safetensors")
+    model = load_model(str(d), CPU, torch.float32).model
+    assert torch.equal(model.get_output_embeddings().weight, head)
+    assert torch.equal(model.get_input_embeddings().weight, weights["model.embed_tokens.weight"])
+
+
+def test_model_safetensors_wins_over_an_index_beside_it_and_an_empty_or_escaping_index_is_refused(saved, tmp_path):
+    """transformers' order: model.safetensors before the index of shards (a stale index and its shards beside a
+    newer single file were read instead of it)."""
+    d = copy_of(saved, tmp_path, "config.json", "model.safetensors")
+    stale = {k: torch.zeros_like(v) for k, v in load_file(d / "model.safetensors").items()}
+    save_file(stale, d / "old.safetensors")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {k: "old.safetensors" for k in stale}}))
+    got = load_model(str(d), CPU, torch.float32).model.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in saved[1].items())
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
+    with pytest.raises(GmtoolError, match="names no weight file"):
+        load_model(str(d), CPU, torch.float32)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": "../x.safetensors"}}))
+    with pytest.raises(GmtoolError, match=r"names \.\./x\.safetensors, outside"):
+        load_model(str(d), CPU, torch.float32)
+
+
+def test_weights_that_are_no_weights_are_refused_by_what_they_are(saved, tmp_path):
+    """A link to nothing (a cache snapshot copied without its blobs) is not 'no weights, random ones'; NaN in a
+    stored weight, an adapter folder and a weight file given as --model are each said as what they are."""
+    d = copy_of(saved, tmp_path, "config.json")
+    (d / "model.safetensors").symlink_to(tmp_path / "blobs" / "gone")
+    with pytest.raises(GmtoolError, match="model.safetensors is a link to .*gone, which does not exist"):
+        load_model(str(d), CPU, torch.float32)
+    (d / "model.safetensors").unlink()
+    weights = load_file(saved[0] / "model.safetensors")
+    weights["model.norm.weight"] = weights["model.norm.weight"].clone()
+    weights["model.norm.weight"][3] = float("nan")
+    save_file(weights, d / "model.safetensors")
+    with pytest.raises(GmtoolError, match="the stored weight model.norm.weight holds NaN or infinite values"):
+        load_model(str(d), CPU, torch.float32)
+    with pytest.raises(GmtoolError, match="is a weight file: give the checkpoint folder"):
+        load_model(str(d / "model.safetensors"), CPU, torch.float32)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    shutil.copy(d / "model.safetensors", adapter / "adapter_model.safetensors")
+    with pytest.raises(GmtoolError, match="is a PEFT adapter"):
+        load_model(str(adapter), CPU, torch.float32)
+    shutil.copy(d / "config.json", adapter / "config.json")
+    with pytest.raises(GmtoolError, match="is a PEFT adapter"):
+        load_model(str(adapter), CPU, torch.float32)
+
+
+def test_a_config_file_is_read_as_a_folder_would_be(saved, tmp_path, monkeypatch):
+    """Beside weights it says they are not read; quantized it is refused as the folder is; code of its own
+    (auto_map) is never run, nor asked about, and a run of transformers' own classes says so."""
+    import transformers
+
+    from gmtool.memory import estimate
+
+    d = copy_of(saved, tmp_path, "config.json", "model.safetensors")
+    lm = load_model(str(d / "config.json"), CPU, torch.float32)
+    assert lm.source == "config" and any("random weights (give its folder" in n for n in lm.notes), lm.notes
+    cfg = json.loads((d / "config.json").read_text())
+    (tmp_path / "q.json").write_text(json.dumps(cfg | {"quantization_config": {"quant_method": "gptq"}}))
+    with pytest.raises(GmtoolError, match="is a quantized checkpoint"):
+        load_model(str(tmp_path / "q.json"), CPU, torch.float32)
+    (d / "config.json").write_text(json.dumps(cfg | {"auto_map": {"AutoConfig": "configuration_x.XConfig"}}))
+
+    def asked(*a, **k):
+        raise AssertionError("AutoConfig.from_pretrained reads auto_map (and may ask to run the folder's code)")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", asked)
+    assert estimate._model_config(str(d)).model_type == cfg["model_type"]
+    lm = load_model(str(d), CPU, torch.float32)
+    assert any("auto_map" in n and "not run" in n for n in lm.notes), lm.notes
+
+
+@pytest.mark.parametrize("spec", ["{tmp}/mycfg", "./tiny-qwen3", "../models/tiny-qwen3"])
+def test_a_model_named_as_a_path_is_a_path_never_a_profile(spec, saved, tmp_path):
+    """An absolute path without .json reached past the profiles folder (a traceback on a file of no profile's
+    shape); ./name ran the built-in profile of that name where the user named a folder."""
+    shutil.copy(saved[0] / "config.json", tmp_path / "mycfg.json")
+    with pytest.raises(GmtoolError, match="no such checkpoint folder or config.json here"):
+        load_model(spec.format(tmp=tmp_path), CPU, torch.float32)

@@ -50,14 +50,10 @@ def _model_config(spec: str):
 
     try:
         path = Path(spec)
-        if path.is_dir():
-            from transformers import AutoConfig
-
-            return AutoConfig.from_pretrained(path, local_files_only=True)
+        if path.is_dir():  # read as load_model reads it: never the folder's own code (auto_map)
+            return loading._config_from_dict(loading._read_config_json(path / "config.json"))
         if path.suffix == ".json":
-            import json
-
-            return loading._config_from_dict(json.loads(path.read_text()))
+            return loading._config_from_dict(loading._read_config_json(path))
         from gmtool.profiles import load_model_profile
 
         return loading._config_from_dict(load_model_profile(spec)["config"])

@@ -1,15 +1,19 @@
-"""A local checkpoint's weights, copied into the model gmtool built from its config on the device.
+"""A local checkpoint's weights, loaded as transformers loads them.
 
-transformers' from_pretrained needs accelerate to place weights on a device; gmtool builds the model where it
-runs (as for a profile) and copies each stored tensor into it, one at a time, so the device never holds a
-second copy of the weights. Safetensors files (one, or shards named by model.safetensors.index.json) and
-PyTorch .bin files are read."""
+transformers' own from_pretrained reads the folder (on the CPU: placing weights on a device would need
+accelerate), then the model moves to the device. Its loading is the meaning of a checkpoint: which file wins
+(model.safetensors over an index, safetensors over .bin), the key layouts it converts (Mixtral's and Qwen3-MoE's
+per-expert weights into fused ones, a multimodal model's language_model prefix) and the tie it keeps or drops
+(an lm_head.weight stored beside a tied embedding, and different from it, unties them). gmtool reads the folder
+first, for what transformers would not say in one line: no weights at all, shards without their index, an index
+naming an absent file, a weight file that cannot be read; and after the load it refuses weights the model lacks,
+shapes the config does not give, and values that are not finite."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -19,30 +23,21 @@ from gmtool.errors import GmtoolError
 
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+# transformers' order for a local folder: the first present decides what is read
+PRECEDENCE = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # what a damaged or foreign weight file raises while it is opened or read
 READ_ERRORS = (SafetensorError, OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError)
 
 
 def weight_files(ckpt: Path) -> list[Path]:
-    """The checkpoint's weight files (the shards its index names, in order); [] when it holds none."""
-    for name in INDEX_FILES:
-        index = ckpt / name
-        if not index.is_file():
-            continue
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            shards = sorted(set(weight_map.values()))
-            if not all(isinstance(s, str) and s for s in shards):
-                raise TypeError
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            raise GmtoolError(
-                f"{index} is not a weight index (a JSON object with a weight_map of names to file names)"
-            ) from None
-        absent = next((s for s in shards if not (ckpt / s).is_file()), None)
-        if absent is not None:
-            raise GmtoolError(f"{index} names the weight file {absent}, which is not in {ckpt}")
-        return [ckpt / s for s in shards]
-    found = [ckpt / name for name in SINGLE_FILES if (ckpt / name).is_file()][:1]
+    """The weight files transformers would read from ckpt (the shards its index names, in order); [] when it
+    holds none."""
+    _refuse_broken_links(ckpt)
+    name = next((n for n in PRECEDENCE if (ckpt / n).is_file()), None)
+    if name in SINGLE_FILES:
+        return [ckpt / name]
+    if name in INDEX_FILES:
+        return _shards(ckpt / name)
     # shards without their index (or weights under another name) would leave the run on random weights, told
     # only in results.json's notes: refused, as a checkpoint whose weights were asked for and not read
     # (a .bin is weights when named as transformers names them: training_args.bin and the like are not)
@@ -51,65 +46,126 @@ def weight_files(ckpt: Path) -> list[Path]:
         for p in ckpt.iterdir()
         if p.is_file() and (p.suffix == ".safetensors" or p.suffix == ".bin" and p.name.startswith("pytorch_model"))
     )
-    if not found and stray:
+    if stray:
         more = f" and {len(stray) - 1} more" if len(stray) > 1 else ""
+        adapter = (ckpt / "adapter_config.json").is_file()
         raise GmtoolError(
-            f"{ckpt} holds {stray[0]}{more} but no {' or '.join(SINGLE_FILES)} or index of shards: add the "
+            f"{ckpt} is a PEFT adapter ({stray[0]}{more}): merge it into its base model and give that folder"
+            if adapter
+            else f"{ckpt} holds {stray[0]}{more} but no {' or '.join(SINGLE_FILES)} or index of shards: add the "
             "index, or move them away to run on random weights"
         )
-    return found
+    return []
 
 
-def _tensors(file: Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    if file.suffix == ".safetensors":
-        with safe_open(file, framework="pt", device=str(device)) as f:
-            for key in f.keys():
-                yield key, f.get_tensor(key)
-    else:
-        stored = torch.load(file, map_location=device, weights_only=True, mmap=True)
+def _refuse_broken_links(ckpt: Path) -> None:
+    """A weight file that is a link to nothing (a copied Hugging Face cache snapshot without its blobs) would
+    otherwise count as no file, and the run would go on random weights."""
+    for name in PRECEDENCE:
+        p = ckpt / name
+        if p.is_symlink() and not p.exists():
+            raise GmtoolError(f"{p} is a link to {p.readlink()}, which does not exist")
+
+
+def _shards(index: Path) -> list[Path]:
+    ckpt = index.parent
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = sorted(set(weight_map.values()))
+        if not all(isinstance(s, str) and s for s in shards):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise GmtoolError(
+            f"{index} is not a weight index (a JSON object with a weight_map of names to file names)"
+        ) from None
+    if not shards:
+        raise GmtoolError(f"{index} names no weight file (its weight_map is empty)")
+    outside = next((s for s in shards if not (ckpt / s).resolve().is_relative_to(ckpt.resolve())), None)
+    if outside is not None:
+        raise GmtoolError(f"{index} names {outside}, outside {ckpt}")
+    absent = next((s for s in shards if not (ckpt / s).is_file()), None)
+    if absent is not None:
+        raise GmtoolError(f"{index} names the weight file {absent}, which is not in {ckpt}")
+    return [ckpt / s for s in shards]
+
+
+def _check_readable(file: Path) -> None:
+    """Open file as transformers will (a safetensors header and its size; a .bin's pickle, memory-mapped), so that
+    a damaged one is refused by name."""
+    try:
+        if file.suffix == ".safetensors":
+            with safe_open(file, framework="pt", device="cpu") as f:
+                f.keys()
+            return
+        stored = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
         if not isinstance(stored, dict):
             raise ValueError(f"not a state dict of named tensors ({type(stored).__name__})")
-        for key, tensor in stored.items():
-            if not isinstance(tensor, torch.Tensor):
-                raise ValueError(f"{key!r} is not a tensor ({type(tensor).__name__})")
-            yield key, tensor
+        bad = next((k for k, t in stored.items() if not isinstance(t, torch.Tensor)), None)
+        if bad is not None:
+            raise ValueError(f"{bad!r} is not a tensor ({type(stored[bad]).__name__})")
+    except READ_ERRORS as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise GmtoolError(f"cannot read weight file {file}: {msg}") from None
 
 
-def load_weights(model: torch.nn.Module, files: list[Path], device: torch.device) -> list[str]:
-    """Copy every tensor of files into model (dtype converted). A weight the model has and the files lack, a
-    shape that differs from the config's, or a file that cannot be read is refused; returns the run's notes
-    (stored tensors the model has no place for)."""
-    params = model.state_dict()
-    prefix = f"{model.base_model_prefix}."  # checkpoints of the base model alone omit it
-    loaded, unused = set(), []
-    with torch.no_grad():
-        for file in files:
-            try:
-                for key, tensor in _tensors(file, device):
-                    name = key if key in params else prefix + key
-                    if name not in params:
-                        unused.append(key)
-                        continue
-                    if tensor.shape != params[name].shape:
-                        raise GmtoolError(
-                            f"{file}: {key} has shape {tuple(tensor.shape)}, but the config gives "
-                            f"{tuple(params[name].shape)}"
-                        )
-                    params[name].copy_(tensor)
-                    loaded.add(name)
-            except torch.OutOfMemoryError:
-                raise  # the device's limit, not the file's fault: the caller reports it as such
-            except READ_ERRORS as e:
-                msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise GmtoolError(f"cannot read weight file {file}: {msg}") from None
-    # tied weights (the output layer sharing the embedding) are stored once: a parameter is loaded when its
-    # storage was written under any name
-    written = {params[n].data_ptr() for n in loaded}
-    missing = [n for n, p in model.named_parameters() if n not in loaded and p.data_ptr() not in written]
-    if missing:
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' loading report and progress bar: what gmtool says of the load is its own one line or note."""
+    from transformers.utils import logging
+
+    level, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def load_pretrained(ckpt: Path, files: list[Path], cfg, dtype: torch.dtype, device: torch.device, attn: str):
+    """The model of cfg with ckpt's weights, as transformers' from_pretrained loads them, on device; and the run's
+    notes (stored tensors the model has no place for)."""
+    from transformers import AutoModelForCausalLM
+
+    for file in files:
+        _check_readable(file)
+    try:
+        with _quiet_transformers():
+            model, info = AutoModelForCausalLM.from_pretrained(
+                ckpt,
+                config=cfg,
+                dtype=dtype,
+                attn_implementation=attn,
+                local_files_only=True,
+                trust_remote_code=False,
+                ignore_mismatched_sizes=True,  # refused below, with the shapes
+                output_loading_info=True,
+            )
+    except torch.OutOfMemoryError:
+        raise  # the machine's limit, not the folder's fault: the caller reports it as such
+    except Exception as e:  # noqa: BLE001 (transformers' loader: whatever it raises is said in one line)
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise GmtoolError(f"transformers cannot load the weights of {ckpt}: {type(e).__name__}: {msg}") from None
+    if info.get("mismatched_keys"):
+        key, stored, wanted = sorted(info["mismatched_keys"], key=lambda m: m[0])[0]
         raise GmtoolError(
-            f"{files[0].parent}: {len(missing)} weights of the model are in no weight file (first: {missing[0]})"
+            f"{ckpt}: {key} has shape {tuple(stored)}, but the config gives {tuple(wanted)}"
+            + (f" (and {len(info['mismatched_keys']) - 1} more)" if len(info["mismatched_keys"]) > 1 else "")
         )
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise GmtoolError(f"{ckpt}: {len(missing)} weights of the model are in no weight file (first: {missing[0]})")
+    if info.get("error_msgs"):
+        raise GmtoolError(f"{ckpt}: {info['error_msgs'][0]}")
+    model = model.to(device)
+    bad = next((n for n, p in model.named_parameters() if p.is_floating_point() and not p.isfinite().all()), None)
+    if bad is not None:
+        raise GmtoolError(f"{ckpt}: the stored weight {bad} holds NaN or infinite values")
+    unused = sorted(info.get("unexpected_keys") or ())
     if unused:
-        return [f"{len(unused)} stored tensors have no place in the model and were left out (first: {unused[0]})"]
-    return []
+        return model, [
+            f"{len(unused)} stored tensors have no place in the model and were left out (first: {unused[0]})"
+        ]
+    return model, []

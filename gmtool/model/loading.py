@@ -216,6 +216,8 @@ def _class_failed(cfg, e: Exception) -> GmtoolError:
     )
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
+
 POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
@@ -261,8 +263,8 @@ def load_model(
     gemm_rows: tuple[int, ...] = (),
     head_rows: tuple[int, ...] = (),
 ) -> LoadedModel:
-    """Every source builds the model from its config on the device (random weights); a checkpoint's stored
-    weights are then copied in (gmtool.model.checkpoint). gemm_rows, head_rows: the row counts the captures' GEMMs
+    """A profile or a config file builds the model from its config on the device (random weights); a checkpoint
+    folder is loaded as transformers loads it (gmtool.model.checkpoint). gemm_rows, head_rows: the row counts the captures' GEMMs
     and LM head will run, warmed up in a thread from here on (gmtool.model.gemm_warmup; on CUDA only): the caller
     joins lm.gemm_warmup before it sizes memory by what is free."""
     if not spec.strip():  # Path("") is the current directory
@@ -277,6 +279,8 @@ def load_model(
     weights, notes = [], []
     if path.is_dir():
         if not (path / "config.json").is_file():
+            if (path / "adapter_config.json").is_file():
+                raise GmtoolError(f"{spec} is a PEFT adapter: merge it into its base model and give that folder")
             raise GmtoolError(f"{spec} is a directory without config.json: not a Hugging Face checkpoint")
         raw = _read_config_json(path / "config.json")
         weights = checkpoint.weight_files(path)
@@ -286,26 +290,40 @@ def load_model(
                 f"{path.name} holds a config and no weights ({', '.join(checkpoint.SINGLE_FILES)}): "
                 "random weights, as for a built-in profile"
             )
-        if raw.get("quantization_config"):
-            raise GmtoolError(f"{spec} is a quantized checkpoint: gmtool builds models in --dtype, not quantized")
+    elif path.suffix in WEIGHT_SUFFIXES and path.is_file():
+        raise GmtoolError(f"{spec} is a weight file: give the checkpoint folder that holds it and its config.json")
     elif path.suffix == ".json" or path.is_file():  # a config file by any name
         if not path.is_file():
             raise GmtoolError(f"config file {spec} does not exist")
         raw, source = _read_config_json(path), "config"
+        if any((path.parent / n).exists() for n in checkpoint.PRECEDENCE):
+            notes.append(
+                f"{spec} is read as a config alone: random weights (give its folder, {path.parent}, for the "
+                "weights beside it)"
+            )
     else:
         raw, source = load_model_profile(spec)["config"], "profile"
+    if raw.get("quantization_config"):
+        raise GmtoolError(f"{spec} is a quantized checkpoint: gmtool builds models in --dtype, not quantized")
+    if raw.get("auto_map"):
+        notes.append(
+            f"{spec}'s config names code of its own (auto_map): not run; transformers' own {raw.get('model_type')} "
+            "classes are"
+        )
     cfg = _config_from_dict(raw, f"the config of {spec}")
     _check_supported(cfg)
-    with torch.device(device):
-        model = _build(cfg, dtype)
+    if weights:
+        model, loaded = checkpoint.load_pretrained(path, weights, cfg, dtype, device, attention.ATTN_NAME)
+        notes += loaded
+    else:
+        with torch.device(device):
+            model = _build(cfg, dtype)
     warmup = None
     if device.type == "cuda" and (gemm_rows or head_rows) and not switched_off("GMTOOL_GEMM_WARMUP"):
         from gmtool.model import gemm_warmup
 
         warmup = gemm_warmup.start(model, list(gemm_rows), list(head_rows))
     try:
-        if weights:
-            notes += checkpoint.load_weights(model, weights, device)
         model.eval().requires_grad_(False)
         for m in model.modules():
             if hasattr(m, "warn_if_padding_and_no_attention_mask"):
