@@ -36,6 +36,11 @@ CASES = [
         "the qwen3 config is invalid: Validation error for field 'hidden_size'",
     ),
     ("--model an unknown name", ["capture", *CPU, "--model", "no-such-model"], "unknown model 'no-such-model'"),
+    (
+        "learned positions fewer than --max-kv-len",
+        ["capture", *CPU, "--model", "{tmp}/gpt2pos16.json", "--out", "{tmp}/o"],
+        "its learned position embeddings (transformer.wpe) hold 16 positions, and --max-kv-len 128 reaches past them",
+    ),
     # the one line is printed as written: rich would read [/b] as a closing tag (a traceback) and drop [red]
     ("an error quoting rich markup", ["capture", *CPU, "--buckets", "1,[/b]"], "malformed bucket item '[/b]'"),
     ("--model a path with brackets", ["capture", *CPU, "--model", "{tmp}/[red]x"], "[red]x: no such checkpoint folder"),
@@ -279,6 +284,8 @@ def make_inputs(tmp: Path) -> None:
         (tmp / name).mkdir()
         (tmp / name / "results.json").write_text(json.dumps({**doc, **over}))
     (tmp / "empty").mkdir()
+    gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 16}
+    (tmp / "gpt2pos16.json").write_text(json.dumps(gpt2 | {"bos_token_id": 0, "eos_token_id": 0}))
     (tmp / "mtlist.json").write_text(json.dumps({**config, "model_type": ["qwen3"]}))
     (tmp / "vocab0.json").write_text(json.dumps({**config, "vocab_size": 0}))
     (tmp / "layers0.json").write_text(json.dumps({**config, "num_hidden_layers": 0}))

@@ -149,6 +149,10 @@ def test_compare_rows_carry_their_floor_and_the_report_plots_it(tmp_path):
         assert r["floor_bandwidth_ms"] == pytest.approx(r["floor_bytes"] / doc["machine"]["copy_bytes_per_s"] * 1e3)
         assert r["floor_launch_ms"] == pytest.approx(r["kernels"] * doc["machine"]["graph_node_us"] / 1e3)
         assert r["replay_over_floor"] == pytest.approx(r["latency_ms"]["median"] / r["floor_ms"])
+    # each mode's traced step is its largest bucket's first mix (what the graph was captured with): that row only
+    traced = [r for r in doc["records"] if r.get("time_by_class_ms")]
+    assert {(r["mode"], r["composition"]) for r in traced} == {(m, "1*4") for m in ("eager", "full", "piecewise")}
+    for r in traced:
         assert set(r["time_by_class_ms"]) == {"GEMM", "attention", "norm", "elementwise", "other"}
         assert sum(r["time_by_class_ms"].values()) > 0
     rows = {(r["mode"], r["composition"]): r for r in doc["records"]}

@@ -146,3 +146,17 @@ def test_ctrl_c_in_a_command_without_a_sweep_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(gmtool.verify.run, "run_verify", interrupted)
     code, _, err = run_cli("verify", "--device", "cpu", "--steps", "2", "--check-every", "1", "--out", tmp_path / "v")
     assert code == 130 and err.strip() == "interrupted", err
+
+
+def test_the_journal_of_a_finished_run_reads_as_finished(tmp_path):
+    """`gmtool report DIR/records.jsonl` of a run that measured every row: not "partial ... unfinished after 4 of
+    4 rows", nor "the run wrote no results.json" with results.json beside it."""
+    out = tmp_path / "run"
+    code, _, err = run_cli("compare", "eager,full", *SMALL, "--out", out)
+    assert code == 0, err
+    code, stdout, err = run_cli("report", out / "records.jsonl", "--format", "json")
+    assert code == 0, err
+    doc = json.loads(stdout)
+    assert doc.get("partial") is None and len(doc["records"]) == 4
+    assert "read from the journal (the run's results.json is beside it): all 4 planned rows measured" in doc["notes"]
+    assert "partial run" not in (out / "report.md").read_text()

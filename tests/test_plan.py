@@ -559,3 +559,19 @@ def test_workload_counts_that_overflow_or_are_booleans_are_refused(tmp_path):
     flag.write_text('{"num_tokens": true, "num_seqs": 1}\n')
     with pytest.raises(GmtoolError, match="row 1: num_tokens must be a whole number"):
         load_workload(str(flag))
+
+
+def test_plan_says_when_its_costs_are_of_other_graphs_or_of_a_partial_run(tmp_path):
+    """Decode steps costed from a mixed or prefill run's graphs were costed without a word (the other way round
+    had its note), and so was a run that stopped before all its rows."""
+    wl = tmp_path / "w.csv"
+    wl.write_text("num_tokens,num_seqs,count\n1,1,50\n3,3,30\n")
+    doc = results_doc()
+    doc["config"] = {"scenario": "mixed"}
+    doc["partial"] = {"reason": "interrupted", "measured": 9, "planned": 15, "unit": "rows"}
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    code, _, err = run_cli("plan", "--workload", wl, "--from", tmp_path / "r.json", "--out", tmp_path / "p")
+    assert code == 0, err
+    notes = json.loads((tmp_path / "p" / "plan.json").read_text())["notes"]
+    assert "80 of 80 steps are pure decode but the costs are of mixed graphs" in " ".join(notes), notes
+    assert any("from a partial run (9 of 15 rows)" in n for n in notes), notes

@@ -446,3 +446,28 @@ def test_a_clean_verdict_names_what_full_narrow_was_expected_to_show():
     ), doc["verdict"]
     clean = finish_document({"capturability": [], "dynamic_dims": [], "runs": [{**run, "mismatch": None}]}, None, 1.0)
     assert clean["verdict"].endswith("no op that breaks capture, no baked-in value")
+
+
+def test_a_longrope_model_is_clean_and_its_padding_positions_are_not_poisoned(tmp_path):
+    """longrope's factors follow the step's largest position, padding lanes' included (transformers' rule): the
+    model reads them, so verify's poison of them reported a wrong replay of a model capture found exact. They are
+    left unpoisoned, with the reason, and the run's notes say what the rule means for a request's logits."""
+    from gmtool.profiles import load_model_profile
+
+    raw = dict(load_model_profile("tiny-llama")["config"])
+    raw.pop("rope_scaling")
+    raw["rope_parameters"] = {
+        "rope_type": "longrope",
+        "short_factor": [1.0] * 4,
+        "long_factor": [4.0] * 4,
+        "original_max_position_embeddings": 32,  # inside verify's CPU contexts: both factor sets are replayed
+        "rope_theta": 10000.0,
+    }
+    (tmp_path / "longrope.json").write_text(json.dumps(raw))
+    args = ["--model", str(tmp_path / "longrope.json"), "--modes", "full", "--steps", "40", "--check-every", "5"]
+    r = runner.invoke(app, ["verify", "--device", "cpu", "--out", str(tmp_path / "o"), *args])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "o" / "verify.json").read_text())
+    assert "longrope" in doc["runs"][0]["poison_skipped"]["positions padding lanes"], doc["runs"][0]
+    assert any(n.startswith("longrope:") for n in doc["notes"]), doc["notes"]
+    assert "note: longrope:" in r.output  # the model's notes are printed, as capture prints them

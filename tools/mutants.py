@@ -774,8 +774,8 @@ MUTANTS: list[Mutant] = [
     M(
         "build-leaves-the-gemm-warmup-running-on-error",
         "gmtool/measure/workbench.py",
-        "            try:\n                rank = _shard_and_fuse(cfg, lm)\n            finally:",
-        "            try:\n                rank = _shard_and_fuse(cfg, lm)\n            except Exception:\n                raise\n            else:",
+        "                rank = _shard_and_fuse(cfg, lm)\n            finally:",
+        "                rank = _shard_and_fuse(cfg, lm)\n            except Exception:\n                raise\n            else:",
         "tests/test_gemm_warmup.py::test_a_build_that_fails_after_the_load_waits_for_the_warm_up_first",
         "a build that fails after the load leaves the GEMM warm-up thread running into the caller's captures",
     ),

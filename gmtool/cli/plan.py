@@ -211,14 +211,26 @@ def plan(
         measured_doc = measure(cfg, progress_bars(out_.console))
         doc = measured_doc.to_dict()
     mixed = int(steps.loc[steps["num_tokens"] != steps["num_seqs"], "count"].sum())
+    total, scenario = int(steps["count"].sum()), doc["config"].get("scenario")
     notes = said + (
         [
-            f"{mixed} of {int(steps['count'].sum())} steps are not pure decode but the costs are of decode "
+            f"{mixed} of {total} steps are not pure decode but the costs are of decode "
             "graphs: they are costed by their token count"
         ]
-        if mixed and doc["config"].get("scenario") == "decode"
+        if mixed and scenario == "decode"
         else []
     )
+    if mixed < total and scenario in ("prefill", "mixed"):  # the other way round: decode steps, other graphs' costs
+        notes.append(
+            f"{total - mixed} of {total} steps are pure decode but the costs are of {scenario} graphs: they are "
+            "costed by their token count (measure a decode run for them)"
+        )
+    partial = doc.get("partial")
+    if partial:
+        notes.append(
+            f"the costs come from a partial run ({partial.get('measured')} of {partial.get('planned')} "
+            f"{partial.get('unit', 'rows')}): buckets it did not reach are not costed"
+        )
     inp = PlanInputs(steps, path, from_results(doc, mode), budgets, memory_sharing, chosen, max_tokens, notes)
     res = make_plan(inp)
     plan_doc = build_document(res, inp, source, doc["model"], doc["machine"])

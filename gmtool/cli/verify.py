@@ -123,6 +123,8 @@ def verify(
         out_.show(f"[dim]dynamic dimensions: {escape(note)}[/]", highlight=False, soft_wrap=True)
     if doc["runs"]:
         out_.show(runs_table(doc))
+    for n in doc["notes"]:
+        out_.note(n)
     for f in doc["findings"]:
         out_.problems.print(f"[bold red]found:[/] {escape(str(f))}", highlight=False, soft_wrap=True)
     out_.show(f"verify.json: {path}", highlight=False)

@@ -71,11 +71,12 @@ class TraceProbe:
         if GraphMode.EAGER in cfg.modes:
             bucket = max(cfg.compositions_by_bucket)
             try:
-                fn, _ = bench.eager_fn(bench.batch(cfg.compositions_by_bucket[bucket][0]))
+                comp = cfg.compositions_by_bucket[bucket][0]
+                fn, _ = bench.eager_fn(bench.batch(comp))
                 self.trace_files.append(
                     profile_steps(fn, trace_path(self.out_dir, GraphMode.EAGER), f"eager bucket {bucket}", device)
                 )
-                _split(self.trace_files[-1], res, GraphMode.EAGER, bucket)
+                _split(self.trace_files[-1], res, GraphMode.EAGER, bucket, comp.label)
             except GmtoolError as e:
                 res.notes.append(f"--trace: no eager trace: {e}")
         for mode, ex in executors.items():
@@ -96,16 +97,17 @@ class TraceProbe:
                         device,
                     )
                 )
-                _split(self.trace_files[-1], res, mode, key.num_tokens)
+                _split(self.trace_files[-1], res, mode, key.num_tokens, label)
             except GmtoolError as e:
                 res.notes.append(f"--trace: no {mode} trace: {e}")
 
 
-def _split(trace: Path, res, mode, bucket: int) -> None:
-    """The traced bucket's rows of mode get the traced step's time by kernel class."""
+def _split(trace: Path, res, mode, bucket: int, composition: str) -> None:
+    """The traced row (mode, bucket, the composition replayed) gets the traced step's time by kernel class; the
+    bucket's other mixes ran other steps (under auto, another executor's graph) and get none."""
     from gmtool.measure.floor import time_by_class
 
     split = time_by_class(trace, TRACE_REPLAYS)
     for rec in res.records:
-        if rec.mode == mode and rec.bucket == bucket:
+        if rec.mode == mode and rec.bucket == bucket and rec.composition == composition:
             rec.time_by_class_ms = split

@@ -25,6 +25,7 @@ from gmtool.core.executor import GraphExecutor
 from gmtool.core.inputs import PersistentInputs
 from gmtool.core.kv_cache import KVCacheSpec, PagedKVCache
 from gmtool.kernels import early_compile
+from gmtool.model import families
 from gmtool.model.loading import LoadedModel, load_model
 from gmtool.modes import GraphMode
 
@@ -89,6 +90,18 @@ def build_need(cfg: SweepConfig) -> tuple:
     return opts + (("most_seqs", _most_seqs(cfg)), ("max_tokens", cfg.policy().max_tokens))
 
 
+def _refuse_positions_past_the_table(lm: LoadedModel, max_kv_len: int) -> None:
+    """A learned position table shorter than --max-kv-len: the eager reference would index past it (a traceback
+    deep in the model), and no graph could be checked."""
+    table = families.learned_positions(lm.model)
+    if table is not None and table[1] < max_kv_len:
+        name, held = table
+        raise GmtoolError(
+            f"{lm.name}: its learned position embeddings ({name}) hold {held} positions, and --max-kv-len "
+            f"{max_kv_len} reaches past them: give --max-kv-len {held} or less"
+        )
+
+
 def _shard_and_fuse(cfg: SweepConfig, lm: LoadedModel) -> int:
     """Workbench.build's steps between the load and the KV cache: the --tp split, --fuse; the rank."""
     rank = _tp_rank(cfg)
@@ -142,6 +155,7 @@ class Workbench:
             lm = load_model(cfg.model, device, cfg.torch_dtype, cfg.seed, rows, head_rows)
             lm.early_compile = early
             try:
+                _refuse_positions_past_the_table(lm, cfg.max_kv_len)
                 rank = _shard_and_fuse(cfg, lm)
             finally:  # before the KV cache is sized by what is free; on an error, before it reaches a caller that
                 if lm.gemm_warmup is not None:  # may go on to capture while the thread's GEMMs still run

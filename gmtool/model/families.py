@@ -129,13 +129,43 @@ def architecture(config) -> str:
     return archs[0] if archs else getattr(config, "model_type", type(config).__name__)
 
 
+def rope_types(config) -> set[str]:
+    """The RoPE types the (text) config names: one, or one per layer type (Gemma 3's rope_parameters)."""
+    text = text_config(config)
+    rope = getattr(text, "rope_scaling", None) or getattr(text, "rope_parameters", None) or {}
+    sets = (
+        rope.values() if isinstance(rope, dict) and all(isinstance(v, dict) for v in rope.values()) and rope else [rope]
+    )
+    return {
+        str(r.get("rope_type", r.get("type")))
+        for r in sets
+        if isinstance(r, dict) and r.get("rope_type", r.get("type"))
+    }
+
+
+LONGROPE_NOTE = (
+    "longrope: the step's largest position picks the RoPE factors of every token in it (transformers' rule), so "
+    "a request's logits depend on its batchmates, and on the position padding lanes hold"
+)
+
+
+def learned_positions(model: torch.nn.Module) -> tuple[str, int] | None:
+    """A table of learned absolute positions (GPT-2's wpe, OPT's and BioGPT's embed_positions, offset past their
+    first rows): its module name and how many positions it holds; None where positions are rotary or computed."""
+    words = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    for name, m in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1].lower()
+        if isinstance(m, torch.nn.Embedding) and m is not words and ("pos" in leaf or leaf == "wpe"):
+            return name, m.num_embeddings - int(getattr(m, "offset", 0) or 0)
+    return None
+
+
 def load_refusal(config) -> str | None:
     """Why a model cannot be captured at all (checked before its weights are built)."""
     missing = family(config).missing
     if missing:
         return f"{architecture(config)} needs {missing}, which gmtool does not implement"
-    rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}
-    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "dynamic":
+    if "dynamic" in rope_types(config):
         return f"{architecture(config)}: dynamic RoPE syncs with the host on every step: it cannot be captured"
     return None
 

@@ -312,6 +312,8 @@ def load_model(
         )
     cfg = _config_from_dict(raw, f"the config of {spec}")
     _check_supported(cfg)
+    if "longrope" in families.rope_types(cfg):
+        notes.append(families.LONGROPE_NOTE)
     if weights:
         model, loaded = checkpoint.load_pretrained(path, weights, cfg, dtype, device, attention.ATTN_NAME)
         notes += loaded

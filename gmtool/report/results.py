@@ -157,10 +157,15 @@ def _read_journal(path: Path) -> dict:
     if not isinstance(doc, dict) or not isinstance(doc.get("partial"), dict):
         raise GmtoolError(f"{path} is not a gmtool journal")
     doc["records"] = records
+    planned = doc["partial"].get("planned")
+    beside = "the run's results.json is beside it" if (path.parent / RESULTS_JSON).exists() else "no results.json"
+    if isinstance(planned, int) and len(records) >= planned:  # every row measured: the journal is the whole run
+        doc["partial"] = None
+        doc.setdefault("notes", []).append(f"read from the journal ({beside}): all {planned} planned rows measured")
+        return doc
     doc["partial"]["measured"] = len(records)
     doc.setdefault("notes", []).append(
-        f"partial run: {len(records)} of {doc['partial'].get('planned')} rows "
-        "measured (read from the journal: the run wrote no results.json)"
+        f"partial run: {len(records)} of {planned} rows measured (read from the journal; {beside})"
     )
     return doc
 

@@ -22,6 +22,7 @@ import torch
 from gmtool.core.auto import part_owning, parts_of
 from gmtool.core.batch import Batch
 from gmtool.core.kv_cache import NULL_BLOCK
+from gmtool.model import families
 
 SENTINEL = 1e3  # for memory read under a mask: large enough to be plain in any result that uses it
 
@@ -56,6 +57,10 @@ class Poisoner:
         }
         self.skipped: dict[str, str] = {}  # buffer -> why it is not poisoned here
         self._memset = None
+        if "longrope" in families.rope_types(ex.lm.config):
+            self.skipped[Buffer.PAD_POSITIONS] = (
+                "the model reads them: longrope's factors follow the step's largest position, padding lanes' included"
+            )
         if not any(p.mode.piecewise for p in self.parts):
             self.skipped[Buffer.ATTN_OUT_TAIL] = "full graphs have no attention output buffer between pieces"
 

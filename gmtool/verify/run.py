@@ -206,7 +206,7 @@ def run_verify(cfg: VerifyConfig, say=lambda text: None) -> dict:
         "capturability": [],
         "dynamic_dims": [],
         "runs": [],
-        "notes": [],
+        "notes": list(bench.lm.notes),  # how the model was loaded (random weights, its attention's features, ...)
     }
     say("capturability check")
     hazards = model_hazards(bench, ("1*2", "3+2"))
