@@ -86,6 +86,8 @@ class SweepConfig:
     attention_backend: str = field(init=False)  # torch | triton: what --attention resolved to
     bucket_sizes: list[int] = field(init=False)
     compositions_by_bucket: dict[int, list[Composition]] = field(init=False, repr=False)
+    # auto's eager sizes: mixes above the largest bucket, each its own row group (no graph; auto runs them eagerly)
+    eager_sizes: list[int] = field(init=False, default_factory=list)
     notes: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -173,8 +175,11 @@ class SweepConfig:
                 f"composition {crowded.label} has {crowded.num_seqs} sequences, above --max-num-seqs "
                 f"{self.max_num_seqs}"
             )
+        over = [c for c in comps if c.bucket is None and c.num_tokens > policy.largest]
+        if over:
+            self._eager_above(over, policy)
         self.compositions_by_bucket = {b: [] for b in policy.sizes}
-        for b, cs in assign_buckets(comps, policy).items():
+        for b, cs in assign_buckets([c for c in comps if c not in over], policy).items():
             self.compositions_by_bucket[b].extend(cs)
         below, defaulted = 0, []
         for b in sorted(self.compositions_by_bucket):
@@ -190,6 +195,9 @@ class SweepConfig:
             )
             if note not in self.notes:  # a config copied with dataclasses.replace runs this again
                 self.notes.append(note)
+        for c in over:  # after the buckets' defaults: each size is its own group, above them all
+            self.compositions_by_bucket.setdefault(c.num_tokens, []).append(c)
+        self.eager_sizes = sorted({c.num_tokens for c in over})
         if self.buckets is not None and comps and not defaulted:
             self._scenario_of(comps)
         every = [c for cs in self.compositions_by_bucket.values() for c in cs]
@@ -217,6 +225,31 @@ class SweepConfig:
                 f"composition {c.label}: prefix + new tokens = {longest} exceeds --max-kv-len {self.max_kv_len}"
                 + (" (a decode reads at least one cached token)" if bare and longest == 2 else "")
             )
+
+    def _eager_above(self, over: list[Composition], policy: BucketPolicy) -> None:
+        """Mixes above the largest bucket: auto runs them eagerly on their exact shape (as engines do), within the
+        buffers --max-tokens sizes; no other mode has anything to run for them."""
+        c = over[0]
+        if GraphMode.AUTO not in self.modes:
+            raise GmtoolError(
+                f"composition {c.label}: a batch of {c.num_tokens} tokens fits no bucket (largest is "
+                f"{policy.largest}): add a bucket, or run auto, which serves it eagerly (with --max-tokens)"
+            )
+        big = max(over, key=lambda c: c.num_tokens)
+        if big.num_tokens > policy.max_tokens:
+            raise GmtoolError(
+                f"composition {big.label}: {big.num_tokens} tokens, above the largest bucket {policy.largest}, "
+                f"which auto runs eagerly in the input buffers --max-tokens sizes ({policy.max_tokens}): raise "
+                f"--max-tokens to {big.num_tokens} or more"
+            )
+        others = [str(m) for m in self.modes if m.captures and m != GraphMode.AUTO]
+        note = (
+            f"the mixes {', '.join(dict.fromkeys(c.label for c in over))} are above the largest bucket "
+            f"({policy.largest}): auto runs them eagerly (served_by eager)"
+            + (f"; no {', '.join(others)} graph serves them (skipped rows)" if others else "")
+        )
+        if note not in self.notes:
+            self.notes.append(note)
 
     def _scenario_of(self, comps: list[Composition]) -> None:
         """--scenario chooses the default buckets and mixes; where the user gave both, it chose nothing, and the

@@ -219,3 +219,35 @@ def test_one_memory_strategy_holds_both_sets_and_outlives_them(auto):
     assert rec.keys == [BucketKey(4, None, True), BucketKey(8, None, False)]
     ex.release()
     assert (rec.releases, rec.graphs_left) == (1, 0)
+
+
+def test_a_sweep_runs_auto_above_the_largest_bucket_eagerly_and_says_so(tmp_path):
+    """auto's third case, eager above the largest bucket, was reachable from no command: a mix above it was
+    refused as fitting no bucket. Within --max-tokens it is now its own row group: auto's row served_by eager
+    and checked against eager, the other graph modes' rows skipped with the reason, and a note."""
+    import json
+
+    from gmtool.config import SweepConfig
+    from gmtool.errors import GmtoolError
+    from tests.test_compare import run_cli
+
+    args = ["--device", "cpu", "--scenario", "mixed", "--buckets", "16,32", "--num-iters", "1"]
+    code, _, err = run_cli(
+        "compare", "eager,auto,full", *args, "--num-iters-warmup", "0", "--max-tokens", "64",
+        "--compositions", "1*16,40,30+1*4", "--out", tmp_path / "o",
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads((tmp_path / "o" / "results.json").read_text())
+    rows = {(r["mode"], r["composition"]): r for r in doc["records"]}
+    for mix, size in (("40", 40), ("30+1*4", 34)):
+        auto, full = rows[("auto", mix)], rows[("full", mix)]
+        assert auto["bucket"] == size and auto["served_by"] == "eager" and auto["status"] == "ok", auto
+        assert auto["max_rel_err"] is not None and auto["max_rel_err"] <= auto["tolerance"]
+        assert full["status"] == "skipped" and "no full graph" in full["error"], full
+    assert rows[("auto", "1*16")]["served_by"] == "full"
+    assert doc["config"]["eager_sizes"] == [34, 40]
+    assert any("above the largest bucket (32): auto runs them eagerly" in n for n in doc["notes"]), doc["notes"]
+    with pytest.raises(GmtoolError, match="fits no bucket .*run auto, which serves it eagerly"):
+        SweepConfig(device="cpu", buckets="16,32", compositions="40", modes=("eager", "full"))
+    with pytest.raises(GmtoolError, match="raise --max-tokens to 40 or more"):
+        SweepConfig(device="cpu", buckets="16,32", compositions="40", modes=("eager", "auto"))

@@ -108,6 +108,11 @@ def memreport(
         raise GmtoolError(
             f"memreport runs one graph mode ({', '.join(MEMREPORT_MODES)}), not {','.join(cfg.graph_modes) or 'none'}"
         )
+    if cfg.eager_sizes:  # auto runs them eagerly: there is no graph memory of theirs to report
+        raise GmtoolError(
+            f"memreport measures graphs, and no graph serves the mixes above the largest bucket "
+            f"({', '.join(map(str, cfg.eager_sizes))} tokens): give --compositions within --buckets"
+        )
     if sample is not None:
         sample_buckets(cfg.bucket_sizes, sample)  # refused before anything runs
     if cfg.torch_device.type != "cuda":

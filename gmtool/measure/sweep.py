@@ -206,6 +206,10 @@ class Sweep:
                     if mode in dead:
                         res.add(Record(**base, mode=mode, status=Status.SKIPPED, error=dead[mode]))
                         continue
+                    if bucket in cfg.eager_sizes and mode != GraphMode.AUTO:
+                        why = f"above the largest bucket ({ex.policy.largest}): no {mode} graph (auto runs it eagerly)"
+                        res.add(Record(**base, mode=mode, status=Status.SKIPPED, error=why))
+                        continue
                     rec = self._graph_run(ex, mode, batch, ref, eager_med, (tol_same, tol), base)
                     res.add(rec)
                     if rec.status == Status.OOM:
@@ -232,6 +236,7 @@ class Sweep:
             return Record(**base, mode=mode, status=Status.OOM, key=str(key), error=error)
         except GmtoolError as e:
             return Record(**base, mode=mode, status=Status.ERROR, key=str(key), error=str(e))
+        fresh = fresh and entry.mode != GraphMode.EAGER  # auto's eager step: nothing captured
         rec = Record(
             **base,
             mode=mode,
