@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import statistics
 import io
 import json
 import re
@@ -438,3 +439,35 @@ def test_the_ledger_has_a_rank_column_under_tp():
     assert [c.header for c in ledger_table(doc).columns][:3] == ["mode", "bucket", "rank"]
     one = {"config": {"tp": 1, "modes": ["full"]}, "records": [rec(0, 1024)]}
     assert "rank" not in records_ledger_cells(one)[0]
+
+
+def test_a_tp_run_s_rank_rows_each_get_their_own_change_and_capture_seconds_are_not_summed_over_ranks():
+    """Under --tp the terminal summary has a row per rank; its 'vs baseline' was the ranks pooled, the same on
+    both rows. Each rank now meets the baseline's same rank; report.md's pooled row keeps the pooled change, and
+    its capture seconds are the slowest rank's (the ranks capture side by side), not their sum."""
+    from gmtool.report.summary import bucket_summary
+    from gmtool.report.tables import compare_table
+
+    def two_ranks(doc, slow0, slow1):
+        base = [r for r in doc["records"] if r["mode"] in ("eager", "full") and r["bucket"] == 8]
+        doc["records"], doc["config"]["tp"] = [], 2
+        for rank, slow in ((0, slow0), (1, slow1)):
+            for r in copy.deepcopy(base):
+                if r["latency_ms"]:
+                    r["latency_ms"]["median"] *= slow
+                doc["records"].append(dict(r, rank=rank))
+        return doc
+
+    new, old = two_ranks(make_doc(), 2.0, 1.0), two_ranks(make_doc(), 1.0, 1.0)
+    doc = Document.from_dict(new)
+    attach_baseline(doc, Document.from_dict(old), "old/results.json")
+    got = doc.to_dict()
+    delta = {(d["mode"], d["rank"]): d["replay_delta_pct"] for d in got["baseline"]["buckets"]}
+    assert delta[("full", 0)] == pytest.approx(100.0) and delta[("full", 1)] == pytest.approx(0.0)
+    assert delta[("full", None)] == pytest.approx(100 * (statistics.median([2.0, 2.2, 1.0, 1.1]) / 1.05 - 1))
+    t = compare_table(got)
+    col = [c.header for c in t.columns].index("vs baseline")
+    full = [row for row in t.rows if row and row[0] == "full" or row and "full" in row[:2]]
+    assert sorted(row[col] for row in full) == ["+0.0%", "+100.0%"], full
+    pooled = next(s for s in bucket_summary(got["records"]) if s["mode"] == "full")
+    assert pooled["capture_s"] == 0.5  # each rank's 0.5 s, side by side

@@ -57,7 +57,7 @@ def _comp_label(row_or_rec: dict, dup: bool) -> str:
 
 def sections(doc: dict) -> list[Section]:
     records, order = doc["records"], {m: i for i, m in enumerate(mode_order(doc))}
-    deltas = {(d["mode"], d["bucket"]): d for d in (doc.get("baseline") or {}).get("buckets", [])}
+    deltas = {(d["mode"], d["bucket"], d.get("rank")): d for d in (doc.get("baseline") or {}).get("buckets", [])}
     summary = Section(
         "Summary (mode x bucket)",
         [
@@ -100,7 +100,7 @@ def sections(doc: dict) -> list[Section]:
             "yes" if s["noisy"] else "",
         ]
         if deltas:
-            row.append(_pct((deltas.get((s["mode"], s["bucket"])) or {}).get("replay_delta_pct")))
+            row.append(_pct((deltas.get((s["mode"], s["bucket"], None)) or {}).get("replay_delta_pct")))
         summary.rows.append(row)
     noise = noise_warning(doc)
     if noise:

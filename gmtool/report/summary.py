@@ -22,7 +22,10 @@ def bucket_summary(records: list[dict], by_rank: bool = False) -> list[dict]:
         host = [r["host_us"]["median"] for r in rs if r.get("host_us")]
         steady = [r["host_steady_us"]["median"] for r in rs if r.get("host_steady_us")]
         errs = [r["max_rel_err"] for r in rs if r.get("max_rel_err") is not None]
-        caps = [r["capture_s"] for r in rs if r.get("capture_s") is not None]
+        caps: dict = {}  # per rank: the ranks capture side by side, so a pooled row takes the slowest rank's sum
+        for r in rs:
+            if r.get("capture_s") is not None:
+                caps[r.get("rank") or 0] = caps.get(r.get("rank") or 0, 0.0) + r["capture_s"]
         mems = [r["graph_mem_bytes"] for r in rs if r.get("graph_mem_bytes") is not None]
         comps = [r["compile_s"] for r in rs if r.get("compile_s") is not None]
         over = [r["replay_over_floor"] for r in rs if r.get("replay_over_floor") is not None]
@@ -38,7 +41,7 @@ def bucket_summary(records: list[dict], by_rank: bool = False) -> list[dict]:
                 "rank": rank if by_rank else None,
                 "status": status,
                 "compositions": sum(1 for r in rs if r.get("rank", 0) == first),
-                "capture_s": sum(caps) if caps else None,
+                "capture_s": max(caps.values()) if caps else None,
                 "graph_mem_bytes": max(mems) if mems else None,
                 "replay_ms": replay,
                 "eager_ms": eager_ms,

@@ -98,7 +98,7 @@ def compare_table(doc: dict) -> FittedTable:
     of its median)."""
     machine = doc["machine"].get("gpu") or doc["machine"]["backend"]
     title = f"gmtool {doc.get('command', 'compare')}: {doc['model']['name']} on {machine}"
-    deltas = {(d["mode"], d["bucket"]): d for d in (doc.get("baseline") or {}).get("buckets", [])}
+    deltas = {(d["mode"], d["bucket"], d.get("rank")): d for d in (doc.get("baseline") or {}).get("buckets", [])}
     by_rank = (doc.get("config") or {}).get("tp", 1) > 1  # --tp: a row per rank
     cols = (
         [Column("bucket"), Column("mode", justify="left")]
@@ -146,7 +146,7 @@ def compare_table(doc: dict) -> FittedTable:
         if served:
             cells.append(s["served_by"] or "-")
         if deltas:
-            cells.append(_signed_pct((deltas.get((s["mode"], s["bucket"])) or {}).get("replay_delta_pct")))
+            cells.append(_signed_pct((deltas.get((s["mode"], s["bucket"], s["rank"])) or {}).get("replay_delta_pct")))
         rows.append(cells)
     return FittedTable(title, cols, rows)
 
