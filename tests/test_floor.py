@@ -160,3 +160,12 @@ def test_compare_rows_carry_their_floor_and_the_report_plots_it(tmp_path):
     assert rows[("eager", "1*4")]["floor_bytes"] == rows[("full", "1*4")]["floor_bytes"]
     html = (out / "report.html").read_text()
     assert "Distance to the floor</figcaption>" in html
+
+
+def test_the_cpu_launch_floor_is_the_cheaper_of_a_tape_op_and_an_eager_op(monkeypatch):
+    """A floor is the least a step could take: on the CPU a tape op cost more than the same op run eagerly, and
+    eager rows came out below their 'floor' (replay / floor 0.94)."""
+    times = iter([1.0, 5.0, 2.0])  # ms: the copy, NODES tape ops, NODES eager ops
+    monkeypatch.setattr(floor, "_median_ms", lambda fn, device, iters: next(times))
+    dev = floor.measure_device(torch.device("cpu"))
+    assert dev.node_us == pytest.approx(2.0 * 1e3 / floor.NODES)
