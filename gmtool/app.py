@@ -65,6 +65,11 @@ def _keeping(out_dir: Path, command: str, planned: int, sweep: Sweep, write):
                 else f"stopped by {type(e).__name__}: {first}".rstrip(": "),
                 planned,
             )
+            if sweep.cfg.tp > 1:  # the ranks' rows meet only at the end (gather_records): this rank's alone
+                doc.notes.append(
+                    f"--tp {sweep.cfg.tp}: these are this rank's rows only (each rank measures every row; they are "
+                    "gathered when the run ends, and it did not)"
+                )
             write(doc)
         if isinstance(e, KeyboardInterrupt):
             kept = f"; what was measured is in {out_dir}" if measured else ""

@@ -160,3 +160,21 @@ def test_the_journal_of_a_finished_run_reads_as_finished(tmp_path):
     assert doc.get("partial") is None and len(doc["records"]) == 4
     assert "read from the journal (the run's results.json is beside it): all 4 planned rows measured" in doc["notes"]
     assert "partial run" not in (out / "report.md").read_text()
+
+
+def test_a_tp_run_that_stops_says_its_partial_files_hold_one_rank_s_rows(tmp_path):
+    """Under --tp each rank measures every row and rank 0 gathers them at the end: a run stopped before (a rank
+    killed) wrote rank 0's rows as if they were the run's."""
+    from types import SimpleNamespace
+
+    from gmtool.app import _keeping
+    from gmtool.records import Document
+    from tests.test_report import make_doc
+
+    written = []
+    result = SimpleNamespace(records=[1, 2], document=lambda command: Document.from_dict(make_doc()))
+    sweep = SimpleNamespace(result=result, cfg=SimpleNamespace(tp=2))
+    with pytest.raises(RuntimeError, match="peer"):
+        with _keeping(tmp_path, "compare", 4, sweep, written.append):
+            raise RuntimeError("Connection reset by peer")
+    assert any(n.startswith("--tp 2: these are this rank's rows only") for n in written[0].notes), written[0].notes
