@@ -15,7 +15,7 @@ from gmtool.config import SweepConfig
 from gmtool.errors import GmtoolError
 from gmtool.measure.sweep import Sweep
 from gmtool.records import Status
-from tests.arch_configs import WINDOW, causal_lm_types, write_config
+from tests.arch_configs import WINDOW, causal_lm_types, tiny_config, write_config
 from tests.helpers import against_transformers
 
 # one mix: 4 new tokens after 8 cached cross the window (6), beside a decode token
@@ -265,3 +265,20 @@ def _run_path(path):
         num_iters_warmup=0,
     )
     return Sweep(cfg).run()
+
+
+@pytest.mark.parametrize(
+    ("model_type", "table"),
+    [("gpt2", ("transformer.wpe", 512)), ("opt", ("model.decoder.embed_positions", 512)), ("gemma3", None)],
+)
+def test_only_the_text_model_s_learned_position_table_bounds_max_kv_len(model_type, table):
+    """GPT-2's wpe bounds --max-kv-len; OPT's table is read past its offset of 2 (514 rows hold 512 positions);
+    a multimodal model's vision tower has a position table of its own (Gemma 3's 196 patches) that the text's
+    positions never index, and that once refused every run above 196 tokens."""
+    from gmtool.model import attention, families, loading
+
+    attention.register()
+    cfg = loading._config_from_dict(tiny_config(model_type))
+    with torch.device("meta"):
+        model = loading._build(cfg, torch.float32)
+    assert families.learned_positions(model) == table

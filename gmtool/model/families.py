@@ -149,12 +149,17 @@ LONGROPE_NOTE = (
 )
 
 
+OTHER_TOWERS = ("vision", "visual", "image", "img", "audio", "speech", "tower")
+
+
 def learned_positions(model: torch.nn.Module) -> tuple[str, int] | None:
     """A table of learned absolute positions (GPT-2's wpe, OPT's and BioGPT's embed_positions, offset past their
     first rows): its module name and how many positions it holds; None where positions are rotary or computed."""
     words = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     for name, m in model.named_modules():
-        leaf = name.rsplit(".", 1)[-1].lower()
+        leaf, path = name.rsplit(".", 1)[-1].lower(), name.lower()
+        if any(w in path for w in OTHER_TOWERS):  # a multimodal model's vision or audio tower: not the text's
+            continue
         if isinstance(m, torch.nn.Embedding) and m is not words and ("pos" in leaf or leaf == "wpe"):
             return name, m.num_embeddings - int(getattr(m, "offset", 0) or 0)
     return None
