@@ -1630,6 +1630,14 @@ MUTANTS: list[Mutant] = [
         "verify poisons the positions a longrope model reads, and reports its exact replays wrong",
     ),
     M(
+        "learned-positions-in-the-vision-tower",
+        "gmtool/model/families.py",
+        "        if any(w in path for w in OTHER_TOWERS):  # a multimodal model's vision or audio tower: not the text's\n",
+        "        if False:\n",
+        "tests/test_architectures.py::test_only_the_text_model_s_learned_position_table_bounds_max_kv_len",
+        "a vision tower's position table (Gemma 3's 196 patches) refuses every run above 196 tokens",
+    ),
+    M(
         "learned-positions-unchecked",
         "gmtool/measure/workbench.py",
         "    if table is not None and table[1] < max_kv_len:\n",
