@@ -398,3 +398,17 @@ def test_a_switch_set_to_neither_an_on_nor_an_off_word_is_refused(tmp_path, monk
         from gmtool.switches import check_switches
 
         check_switches()
+
+
+def test_paths_that_look_like_markup_are_printed_as_they_are(tmp_path):
+    """The files-written line of a run (and report's) printed its paths as rich markup: '[/b]' in a path was a
+    traceback after the results were written, '[red]' vanished."""
+    from tests.test_compare import run_cli
+
+    out = tmp_path / "run[/b][red]"
+    code, stdout, err = run_cli("capture", *CPU, "--buckets", "1", "--num-iters", "1", "--num-iters-warmup", "0",
+                                "--out", out)  # fmt: skip
+    assert code == 0, err
+    assert "run[/b][red]" in stdout.replace("\n", ""), stdout
+    code, stdout, err = run_cli("report", out, "--out", tmp_path / "rep[/b]")
+    assert code == 0 and "rep[/b]" in stdout, (stdout, err)

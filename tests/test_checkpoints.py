@@ -37,7 +37,7 @@ def saved(tmp_path_factory):
 
 def copy_of(saved, tmp_path, *names):
     d = tmp_path / "ckpt"
-    d.mkdir()
+    d.mkdir(parents=True)
     for name in names:
         shutil.copy(saved[0] / name, d / name)
     return d
@@ -259,3 +259,32 @@ def test_a_model_named_as_a_path_is_a_path_never_a_profile(spec, saved, tmp_path
     shutil.copy(saved[0] / "config.json", tmp_path / "mycfg.json")
     with pytest.raises(GmtoolError, match="no such checkpoint folder or config.json here"):
         load_model(spec.format(tmp=tmp_path), CPU, torch.float32)
+
+
+def test_indexes_fp16_overflow_and_legacy_bin_files_are_read_as_transformers_reads_them(saved, tmp_path):
+    """An index without "metadata" (transformers reads it first: a KeyError) and one naming a file with a NUL are
+    one line each; a weight past float16's range says so, not "the stored weight holds NaN"; a .bin in the
+    legacy (non-zip) format, which transformers reads, loads."""
+    d = copy_of(saved, tmp_path, "config.json")
+    weights = load_file(saved[0] / "model.safetensors")
+    save_file(weights, d / "m.safetensors")
+    index = {"weight_map": {k: "m.safetensors" for k in weights}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(GmtoolError, match='has no "metadata" object, which transformers reads'):
+        load_model(str(d), CPU, torch.float32)
+    (d / "model.safetensors.index.json").write_text(json.dumps(index | {"metadata": {}}))
+    got = load_model(str(d), CPU, torch.float32).model.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in saved[1].items())
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "x\0.safetensors"}}))
+    with pytest.raises(GmtoolError, match="is not a weight index"):
+        load_model(str(d), CPU, torch.float32)
+
+    big = copy_of(saved, tmp_path / "big", "config.json")
+    save_file(weights | {"model.norm.weight": weights["model.norm.weight"] * 0 + 1e6}, big / "model.safetensors")
+    with pytest.raises(GmtoolError, match="is not finite in float16 .*try --dtype bf16 or fp32"):
+        load_model(str(big), CPU, torch.float16)
+
+    legacy = copy_of(saved, tmp_path / "legacy", "config.json")
+    torch.save(dict(weights), legacy / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    got = load_model(str(legacy), CPU, torch.float32).model.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in saved[1].items())

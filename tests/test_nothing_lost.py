@@ -178,3 +178,18 @@ def test_a_tp_run_that_stops_says_its_partial_files_hold_one_rank_s_rows(tmp_pat
         with _keeping(tmp_path, "compare", 4, sweep, written.append):
             raise RuntimeError("Connection reset by peer")
     assert any(n.startswith("--tp 2: these are this rank's rows only") for n in written[0].notes), written[0].notes
+
+
+def test_a_tp_journal_never_reads_as_the_whole_run(tmp_path):
+    """Under --tp only rank 0 journals, its own rows: a journal holding all of them is still not the run's."""
+    from gmtool.report.results import load_results
+
+    out = tmp_path / "run"
+    code, _, err = run_cli("compare", "eager,full", *SMALL, "--out", out)
+    assert code == 0, err
+    lines = (out / "records.jsonl").read_text().splitlines()
+    head = json.loads(lines[0])
+    head["config"]["tp"] = 2
+    (out / "records.jsonl").write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    doc = load_results(out / "records.jsonl")
+    assert doc.partial is not None and doc.partial.measured == 4

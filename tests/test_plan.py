@@ -575,3 +575,18 @@ def test_plan_says_when_its_costs_are_of_other_graphs_or_of_a_partial_run(tmp_pa
     notes = json.loads((tmp_path / "p" / "plan.json").read_text())["notes"]
     assert "80 of 80 steps are pure decode but the costs are of mixed graphs" in " ".join(notes), notes
     assert any("from a partial run (9 of 15 rows)" in n for n in notes), notes
+
+
+def test_auto_s_eager_mixes_are_no_failed_graph_buckets_in_plan():
+    """A run's mixes above its largest bucket have full and piecewise rows skipped by design (auto runs them
+    eagerly): plan said 'full buckets 40 left out: some replay there was not ok'."""
+    doc = results_doc()
+    doc["config"] = {"eager_sizes": [40]}
+    doc["records"] += [
+        {"mode": "eager", "bucket": 40, "composition": "40", "num_tokens": 40, "num_seqs": 1, "status": "ok",
+         "latency_ms": _timing(30.0)},
+        {"mode": "full", "bucket": 40, "composition": "40", "num_tokens": 40, "num_seqs": 1, "status": "skipped",
+         "error": "above the largest bucket (16): no full graph (auto runs it eagerly)"},
+    ]  # fmt: skip
+    t = from_results(doc)
+    assert 40 not in t.buckets and not any("left out" in n for n in t.notes), t.notes

@@ -471,3 +471,17 @@ def test_a_tp_run_s_rank_rows_each_get_their_own_change_and_capture_seconds_are_
     assert sorted(row[col] for row in full) == ["+0.0%", "+100.0%"], full
     pooled = next(s for s in bucket_summary(got["records"]) if s["mode"] == "full")
     assert pooled["capture_s"] == 0.5  # each rank's 0.5 s, side by side
+
+
+def test_a_rank_row_without_its_own_change_shows_the_pooled_one():
+    """A --tp document whose baseline entries carry no rank (attached to one rank's partial rows, or written by an
+    older gmtool) left the per-rank 'vs baseline' column empty."""
+    from gmtool.report.tables import compare_table
+
+    doc = make_doc()
+    doc["config"]["tp"] = 2
+    doc["records"] = [dict(r, rank=0) for r in doc["records"] if r["mode"] == "full" and r["bucket"] == 8]
+    doc["baseline"] = {"buckets": [{"mode": "full", "bucket": 8, "replay_delta_pct": 12.5}]}
+    t = compare_table(doc)
+    col = [c.header for c in t.columns].index("vs baseline")
+    assert [row[col] for row in t.rows if row] == ["+12.5%"]

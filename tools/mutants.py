@@ -1656,7 +1656,7 @@ MUTANTS: list[Mutant] = [
     M(
         "journal-finished-reads-partial",
         "gmtool/report/results.py",
-        "    if isinstance(planned, int) and len(records) >= planned:",
+        "    if isinstance(planned, int) and len(records) >= planned and tp == 1:",
         "    if False:",
         "tests/test_nothing_lost.py::test_the_journal_of_a_finished_run_reads_as_finished",
         "a finished run's journal reads as a partial run 'unfinished after 4 of 4 rows'",

@@ -151,7 +151,7 @@ def memreport(
     for r in doc.strategies:
         for w in r.warning_list:
             out_.show(f"[yellow]warning ({r.strategy}):[/] {escape(w)}", highlight=False)
-    out_.show(f"results: {', '.join(str(p) for p in paths)}", highlight=False)
+    out_.show(escape(f"results: {', '.join(str(p) for p in paths)}"), highlight=False)
     code = doc.exit_code()
     out_.verdict(memreport_verdict(doc), code == 0)
     if code:

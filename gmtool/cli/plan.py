@@ -243,7 +243,7 @@ def plan(
     for n in plan_doc["notes"]:
         if n not in said:
             out_.show(f"[yellow]note:[/] {escape(n)}", highlight=False)
-    out_.show("wrote " + ", ".join(str(f) for f in files), highlight=False)
+    out_.show(escape("wrote " + ", ".join(str(f) for f in files)), highlight=False)
     out_.verdict(
         f"{','.join(map(str, plan_doc['capture_sizes'])) or '(none: eager is faster within the budgets)'}",
         True,

@@ -67,9 +67,9 @@ def report(
     out_.document(doc.to_json())
     out_.show(compare_table(data))
     if base := baseline_line(data):
-        out_.show(base, highlight=False)
+        out_.show(escape(base), highlight=False)
     noise = noise_warning(data)
     if noise:
         out_.show(f"[yellow]warning:[/] {escape(noise)}", highlight=False)
-    out_.show(f"from {results_file(results)}: wrote " + ", ".join(str(f) for f in files), highlight=False)
+    out_.show(escape(f"from {results_file(results)}: wrote " + ", ".join(str(f) for f in files)), highlight=False)
     out_.verdict(verdict(data), doc.exit_code() == 0)

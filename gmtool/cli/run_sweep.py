@@ -69,13 +69,13 @@ def show_sweep(out_, doc: Document, table, wrote: str, shown: list[str] | tuple 
     out_.document(doc.to_json())
     out_.show(table(data))
     if base := baseline_line(data):
-        out_.show(base, highlight=False)
+        out_.show(escape(base), highlight=False)
     if (memory := ledger_table(data)) is not None:
         out_.show(memory)
     if noise := noise_warning(data):
-        out_.show(f"[yellow]warning:[/] {noise}", highlight=False)
+        out_.show(f"[yellow]warning:[/] {escape(noise)}", highlight=False)
     for note in data.get("notes") or []:
         if note not in shown:
             out_.note(note)
-    out_.show(wrote, highlight=False)
+    out_.show(escape(wrote), highlight=False)
     finish(doc, out_.problems, lambda: out_.verdict(verdict(data), doc.exit_code() == 0))

@@ -127,7 +127,7 @@ def verify(
         out_.note(n)
     for f in doc["findings"]:
         out_.problems.print(f"[bold red]found:[/] {escape(str(f))}", highlight=False, soft_wrap=True)
-    out_.show(f"verify.json: {path}", highlight=False)
+    out_.show(escape(f"verify.json: {path}"), highlight=False)
     out_.verdict(doc["verdict"], doc["exit_code"] == 0, label="")
     if doc["exit_code"]:
         raise typer.Exit(doc["exit_code"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import pickle
+import zipfile
 from pathlib import Path
 
 import torch
@@ -70,9 +71,9 @@ def _refuse_broken_links(ckpt: Path) -> None:
 def _shards(index: Path) -> list[Path]:
     ckpt = index.parent
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-        shards = sorted(set(weight_map.values()))
-        if not all(isinstance(s, str) and s for s in shards):
+        doc = json.loads(index.read_text())
+        shards = sorted(set(doc["weight_map"].values()))
+        if not all(isinstance(s, str) and s and "\0" not in s for s in shards):
             raise TypeError
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise GmtoolError(
@@ -86,6 +87,8 @@ def _shards(index: Path) -> list[Path]:
     absent = next((s for s in shards if not (ckpt / s).is_file()), None)
     if absent is not None:
         raise GmtoolError(f"{index} names the weight file {absent}, which is not in {ckpt}")
+    if not isinstance(doc.get("metadata"), dict):  # transformers reads it before the weight map
+        raise GmtoolError(f'{index} has no "metadata" object, which transformers reads: add "metadata": {{}}')
     return [ckpt / s for s in shards]
 
 
@@ -97,7 +100,8 @@ def _check_readable(file: Path) -> None:
             with safe_open(file, framework="pt", device="cpu") as f:
                 f.keys()
             return
-        stored = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        # memory-mapped as transformers maps it: a zip archive (a legacy pickle cannot be)
+        stored = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
         if not isinstance(stored, dict):
             raise ValueError(f"not a state dict of named tensors ({type(stored).__name__})")
         bad = next((k for k, t in stored.items() if not isinstance(t, torch.Tensor)), None)
@@ -162,6 +166,11 @@ def load_pretrained(ckpt: Path, files: list[Path], cfg, dtype: torch.dtype, devi
     model = model.to(device)
     bad = next((n for n, p in model.named_parameters() if p.is_floating_point() and not p.isfinite().all()), None)
     if bad is not None:
+        if dtype == torch.float16:  # a finite bf16 or fp32 weight past 65504 is inf once converted
+            raise GmtoolError(
+                f"{ckpt}: the weight {bad} is not finite in float16 (NaN stored, or values past float16's range): "
+                "try --dtype bf16 or fp32"
+            )
         raise GmtoolError(f"{ckpt}: the stored weight {bad} holds NaN or infinite values")
     unused = sorted(info.get("unexpected_keys") or ())
     if unused:

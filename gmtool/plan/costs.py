@@ -124,6 +124,8 @@ def from_results(doc: dict, mode: str | None = None) -> CostTable:
         raise GmtoolError("the results hold no records")
     mode = _graph_mode(df, mode)
     rows = df[df["mode"] == mode]
+    eager_sizes = set((doc.get("config") or {}).get("eager_sizes") or ())
+    rows = rows[~rows["bucket"].isin(eager_sizes)]  # auto's eager mixes: no graph of this mode, by design
     notes = []
     bad = rows.loc[rows["status"] != Status.OK, "bucket"].unique()
     if len(bad):

@@ -159,7 +159,8 @@ def _read_journal(path: Path) -> dict:
     doc["records"] = records
     planned = doc["partial"].get("planned")
     beside = "the run's results.json is beside it" if (path.parent / RESULTS_JSON).exists() else "no results.json"
-    if isinstance(planned, int) and len(records) >= planned:  # every row measured: the journal is the whole run
+    tp = (doc.get("config") or {}).get("tp") or 1  # under --tp the journal is rank 0's rows: never the whole run
+    if isinstance(planned, int) and len(records) >= planned and tp == 1:  # every row measured: the whole run
         doc["partial"] = None
         doc.setdefault("notes", []).append(f"read from the journal ({beside}): all {planned} planned rows measured")
         return doc

@@ -146,7 +146,9 @@ def compare_table(doc: dict) -> FittedTable:
         if served:
             cells.append(s["served_by"] or "-")
         if deltas:
-            cells.append(_signed_pct((deltas.get((s["mode"], s["bucket"], s["rank"])) or {}).get("replay_delta_pct")))
+            # a rank's own change, else the pooled one (a baseline attached to one rank's rows, or by an older gmtool)
+            d = deltas.get((s["mode"], s["bucket"], s["rank"])) or deltas.get((s["mode"], s["bucket"], None))
+            cells.append(_signed_pct((d or {}).get("replay_delta_pct")))
         rows.append(cells)
     return FittedTable(title, cols, rows)
 
