@@ -264,9 +264,9 @@ def load_model(
     head_rows: tuple[int, ...] = (),
 ) -> LoadedModel:
     """A profile or a config file builds the model from its config on the device (random weights); a checkpoint
-    folder is loaded as transformers loads it (gmtool.model.checkpoint). gemm_rows, head_rows: the row counts the captures' GEMMs
-    and LM head will run, warmed up in a thread from here on (gmtool.model.gemm_warmup; on CUDA only): the caller
-    joins lm.gemm_warmup before it sizes memory by what is free."""
+    folder is loaded as transformers loads it (gmtool.model.checkpoint). gemm_rows, head_rows: the row counts the
+    captures' GEMMs and LM head will run, warmed up in a thread from here on (gmtool.model.gemm_warmup; on CUDA
+    only): the caller joins lm.gemm_warmup before it sizes memory by what is free."""
     if not spec.strip():  # Path("") is the current directory
         raise GmtoolError("--model is empty: name a built-in profile, a checkpoint folder or a config.json")
     attention.register()
