@@ -198,9 +198,10 @@ class SweepConfig:
         for c in over:  # after the buckets' defaults: each size is its own group, above them all
             self.compositions_by_bucket.setdefault(c.num_tokens, []).append(c)
         self.eager_sizes = sorted({c.num_tokens for c in over})
-        if self.buckets is not None and comps and not defaulted:
-            self._scenario_of(comps)
-        every = [c for cs in self.compositions_by_bucket.values() for c in cs]
+        graphed = [c for c in comps if c not in over]  # auto runs the others eagerly: no graph's scenario
+        if self.buckets is not None and graphed and not defaulted:
+            self._scenario_of(graphed)
+        every = [c for b, cs in self.compositions_by_bucket.items() if b not in self.eager_sizes for c in cs]
         only_auto = GraphMode.PIECEWISE not in self.modes  # pieces: auto's; it serves decode with full graphs
         if self.piecewise_impl != PiecewiseImpl.BREAKABLE and only_auto and all(c.is_decode for c in every):
             raise GmtoolError(
@@ -244,7 +245,8 @@ class SweepConfig:
             )
         others = [str(m) for m in self.modes if m.captures and m != GraphMode.AUTO]
         note = (
-            f"the mixes {', '.join(dict.fromkeys(c.label for c in over))} are above the largest bucket "
+            f"{'the mixes' if len(over) > 1 else 'the mix'} {', '.join(dict.fromkeys(c.label for c in over))} "
+            f"{'are' if len(over) > 1 else 'is'} above the largest bucket "
             f"({policy.largest}): auto runs them eagerly (served_by eager)"
             + (f"; no {', '.join(others)} graph serves them (skipped rows)" if others else "")
         )
@@ -286,6 +288,11 @@ class SweepConfig:
 
     def policy(self, wide_key: bool = False) -> BucketPolicy:
         return BucketPolicy(self.bucket_sizes, self.max_tokens, wide_key)
+
+    @property
+    def largest_graph_bucket(self) -> int:
+        """The largest bucket graphs serve (auto's eager sizes lie above it)."""
+        return max(b for b in self.compositions_by_bucket if b not in self.eager_sizes)
 
     @property
     def graph_modes(self) -> list[GraphMode]:

@@ -232,7 +232,7 @@ def test_a_sweep_runs_auto_above_the_largest_bucket_eagerly_and_says_so(tmp_path
     from tests.test_compare import run_cli
 
     args = ["--device", "cpu", "--scenario", "mixed", "--buckets", "16,32", "--num-iters", "1"]
-    code, _, err = run_cli(
+    code, stdout, err = run_cli(
         "compare", "eager,auto,full", *args, "--num-iters-warmup", "0", "--max-tokens", "64",
         "--compositions", "1*16,40,30+1*4", "--out", tmp_path / "o",
     )  # fmt: skip
@@ -246,8 +246,27 @@ def test_a_sweep_runs_auto_above_the_largest_bucket_eagerly_and_says_so(tmp_path
         assert full["status"] == "skipped" and "no full graph" in full["error"], full
     assert rows[("auto", "1*16")]["served_by"] == "full"
     assert doc["config"]["eager_sizes"] == [34, 40]
+    checked = sum(1 for r in doc["records"] if r["mode"] != "eager" and r["status"] != "skipped")
+    assert f"({checked} replays checked against eager; 2 skipped)" in " ".join(stdout.split()), stdout
+    assert rows[("auto", "40")]["captured_with"] is None and rows[("auto", "40")]["runners"] is None
     assert any("above the largest bucket (32): auto runs them eagerly" in n for n in doc["notes"]), doc["notes"]
     with pytest.raises(GmtoolError, match="fits no bucket .*run auto, which serves it eagerly"):
         SweepConfig(device="cpu", buckets="16,32", compositions="40", modes=("eager", "full"))
     with pytest.raises(GmtoolError, match="raise --max-tokens to 40 or more"):
         SweepConfig(device="cpu", buckets="16,32", compositions="40", modes=("eager", "auto"))
+
+
+def test_mixes_auto_runs_eagerly_choose_nothing_of_the_graphs():
+    """The run's scenario and --piecewise-impl fx's check follow the mixes graphs serve: a prefill mix above the
+    largest bucket made a run of decode graphs 'prefill' (and plan then costed decode steps as prefill graphs),
+    and let fx through where auto captures no piecewise graph; --trace and --fuse's check take the largest graph
+    bucket, not an eager size."""
+    from gmtool.config import SweepConfig
+    from gmtool.errors import GmtoolError
+
+    opts = dict(device="cpu", buckets="16,32", max_tokens=64, compositions="1*16,1*32,40")
+    cfg = SweepConfig(**opts, modes=("eager", "auto", "full"))
+    assert cfg.scenario == "decode" and not any("scenario" in n for n in cfg.notes), cfg.notes
+    assert cfg.largest_graph_bucket == 32 and cfg.eager_sizes == [40]
+    with pytest.raises(GmtoolError, match="auto serves every batch of this run with full graphs"):
+        SweepConfig(**opts, modes=("eager", "auto"), piecewise_impl="fx")

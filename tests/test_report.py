@@ -17,7 +17,7 @@ from gmtool.report.baseline import attach_baseline
 from gmtool.report.html import render_html
 from gmtool.report.markdown import render_markdown
 from gmtool.report.results import write_reports, write_results
-from gmtool.report.tables import compare_table, noise_warning
+from gmtool.report.tables import baseline_counts, compare_table, noise_warning
 from gmtool.records import RECORD_FIELDS, Document
 from tests.helpers import html_table_rows
 from tests.helpers import md_table_rows as table_rows
@@ -485,3 +485,18 @@ def test_a_rank_row_without_its_own_change_shows_the_pooled_one():
     t = compare_table(doc)
     col = [c.header for c in t.columns].index("vs baseline")
     assert [row[col] for row in t.rows if row] == ["+12.5%"]
+
+
+def test_a_row_another_path_served_than_in_the_baseline_is_counted():
+    """auto's row 40 was a piecewise replay in the baseline (40 a bucket there) and an eager step now: the change
+    in latency compared the two without a word."""
+    new, old = make_doc(), make_doc()
+    for doc, path in ((old, "piecewise"), (new, "eager")):
+        doc["records"].append(rec("auto", 40, "40", ms=3.0, eager=3.0, key="t40"))
+        doc["records"][-1]["served_by"] = path
+    doc = Document.from_dict(new)
+    attach_baseline(doc, Document.from_dict(old), "old/results.json")
+    got = doc.to_dict()
+    assert got["baseline"]["served_by_changed"] == 1
+    assert got["records"][-1]["baseline"]["served_by"] == "piecewise"
+    assert "1 served by another path than in the baseline (served_by)" in baseline_counts(got["baseline"])

@@ -72,7 +72,7 @@ def judge_fused(bench, cfg, notes: list[str], errors: list[str]) -> None:
         notes.append("--fuse not checked against the model's own layers under --tp (run --tp 1 for that)")
         return
     by_bucket = cfg.compositions_by_bucket
-    for bucket in dict.fromkeys((max(by_bucket), min(by_bucket))):
+    for bucket in dict.fromkeys((cfg.largest_graph_bucket, min(by_bucket))):
         try:
             checked = check_fused(bench, by_bucket[bucket][0], tolerances_for(cfg.torch_dtype)[1])
         except GmtoolError as e:

@@ -69,7 +69,7 @@ class TraceProbe:
     def after_sweep(self, bench, executors, res) -> None:
         cfg, device = bench.cfg, bench.device
         if GraphMode.EAGER in cfg.modes:
-            bucket = max(cfg.compositions_by_bucket)
+            bucket = cfg.largest_graph_bucket  # as the graph modes' traces: not an eager size above it
             try:
                 comp = cfg.compositions_by_bucket[bucket][0]
                 fn, _ = bench.eager_fn(bench.batch(comp))

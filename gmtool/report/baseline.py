@@ -53,7 +53,7 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
     rows, old_rows = [r.to_dict() for r in doc.records], [r.to_dict() for r in base.records]
     old = {(o.get("rank") or 0, key): o for key, o in zip(row_keys(old_rows), old_rows)}
     old_ranks = {rank for rank, _ in old}
-    matched, used, changed = 0, set(), 0
+    matched, used, changed, moved = 0, set(), 0, 0
     for key, r, rec in zip(row_keys(rows), rows, doc.records):
         # each rank against the same rank of the baseline, or against its single rank (TP=1 against TP=2)
         rank = r.get("rank") or 0
@@ -65,8 +65,10 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
         matched += 1
         used.add(at)
         changed += o["status"] != r["status"]
+        moved += bool(o.get("served_by") and r.get("served_by") and o["served_by"] != r["served_by"])
         rec.baseline = {
             "status": o["status"],
+            "served_by": o.get("served_by"),
             "latency_ms": _median(o),
             "latency_delta_pct": _pct(_median(r), _median(o)),
             "max_rel_err": o.get("max_rel_err"),
@@ -104,5 +106,6 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
         "unmatched": len(rows) - matched,
         "only_in_baseline": len(old) - len(used),  # rows the older run had and this one did not measure
         "status_changed": changed,  # matched rows whose status differs (ok -> UNSAFE, error -> ok, ...)
+        "served_by_changed": moved,  # matched auto rows another path served (piecewise -> eager, ...)
         "buckets": buckets,
     }

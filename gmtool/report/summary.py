@@ -114,5 +114,5 @@ def verdict(doc: dict) -> str:
         )
     return (
         f"{count[Status.OK]} ok, {count[Status.UNSAFE]} UNSAFE, {count[Status.ERROR] + count[Status.OOM]} "
-        f"errors ({'; '.join([f'{len(checked)} replays checked against eager'] + extra)})"
+        f"errors ({'; '.join([f'{len(checked) - count[Status.SKIPPED]} replays checked against eager'] + extra)})"
     )

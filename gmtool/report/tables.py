@@ -170,8 +170,9 @@ def baseline_counts(b: dict) -> str:
     text = f"{b['matched']} rows matched, {b['unmatched']} new"
     gone = b.get("only_in_baseline")  # absent in documents written before it was counted
     text += f", {gone} only in the baseline (not measured in this run)" if gone else ""
-    changed = b.get("status_changed")
-    return text + (f"; {changed} matched row{'s' if changed > 1 else ''} changed status" if changed else "")
+    changed, moved = b.get("status_changed"), b.get("served_by_changed")
+    text += f"; {changed} matched row{'s' if changed > 1 else ''} changed status" if changed else ""
+    return text + (f"; {moved} served by another path than in the baseline (served_by)" if moved else "")
 
 
 def baseline_line(doc: dict) -> str | None:
