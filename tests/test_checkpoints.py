@@ -288,3 +288,30 @@ def test_indexes_fp16_overflow_and_legacy_bin_files_are_read_as_transformers_rea
     torch.save(dict(weights), legacy / "pytorch_model.bin", _use_new_zipfile_serialization=False)
     got = load_model(str(legacy), CPU, torch.float32).model.state_dict()
     assert all(torch.equal(got[k], v) for k, v in saved[1].items())
+
+
+def test_a_hugging_face_cache_snapshot_loads_and_is_named_by_its_repository(saved, tmp_path, monkeypatch):
+    """A cache snapshot links every file, shards and index too, into ../../blobs: the index's shards were refused
+    as 'outside' the folder (links followed), and the model was named by its commit. `--model .` had no name, and
+    a folder named like a built-in profile replaced it without a word."""
+    from transformers import AutoModelForCausalLM
+
+    sharded = tmp_path / "sharded"
+    AutoModelForCausalLM.from_pretrained(saved[0]).save_pretrained(sharded, max_shard_size="100KB")
+    repo = tmp_path / "hub" / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    for i, f in enumerate(sorted(sharded.iterdir())):
+        blob = repo / "blobs" / f"h{i}"
+        shutil.copy(f, blob)
+        (snap / f.name).symlink_to(f"../../blobs/h{i}")
+    lm = load_model(str(snap), CPU, torch.float32)
+    assert lm.name == "org/tiny" and lm.source == "checkpoint"
+    assert all(torch.equal(lm.model.state_dict()[k], v) for k, v in saved[1].items())
+    monkeypatch.chdir(saved[0])
+    assert load_model(".", CPU, torch.float32).name == saved[0].name
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(saved[0], tmp_path / "tiny-llama")
+    lm = load_model("tiny-llama", CPU, torch.float32)
+    assert lm.source == "checkpoint" and any("not the built-in profile of that name" in n for n in lm.notes)

@@ -237,3 +237,17 @@ def test_only_parts_that_hold_weights_count_as_more_than_the_fused_forward():
     layers[0].self_attn.gate = torch.nn.Linear(4, 4)
     fused = fuse_layers(rig.lm.model, "torch")
     assert fused.counts["attention"] == len(layers) - 1 and any("gate" in s for s in fused.skipped)
+
+
+def test_fuse_on_a_model_none_of_whose_layers_match_says_nothing_was_fused():
+    """Phi's layers (no RMSNorm, a dense MLP, a partial rotary) match none of the fused patterns: the note listed
+    '0 attention blocks (...), 0 MLPs (...), 0 RMSNorms' as if something had been fused."""
+    from gmtool.model.fused import FusedLayers
+
+    fused = FusedLayers()
+    fused.skipped.append("a layer of type PhiDecoderLayer")
+    assert fused.summary == (
+        "--fuse: nothing fused, the model's own layers run as without it: a layer of type PhiDecoderLayer"
+    )
+    fused.counts["mlp"] = 2
+    assert fused.summary.startswith("--fuse: 0 attention blocks")

@@ -262,3 +262,20 @@ def test_more_ranks_than_gpus_is_refused():
     cfg.torch_device = torch.device("cuda:1")
     with pytest.raises(GmtoolError, match="rank r on cuda:r"):
         launch.check_request(cfg, visible_gpus=2)
+
+
+@pytest.mark.parametrize(("model_type", "says"), [("olmo2", "query and 2/2 K/V heads a rank"), ("stablelm", "shape")])
+def test_a_family_whose_layers_do_not_split_by_heads_is_refused_in_one_line(tmp_path, model_type, says):
+    """OLMo 2 normalizes q and k over every head, StableLM reshapes by its whole head count: split, they failed
+    inside the sweep with a raw torch error (exit 1); a probe of the split model refuses them first."""
+    from tests.arch_configs import write_config
+
+    path = write_config(model_type, tmp_path)
+    code, _, stderr, _ = gm(
+        "capture", "--device", "cpu", "--model", path, "--tp", 2, "--buckets", 1, "--out", tmp_path / "x"
+    )
+    assert code == 2, stderr
+    line = stderr.strip().splitlines()[-1]
+    assert "its layers do not split by heads" in line or "do not run split over ranks" in line, stderr
+    assert says in line and "run it with --tp 1" in line, stderr
+    assert not (tmp_path / "x").exists()

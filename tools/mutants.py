@@ -1693,6 +1693,22 @@ MUTANTS: list[Mutant] = [
         "tests/test_bad_inputs.py",
         "an error quoting '[/b]' is a rich markup traceback instead of the error",
     ),
+    M(
+        "tp-split-heads-unchecked",
+        "gmtool/measure/workbench.py",
+        "    if split != {(lm.rank_heads, lm.rank_kv_heads, lm.rank_kv_heads)}:\n",
+        "    if False:\n",
+        "tests/test_parallel.py::test_a_family_whose_layers_do_not_split_by_heads_is_refused_in_one_line",
+        "a family whose attention does not split by heads (OLMo 2) fails in the sweep with a raw torch error",
+    ),
+    M(
+        "index-outside-by-links",
+        "gmtool/model/checkpoint.py",
+        '    outside = next((s for s in shards if Path(s).is_absolute() or os.path.normpath(s).startswith("..")), None)\n',
+        "    outside = next((s for s in shards if not (ckpt / s).resolve().is_relative_to(ckpt.resolve())), None)\n",
+        "tests/test_checkpoints.py::test_a_hugging_face_cache_snapshot_loads_and_is_named_by_its_repository",
+        "a Hugging Face cache snapshot's shards, links into ../../blobs, are refused as outside the folder",
+    ),
 ]
 
 

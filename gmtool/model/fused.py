@@ -497,6 +497,9 @@ class FusedLayers:
     @property
     def summary(self) -> str:
         c = self.counts
+        if not (c["attention"] or c["mlp"] or c["rmsnorm"]):  # the patterns matched nothing: its own layers run
+            why = f": {'; '.join(sorted(set(self.skipped)))}" if self.skipped else ""
+            return f"--fuse: nothing fused, the model's own layers run as without it{why}"
         s = (
             f"--fuse: {c['attention']} attention blocks (one QKV GEMM, QK-norm+RoPE in one kernel, which with Triton "
             f"also writes the step's K/V into the cache where the graph holds the attention), {c['mlp']} MLPs "

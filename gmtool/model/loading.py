@@ -14,7 +14,7 @@ import torch
 from gmtool.switches import switched_off
 from gmtool.model import attention, checkpoint, families, probe
 from gmtool.errors import GmtoolError
-from gmtool.profiles import load_model_profile
+from gmtool.profiles import load_model_profile, model_profiles
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -255,6 +255,18 @@ def _read_config_json(path: Path) -> dict:
     return raw
 
 
+def _display_name(path: Path, spec: str) -> str:
+    """What tables and results call the model: a profile's name, a folder's or file's own name (`.`'s too), and
+    for a Hugging Face cache snapshot (models--org--name/snapshots/<commit>) the repository, not the commit."""
+    if not path.exists():
+        return spec
+    whole = Path(os.path.normpath(path.absolute()))  # not resolved: a snapshot's files link into ../../blobs
+    folder = whole if path.is_dir() else whole.parent
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return whole.name
+
+
 def load_model(
     spec: str,
     device: torch.device,
@@ -278,6 +290,8 @@ def load_model(
     torch.manual_seed(seed)
     weights, notes = [], []
     if path.is_dir():
+        if spec in model_profiles():  # a bare name: the folder here wins, and says so
+            notes.append(f"{spec}: the folder {path.absolute()} is read, not the built-in profile of that name")
         if not (path / "config.json").is_file():
             if (path / "adapter_config.json").is_file():
                 raise GmtoolError(f"{spec} is a PEFT adapter: merge it into its base model and give that folder")
@@ -332,7 +346,7 @@ def load_model(
                 # a warning's check (pad token id among the input ids: a host sync) that would stop capture; gmtool's
                 # packed batches have no padding for it to warn of
                 m.warn_if_padding_and_no_attention_mask = _no_padding_warning
-        lm = LoadedModel(path.name if path.exists() else spec, model, cfg, source, notes=notes, gemm_warmup=warmup)
+        lm = LoadedModel(_display_name(path, spec), model, cfg, source, notes=notes, gemm_warmup=warmup)
         lm.layout = probe.probe_layout(lm, families.architecture(cfg))
         if feats := lm.layout.features():
             lm.notes.append(f"attention: {'; '.join(feats)}")
