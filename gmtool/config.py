@@ -178,8 +178,9 @@ class SweepConfig:
         over = [c for c in comps if c.bucket is None and c.num_tokens > policy.largest]
         if over:
             self._eager_above(over, policy)
+        graphed = [c for c in comps if c not in over]  # the mixes graphs serve: auto runs the others eagerly
         self.compositions_by_bucket = {b: [] for b in policy.sizes}
-        for b, cs in assign_buckets([c for c in comps if c not in over], policy).items():
+        for b, cs in assign_buckets(graphed, policy).items():
             self.compositions_by_bucket[b].extend(cs)
         below, defaulted = 0, []
         for b in sorted(self.compositions_by_bucket):
@@ -198,7 +199,6 @@ class SweepConfig:
         for c in over:  # after the buckets' defaults: each size is its own group, above them all
             self.compositions_by_bucket.setdefault(c.num_tokens, []).append(c)
         self.eager_sizes = sorted({c.num_tokens for c in over})
-        graphed = [c for c in comps if c not in over]  # auto runs the others eagerly: no graph's scenario
         if self.buckets is not None and graphed and not defaulted:
             self._scenario_of(graphed)
         every = [c for b, cs in self.compositions_by_bucket.items() if b not in self.eager_sizes for c in cs]

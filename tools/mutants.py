@@ -1616,8 +1616,8 @@ MUTANTS: list[Mutant] = [
     M(
         "estimate-reads-auto-map",
         "gmtool/memory/estimate.py",
-        '            return loading._config_from_dict(loading._read_config_json(path / "config.json"))\n',
-        "            from transformers import AutoConfig\n\n            return AutoConfig.from_pretrained(path, local_files_only=True)\n",
+        "        return loading._config_from_dict(loading.read_config(spec)[0])\n",
+        "        from transformers import AutoConfig\n\n        return AutoConfig.from_pretrained(spec, local_files_only=True)\n",
         "tests/test_checkpoints.py::test_a_config_file_is_read_as_a_folder_would_be",
         "the memory estimate reads a folder's config through AutoConfig, which may ask to run its auto_map code",
     ),
@@ -1695,7 +1695,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "tp-split-heads-unchecked",
-        "gmtool/measure/workbench.py",
+        "gmtool/model/probe.py",
         "    if split != {(lm.rank_heads, lm.rank_kv_heads, lm.rank_kv_heads)}:\n",
         "    if False:\n",
         "tests/test_parallel.py::test_a_family_whose_layers_do_not_split_by_heads_is_refused_in_one_line",

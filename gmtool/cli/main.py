@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gmtool.errors import GmtoolError, Interrupted, RunFailure
-from rich.markup import escape
 
 app = typer.Typer(
     name="gmtool",

@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
-from gmtool.cli import options as o
-from gmtool.parallel import launch
-from gmtool.parallel.launch import resolve_tp
 from gmtool.app import run_memreport
+from gmtool.cli import options as o
 from gmtool.cli.output import Output, document_if_interrupted
 from gmtool.cli.progress import progress_bars
 from gmtool.cli.run_sweep import build_config
@@ -19,10 +18,11 @@ from gmtool.memory.ledger import sample_buckets
 from gmtool.memory.report import MEMREPORT_JSON, memreport_table, memreport_verdict
 from gmtool.memory.strategies import STRATEGIES, parse_strategies
 from gmtool.modes import MEMORY_MODES
+from gmtool.parallel import launch
+from gmtool.parallel.launch import resolve_tp
 from gmtool.records import Status
 from gmtool.report.ledger import memreport_ledger_table, prediction_table
 from gmtool.report.results import default_out_dir
-from rich.markup import escape
 
 MEMREPORT_MODES = MEMORY_MODES
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from gmtool.cli import options as o
 from gmtool.cli.output import Output
@@ -24,7 +25,6 @@ from gmtool.plan.run import PlanInputs, check_candidates, check_steps, make_plan
 from gmtool.plan.workload import builtin_workloads, is_decode, load_workload
 from gmtool.profiles import load_sweep_profile
 from gmtool.report.results import check_out_dir, default_out_dir, load_results, output_dir, write_results
-from rich.markup import escape
 
 
 def _positive(value, name: str):

@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from gmtool.cli import options as o
 from gmtool.cli.output import Output
-from gmtool.report.baseline import attach_baseline, load_baseline
 from gmtool.errors import GmtoolError
+from gmtool.report.baseline import attach_baseline, load_baseline
 from gmtool.report.results import (
     OUTPUT_FILES,
     REPORT_HTML,
@@ -23,8 +24,6 @@ from gmtool.report.results import (
 )
 from gmtool.report.summary import verdict
 from gmtool.report.tables import baseline_line, compare_table, noise_warning
-from rich.markup import escape
-
 
 BaselineOpt = Annotated[
     Optional[Path],

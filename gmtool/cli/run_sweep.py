@@ -6,6 +6,7 @@ import re
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gmtool.config import SweepConfig
 from gmtool.profiles import load_sweep_profile
@@ -13,7 +14,6 @@ from gmtool.records import Document
 from gmtool.report.ledger import ledger_table
 from gmtool.report.summary import verdict
 from gmtool.report.tables import baseline_line, noise_warning
-from rich.markup import escape
 
 
 def build_config(profile: str | dict | None, **opts) -> SweepConfig:

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from gmtool.cli import options as o
 from gmtool.cli.output import Output
 from gmtool.report.results import default_out_dir, output_dir
 from gmtool.verify.faults import FAULTS
 from gmtool.verify.run import CPU_DEFAULTS, GPU_DEFAULTS, VerifyConfig
-from rich.markup import escape
 
 
 def _default(name: str) -> str:

@@ -18,11 +18,11 @@ the same configuration skips the pass and loads each kernel at its first launch.
 
 Threads were not enough: Triton holds the GIL through most of a compile, so nine variants in eight threads ran
 nearly one after the other (a one-line kernel 0.8-1.0 s beside the others). Each variant now compiles in a
-forked process first (compile_children.ChildCompiles), its launcher in a grandchild beside it, and the thread loads it from the
-disk cache; the longest compile is forked first (by_compile_cost). Cold, the 35 default decode buckets with
---fuse: 1.83, 1.87 and 1.84 s against 2.47 and 2.32 s in threads (H200, 2026-12-02, fresh processes alternated,
-.diag/ctime.py; the pass 0.96-1.05 s against 1.26-1.51). GMTOOL_COMPILE_FORK=0 compiles in the threads.
-Triton's own first-launch work starts at the model's load (triton_prep).
+forked process first (compile_children.ChildCompiles), its launcher in a grandchild beside it, and the thread
+loads it from the disk cache; the longest compile is forked first (by_compile_cost). Cold, the 35 default decode
+buckets with --fuse: 1.83, 1.87 and 1.84 s against 2.47 and 2.32 s in threads (H200, 2026-12-02, fresh processes
+alternated, .diag/ctime.py; the pass 0.96-1.05 s against 1.26-1.51). GMTOOL_COMPILE_FORK=0 compiles in the
+threads. Triton's own first-launch work starts at the model's load (triton_prep).
 """
 
 from __future__ import annotations

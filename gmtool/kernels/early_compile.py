@@ -18,7 +18,6 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -69,21 +68,12 @@ class EarlyCompile:
 
 def raw_config(spec: str) -> dict | None:
     """The model's config as its JSON says, without transformers (not imported yet): None where unreadable."""
-    import json
-
-    from gmtool.profiles import load_model_profile
+    from gmtool.model.loading import read_config
 
     try:
-        path = Path(spec)
-        if path.is_dir():
-            raw = json.loads((path / "config.json").read_text())
-        elif path.suffix == ".json" or path.is_file():
-            raw = json.loads(path.read_text())
-        else:
-            raw = load_model_profile(spec)["config"]
+        return read_config(spec)[0]
     except Exception:  # the build says what is wrong with it
         return None
-    return raw if isinstance(raw, dict) else None
 
 
 PLAIN_TYPES = {"full_attention", "attention"}  # layer_types entries of plain attention

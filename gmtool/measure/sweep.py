@@ -236,7 +236,8 @@ class Sweep:
             return Record(**base, mode=mode, status=Status.OOM, key=str(key), error=error)
         except GmtoolError as e:
             return Record(**base, mode=mode, status=Status.ERROR, key=str(key), error=str(e))
-        fresh = fresh and entry.mode != GraphMode.EAGER  # auto's eager step: nothing captured
+        graphed = entry.mode != GraphMode.EAGER  # auto's eager step above the largest bucket: nothing captured
+        fresh = fresh and graphed
         rec = Record(
             **base,
             mode=mode,
@@ -252,11 +253,11 @@ class Sweep:
             graph_mem_bytes=entry.graph_mem_bytes if fresh else None,
             pool_growth_bytes=entry.pool_growth_bytes if fresh else None,
             outside_pool_bytes=entry.outside_pool_bytes if fresh else None,
-            pieces=entry.pieces if entry.mode != GraphMode.EAGER else None,
-            runners=entry.runners if entry.mode != GraphMode.EAGER else None,
+            pieces=entry.pieces if graphed else None,
+            runners=entry.runners if graphed else None,
             stale_metadata=check.stale_metadata,
             piecewise_impl=entry.piecewise_impl,
-            captured_with=entry.captured_with if entry.mode != GraphMode.EAGER else None,
+            captured_with=entry.captured_with if graphed else None,
             served_by=entry.mode.served_by,
             **(capture_ledger(ex, entry) if fresh else {}),
         )

@@ -25,7 +25,7 @@ from gmtool.core.executor import GraphExecutor
 from gmtool.core.inputs import PersistentInputs
 from gmtool.core.kv_cache import KVCacheSpec, PagedKVCache
 from gmtool.kernels import early_compile
-from gmtool.model import families
+from gmtool.model import families, probe
 from gmtool.model.loading import LoadedModel, load_model
 from gmtool.modes import GraphMode
 
@@ -102,33 +102,6 @@ def _refuse_positions_past_the_table(lm: LoadedModel, max_kv_len: int) -> None:
         )
 
 
-def _probe_split(lm: LoadedModel, tp: int) -> None:
-    """Two tokens through the split model, attention recorded, not computed: a family whose layers read the whole
-    head count (OLMo 2's q/k norms over every head, StableLM's reshape by its num_heads) fails here, on every rank
-    alike and before any collective, in one line, not as a raw torch error in the sweep."""
-    from gmtool.model import attention
-
-    device = next(lm.model.parameters()).device
-    ids = torch.arange(2, device=device) + lm.vocab_size // 2
-    pos = torch.arange(2, device=device)
-    with attention.probing([]) as calls, torch.no_grad():
-        try:
-            lm.forward_logits(ids, pos, pos[-1:])
-        except (RuntimeError, ValueError) as e:
-            raise GmtoolError(
-                f"--tp {tp}: {lm.name}'s layers do not run split over ranks ({type(e).__name__}: "
-                f"{(str(e).strip().splitlines() or [''])[0][:160]}): run it with --tp 1"
-            ) from None
-    split = {(q[1], k[1], v[1]) for _, q, k, v, _, _ in calls}
-    if split != {(lm.rank_heads, lm.rank_kv_heads, lm.rank_kv_heads)}:
-        h, kh, vh = sorted(split)[0]
-        raise GmtoolError(
-            f"--tp {tp}: {lm.name}'s attention gets {h} query and {kh}/{vh} K/V heads a rank, not "
-            f"{lm.rank_heads} and {lm.rank_kv_heads}: its layers do not split by heads (a norm or reshape over "
-            "every head); run it with --tp 1"
-        )
-
-
 def _shard_and_fuse(cfg: SweepConfig, lm: LoadedModel) -> int:
     """Workbench.build's steps between the load and the KV cache: the --tp split, --fuse; the rank."""
     rank = _tp_rank(cfg)
@@ -144,7 +117,8 @@ def _shard_and_fuse(cfg: SweepConfig, lm: LoadedModel) -> int:
         lm.whole_params = lm.num_params
         lm.notes.append(shard_model(lm.model, rank, cfg.tp))
         lm.tp = cfg.tp
-        _probe_split(lm, cfg.tp)
+        if why := probe.split_refusal(lm, cfg.tp):
+            raise GmtoolError(why)
     if cfg.fuse:
         from gmtool.kernels.common import SMALL_M_DEFAULT
         from gmtool.model.fused import fuse_layers

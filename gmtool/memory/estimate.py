@@ -48,15 +48,8 @@ def _model_config(spec: str):
     """The model's config without building it; None when it cannot be read here (loading says why later)."""
     from gmtool.model import loading
 
-    try:
-        path = Path(spec)
-        if path.is_dir():  # read as load_model reads it: never the folder's own code (auto_map)
-            return loading._config_from_dict(loading._read_config_json(path / "config.json"))
-        if path.suffix == ".json":
-            return loading._config_from_dict(loading._read_config_json(path))
-        from gmtool.profiles import load_model_profile
-
-        return loading._config_from_dict(load_model_profile(spec)["config"])
+    try:  # read as load_model reads it: never through AutoConfig, which may run a folder's own code (auto_map)
+        return loading._config_from_dict(loading.read_config(spec)[0])
     except Exception:  # any unreadable config is load_model's to report, with its own message
         return None
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from gmtool.errors import GmtoolError
+from gmtool.errors import GmtoolError, first_line
 
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -95,23 +95,24 @@ def _shards(index: Path) -> list[Path]:
 
 
 def _check_readable(file: Path) -> None:
-    """Open file as transformers will (a safetensors header and its size; a .bin's pickle, memory-mapped), so that
-    a damaged one is refused by name."""
+    """Open file as transformers will (a safetensors header and its size; a .bin archive's pickle, memory-mapped:
+    no tensor read), so that a damaged one is refused by name. A legacy (non-zip) pickle cannot be mapped: opening
+    it reads it whole, which transformers' load does once, and says so if it cannot."""
+    if file.suffix != ".safetensors" and not zipfile.is_zipfile(file):
+        return
     try:
         if file.suffix == ".safetensors":
             with safe_open(file, framework="pt", device="cpu") as f:
                 f.keys()
             return
-        # memory-mapped as transformers maps it: a zip archive (a legacy pickle cannot be)
-        stored = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+        stored = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
         if not isinstance(stored, dict):
             raise ValueError(f"not a state dict of named tensors ({type(stored).__name__})")
         bad = next((k for k, t in stored.items() if not isinstance(t, torch.Tensor)), None)
         if bad is not None:
             raise ValueError(f"{bad!r} is not a tensor ({type(stored[bad]).__name__})")
     except READ_ERRORS as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise GmtoolError(f"cannot read weight file {file}: {msg}") from None
+        raise GmtoolError(f"cannot read weight file {file}: {first_line(e)}") from None
 
 
 @contextlib.contextmanager
@@ -152,8 +153,7 @@ def load_pretrained(ckpt: Path, files: list[Path], cfg, dtype: torch.dtype, devi
     except torch.OutOfMemoryError:
         raise  # the machine's limit, not the folder's fault: the caller reports it as such
     except Exception as e:  # noqa: BLE001 (transformers' loader: whatever it raises is said in one line)
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise GmtoolError(f"transformers cannot load the weights of {ckpt}: {type(e).__name__}: {msg}") from None
+        raise GmtoolError(f"transformers cannot load the weights of {ckpt}: {first_line(e, typed=True)}") from None
     if info.get("mismatched_keys"):
         key, stored, wanted = sorted(info["mismatched_keys"], key=lambda m: m[0])[0]
         raise GmtoolError(

@@ -255,6 +255,26 @@ def _read_config_json(path: Path) -> dict:
     return raw
 
 
+def read_config(spec: str) -> tuple[dict, str]:
+    """--model's config as its JSON holds it (no transformers), and where it came from: "folder" (a checkpoint's
+    config.json), "config" (a config file by any name) or "profile" (a built-in one). What is none of these is
+    refused in one line."""
+    path = Path(spec)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            if (path / "adapter_config.json").is_file():
+                raise GmtoolError(f"{spec} is a PEFT adapter: merge it into its base model and give that folder")
+            raise GmtoolError(f"{spec} is a directory without config.json: not a Hugging Face checkpoint")
+        return _read_config_json(path / "config.json"), "folder"
+    if path.suffix in WEIGHT_SUFFIXES and path.is_file():
+        raise GmtoolError(f"{spec} is a weight file: give the checkpoint folder that holds it and its config.json")
+    if path.suffix == ".json" or path.is_file():
+        if not path.is_file():
+            raise GmtoolError(f"config file {spec} does not exist")
+        return _read_config_json(path), "config"
+    return load_model_profile(spec)["config"], "profile"
+
+
 def _display_name(path: Path, spec: str) -> str:
     """What tables and results call the model: a profile's name, a folder's or file's own name (`.`'s too), and
     for a Hugging Face cache snapshot (models--org--name/snapshots/<commit>) the repository, not the commit."""
@@ -288,15 +308,11 @@ def load_model(
         prepare_triton_in_background()  # overlaps the model's build: Triton's first kernel needs it
     path = Path(spec)
     torch.manual_seed(seed)
+    raw, source = read_config(spec)
     weights, notes = [], []
-    if path.is_dir():
+    if source == "folder":
         if spec in model_profiles():  # a bare name: the folder here wins, and says so
             notes.append(f"{spec}: the folder {path.absolute()} is read, not the built-in profile of that name")
-        if not (path / "config.json").is_file():
-            if (path / "adapter_config.json").is_file():
-                raise GmtoolError(f"{spec} is a PEFT adapter: merge it into its base model and give that folder")
-            raise GmtoolError(f"{spec} is a directory without config.json: not a Hugging Face checkpoint")
-        raw = _read_config_json(path / "config.json")
         weights = checkpoint.weight_files(path)
         source = "checkpoint" if weights else "config"
         if not weights:
@@ -304,19 +320,11 @@ def load_model(
                 f"{path.name} holds a config and no weights ({', '.join(checkpoint.SINGLE_FILES)}): "
                 "random weights, as for a built-in profile"
             )
-    elif path.suffix in WEIGHT_SUFFIXES and path.is_file():
-        raise GmtoolError(f"{spec} is a weight file: give the checkpoint folder that holds it and its config.json")
-    elif path.suffix == ".json" or path.is_file():  # a config file by any name
-        if not path.is_file():
-            raise GmtoolError(f"config file {spec} does not exist")
-        raw, source = _read_config_json(path), "config"
-        if any((path.parent / n).exists() for n in checkpoint.PRECEDENCE):
-            notes.append(
-                f"{spec} is read as a config alone: random weights (give its folder, {path.parent}, for the "
-                "weights beside it)"
-            )
-    else:
-        raw, source = load_model_profile(spec)["config"], "profile"
+    elif source == "config" and any((path.parent / n).exists() for n in checkpoint.PRECEDENCE):
+        notes.append(
+            f"{spec} is read as a config alone: random weights (give its folder, {path.parent}, for the weights "
+            "beside it)"
+        )
     if raw.get("quantization_config"):
         raise GmtoolError(f"{spec} is a quantized checkpoint: gmtool builds models in --dtype, not quantized")
     if raw.get("auto_map"):

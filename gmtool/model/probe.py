@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gmtool.errors import GmtoolError
+from gmtool.errors import GmtoolError, first_line
 from gmtool.model import attention, families
 from gmtool.model.attention import LayerOpts
 
@@ -176,14 +176,40 @@ def attention_refusal(arch: str, model: torch.nn.Module) -> str | None:
     return None
 
 
+def _probe_tokens(lm) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two ordinary tokens from mid-vocabulary and their positions: not padding (a zero embedding hides what the
+    LM head does) and not the special ids at either end (image placeholders, ...)."""
+    device = next(lm.model.parameters()).device
+    return torch.arange(2, device=device) + lm.vocab_size // 2, torch.arange(2, device=device)
+
+
+def split_refusal(lm, tp: int) -> str | None:
+    """Why the model split over tp ranks (gmtool.parallel.shard) cannot run, from the probe's two tokens through
+    it: a family whose layers read the whole head count (OLMo 2's q/k norms over every head, StableLM's reshape by
+    its num_heads) fails, or calls its attention with other than this rank's heads, on every rank alike and before
+    any collective: said in one line, not as a raw torch error in the sweep."""
+    ids, pos = _probe_tokens(lm)
+    with attention.probing([]) as calls, torch.no_grad():
+        try:
+            lm.forward_logits(ids, pos, pos[-1:])
+        except (RuntimeError, ValueError) as e:
+            why = first_line(e, typed=True)[:180]
+            return f"--tp {tp}: {lm.name}'s layers do not run split over ranks ({why}): run it with --tp 1"
+    split = {(q[1], k[1], v[1]) for _, q, k, v, _, _ in calls}
+    if split != {(lm.rank_heads, lm.rank_kv_heads, lm.rank_kv_heads)}:
+        h, kh, vh = sorted(split)[0]
+        return (
+            f"--tp {tp}: {lm.name}'s attention gets {h} query and {kh}/{vh} K/V heads a rank, not {lm.rank_heads} "
+            f"and {lm.rank_kv_heads}: its layers do not split by heads (a norm or reshape over every head); run it "
+            "with --tp 1"
+        )
+    return None
+
+
 def probe_layout(lm, arch: str) -> KVLayout:
     """Run two tokens through the model with the attention calls recorded: one call per layer, each with the
     layer's q/k/v shapes and options."""
-    device = next(lm.model.parameters()).device
-    # two ordinary tokens from mid-vocabulary: not padding (a zero embedding hides what the LM head does) and
-    # not the special ids at either end (image placeholders, ...)
-    ids = torch.arange(2, device=device) + lm.vocab_size // 2
-    pos = torch.arange(2, device=device)
+    ids, pos = _probe_tokens(lm)
     with attention.probing([]) as calls, torch.no_grad():
         try:
             logits = lm.forward_logits(ids, pos, pos[-1:])

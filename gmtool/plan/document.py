@@ -6,12 +6,12 @@ import datetime as _dt
 import json
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from gmtool.plan.engines import flags
 from gmtool.plan.optimizer import Choice
 from gmtool.report.tables import _f, fmt_bytes
-from rich.markup import escape
 
 PLAN_JSON, PLAN_MD, PLAN_PNG = "plan.json", "plan.md", "plan.png"
 

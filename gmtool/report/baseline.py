@@ -76,14 +76,13 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
         }
     # every rank pooled (rank null); under --tp also each rank, against the same rank of the baseline where it has
     # one, else against the baseline's pooled rows (a TP=1 run's only rank)
-    multi = len({r.get("rank") or 0 for r in rows}) > 1
     pooled = {(s["mode"], s["bucket"]): s for s in bucket_summary(old_rows)}
     per_rank = {(s["mode"], s["bucket"], s["rank"] or 0): s for s in bucket_summary(old_rows, True)}
-    old_multi = len({r.get("rank") or 0 for r in old_rows}) > 1
+    several = len({r.get("rank") or 0 for r in rows}) > 1
     buckets = []
-    for s in bucket_summary(rows) + (bucket_summary(rows, True) if multi else []):
+    for s in bucket_summary(rows) + (bucket_summary(rows, True) if several else []):
         o = pooled.get((s["mode"], s["bucket"]))
-        if s["rank"] is not None and old_multi:
+        if s["rank"] is not None and len(old_ranks) > 1:
             o = per_rank.get((s["mode"], s["bucket"], s["rank"]), o)
         if o is not None:
             buckets.append(

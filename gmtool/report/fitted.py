@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.console import Console, ConsoleOptions, RenderResult
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
-from rich.markup import escape
 
 EMPTY_CELLS = {"", "-", "-/-"}
 

@@ -25,7 +25,8 @@ def bucket_summary(records: list[dict], by_rank: bool = False) -> list[dict]:
         caps: dict = {}  # per rank: the ranks capture side by side, so a pooled row takes the slowest rank's sum
         for r in rs:
             if r.get("capture_s") is not None:
-                caps[r.get("rank") or 0] = caps.get(r.get("rank") or 0, 0.0) + r["capture_s"]
+                rank_of = r.get("rank") or 0
+                caps[rank_of] = caps.get(rank_of, 0.0) + r["capture_s"]
         mems = [r["graph_mem_bytes"] for r in rs if r.get("graph_mem_bytes") is not None]
         comps = [r["compile_s"] for r in rs if r.get("compile_s") is not None]
         over = [r["replay_over_floor"] for r in rs if r.get("replay_over_floor") is not None]

@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from rich.markup import escape
 from rich.table import Table
 
 from gmtool.verify.nodediff import fold_layers
-from rich.markup import escape
 
 EXIT_CLEAN, EXIT_FOUND = 0, 3
 
