@@ -14,7 +14,7 @@ import contextlib
 from pathlib import Path
 
 from gmtool.config import SweepConfig
-from gmtool.errors import Interrupted
+from gmtool.errors import GmtoolError, Interrupted
 from gmtool.measure.sweep import Sweep, planned_rows
 from gmtool.modes import GraphMode
 from gmtool.parallel.comm import gather_records, is_writer
@@ -122,7 +122,10 @@ def run_compare(
     def write(doc: Document) -> None:
         doc.config["modes"] = list(modes)  # the peer is not a SweepConfig mode, but the reports list it in order
         if baseline is not None:
-            attach_baseline(doc, *baseline)
+            try:
+                attach_baseline(doc, *baseline)
+            except GmtoolError as e:  # known only once the model is built (its parameters): keep the measurement
+                doc.errors.append(f"{e}; the results are written without it")
         files[:] = write_results(out_dir, doc) + write_reports(out_dir, doc)
 
     with _keeping(out_dir, "compare", planned, sweep, _on_writer(write)):

@@ -234,7 +234,8 @@ class SweepConfig:
         if GraphMode.AUTO not in self.modes:
             raise GmtoolError(
                 f"composition {c.label}: a batch of {c.num_tokens} tokens fits no bucket (largest is "
-                f"{policy.largest}): add a bucket, or run auto, which serves it eagerly (with --max-tokens)"
+                f"{policy.largest}): add a bucket (capture and compare also take it with mode auto and --max-tokens: auto "
+                "serves it eagerly)"
             )
         big = max(over, key=lambda c: c.num_tokens)
         if big.num_tokens > policy.max_tokens:

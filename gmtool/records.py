@@ -230,7 +230,9 @@ class Document:
             missing = [k for k in REQUIRED if not isinstance(r, dict) or k not in r]
             if missing:
                 raise GmtoolError(f"record {i + 1} lacks {', '.join(missing)}")
-        return from_plain(cls, d)
+        doc = from_plain(cls, d)
+        check_values(doc)
+        return doc
 
     @classmethod
     def from_json(cls, text: str) -> Document:
@@ -296,3 +298,97 @@ def _typed(value, hint, where: str):
     if not ok:
         raise GmtoolError(f"{where} is {json.dumps(value)[:40]}, not {_NAMES.get(hint, hint.__name__)}")
     return value
+
+
+# -- checked values: what a measurement can be ---------------------------------------------------------------
+# A file edited by hand (or damaged) can hold well-typed values no run writes: a negative latency became a
+# negative plan, and a NaN error on an ok row was shown as ok (or vanished from a bucket's maximum).
+_AT_LEAST_ZERO = (
+    "eager_latency_ms",
+    "speedup",
+    "capture_s",
+    "compile_s",
+    "floor_ms",
+    "replay_over_floor",
+    "floor_bandwidth_ms",
+    "floor_launch_ms",
+    "graph_mem_bytes",
+    "inputs_bytes",
+    "workspace_bytes",
+    "floor_bytes",
+    "kernels",
+    "pieces",
+    "runners",
+)
+_ERRORS = (  # (error, its tolerance): NaN only where the replay failed
+    ("max_rel_err", "tolerance"),
+    ("max_rel_err_same_shape", "tolerance_same_shape"),
+    ("kv_rel_err", "tolerance"),
+    ("kv_rel_err_same_shape", "tolerance_same_shape"),
+)
+# the sections' values the reports and the planner compute with: (key, type, least value)
+_SECTION_VALUES = {
+    "config": (
+        ("tp", int, 1),
+        ("bucket_sizes", list, None),
+        ("eager_sizes", list, None),
+        ("modes", list, None),
+        ("num_iters", int, 0),
+        ("num_iters_warmup", int, 0),
+        ("max_kv_len", int, 1),
+    ),
+    "model": (("params", int, 0),),
+}
+
+
+def _finite(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))
+
+
+def check_values(doc: Document) -> None:
+    """GmtoolError naming the first value no run writes: a negative or non-finite time, size or count, an ok row
+    whose error is not a number or above its tolerance, a bucket below 1, a section value of the wrong kind."""
+    damaged = "(the file was edited or damaged)"
+    if doc.wall_s is not None and not (_finite(doc.wall_s) and doc.wall_s >= 0):
+        raise GmtoolError(f"wall_s is {doc.wall_s}: a time is a finite number, at least 0 {damaged}")
+    for section, keys in _SECTION_VALUES.items():
+        values = getattr(doc, section)
+        for key, kind, least in keys:
+            v = values.get(key)
+            if v is None:
+                continue
+            if kind is list:
+                if not isinstance(v, list) or not all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in v):
+                    raise GmtoolError(f"{section}: {key} is {json.dumps(v)[:40]}, not a list {damaged}")
+            elif not isinstance(v, kind) or isinstance(v, bool) or v < least:
+                raise GmtoolError(f"{section}: {key} is {json.dumps(v)[:40]}, not {_NAMES[kind]} >= {least} {damaged}")
+    b = doc.baseline
+    if b is not None:
+        ok = all(isinstance(b.get(k), int) and not isinstance(b.get(k), bool) for k in ("matched", "unmatched"))
+        if not (ok and isinstance(b.get("path"), str) and isinstance(b.get("buckets", []), list)):
+            raise GmtoolError(f"baseline lacks its path, matched and unmatched counts or buckets {damaged}")
+    for i, r in enumerate(doc.records):
+        where = f"record {i + 1} ({r.mode}, bucket {r.bucket}, {r.composition})"
+        for name in ("bucket", "num_tokens", "num_seqs"):
+            v = getattr(r, name)
+            if v is not None and v < 1:
+                raise GmtoolError(f"{where}: {name} is {v}, below 1 {damaged}")
+        for f in fields(Timing):
+            for name in ("latency_ms", "host_us", "host_copy_us", "host_steady_us"):
+                t = getattr(r, name)
+                v = None if t is None else getattr(t, f.name)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and not (_finite(v) and v >= 0):
+                    raise GmtoolError(f"{where}: {name} {f.name} is {v}: a finite number, at least 0 {damaged}")
+        for name in _AT_LEAST_ZERO:
+            v = getattr(r, name)
+            if v is not None and not (_finite(v) and v >= 0):
+                raise GmtoolError(f"{where}: {name} is {v}: a finite number, at least 0 {damaged}")
+        for name, tol_name in _ERRORS:
+            v, tol = getattr(r, name), getattr(r, tol_name)
+            if v is not None and v < 0:
+                raise GmtoolError(f"{where}: {name} is {v}: a relative error is at least 0 {damaged}")
+            if r.status == Status.OK and v is not None and tol is not None and not v <= tol:
+                raise GmtoolError(
+                    f"{where}: status ok but {name} {v} is not within its {tol_name} {tol}: a row with that "
+                    f"error is UNSAFE {damaged}"
+                )

@@ -399,3 +399,84 @@ def test_a_replay_that_raises_is_unsafe_not_a_crash():
     _, check, _ = checked_replay(rig.ex, batch, ref)
     assert check.replay_error == "RuntimeError: index 9 is out of bounds for dimension 0 with size 8"
     assert check.failure(1e-5, 1e-3).startswith("replay failed: RuntimeError: index 9")
+
+
+# -- blind spot: stale inputs too small for the tolerances ---------------------------------------------------
+def _executor_inputs_fault(monkeypatch, fault):
+    """fault(inputs) patches one graph executor's PersistentInputs (the eager reference's stay right)."""
+    from gmtool.core.executor import GraphExecutor
+
+    init = GraphExecutor.__init__
+
+    def faulty(self, *a, **k):
+        init(self, *a, **k)
+        fault(self.inputs)
+
+    monkeypatch.setattr(GraphExecutor, "__init__", faulty)
+
+
+def _stale_kv_lens(inputs):
+    """Copy-in keeps the kv_lens a key's first batch had: a later batch of the key attends one token short."""
+    load, seen = inputs.load, set()
+
+    def stale_load(batch, key, copy=True):
+        kept = inputs.staged(key)[1][1].copy()
+        load(batch, key, copy=False)
+        if key in seen:
+            inputs.staged(key)[1][1] = kept
+        seen.add(key)
+        if copy:
+            inputs.copy_in(key)
+        return inputs.views(key)
+
+    inputs.load = stale_load
+
+
+def test_a_stale_kv_length_under_the_tolerance_is_unsafe(tmp_path, monkeypatch):
+    """One token short of a 100-token context moves bf16 logits by about 1/100, under the unpadded comparison's
+    0.1, and the same-shape eager pass loads the same stale lengths: only the device inputs, compared with the
+    batch itself, show it. It passed as ok."""
+    _executor_inputs_fault(monkeypatch, _stale_kv_lens)
+    code, out, rows = _capture(tmp_path, "--dtype", "bf16", "--buckets", "4", "--compositions", "1*4@100,1*4@101")
+    second = next(r for r in rows if r["mode"] == "full" and r["composition"] == "1*4@101")
+    assert code == 3 and second["status"] == "UNSAFE", out
+    assert "device inputs the replay read are not this batch's: kv_lens holds other values" in second["error"]
+    assert second["max_rel_err"] <= second["tolerance"]  # the numbers alone would have passed it
+
+
+def test_padding_left_from_the_previous_batch_is_unsafe(tmp_path, monkeypatch):
+    """Padding lanes not rewritten keep the previous batch's slots: the replay writes a padding token's K/V into
+    a live block. The logits moved by 8e-4, under fp32's unpadded tolerance; it passed as ok."""
+
+    def no_pad(inputs):
+        inputs._pad = lambda *a: None
+
+    _executor_inputs_fault(monkeypatch, no_pad)
+    code, out, rows = _capture(tmp_path, "--buckets", "4", "--compositions", "1*4,1*3")
+    second = next(r for r in rows if r["mode"] == "full" and r["composition"] == "1*3")
+    assert code == 3 and second["status"] == "UNSAFE", out
+    assert "slot_mapping padding lanes point outside the null block" in second["error"], second["error"]
+
+
+def test_a_replay_that_overwrites_the_batchs_context_is_unsafe():
+    """Right inputs, a wrong write: a context slot of the batch (not one of its new tokens) changed by the
+    replay is named, whatever the logits say."""
+    from gmtool.measure.check import context_slots
+
+    rig = Rig(buckets=(8,))
+    batch = rig.batch("1*4", seed=5)
+    ref = EagerReference(rig.eager(batch).clone(), written_kv(rig.cache, batch))
+    entry, check, _ = checked_replay(rig.ex, batch, ref)
+    assert check.failure(1e-5, 1e-3) is None and check.context_changed == 0 and check.input_faults == []
+    held = [s for s in context_slots(rig.cache, batch) if s not in set(batch.slot_mapping)]
+    replay = type(entry).replay
+
+    def replay_and_stray(self, *a, **k):
+        replay(self, *a, **k)
+        rig.cache.v[1].view(-1, *rig.cache.v[1].shape[2:])[held[0]] += 1.0
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(entry), "replay", replay_and_stray)
+        _, check, _ = checked_replay(rig.ex, batch, ref)
+    assert check.context_changed == 1
+    assert "overwrote the K/V of 1 slot the batch's sequences hold" in check.failure(1e-5, 1e-3)

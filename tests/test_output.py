@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 
 import pytest
 from rich.console import Console
@@ -159,6 +160,30 @@ def test_a_mode_has_one_colour_in_every_plot():
     assert all(len(c) == 1 for c in colours.values()), colours
     assert len({next(iter(c)) for c in colours.values()}) == len(colours)  # and no two modes share one
     assert {m: MODE_COLOURS[m] for m in colours} == {m: next(iter(c)) for m, c in colours.items()}
+
+
+def test_bucket_labels_never_crowd_and_autos_eager_sizes_are_marked():
+    """auto's eager sizes sit just above the largest bucket: 512 and 520 were labelled on top of each other, and
+    nothing told the eager points from the graphs'."""
+    from gmtool.report.plots import latency_figure, ticks
+    from tests.test_report import rec
+
+    engines = [1, 2, 4, *range(8, 513, 8)]
+    got = ticks([*engines, 520], log=True)
+    assert got[-1] == 520 and 512 not in got and {1, 2, 4, 64, 256} <= set(got), got
+    span = math.log2(520)
+    assert all(math.log2(b) - math.log2(a) >= span / 14 for a, b in zip(got, got[1:])), got
+    assert ticks([16, 32, 33, 40], log=False) == [16, 33, 40]  # 32 is 1/24 of the axis from 33
+    assert ticks([16, 32, 34, 40], log=False) == [16, 32, 34, 40]  # 1/12: room for both
+    assert ticks([1, 2, 4, 8], log=True) == [1, 2, 4, 8]
+
+    doc = make_doc()
+    doc["records"] += [rec("eager", 40, "40", ms=12.0, eager=12.0), rec("auto", 40, "40", ms=12.1, eager=12.0)]
+    doc["config"]["eager_sizes"] = [40]
+    labels = [line.get_label() for line in latency_figure(doc).axes[0].get_lines()]
+    assert "auto: eager above 16" in labels, labels
+    doc["config"]["eager_sizes"] = []
+    assert not any("eager above" in x for x in (line.get_label() for line in latency_figure(doc).axes[0].get_lines()))
 
 
 # -- --format on every command ---------------------------------------------------------------------------------

@@ -200,6 +200,7 @@ def test_baseline_matches_rows_by_occurrence():
             r["latency_ms"]["median"] *= 2
         if r["max_rel_err"] is not None:
             r["max_rel_err"] += 0.25
+            r["tolerance"] = 2.0  # an ok row's error is within its tolerance (a file saying otherwise is refused)
     old["records"] = old["records"][:-1]  # the peer is new in this run
     old["records"][0]["status"] = "error"  # ... and one row that failed then is ok now
     doc = Document.from_dict(new)
@@ -255,7 +256,8 @@ def test_report_renders_in_place(results_dir):
     """The files `gmtool report` writes from results.json hold make_doc's rows: the summary, the UNSAFE and
     failed rows, one safety row per composition."""
     code, out, err = run_cli("report", results_dir)
-    assert code == 0, err
+    assert code == 1, err  # as the run ended: a row failed (piecewise bucket 16)
+    assert "capture of bucket t16 failed: boom" in " ".join((out + err).split())
     md = (results_dir / "report.md").read_text()
     html = (results_dir / "report.html").read_text()
     assert md.startswith("# gmtool compare: tiny-qwen3\n") and "<title>gmtool compare: tiny-qwen3</title>" in html
@@ -279,7 +281,7 @@ def test_report_with_baseline(results_dir, tmp_path):
     code, out, err = run_cli(
         "report", results_dir / "results.json", "--baseline", tmp_path / "old.json", "--out", tmp_path / "with-baseline"
     )
-    assert code == 0, err
+    assert code == 1, err  # make_doc's failed row
     md = (tmp_path / "with-baseline" / "report.md").read_text()
     rows = table_rows(md, "Change vs baseline")
     # bucket 8 runs two '1*8' mixes: each row says which, as the safety section does
@@ -311,7 +313,7 @@ def test_report_out_dir_needs_force(results_dir, tmp_path):
     (other / "x").write_text("x")
     code, _, err = run_cli("report", results_dir, "--out", other)
     assert code == 2 and "pass --force" in one_error(err)
-    assert run_cli("report", results_dir, "--out", other, "--force")[0] == 0
+    assert run_cli("report", results_dir, "--out", other, "--force")[0] == 1  # make_doc's failed row
     assert len(table_rows((other / "report.md").read_text(), "Summary (mode x bucket)")) == len(SUMMARY)
 
 

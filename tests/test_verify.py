@@ -471,3 +471,50 @@ def test_a_longrope_model_is_clean_and_its_padding_positions_are_not_poisoned(tm
     assert "longrope" in doc["runs"][0]["poison_skipped"]["positions padding lanes"], doc["runs"][0]
     assert any(n.startswith("longrope:") for n in doc["notes"]), doc["notes"]
     assert "note: longrope:" in r.output  # the model's notes are printed, as capture prints them
+
+
+def test_auto_with_max_tokens_soaks_and_checks_steps_above_the_largest_bucket(tmp_path):
+    """--max-tokens opens auto's eager path to the soak: steps above the largest bucket (16) run eagerly on their
+    exact shape and are checked like any replay; the run says how many of each kind it checked."""
+    out = tmp_path / "v"
+    argv = ["verify", "--device", "cpu", "--modes", "auto", "--max-tokens", "32", "--steps", "30", "--check-every"]
+    r = runner.invoke(app, [*argv, "3", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    run = json.loads((out / "verify.json").read_text())["runs"][0]
+    assert run["served_by"].get("eager", 0) > 0 and run["checked_by"].get("eager", 0) > 0, run
+    assert sum(run["checked_by"].values()) == run["checks"] == 10
+    assert any(int(k[1:].split("x")[0]) > 16 for k in run["keys"]), run["keys"]
+    assert "steps served by eager" in " ".join(r.output.split())
+
+
+def test_a_stale_plan_in_autos_eager_steps_is_caught(monkeypatch):
+    """An eager step above the largest bucket that keeps its first batch's attention plan (a cached context not
+    refreshed) is a wrong replay like a graph's: caught at a checked eager step, with --max-tokens in the
+    command that reproduces it."""
+    from gmtool.core.auto import EagerStep
+    from gmtool.model.attention import forward_context
+
+    def stale(self, batch, refresh_metadata=True):
+        self.check_inputs()
+        with forward_context(self.ctx), torch.no_grad():  # no ctx.prepare(batch.plan): the first batch's plan
+            self.executor.forward(self.ctx.views)
+
+    monkeypatch.setattr(EagerStep, "replay", stale)
+    cfg = VerifyConfig(device="cpu", dtype="fp32", modes="auto", max_tokens=32)
+    bench = build_bench(cfg)
+    taps = LayerTaps(bench.lm, bench.cfg.policy().max_tokens, bench.device)
+    try:
+        res = Soak(bench, taps, "auto", None, "default", SoakOptions(60, 1, 0)).run()
+    finally:
+        taps.remove()
+    m = res.mismatch
+    assert m is not None and int(m.key[1:].split("x")[0]) > 16, m
+    assert "--max-tokens 32" in cfg.repro("auto", "default", m.step + 1)
+
+
+def test_max_tokens_above_the_buckets_needs_auto():
+    from gmtool.errors import GmtoolError
+
+    with pytest.raises(GmtoolError, match="only auto serves steps above it"):
+        VerifyConfig(device="cpu", modes="full,piecewise", max_tokens=32)
+    assert VerifyConfig(device="cpu", modes="full", max_tokens=16).max_tokens == 16  # no step above: nothing to say

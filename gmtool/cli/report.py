@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from gmtool.cli import options as o
 from gmtool.cli.output import Output
+from gmtool.cli.run_sweep import finish
 from gmtool.errors import GmtoolError
 from gmtool.report.baseline import attach_baseline, load_baseline
 from gmtool.report.results import (
@@ -71,4 +72,5 @@ def report(
     if noise:
         out_.show(f"[yellow]warning:[/] {escape(noise)}", highlight=False)
     out_.show(escape(f"from {results_file(results)}: wrote " + ", ".join(str(f) for f in files)), highlight=False)
-    out_.verdict(verdict(data), doc.exit_code() == 0)
+    # the run's errors and unexpected UNSAFE rows, its verdict and its exit code, as the run itself ended
+    finish(doc, out_.problems, lambda: out_.verdict(verdict(data), doc.exit_code() == 0))

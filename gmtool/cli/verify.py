@@ -82,6 +82,14 @@ def verify(
         Optional[int],
         typer.Option("--block-size", help="KV cache block size in tokens.", show_default=_scaled("block_size")),
     ] = None,
+    max_tokens: Annotated[
+        Optional[int],
+        typer.Option(
+            "--max-tokens",
+            help="auto's largest step: steps above the largest bucket run eagerly, as engines run them "
+            "(auto only). Default: the largest bucket.",
+        ),
+    ] = None,
     attention: o.AttentionOpt = None,
     seed: o.SeedOpt = None,
     out: Annotated[Optional[Path], o.out_dir_option("verify")] = None,
@@ -106,6 +114,7 @@ def verify(
         max_num_seqs=max_num_seqs,
         max_kv_len=max_kv_len,
         block_size=block_size,
+        max_tokens=max_tokens,
         attention=attention,
         seed=seed,
     )

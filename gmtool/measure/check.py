@@ -10,7 +10,7 @@ computation without a graph (tight: identical kernels, so anything above roundin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -55,6 +55,99 @@ def eager_reference(run, logits: torch.Tensor, cache: PagedKVCache, batch: Batch
     return EagerReference(logits.clone(), written_kv(cache, batch))
 
 
+# -- what the replay read and what it left -------------------------------------------------------------------
+# The numbers alone cannot judge every stale input: the same-shape eager pass loads the batch through the same
+# executor (a copy-in that keeps last step's kv_lens feeds both), and an off-by-one length moves logits by about
+# 1/context, under the unpadded comparison's loose tolerance. So the device buffers the replay read are compared
+# with the batch itself, field by field, and the K/V the batch's sequences already held must be left untouched.
+_INPUT_FIELDS = (
+    "input_ids",
+    "positions",
+    "slot_mapping",
+    "token_seq",
+    "logits_indices",
+    "kv_lens",
+    "cu_q",
+    "block_tables",
+)
+
+
+def input_faults(ex, key, batch: Batch, staged: bool = False) -> list[str]:
+    """Fields of key's device buffers that do not hold this batch (or the padding attention relies on):
+    what a graph read, whatever the host meant to send. staged: the staging arena instead, what the next
+    copy-in sends (host memory, no device sync: cheap enough for every step)."""
+    n, b, w = batch.num_tokens, batch.num_seqs, batch.block_table_array.shape[1]
+    bs = ex.cache.spec.block_size
+    if staged:
+        tok, seq, cu, bt = ex.inputs.staged(key)
+        got = dict(zip(_INPUT_FIELDS, (*tok, *seq, cu, bt)))
+    else:
+        v = ex.inputs.views(key)
+        got = {name: getattr(v, name).cpu().numpy() for name in _INPUT_FIELDS}
+    checks = [
+        ("input_ids", got["input_ids"][:n], batch.input_ids),
+        ("positions", got["positions"][:n], batch.positions),
+        ("slot_mapping", got["slot_mapping"][:n], batch.slot_mapping),
+        ("token_seq", got["token_seq"][:n], batch.token_seq),
+        ("logits_indices", got["logits_indices"][:b], batch.logits_indices),
+        ("kv_lens", got["kv_lens"][:b], batch.kv_len_array),
+        ("cu_q", got["cu_q"][: b + 1], batch.cu_q),
+        ("block_tables", got["block_tables"][:b, :w], batch.block_table_array),
+    ]
+    out = [
+        f"{name} holds other values than this batch's" for name, have, want in checks if not np.array_equal(have, want)
+    ]
+    pad = got["slot_mapping"][n:]
+    if ((pad < 0) | (pad >= bs)).any():
+        out.append("slot_mapping padding lanes point outside the null block (padding writes K/V into live blocks)")
+    if (got["token_seq"][n:] != -1).any():
+        out.append("token_seq padding lanes name a sequence")
+    if got["kv_lens"][b:].any():
+        out.append("kv_lens padding lanes are not 0")
+    if (got["cu_q"][b + 1 :] != n).any():
+        out.append("cu_q padding lanes do not hold the token count")
+    if got["block_tables"][:b, w:].any() or got["block_tables"][b:].any():
+        out.append("block_tables padding lanes point to blocks other than the null block")
+    return out
+
+
+class SlotDigest:
+    """A digest per K/V slot (every layer) of the given slots, but the batch's new-token ones: what a replay
+    must not change."""
+
+    def __init__(self, cache: PagedKVCache, slots: np.ndarray, batch: Batch):
+        self.cache = cache
+        self.slots = torch.from_numpy(np.setdiff1d(slots, batch.slot_mapping)).to(cache.device)
+        self.before = self._digest()
+
+    def _digest(self) -> torch.Tensor:
+        return torch.stack(
+            [
+                kv.view(-1, kv[0, 0].numel()).index_select(0, self.slots).double().sum(-1)
+                for kv in self.cache.k + self.cache.v
+            ]
+        )
+
+    def changed(self) -> int:
+        """How many of those slots the replay changed (in any layer); NaN that stayed NaN is no change."""
+        if not len(self.slots):
+            return 0
+        now = self._digest()
+        same = (now == self.before) | (now.isnan() & self.before.isnan())
+        return int((~same).any(0).sum())
+
+
+def context_slots(cache: PagedKVCache, batch: Batch) -> np.ndarray:
+    """The K/V slots the batch's sequences hold before this step: each one's first kv_len slots by its block
+    table (the new tokens' among them; SlotDigest leaves those out)."""
+    bs = cache.spec.block_size
+    held = [
+        (np.asarray(row, dtype=np.int64)[:, None] * bs + np.arange(bs)).reshape(-1)[:length]
+        for row, length in zip(batch.block_table_array, batch.kv_len_array)
+    ]
+    return np.concatenate(held) if held else np.zeros(0, np.int64)
+
+
 @dataclass
 class ReplayCheck:
     max_rel_err: float  # logits vs the unpadded eager batch
@@ -63,6 +156,8 @@ class ReplayCheck:
     kv_rel_err_same_shape: float
     stale_metadata: bool  # a host plan frozen at capture differs from this batch's
     replay_error: str | None = None  # the replay raised (an index out of range, say): nothing it wrote counts
+    input_faults: list[str] = field(default_factory=list)  # device inputs the replay read that are not the batch's
+    context_changed: int = 0  # K/V slots of the batch's own context the replay overwrote
 
     def failure(self, tol_same: float, tol: float) -> str | None:
         """Why this replay is unsafe, or None. Comparisons are written so that NaN fails them."""
@@ -70,6 +165,11 @@ class ReplayCheck:
             return f"replay failed: {self.replay_error}"
         if self.stale_metadata:
             why = "stale host metadata frozen at capture"
+        elif self.input_faults:
+            why = "the device inputs the replay read are not this batch's: " + "; ".join(self.input_faults)
+        elif self.context_changed:
+            n = self.context_changed
+            why = f"the replay overwrote the K/V of {n} slot{'s' if n != 1 else ''} the batch's sequences hold"
         elif not self.max_rel_err_same_shape <= tol_same:
             why = "replay differs from the same computation run eagerly"
         elif not self.max_rel_err <= tol:
@@ -97,6 +197,7 @@ def checked_replay(ex, batch: Batch, ref: EagerReference, before_replay=None, af
     poison_kv(ex.cache, slots)
     if before_replay is not None:
         before_replay(entry)
+    held = SlotDigest(ex.cache, context_slots(ex.cache, batch), batch)
     try:
         entry.replay(batch, ex.refresh_runner_metadata)
         replay_error = None
@@ -107,6 +208,7 @@ def checked_replay(ex, batch: Batch, ref: EagerReference, before_replay=None, af
         replay_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if after_replay is not None:
         after_replay(entry)
+    faults, changed = input_faults(ex, entry.key, batch), held.changed()  # before the eager pass reloads them
     out, kv = out.clone(), written_kv(ex.cache, batch, slots)
     same = ex.eager_same_shape(batch).clone()
     kv_same = written_kv(ex.cache, batch, slots)
@@ -117,5 +219,7 @@ def checked_replay(ex, batch: Batch, ref: EagerReference, before_replay=None, af
         rel_err_per_seq(kv, kv_same),
         entry.stale_metadata(batch),
         replay_error,
+        faults,
+        changed,
     )
     return entry, check, out

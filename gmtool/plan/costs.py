@@ -63,10 +63,6 @@ class CostTable:
     def buckets(self) -> list[int]:
         return [int(b) for b in self.graph.index]
 
-    @property
-    def has_memory(self) -> bool:
-        return bool(self.graph["pool_bytes"].notna().all())
-
     def graph_at(self, sizes) -> pd.DataFrame:
         """Costs at any sizes; `source` says how the latency was obtained."""
         sizes = sorted({int(s) for s in sizes})
@@ -132,8 +128,12 @@ def from_results(doc: dict, mode: str | None = None) -> CostTable:
         notes.append(f"{mode} buckets {', '.join(map(str, sorted(bad)))} left out: some replay there was not ok")
     rows = rows[~rows["bucket"].isin(bad)]
     if rows.empty:
-        raise GmtoolError(f"no {mode} bucket replayed correctly in the results")
-    for col in ("graph_mem_bytes", "capture_s", "outside_pool_bytes"):
+        other = [m for m in PLANNED if m != mode and ((df["mode"] == m) & (df["status"] == Status.OK)).any()]
+        raise GmtoolError(
+            f"no {mode} bucket replayed correctly in the results"
+            + (f": plan --mode {other[0]} costs the {other[0]} rows, which did" if other else "")
+        )
+    for col in ("graph_mem_bytes", "capture_s", "outside_pool_bytes", "latency_ms_median"):
         if col not in rows:
             rows = rows.assign(**{col: np.nan})
     g = rows.groupby("bucket").agg(
@@ -145,14 +145,24 @@ def from_results(doc: dict, mode: str | None = None) -> CostTable:
     rank = rows["rank"].fillna(0) if "rank" in rows else 0
     g["capture_s"] = rows.assign(rank=rank).groupby(["bucket", "rank"])["capture_s"].sum().groupby("bucket").max()
     g.index = g.index.astype(int)
+    untimed = g.index[g["graph_ms"].isna()]
+    if len(untimed):  # ok rows without a latency (a run with --num-iters 0, or a file edited): said, then estimated
+        notes.append(
+            f"{mode} buckets {', '.join(map(str, untimed))} have no latency in the results: their step time is "
+            "estimated from the other buckets"
+        )
     if g["overhead_bytes"].isna().all():
         g["overhead_bytes"] = 0.0
     g = g.astype(float)
-    eager = df[(df["mode"] == GraphMode.EAGER) & (df["status"] == Status.OK)]
+    if "latency_ms_median" not in df:
+        df = df.assign(latency_ms_median=np.nan)
+    eager = df[(df["mode"] == GraphMode.EAGER) & (df["status"] == Status.OK) & df["latency_ms_median"].notna()]
     if eager.empty:
+        some = (df["mode"] == GraphMode.EAGER).any()  # there, but none ok: not "absent"
         raise GmtoolError(
-            "the results have no eager rows: steps above the largest graph run eager, so the plan "
-            "needs them (run compare with eager among the modes)"
+            ("no eager row of the results is ok and timed" if some else "the results have no eager rows")
+            + ": steps above the largest graph run eager, so the plan needs them (run compare with eager among "
+            "the modes)"
         )
     e = eager.groupby("num_tokens")["latency_ms_median"].median()
     e.index = e.index.astype(int)

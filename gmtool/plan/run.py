@@ -104,8 +104,14 @@ def make_plan(inp: PlanInputs) -> PlanResult:
         notes.append(
             f"eager latency of {eager_est} of {len(sizes)} step sizes estimated linearly from the measured eager rows"
         )
-    if not inp.costs.has_memory:
+    memory = inp.costs.graph["pool_bytes"]
+    if memory.isna().all():
         notes.append("no graph memory in these costs (the CPU backend measures none): memory is not planned")
+    elif memory.isna().any():
+        notes.append(
+            f"graph memory is missing for measured buckets {', '.join(map(str, memory.index[memory.isna()]))}: "
+            "theirs is estimated from the buckets that have it"
+        )
     elif not costs["overhead_bytes"].any():
         notes.append("graph memory is the allocator pool only (no per-graph memory outside the pool measured)")
     problem = Problem(sizes, inp.costs.eager_at(sizes.index), costs, inp.sharing)

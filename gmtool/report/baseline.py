@@ -29,7 +29,7 @@ def check_same_model(base: Document, name: str, params: int | None = None, scena
     same = old.get("name") == name and (params is None or old.get("params") in (None, params))
     if not same:
         old_desc = f"{old.get('name')!r}" + (f" ({old['params']:,} parameters)" if old.get("params") else "")
-        new_desc = f"{name!r}" + (f" ({params:,} parameters)" if params else "")
+        new_desc = f"{name!r}" + (f" ({params:,} parameters)" if params else "")  # params: checked on reading
         raise GmtoolError(
             f"--baseline is a run of model {old_desc}, this run is {new_desc}: compare runs of the same model"
         )
@@ -54,6 +54,7 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
     old = {(o.get("rank") or 0, key): o for key, o in zip(row_keys(old_rows), old_rows)}
     old_ranks = {rank for rank, _ in old}
     matched, used, changed, moved = 0, set(), 0, 0
+    pairs = []  # (this run's row, the baseline's) of every matched row: the bucket changes are over these alone
     for key, r, rec in zip(row_keys(rows), rows, doc.records):
         # each rank against the same rank of the baseline, or against its single rank (TP=1 against TP=2)
         rank = r.get("rank") or 0
@@ -64,6 +65,7 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
             continue
         matched += 1
         used.add(at)
+        pairs.append((r, o))
         changed += o["status"] != r["status"]
         moved += bool(o.get("served_by") and r.get("served_by") and o["served_by"] != r["served_by"])
         rec.baseline = {
@@ -75,12 +77,18 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
             "err_delta": _diff(r.get("max_rel_err"), o.get("max_rel_err")),
         }
     # every rank pooled (rank null); under --tp also each rank, against the same rank of the baseline where it has
-    # one, else against the baseline's pooled rows (a TP=1 run's only rank)
-    pooled = {(s["mode"], s["bucket"]): s for s in bucket_summary(old_rows)}
-    per_rank = {(s["mode"], s["bucket"], s["rank"] or 0): s for s in bucket_summary(old_rows, True)}
+    # one, else against the baseline's pooled rows (a TP=1 run's only rank). Both sides summarize the matched rows
+    # only: a bucket's median over three mixes against the baseline's over one was a change on the same data.
+    new_rows, old_matched = [r for r, _ in pairs], [o for _, o in pairs]
+    pooled = {(s["mode"], s["bucket"]): s for s in bucket_summary(old_matched)}
+    per_rank = {(s["mode"], s["bucket"], s["rank"] or 0): s for s in bucket_summary(old_matched, True)}
     several = len({r.get("rank") or 0 for r in rows}) > 1
+    per_bucket = {}
+    for r in rows:
+        k = (r["mode"], r["bucket"])
+        per_bucket[k] = per_bucket.get(k, 0) + 1
     buckets = []
-    for s in bucket_summary(rows) + (bucket_summary(rows, True) if several else []):
+    for s in bucket_summary(new_rows) + (bucket_summary(new_rows, True) if several else []):
         o = pooled.get((s["mode"], s["bucket"]))
         if s["rank"] is not None and len(old_ranks) > 1:
             o = per_rank.get((s["mode"], s["bucket"], s["rank"]), o)
@@ -95,6 +103,8 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
                     "replay_delta_pct": _pct(s["replay_ms"], o["replay_ms"]),
                     "old_max_rel_err": o["max_rel_err"],
                     "err_delta": _diff(s["max_rel_err"], o["max_rel_err"]),
+                    "rows_compared": sum(1 for r in new_rows if (r["mode"], r["bucket"]) == (s["mode"], s["bucket"])),
+                    "rows": per_bucket[(s["mode"], s["bucket"])],
                 }
             )
     doc.baseline = {
@@ -106,5 +116,18 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
         "only_in_baseline": len(old) - len(used),  # rows the older run had and this one did not measure
         "status_changed": changed,  # matched rows whose status differs (ok -> UNSAFE, error -> ok, ...)
         "served_by_changed": moved,  # matched auto rows another path served (piecewise -> eager, ...)
+        "partial": base.partial is not None,
+        "differs": _differs(doc, base),  # what else the two runs did not share (dtype, device, ...)
         "buckets": buckets,
     }
+
+
+def _differs(doc: Document, base: Document) -> list[str]:
+    """Settings the two runs did not share that move every timing: said with the counts, not refused (a dtype
+    or a GPU change is what one may want to see)."""
+    out = []
+    for section, key in (("config", "dtype"), ("config", "tp"), ("machine", "backend"), ("machine", "gpu")):
+        new, old = getattr(doc, section).get(key), getattr(base, section).get(key)
+        if new is not None and old is not None and new != old:
+            out.append(f"{key} {old} then, {new} now")
+    return out

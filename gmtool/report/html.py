@@ -62,6 +62,8 @@ def render_html(doc: dict) -> str:
         out.append("<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in sec.headers) + "</tr>")
         out += ["<tr>" + "".join(_cell(h, v) for h, v in zip(sec.headers, row)) + "</tr>" for row in sec.rows]
         out.append("</table>")
+    if doc.get("errors"):
+        out.append("<h2>Errors</h2><ul>" + "".join(f"<li>{escape(e)}</li>" for e in doc["errors"]) + "</ul>")
     extra = notes(doc)
     if extra:
         out.append("<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in extra) + "</ul>")

@@ -43,7 +43,7 @@ def overview(doc: dict) -> list[tuple[str, str]]:
             f"modes {', '.join(mode_order(doc))}, {c['num_iters']} timed iterations after "
             f"{c['num_iters_warmup']} warm-up, max_kv_len {c['max_kv_len']}",
         ),
-        ("run", f"{doc.get('command')} at {doc.get('created')}, {doc.get('wall_s', 0):.1f} s"),
+        ("run", f"{doc.get('command')} at {doc.get('created')}, {doc.get('wall_s') or 0:.1f} s"),
     ]
     if doc.get("baseline"):
         b = doc["baseline"]
@@ -222,6 +222,8 @@ def render_markdown(doc: dict) -> str:
             cells = [_md_code(c) if i == comp else c for i, c in enumerate(row)]
             cells = [f"**{c}**" if c == Status.UNSAFE else c for c in cells]
             lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+    if doc.get("errors"):  # what went wrong outside the rows (a mode's failure, the fused check's)
+        lines += ["", "## Errors", ""] + [f"- {_md_cell(e)}" for e in doc["errors"]]
     extra = notes(doc)
     if extra:
         lines += ["", "## Notes", ""] + [f"- {_md_cell(n)}" for n in extra]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 
 from matplotlib.figure import Figure
 
@@ -50,8 +51,25 @@ def _series(doc: dict, field: str, skip_eager: bool = False) -> dict[str, tuple[
     return out
 
 
-def figure(series: dict, title: str, ylabel: str, hline: float | None = None) -> Figure | None:
-    """One line per mode (in MODE_COLOURS' colour) over the buckets; None when there is nothing to plot."""
+def ticks(buckets: list[int], log: bool) -> list[int]:
+    """The bucket labels an axis has room for: the engines' lists (1, 2, 4, 8, 16, 24, ..., 256) by their powers
+    of two, and no two labels closer than 1/14 of the axis (auto's eager sizes sit just above the largest
+    bucket: 512 and 520 printed over each other). The largest is always labelled."""
+    base = buckets if len(buckets) <= 12 else sorted({b for b in buckets if b & (b - 1) == 0} | {buckets[-1]})
+    pos = math.log2 if log else float
+    gap = (pos(buckets[-1]) - pos(buckets[0])) / 14
+    kept: list[int] = []
+    for b in reversed(base):
+        if all(abs(pos(b) - pos(k)) >= gap for k in kept):
+            kept.append(b)
+    return sorted(kept)
+
+
+def figure(
+    series: dict, title: str, ylabel: str, hline: float | None = None, eager_above: int | None = None
+) -> Figure | None:
+    """One line per mode (in MODE_COLOURS' colour) over the buckets; None when there is nothing to plot.
+    eager_above: the largest graph bucket, where auto's eager sizes follow (a dotted line marks it)."""
     if not series:
         return None
     fig = Figure(figsize=(6.4, 3.6))
@@ -61,13 +79,15 @@ def figure(series: dict, title: str, ylabel: str, hline: float | None = None) ->
         ax.plot(xs, ys, marker="o", label=mode, color=MODE_COLOURS.get(mode, "black"))
     if hline is not None:
         ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
-    if buckets[-1] / buckets[0] >= 8:  # bucket lists are roughly geometric: spread them evenly
+    if eager_above is not None and buckets[-1] > eager_above:
+        ax.axvline(eager_above, color="grey", linewidth=0.8, linestyle=":", label=f"auto: eager above {eager_above}")
+    log = buckets[-1] / buckets[0] >= 8
+    if log:  # bucket lists are roughly geometric: spread them evenly
         ax.set_xscale("log", base=2)
         ax.minorticks_off()
-    # the engines' lists (1, 2, 4, 8, 16, 24, ..., 256) would crowd the axis: label the powers of two
-    ticks = buckets if len(buckets) <= 12 else sorted({b for b in buckets if b & (b - 1) == 0} | {buckets[-1]})
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([str(b) for b in ticks])
+    ticks_ = ticks(buckets, log)
+    ax.set_xticks(ticks_)
+    ax.set_xticklabels([str(b) for b in ticks_])
     ax.set_xlabel("bucket (tokens)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -76,12 +96,21 @@ def figure(series: dict, title: str, ylabel: str, hline: float | None = None) ->
     return fig
 
 
+def _eager_above(doc: dict) -> int | None:
+    """The largest graph bucket when auto ran sizes above it eagerly (config.eager_sizes), else None."""
+    eager = set((doc.get("config") or {}).get("eager_sizes") or ())
+    graphs = {r["bucket"] for r in doc["records"]} - eager
+    return max(graphs) if eager and graphs else None
+
+
 def latency_figure(doc: dict) -> Figure | None:
-    return figure(_series(doc, "replay_ms"), "median step latency per mode (UNSAFE buckets not plotted)", "ms")
+    title = "median step latency per mode (UNSAFE buckets not plotted)"
+    return figure(_series(doc, "replay_ms"), title, "ms", eager_above=_eager_above(doc))
 
 
 def speedup_figure(doc: dict) -> Figure | None:
-    return figure(_series(doc, "speedup", skip_eager=True), "speedup over eager", "eager / mode", hline=1.0)
+    series = _series(doc, "speedup", skip_eager=True)
+    return figure(series, "speedup over eager", "eager / mode", hline=1.0, eager_above=_eager_above(doc))
 
 
 def memory_figure(doc: dict) -> Figure | None:
@@ -92,7 +121,8 @@ def memory_figure(doc: dict) -> Figure | None:
 def floor_figure(doc: dict) -> Figure | None:
     floors = [v for _, ys in _series(doc, "floor_ms").values() for v in ys]
     span = f" (floor {min(floors):.3g} to {max(floors):.3g} ms)" if floors else ""  # the ratio's denominator
-    return figure(_series(doc, "replay_over_floor"), f"median latency / hardware floor{span}", "x floor", hline=1.0)
+    title = f"median latency / hardware floor{span}"
+    return figure(_series(doc, "replay_over_floor"), title, "x floor", hline=1.0, eager_above=_eager_above(doc))
 
 
 def all_figures(doc: dict) -> list[tuple[str, Figure | None]]:

@@ -100,9 +100,17 @@ def default_out_dir(command: str) -> Path:
     return path
 
 
+def _write_whole(path: Path, text: str) -> None:
+    """A file that is there whole or not at all: a process killed while writing results.json left it cut short
+    beside a complete journal, and report refused both."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_results(out: Path, doc: Document) -> list[Path]:
     out = Path(out)
-    (out / RESULTS_JSON).write_text(doc.to_json())
+    _write_whole(out / RESULTS_JSON, doc.to_json())
     # object columns: a count left empty in some rows (eager has no pieces, a failed row no latency_ms_n) stays
     # an integer in the others, not a float column's 1.0
     table = pd.DataFrame([r.flat() for r in doc.records], dtype=object)
@@ -159,6 +167,10 @@ def _read_journal(path: Path) -> dict:
     doc["records"] = records
     planned = doc["partial"].get("planned")
     beside = "the run's results.json is beside it" if (path.parent / RESULTS_JSON).exists() else "no results.json"
+    if isinstance(planned, int) and len(records) > planned:
+        raise GmtoolError(
+            f"{path} holds {len(records)} rows, more than the {planned} the run planned: rows written twice?"
+        )
     tp = (doc.get("config") or {}).get("tp") or 1  # under --tp the journal is rank 0's rows: never the whole run
     if isinstance(planned, int) and len(records) >= planned and tp == 1:  # every row measured: the whole run
         doc["partial"] = None
@@ -191,7 +203,12 @@ def load_results(path: Path) -> Document:
     except FileNotFoundError:
         raise GmtoolError(f"no results file at {path}") from None
     except (OSError, ValueError) as e:  # ValueError: bad JSON, or bytes that are not UTF-8
-        raise GmtoolError(f"cannot read results file {path}: {e}") from None
+        journal = path.with_name(JOURNAL)
+        if path.name != RESULTS_JSON or path.suffix == ".jsonl" or not journal.exists():
+            raise GmtoolError(f"cannot read results file {path}: {e}") from None
+        doc = _read_journal(journal)  # the run's rows as measured, beside a damaged results.json
+        doc["notes"].append(f"{path} cannot be read ({str(e).splitlines()[0][:80]}): read from {journal}")
+        path = journal
     try:
         return Document.from_dict(doc)
     except GmtoolError as e:

@@ -49,7 +49,8 @@ def bucket_summary(records: list[dict], by_rank: bool = False) -> list[dict]:
                 "speedup": (eager_ms / replay) if (replay and eager_ms and status == Status.OK) else None,
                 "host_us": statistics.median(host) if host and status != Status.UNSAFE else None,
                 "host_steady_us": statistics.median(steady) if steady and status != Status.UNSAFE else None,
-                "max_rel_err": max(errs) if errs else None,
+                # NaN (a replay that wrote NaN) is the worst error: max() kept or dropped it by its place
+                "max_rel_err": (float("nan") if any(e != e for e in errs) else max(errs)) if errs else None,
                 "pieces": max((r["pieces"] or 0) for r in rs) or None,
                 "runners": max((r["runners"] or 0) for r in rs)
                 if any(r.get("runners") is not None for r in rs)

@@ -22,6 +22,7 @@ import torch
 from gmtool.core.auto import part_owning, parts_of
 from gmtool.core.batch import Batch
 from gmtool.core.kv_cache import NULL_BLOCK
+from gmtool.measure.check import SlotDigest
 from gmtool.model import families
 
 SENTINEL = 1e3  # for memory read under a mask: large enough to be plain in any result that uses it
@@ -201,82 +202,12 @@ def _driver_memset():
     return fn
 
 
-# -- what the replay left behind ---------------------------------------------------------------------------
-_INPUT_FIELDS = (
-    "input_ids",
-    "positions",
-    "slot_mapping",
-    "token_seq",
-    "logits_indices",
-    "kv_lens",
-    "cu_q",
-    "block_tables",
-)
-
-
-def input_faults(ex, key, batch: Batch, staged: bool = False) -> list[str]:
-    """Fields of key's device buffers that do not hold this batch (or the padding attention relies on):
-    what a graph read, whatever the host meant to send. staged: the staging arena instead, what the next
-    copy-in sends (host memory, no device sync: cheap enough for every step)."""
-    n, b, w = batch.num_tokens, batch.num_seqs, batch.block_table_array.shape[1]
-    bs = ex.cache.spec.block_size
-    if staged:
-        tok, seq, cu, bt = ex.inputs.staged(key)
-        got = dict(zip(_INPUT_FIELDS, (*tok, *seq, cu, bt)))
-    else:
-        v = ex.inputs.views(key)
-        got = {name: getattr(v, name).cpu().numpy() for name in _INPUT_FIELDS}
-    checks = [
-        ("input_ids", got["input_ids"][:n], batch.input_ids),
-        ("positions", got["positions"][:n], batch.positions),
-        ("slot_mapping", got["slot_mapping"][:n], batch.slot_mapping),
-        ("token_seq", got["token_seq"][:n], batch.token_seq),
-        ("logits_indices", got["logits_indices"][:b], batch.logits_indices),
-        ("kv_lens", got["kv_lens"][:b], batch.kv_len_array),
-        ("cu_q", got["cu_q"][: b + 1], batch.cu_q),
-        ("block_tables", got["block_tables"][:b, :w], batch.block_table_array),
+def live_slots(cache, live, batch: Batch) -> SlotDigest:
+    """A digest of every K/V token live requests held before this step (but the tokens it writes): a replay must
+    not touch them."""
+    bs = cache.spec.block_size
+    held = [
+        (np.asarray(blocks, dtype=np.int64)[:, None] * bs + np.arange(bs)).reshape(-1)[:length]
+        for blocks, length in live
     ]
-    out = [
-        f"{name} holds other values than this batch's" for name, have, want in checks if not np.array_equal(have, want)
-    ]
-    pad = got["slot_mapping"][n:]
-    if ((pad < 0) | (pad >= bs)).any():
-        out.append("slot_mapping padding lanes point outside the null block (padding writes K/V into live blocks)")
-    if (got["token_seq"][n:] != -1).any():
-        out.append("token_seq padding lanes name a sequence")
-    if got["kv_lens"][b:].any():
-        out.append("kv_lens padding lanes are not 0")
-    if (got["cu_q"][b + 1 :] != n).any():
-        out.append("cu_q padding lanes do not hold the token count")
-    if got["block_tables"][:b, w:].any() or got["block_tables"][b:].any():
-        out.append("block_tables padding lanes point to blocks other than the null block")
-    return out
-
-
-class LiveSlots:
-    """A digest per slot of every K/V token live requests held before this step: a replay must not touch them."""
-
-    def __init__(self, cache, live, batch: Batch):
-        bs = cache.spec.block_size
-        held = [
-            (np.asarray(blocks, dtype=np.int64)[:, None] * bs + np.arange(bs)).reshape(-1)[:length]
-            for blocks, length in live
-        ]
-        slots = np.setdiff1d(np.concatenate(held) if held else np.zeros(0, np.int64), batch.slot_mapping)
-        self.cache = cache
-        self.slots = torch.from_numpy(slots).to(cache.device)
-        self.before = self._digest()
-
-    def _digest(self) -> torch.Tensor:
-        return torch.stack(
-            [
-                kv.view(-1, kv[0, 0].numel()).index_select(0, self.slots).double().sum(-1)
-                for kv in self.cache.k + self.cache.v
-            ]
-        )
-
-    def changed(self) -> int:
-        """How many of those slots the replay changed (in any layer)."""
-        if not len(self.slots):
-            return 0
-        return int((self._digest() != self.before).any(0).sum())
+    return SlotDigest(cache, np.concatenate(held) if held else np.zeros(0, np.int64), batch)

@@ -14,6 +14,7 @@ import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
+from gmtool.modes import GraphMode
 from gmtool.verify.nodediff import fold_layers
 
 EXIT_CLEAN, EXIT_FOUND = 0, 3
@@ -49,8 +50,29 @@ def _findings(doc: dict) -> list[str]:
     return out
 
 
+def _served_notes(doc: dict, cfg) -> list[str]:
+    """What served a composite mode's steps (auto: full, piecewise, eager), and how many of each were checked:
+    a soak whose steps never left one kind checked only that kind."""
+    out = []
+    for r in doc["runs"]:
+        if not GraphMode(r["mode"]).composed_of:
+            continue  # a plain mode serves its own steps
+        served = r.get("served_by") or {}
+        checked = r.get("checked_by") or {}
+        parts = ", ".join(f"{k} {n} ({checked.get(k, 0)} checked)" for k, n in served.items())
+        out.append(f"{r['mode']} under {r['strategy']}: steps served by {parts}")
+        largest = cfg.sweep.bucket_sizes[-1]
+        if cfg.max_tokens is not None and cfg.max_tokens > largest and not checked.get("eager"):
+            out.append(
+                f"{r['mode']} under {r['strategy']}: no checked step was above the largest bucket ({largest}), "
+                "so the eager path --max-tokens opens was not checked: raise --steps or lower --check-every"
+            )
+    return out
+
+
 def finish_document(doc: dict, cfg, wall_s: float) -> dict:
     doc["wall_s"] = wall_s
+    doc.setdefault("notes", []).extend(_served_notes(doc, cfg))
     doc["findings"] = _findings(doc)
     doc["exit_code"] = EXIT_FOUND if doc["findings"] else EXIT_CLEAN
     steps = sum(r["steps"] for r in doc["runs"])

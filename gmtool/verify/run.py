@@ -34,6 +34,7 @@ class VerifyConfig:
     max_num_seqs: int | None = None
     max_kv_len: int | None = None
     block_size: int | None = None
+    max_tokens: int | None = None  # auto's token budget per step: above the largest bucket it runs eagerly
     attention: str = "auto"
     # derived
     graph_modes: tuple[GraphMode, ...] = field(init=False)
@@ -97,8 +98,15 @@ class VerifyConfig:
             max_num_seqs=self.max_num_seqs,
             max_kv_len=self.max_kv_len,
             block_size=self.block_size,
+            max_tokens=self.max_tokens,
         )
         self.model = self.sweep.model
+        largest = self.sweep.bucket_sizes[-1]
+        if self.max_tokens is not None and self.max_tokens > largest and GraphMode.AUTO not in self.graph_modes:
+            raise GmtoolError(
+                f"--max-tokens {self.max_tokens} is above the largest bucket {largest}: only auto serves steps above "
+                "it (eagerly); the other modes' soaks schedule up to the largest bucket: add auto to --modes"
+            )
         above = [b for b in self.sweep.bucket_sizes if b >= self.max_num_seqs]
         if above and above[0] != self.max_num_seqs:  # see SweepConfig.check_decode_seqs
             raise GmtoolError(
@@ -143,6 +151,8 @@ class VerifyConfig:
             f"--max-kv-len {self.max_kv_len}",
             f"--block-size {self.block_size}",
         ]
+        if self.max_tokens is not None:
+            parts.append(f"--max-tokens {self.max_tokens}")
         if self.fault:
             parts.append(f"--inject {self.fault}")
         return " ".join(parts)
@@ -214,7 +224,7 @@ def run_verify(cfg: VerifyConfig, say=lambda text: None) -> dict:
     if any(f.hazard.breaks_capture for f in hazards):
         doc["notes"].append("the soak did not run: the model's forward cannot be captured")
         return finish_document(doc, cfg, time.perf_counter() - t0)
-    taps = LayerTaps(bench.lm, bench.cfg.policy().largest, bench.device)
+    taps = LayerTaps(bench.lm, bench.cfg.policy().max_tokens, bench.device)  # auto's eager steps run up to it
     try:
         for mode, kind, a, b in dyn_dim_work(bench, cfg):
             say(f"dynamic dimensions: {mode} {kind}")

@@ -17,11 +17,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from gmtool.errors import InputsNotLoaded
-from gmtool.measure.check import checked_replay, written_kv
+from gmtool.measure.check import checked_replay, input_faults, written_kv
 from gmtool.measure.timing import rel_err_per_seq, tolerances_for
 from gmtool.modes import GraphMode
 from gmtool.verify.faults import Fault, inject
-from gmtool.verify.poison import Buffer, LiveSlots, Poisoner, input_faults
+from gmtool.verify.poison import Buffer, Poisoner, live_slots
 from gmtool.verify.scheduler import Scheduler, Workload
 from gmtool.verify.taps import LayerTaps
 
@@ -57,6 +57,7 @@ class SoakResult:
     expected_unsafe: bool  # full-narrow: its mismatches are the finding it exists to show
     mismatch: Mismatch | None = None
     served_by: dict[str, int] = field(default_factory=dict)  # steps per what served them (auto: full, piecewise, eager)
+    checked_by: dict[str, int] = field(default_factory=dict)  # checked steps per what served them
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -80,8 +81,10 @@ class Soak:
         persistent = [*lm.model.parameters(), *lm.model.buffers(), *taps.buffers, bench.eager_inputs.arena]
         self.poisoner = Poisoner(self.ex, persistent, opts.seed)
         cfg = bench.cfg
+        # a step's tokens: up to the largest bucket, or to --max-tokens where the mode runs larger steps eagerly
+        budget = self.ex.policy.max_tokens if self.mode.composed_of else self.ex.policy.largest
         self.sched = Scheduler(
-            Workload(self.ex.policy.largest, cfg.max_num_seqs, cfg.max_kv_len),
+            Workload(budget, cfg.max_num_seqs, cfg.max_kv_len),
             bench.cache.num_blocks,
             cfg.block_size,
             lm.vocab_size,
@@ -91,7 +94,7 @@ class Soak:
 
     def run(self) -> SoakResult:
         opts, sched, ex = self.opts, self.sched, self.ex
-        checks, keys, mismatch, step, served = 0, {}, None, -1, {}
+        checks, keys, mismatch, step, served, checked = 0, {}, None, -1, {}, {}
         fault = inject(opts.fault, ex) if opts.fault else contextlib.nullcontext()
         t0 = time.perf_counter()
         try:
@@ -106,6 +109,7 @@ class Soak:
                     served[by] = served.get(by, 0) + 1
                     if (step + 1) % opts.check_every == 0:
                         checks += 1
+                        checked[by] = checked.get(by, 0) + 1
                         mismatch = self._check(batch, step)
                         if mismatch is not None:
                             break
@@ -150,6 +154,7 @@ class Soak:
             self.mode.expected_unsafe and opts.fault is None and (mismatch is None or not batch.is_decode),
             mismatch,
             served,
+            checked,
         )
         if mismatch is None and step + 1 < opts.steps:
             res.notes.append(
@@ -169,7 +174,7 @@ class Soak:
 
         def before(entry):
             self.poisoner.apply(entry, batch, live, step)
-            seen["slots"] = LiveSlots(ex.cache, live, batch)
+            seen["slots"] = live_slots(ex.cache, live, batch)
 
         def after(entry):
             self.poisoner.after_replay(entry)
