@@ -125,7 +125,7 @@ def run_compare(
             try:
                 attach_baseline(doc, *baseline)
             except GmtoolError as e:  # known only once the model is built (its parameters): keep the measurement
-                doc.errors.append(f"{e}; the results are written without it")
+                doc.notes.append(f"{e}; the results are written without it")
         files[:] = write_results(out_dir, doc) + write_reports(out_dir, doc)
 
     with _keeping(out_dir, "compare", planned, sweep, _on_writer(write)):

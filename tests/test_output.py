@@ -265,7 +265,7 @@ def test_report_and_plan_formats(captured, tmp_path, fmt):
         assert json.loads(stdout) == plan
     else:
         assert stdout.splitlines() == [
-            f"capture sizes: {','.join(map(str, plan['capture_sizes'])) or '(none: eager is faster within the budgets)'}"
+            f"capture sizes: {','.join(map(str, plan['capture_sizes'])) or '(none: no set of candidate sizes within the budgets beats running eager)'}"
         ]
 
 

@@ -131,6 +131,33 @@ def test_optimizer_matches_brute_force_on_random_cases():
         assert p.optimize(b).total_ms == pytest.approx(_brute(p, b, sizes.tolist())), trial
 
 
+def test_the_pareto_sets_stay_small_with_memory_outside_the_pool(monkeypatch):
+    """35 buckets, each graph with memory outside the shared pool, under memory, capture and count budgets:
+    with exact sums the labels kept per state grew with the subsets (plan ran for minutes on a CUDA run's
+    costs). Counted in steps of the budget they stay within GRID + 1 per resource, and the set found fits."""
+    import gmtool.plan.optimizer as opt
+
+    sizes = np.array([1, 2, 4, *range(8, 257, 8)])
+    rng = np.random.default_rng(3)
+    p = problem(
+        {int(n): int(c) for n, c in zip(rng.integers(1, 257, 400), rng.integers(1, 50, 400))},
+        sizes,
+        0.3 + sizes * 0.004,
+        pool=(26 + sizes * 0.5) * 2**20,
+        capture=0.03 + rng.random(len(sizes)) * 0.02,
+        overhead=(1 + rng.random(len(sizes))) * 2**20,
+        eager=3.0,
+    )
+    biggest = []
+    real = opt._pareto
+    monkeypatch.setattr(opt, "_pareto", lambda labels, dims: biggest.append(len(kept := real(labels, dims))) or kept)
+    b = Budgets(100 * 2**20, 1.0, 16)
+    best = p.optimize(b)
+    assert max(biggest) <= (opt.GRID + 1) * 2, max(biggest)
+    assert best.graph_memory_bytes <= b.memory_bytes and best.capture_s <= b.capture_s and len(best.sizes) <= 16
+    assert best.total_ms < p.evaluate(()).total_ms  # graphs were worth taking
+
+
 def test_memory_budget_without_memory_figures_is_refused():
     with pytest.raises(GmtoolError, match="memory budget needs graph memory"):
         problem(**HAND).optimize(Budgets(memory_bytes=1e9))
@@ -140,7 +167,9 @@ def test_memory_budget_without_memory_figures_is_refused():
 def test_estimate_labels_and_lines():
     vals, how = estimate(pd.Series([1.0, 2.0, 4.0], index=[3, 4, 6]), [1, 3, 5, 10])
     assert how == [Source.EXTRAPOLATED, Source.MEASURED, Source.INTERPOLATED, Source.EXTRAPOLATED]
-    assert vals.tolist() == pytest.approx([0.0, 1.0, 3.0, 8.0])  # slope 1 per token; never below zero
+    # slope 1 per token above the range; below it the smallest size's value (the line reached 0 ms there: free
+    # steps, and a division by zero in plan's table)
+    assert vals.tolist() == pytest.approx([1.0, 1.0, 3.0, 8.0])
 
 
 def test_extrapolation_never_falls_below_the_last_measured_value():
@@ -250,6 +279,9 @@ def test_other_columns_of_a_log_are_not_the_workload_s(tmp_path):
     j = tmp_path / "w.jsonl"
     j.write_text('{"num_tokens": 4, "num_seqs": 2, "t_ms": 17.5}\n')
     assert load_workload(str(j))[0]["count"].tolist() == [1]
+    f.write_text("num_tokens,num_seqs,weight\n1,1,0.3\n2,2,0.7\n")  # each row was taken as one step
+    with pytest.raises(GmtoolError, match="unknown column 'weight' \\(did you mean 'count'\\?\\)"):
+        load_workload(str(f))
 
 
 def test_workload_jsonl_and_counts(tmp_path):

@@ -128,6 +128,8 @@ def plan(
     included; steps above the largest graph run eager), and compare with the engines' default lists."""
     if mode is not None and mode not in PLAN_MODES:
         raise GmtoolError(f"--mode must be full or piecewise, got {mode!r}")
+    if memory_budget is not None and memory_budget * 2**30 == float("inf"):  # finite in GiB, not in bytes
+        raise GmtoolError(f"--memory-budget {memory_budget} GiB is beyond any device: give a finite budget")
     budgets = Budgets(
         _positive(memory_budget, "--memory-budget") and memory_budget * 2**30,
         _positive(capture_budget, "--capture-budget"),
@@ -196,6 +198,16 @@ def plan(
             max_tokens=max_tokens,
             **measuring,
         )
+        if cfg.tp > 1:  # the sweep would need its ranks started by gmtool.parallel.launch; plan has no --tp
+            raise GmtoolError(
+                f"the profile asks for tp {cfg.tp}: plan measures on one device; measure with capture or compare "
+                "--tp (with the profile), then plan --from those results"
+            )
+        if budgets.memory_bytes is not None and cfg.torch_device.type != "cuda":  # before measuring, not after
+            raise GmtoolError(
+                "a memory budget needs graph memory figures, which the CPU backend does not measure: measure on "
+                "CUDA, or plan --from a CUDA results file"
+            )
         first_notes = list(cfg.notes)  # a rebuild names the model: the first's note of the CPU default stays
         if buckets is None:  # only the buckets the workload reaches, with the mixes that run on them
             kept = needed_buckets(cfg.bucket_sizes, int(steps["num_tokens"].max()))
@@ -245,7 +257,7 @@ def plan(
             out_.show(f"[yellow]note:[/] {escape(n)}", highlight=False)
     out_.show(escape("wrote " + ", ".join(str(f) for f in files)), highlight=False)
     out_.verdict(
-        f"{','.join(map(str, plan_doc['capture_sizes'])) or '(none: eager is faster within the budgets)'}",
+        f"{','.join(map(str, plan_doc['capture_sizes'])) or '(none: no set of candidate sizes within the budgets beats running eager)'}",
         True,
         label="capture sizes",
     )

@@ -2,8 +2,8 @@
 eager latency per step size, read from a results document (a compare or capture run).
 
 A size the run did not measure is estimated linearly between its measured neighbours ("interpolated") or
-beyond the range along the least-squares line of all measured sizes ("extrapolated"), never below zero nor
-falling away from the nearest measured value; every estimate is
+above the range along the least-squares line of all measured sizes, never falling away from the largest
+measured value, and below it as the smallest measured size ("extrapolated"); every estimate is
 labelled so the plan can say which figures it measured and which it guessed. Latency of a replay grows about
 linearly with the batch in the range where graphs pay off (weights are read once per step, activations grow
 with the batch), which is what makes a straight line a fair estimate between measured buckets.
@@ -39,7 +39,7 @@ def estimate(known: pd.Series, at) -> tuple[np.ndarray, list[Source]]:
     if len(x) > 1:  # beyond the range: the least-squares line through every measured point, one noisy
         slope, icpt = np.polyfit(x, y, 1)  # pair of neighbours cannot tilt it; never falling away from the ends
         lo, hi = at < x[0], at > x[-1]
-        vals[lo] = np.minimum(y[0], np.maximum(0.0, y[0] + slope * (at[lo] - x[0])))
+        vals[lo] = y[0]  # below the smallest measured size the line reached 0 ms (free steps, a division by 0)
         vals[hi] = np.maximum(y[-1], y[-1] + slope * (at[hi] - x[-1]))
     measured = set(x)
     how = [

@@ -104,7 +104,9 @@ def _rows(doc: dict) -> list[dict]:
         "graph_memory_bytes": 0,
         "capture_s": 0.0,
         "eager_steps": doc["workload"]["steps"],
-        "plan_gain_pct": 100.0 * (doc["eager_ms_per_step"] - doc["expected_ms_per_step"]) / doc["eager_ms_per_step"],
+        "plan_gain_pct": 100.0 * (doc["eager_ms_per_step"] - doc["expected_ms_per_step"]) / doc["eager_ms_per_step"]
+        if doc["eager_ms_per_step"]
+        else None,
     }
     return [plan] + doc["defaults"] + [eager]
 

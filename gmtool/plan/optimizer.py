@@ -6,16 +6,17 @@ padded, and pays that graph's replay latency g(s); a step larger than every capt
 e(n). Graph memory is the pools' (max over graphs when they share one pool, captured largest first; the sum
 when each has its own) plus each graph's memory outside the pool where it is known; capture time is the sum.
 
-The exact method: with candidate sizes s_1 < ... < s_m and chosen sizes i_1 < ... < i_k, the steps split into
+The method: with candidate sizes s_1 < ... < s_m and chosen sizes i_1 < ... < i_k, the steps split into
 runs (0, s_i1], (s_i1, s_i2], ..., (s_ik, inf): the total is
     sum_j g(s_ij) * W(s_i{j-1}, s_ij]  +  sum over steps n > s_ik of e(n)
 where W(a, b] counts the steps of a < n <= b. It depends on consecutive pairs only, so a dynamic program over
-the sorted candidates ("the last chosen size is s_i") is exact: each state keeps the Pareto set of (time so
-far, graphs, capture seconds, additive memory) over the dimensions a budget constrains, so no feasible set that
-could still win is dropped. Under a shared pool the max of the pool sizes is not additive: the program is run
-once per cap P (sizes whose pool exceeds P are left out, P + the additive memory must fit), which is exact
-because the optimum is found at the cap equal to its own largest pool. Without per-graph overhead only the
-largest cap that fits is needed.
+the sorted candidates ("the last chosen size is s_i") finds the optimum: each state keeps the Pareto set of
+(time so far, graphs, capture seconds, summed memory, largest pool) over the resources a budget constrains, so
+no feasible set that could still win is dropped. Under a shared pool the memory is the largest pool plus the
+summed memory outside it. Budgeted capture time and memory are counted in whole steps of 1/GRID of their budget,
+rounded up: every set the program accepts fits, and the Pareto sets stay small (with exact sums they grew with
+every subset: minutes for 35 buckets with memory outside the pool). A set within one step of a budget may be
+missed.
 """
 
 from __future__ import annotations
@@ -117,54 +118,44 @@ class Problem:
                 "a memory budget needs graph memory figures: plan from a CUDA results file or measure on CUDA"
             )
         best = self.evaluate(())
-        m_left = budgets.memory_bytes
-        if m_left is not None and self.sharing is PoolSharing.SHARED:
-            pools = np.sort(cand["pool_bytes"].unique())
-            caps = [p for p in pools if p <= m_left]
-            if not cand["overhead_bytes"].any():
-                caps = caps[-1:]  # only the pool bounds memory: the largest cap that fits allows the most
-        else:
-            caps = [None]
-        for cap in caps:
-            sub = cand if cap is None else cand[cand["pool_bytes"] <= cap]
-            if self.sharing is PoolSharing.SHARED:
-                add, left = sub["overhead_bytes"], (None if m_left is None else m_left - cap)
-            else:
-                add, left = sub["pool_bytes"] + sub["overhead_bytes"], m_left
-            found = self._dp(sub, add.to_numpy(dtype=float), left, budgets)
-            if found is not None and _better(found, best):
-                best = found
-        return best
+        found = self._dp(cand, budgets)
+        return found if found is not None and _better(found, best) else best
 
-    def _dp(self, cand: pd.DataFrame, add_mem: np.ndarray, mem_left, budgets: Budgets) -> Choice | None:
+    def _dp(self, cand: pd.DataFrame, budgets: Budgets) -> Choice | None:
         sizes = cand.index.to_numpy(dtype=np.int64)
         if not len(sizes):
             return None
         g = cand["graph_ms"].to_numpy(dtype=float)
-        cap = cand["capture_s"].to_numpy(dtype=float)
         upto = np.searchsorted(self.n, sizes, side="right")  # steps with n <= size: indices < upto
         W, tail = self._cum_w[upto], self._tail_e[upto]
-        dims = (
-            budgets.max_graphs is not None,
-            budgets.capture_s is not None,
-            mem_left is not None and bool(add_mem.any()),
-        )
-        limits = (budgets.max_graphs, budgets.capture_s, mem_left)
+        zero = np.zeros(len(sizes))
+        cap = zero if budgets.capture_s is None else _steps(cand["capture_s"].to_numpy(dtype=float), budgets.capture_s)
+        add, pool = zero, zero  # memory, in steps of the budget: summed, and the largest pool (shared)
+        m = budgets.memory_bytes
+        if m is not None:
+            pools, over = cand["pool_bytes"].to_numpy(dtype=float), cand["overhead_bytes"].to_numpy(dtype=float)
+            if self.sharing is PoolSharing.SHARED:
+                add, pool = _steps(over, m), _steps(pools, m)
+            else:
+                add = _steps(pools + over, m)
+        # labels: (time so far, (graphs, capture steps, memory steps summed, largest pool's steps), chosen)
+        dims = (budgets.max_graphs is not None, budgets.capture_s is not None, bool(add.any()), bool(pool.any()))
+        most = budgets.max_graphs
 
         def fits(res) -> bool:
-            return all(not on or r <= lim + 1e-9 for on, r, lim in zip(dims, res, limits))
+            return (most is None or res[0] <= most) and res[1] <= GRID and res[2] + res[3] <= GRID
 
-        labels: list[list[tuple]] = []  # per last chosen index: (time, (graphs, capture s, memory), chosen)
+        labels: list[list[tuple]] = []  # per last chosen index
         done = None
         for i in range(len(sizes)):
             new = []
-            first = (g[i] * W[i], (1, cap[i], add_mem[i]), (i,))
+            first = (g[i] * W[i], (1, cap[i], add[i], pool[i]), (i,))
             if fits(first[1]):
                 new.append(first)
             for j in range(i):
                 step = g[i] * (W[i] - W[j])
-                for t, (k, c, mm), ch in labels[j]:
-                    res = (k + 1, c + cap[i], mm + add_mem[i])
+                for t, (k, c, a, p), ch in labels[j]:
+                    res = (k + 1, c + cap[i], a + add[i], max(p, pool[i]))
                     if fits(res):
                         new.append((t + step, res, ch + (i,)))
             labels.append(_pareto(new, dims))
@@ -175,6 +166,16 @@ class Problem:
         if done is None:
             return None
         return self.evaluate(tuple(int(sizes[i]) for i in done[1]))
+
+
+GRID = 256  # steps a budgeted capture time or graph memory is counted in (rounded up: what fits, fits)
+
+
+def _steps(x: np.ndarray, budget: float) -> np.ndarray:
+    """x in whole steps of budget / GRID, rounded up (over the budget: GRID + 1, which never fits)."""
+    if budget <= 0:
+        return np.where(x > 0, GRID + 1, 0).astype(float)
+    return np.minimum(np.ceil(x / (budget / GRID) - 1e-9), GRID + 1).astype(float)
 
 
 def _better(a: Choice, b: Choice) -> bool:
@@ -200,9 +201,20 @@ def _pareto(labels: list[tuple], dims: tuple[bool, ...]) -> list[tuple]:
                 fewest = lab[1][0]
         return kept
     on = [i for i, d in enumerate(dims) if d]
+    if len(on) == 1:  # one resource: a label is kept when it uses less than every faster one
+        kept, least = [], None
+        for lab in labels:
+            if least is None or lab[1][on[0]] < least:
+                kept.append(lab)
+                least = lab[1][on[0]]
+        return kept
     kept: list[tuple] = []
+    seen = set()
     for lab in labels:  # every kept label is at least as fast: it dominates when no resource is higher
-        r = [lab[1][i] for i in on]
+        r = tuple(lab[1][i] for i in on)
+        if r in seen:  # resources in whole steps: the faster label with the same ones is already kept
+            continue
+        seen.add(r)
         if not any(all(k[1][i] <= x + 1e-12 for i, x in zip(on, r)) for k in kept):
             kept.append(lab)
     return kept

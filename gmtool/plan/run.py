@@ -73,6 +73,16 @@ def candidate_sizes(inp: PlanInputs, sizes: pd.Series) -> tuple[list[int], list[
             f"measured buckets {', '.join(map(str, above))} are above --max-tokens {inp.max_tokens}: not candidates"
         )
         measured, top = [b for b in measured if b <= inp.max_tokens], inp.max_tokens
+    if len(measured) > MAX_CANDIDATES:  # the measured buckets alone are too many: those the most steps pad to
+        arr = np.asarray(measured)
+        serving = pd.Series(sizes.to_numpy(), index=arr[np.minimum(np.searchsorted(arr, sizes.index), len(arr) - 1)])
+        ranked = serving.groupby(level=0).sum().sort_values(ascending=False).index.tolist()
+        kept = sorted(set(ranked[: MAX_CANDIDATES - 1]) | {top})
+        notes.append(
+            f"{len(measured)} measured buckets: the {len(kept)} the most steps pad to are candidates (give "
+            "--candidates to choose them)"
+        )
+        return [int(b) for b in kept], notes
     extra = sizes[(sizes.index <= top) & ~sizes.index.isin(measured)]
     room = MAX_CANDIDATES - len(measured)
     if len(extra) > room:
@@ -163,9 +173,19 @@ def _curve(problem: Problem, budgets: Budgets, cands: list[int], points: int = 4
     if c["pool_bytes"].isna().any():
         top = min(len(cands), budgets.max_graphs or len(cands), points)
         return [problem.optimize(Budgets(None, budgets.capture_s, k), among=cands) for k in range(top + 1)]
-    caps = sorted(v for v in c["pool_bytes"].unique() if budgets.memory_bytes is None or v <= budgets.memory_bytes)
-    caps = [caps[i] for i in sorted({round(x) for x in np.linspace(0, len(caps) - 1, min(points, len(caps)))})]
+    # each single graph's memory, then up to what the best set takes without a memory budget (within the budget),
+    # and that set: caps at single pools alone never reached a plan of independent pools, or of memory outside
+    # the pool
+    free = problem.optimize(Budgets(budgets.memory_bytes, budgets.capture_s, budgets.max_graphs), among=cands)
+    top = free.graph_memory_bytes or 0.0
+    if budgets.memory_bytes is not None:
+        top = min(top, budgets.memory_bytes)
+    single = sorted(float(v) for v in (c["pool_bytes"] + c["overhead_bytes"]).unique() if v <= top)
+    caps = [single[i] for i in sorted({round(x) for x in np.linspace(0, len(single) - 1, min(points, len(single)))})]
+    if caps and top > caps[-1]:  # above the largest single graph (pools apart, or memory outside the pool)
+        caps += [float(x) for x in np.linspace(caps[-1], top, points // 8 + 1)[1:-1]]
     found = [problem.optimize(Budgets(cap, budgets.capture_s, budgets.max_graphs), among=cands) for cap in caps]
+    found.append(free)
     return list({ch.sizes: ch for ch in found}.values())
 
 

@@ -18,6 +18,7 @@ from gmtool.profiles import PROFILES_DIR
 
 WORKLOADS_DIR = PROFILES_DIR / "workloads"
 COLUMNS = ("num_tokens", "num_seqs", "count")
+COUNT_LIKE = {"weight", "weights", "freq", "frequency", "occurrences", "steps", "num_steps", "n", "times", "share"}
 
 
 def builtin_workloads() -> list[str]:
@@ -81,6 +82,8 @@ def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
     # other columns (a log's timestamps, the index pandas' to_csv writes) are not the workload's; a misspelt
     # count is: dropped, every row would be taken as one step
     misspelt = [(c, m[0]) for c in df.columns if c not in COLUMNS and (m := get_close_matches(c, COLUMNS, 1, 0.75))]
+    if "count" not in df.columns:  # another name for how often a row occurs: its rows would be one step each
+        misspelt += [(c, "count") for c in df.columns if c.lower() in COUNT_LIKE]
     if misspelt:
         c, meant = misspelt[0]
         raise GmtoolError(f"workload {path}: unknown column {c!r} (did you mean {meant!r}?)")

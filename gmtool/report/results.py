@@ -7,6 +7,7 @@ import contextlib
 import datetime as _dt
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -214,7 +215,10 @@ def load_results(path: Path) -> Document:
     except GmtoolError as e:
         if str(e) == "not a gmtool results file":
             raise GmtoolError(f"{path} is not a gmtool results file") from None
-        raise GmtoolError(f"{path}: {e}") from None
+        text = str(e)
+        if path.suffix == ".jsonl":  # the journal's first line is its header: record N is line N + 1
+            text = re.sub(r"^record (\d+)", lambda m: f"record {m[1]} (line {int(m[1]) + 1})", text)
+        raise GmtoolError(f"{path}: {text}") from None
 
 
 REPORT_MD, REPORT_HTML = "report.md", "report.html"

@@ -121,6 +121,7 @@ class Soak:
                             # illegal address would end the process, not name the buffer)
                             if input_faults(ex, entry.key, batch, staged=True):
                                 checks += 1
+                                checked[by] = checked.get(by, 0) + 1
                                 mismatch = self._check(batch, step)
                                 break
                             entry.replay(batch, ex.refresh_runner_metadata)
@@ -129,6 +130,7 @@ class Soak:
                         # CPU tape: an index out of range; anywhere: a graph served for another bucket; check the step
                         except (RuntimeError, IndexError, InputsNotLoaded):
                             checks += 1
+                            checked[by] = checked.get(by, 0) + 1
                             mismatch = self._check(batch, step)
                             break
                     sched.commit()
