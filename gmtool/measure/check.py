@@ -5,7 +5,9 @@ replay: capture, warm-up and the eager reference computed the same batch into th
 that does nothing, or a graph that never writes K/V, would compare equal. Both are set to NaN first; a replay
 must rewrite every byte the check reads. Logits and the K/V written are compared with two eager runs: the
 unpadded batch (the reference, loose tolerance: other GEMM shapes round differently) and the same padded
-computation without a graph (tight: identical kernels, so anything above rounding is stale data).
+computation without a graph (tight: identical kernels, so anything above rounding is stale data). Then what
+the numbers can miss: the device inputs the replay read must be the batch's, padding as attention needs it, and
+the K/V the batch's sequences held before the step must be as it was.
 """
 
 from __future__ import annotations
