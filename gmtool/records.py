@@ -373,11 +373,11 @@ def check_values(doc: Document) -> None:
             v = getattr(r, name)
             if v is not None and v < 1:
                 raise GmtoolError(f"{where}: {name} is {v}, below 1 {damaged}")
-        for f in fields(Timing):
-            for name in ("latency_ms", "host_us", "host_copy_us", "host_steady_us"):
-                t = getattr(r, name)
-                v = None if t is None else getattr(t, f.name)
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and not (_finite(v) and v >= 0):
+        for name in ("latency_ms", "host_us", "host_copy_us", "host_steady_us"):
+            t = getattr(r, name)
+            for f in fields(Timing) if t is not None else ():
+                v = getattr(t, f.name)
+                if not isinstance(v, bool) and not (_finite(v) and v >= 0):
                     raise GmtoolError(f"{where}: {name} {f.name} is {v}: a finite number, at least 0 {damaged}")
         for name in _AT_LEAST_ZERO:
             v = getattr(r, name)

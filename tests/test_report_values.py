@@ -106,7 +106,7 @@ def test_baseline_bucket_changes_are_over_the_rows_both_runs_measured(tmp_path):
     old_doc["config"]["dtype"] = "float32"
     attach_baseline(new, Document.from_dict(old_doc), tmp_path / "old")
     full8 = next(b for b in new.baseline["buckets"] if (b["mode"], b["bucket"], b["rank"]) == ("full", 8, None))
-    assert full8["replay_delta_pct"] == 0.0 and full8["rows_compared"] == 1 and full8["rows"] == 2, full8
+    assert full8["replay_delta_pct"] == 0.0 and full8["mixes_compared"] == 1 and full8["mixes"] == 2, full8
     text = baseline_counts(new.baseline)
     assert "1 bucket change over the matched rows only" in text, text
     assert "the baseline is a partial run" in text and "the runs differ: dtype float32 then, bfloat16 now" in text

@@ -142,7 +142,7 @@ def make_plan(inp: PlanInputs) -> PlanResult:
         plan,
         problem.evaluate(()),
         defaults,
-        _curve(problem, inp.budgets, cands),
+        _curve(problem, inp.budgets, cands, plan),
         costs.loc[cands],
         cands,
         notes,
@@ -166,26 +166,22 @@ def _beyond_measured(sizes: pd.Series, inp: PlanInputs, cands: list[int]) -> lis
     ]
 
 
-def _curve(problem: Problem, budgets: Budgets, cands: list[int], points: int = 40) -> list[Choice]:
+def _curve(problem: Problem, budgets: Budgets, cands: list[int], plan: Choice, points: int = 40) -> list[Choice]:
     """The best set under each memory cap (each candidate's pool size), or under each graph count when the
-    costs hold no memory: the Pareto curve of step time against graph memory."""
+    costs hold no memory: the Pareto curve of step time against graph memory, ending at the plan."""
     c = problem.costs.loc[cands]
     if c["pool_bytes"].isna().any():
         top = min(len(cands), budgets.max_graphs or len(cands), points)
         return [problem.optimize(Budgets(None, budgets.capture_s, k), among=cands) for k in range(top + 1)]
-    # each single graph's memory, then up to what the best set takes without a memory budget (within the budget),
-    # and that set: caps at single pools alone never reached a plan of independent pools, or of memory outside
-    # the pool
-    free = problem.optimize(Budgets(budgets.memory_bytes, budgets.capture_s, budgets.max_graphs), among=cands)
-    top = free.graph_memory_bytes or 0.0
-    if budgets.memory_bytes is not None:
-        top = min(top, budgets.memory_bytes)
+    # each single graph's memory, then up to the plan's, and the plan: caps at single pools alone never reached
+    # a plan of independent pools, or of memory outside the pool
+    top = plan.graph_memory_bytes or 0.0
     single = sorted(float(v) for v in (c["pool_bytes"] + c["overhead_bytes"]).unique() if v <= top)
     caps = [single[i] for i in sorted({round(x) for x in np.linspace(0, len(single) - 1, min(points, len(single)))})]
     if caps and top > caps[-1]:  # above the largest single graph (pools apart, or memory outside the pool)
         caps += [float(x) for x in np.linspace(caps[-1], top, points // 8 + 1)[1:-1]]
     found = [problem.optimize(Budgets(cap, budgets.capture_s, budgets.max_graphs), among=cands) for cap in caps]
-    found.append(free)
+    found.append(plan)
     return list({ch.sizes: ch for ch in found}.values())
 
 

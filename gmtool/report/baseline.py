@@ -83,10 +83,9 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
     pooled = {(s["mode"], s["bucket"]): s for s in bucket_summary(old_matched)}
     per_rank = {(s["mode"], s["bucket"], s["rank"] or 0): s for s in bucket_summary(old_matched, True)}
     several = len({r.get("rank") or 0 for r in rows}) > 1
-    per_bucket = {}
-    for r in rows:
-        k = (r["mode"], r["bucket"])
-        per_bucket[k] = per_bucket.get(k, 0) + 1
+    # each bucket's mixes in this run, against the matched ones its change is over
+    mixes = {(s["mode"], s["bucket"], s["rank"]): s["compositions"] for s in bucket_summary(rows, several)}
+    mixes.update({(s["mode"], s["bucket"], None): s["compositions"] for s in bucket_summary(rows)})
     buckets = []
     for s in bucket_summary(new_rows) + (bucket_summary(new_rows, True) if several else []):
         o = pooled.get((s["mode"], s["bucket"]))
@@ -103,8 +102,8 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
                     "replay_delta_pct": _pct(s["replay_ms"], o["replay_ms"]),
                     "old_max_rel_err": o["max_rel_err"],
                     "err_delta": _diff(s["max_rel_err"], o["max_rel_err"]),
-                    "rows_compared": sum(1 for r in new_rows if (r["mode"], r["bucket"]) == (s["mode"], s["bucket"])),
-                    "rows": per_bucket[(s["mode"], s["bucket"])],
+                    "mixes_compared": s["compositions"],
+                    "mixes": mixes[(s["mode"], s["bucket"], s["rank"])],
                 }
             )
     doc.baseline = {

@@ -173,7 +173,7 @@ def baseline_counts(b: dict) -> str:
     changed, moved = b.get("status_changed"), b.get("served_by_changed")
     text += f"; {changed} matched row{'s' if changed > 1 else ''} changed status" if changed else ""
     text += f"; {moved} served by another path than in the baseline (served_by)" if moved else ""
-    part = [d for d in b.get("buckets") or [] if d.get("rows_compared", 0) < d.get("rows", 0) and d["rank"] is None]
+    part = [d for d in b.get("buckets") or [] if d.get("mixes_compared", 0) < d.get("mixes", 0) and d["rank"] is None]
     if part:
         text += f"; {len(part)} bucket change{'s' if len(part) > 1 else ''} over the matched rows only"
     text += "; the baseline is a partial run" if b.get("partial") else ""
