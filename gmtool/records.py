@@ -192,9 +192,12 @@ class Document:
         return [r for r in self.records if r.status == Status.UNSAFE and not r.mode.expected_unsafe]
 
     def exit_code(self) -> int:
-        """0 ok; 1 a mode failed or ran out of memory somewhere; 3 a replay that should be safe differed from
-        eager."""
-        if self.errors or any(r.status.failed for r in self.records):
+        """0 ok; 1 a mode failed or ran out of memory somewhere, or the run stopped short of its plan; 3 a replay
+        that should be safe differed from eager; 130 the run was interrupted (as the run itself exited: gmtool
+        report of its results exits alike)."""
+        if self.partial is not None and self.partial.reason == "interrupted":
+            return 130
+        if self.errors or self.partial is not None or any(r.status.failed for r in self.records):
             return 1
         return 3 if self.unexpected_unsafe() else 0
 
@@ -345,6 +348,10 @@ def _finite(x: float) -> bool:
     return x == x and x not in (float("inf"), float("-inf"))
 
 
+MAX_SIZE = 2**31  # a bucket, tokens or sequences: no step of a run comes near (the plots take their log2)
+MAX_TIME = 1e12  # ms or us of one step: about 30 years
+
+
 def check_values(doc: Document) -> None:
     """GmtoolError naming the first value no run writes: a negative or non-finite time, size or count, an ok row
     whose error is not a number or above its tolerance, a bucket below 1, a section value of the wrong kind."""
@@ -371,14 +378,16 @@ def check_values(doc: Document) -> None:
         where = f"record {i + 1} ({r.mode}, bucket {r.bucket}, {r.composition})"
         for name in ("bucket", "num_tokens", "num_seqs"):
             v = getattr(r, name)
-            if v is not None and v < 1:
-                raise GmtoolError(f"{where}: {name} is {v}, below 1 {damaged}")
+            if v is not None and not 1 <= v < MAX_SIZE:
+                raise GmtoolError(f"{where}: {name} is {v}: a size from 1 to {MAX_SIZE - 1:,} {damaged}")
         for name in ("latency_ms", "host_us", "host_copy_us", "host_steady_us"):
             t = getattr(r, name)
             for f in fields(Timing) if t is not None else ():
                 v = getattr(t, f.name)
-                if not isinstance(v, bool) and not (_finite(v) and v >= 0):
-                    raise GmtoolError(f"{where}: {name} {f.name} is {v}: a finite number, at least 0 {damaged}")
+                if not isinstance(v, bool) and not (_finite(v) and 0 <= v < MAX_TIME):
+                    raise GmtoolError(
+                        f"{where}: {name} {f.name} is {v}: a finite number, from 0 to below {MAX_TIME:g} {damaged}"
+                    )
         for name in _AT_LEAST_ZERO:
             v = getattr(r, name)
             if v is not None and not (_finite(v) and v >= 0):

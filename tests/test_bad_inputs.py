@@ -162,6 +162,16 @@ CASES = [
     ("--model a .bin of a non-tensor", ["capture", *CPU, "--model", "{tmp}/binint"], "is not a tensor (int)"),
     ("--model an index naming no file", ["capture", *CPU, "--model", "{tmp}/idxint"], "is not a weight index"),
     ("plan a workload count of inf", ["plan", *CPU, "-w", "{tmp}/inf.csv"], "must be a whole number below 2**62"),
+    # found by a review's sweep (2026-12-05): a traceback from a size numpy wraps around; a refusal naming a
+    # composition verify takes no option for
+    # a million layers: the memory estimate built them on the meta device for minutes before refusing
+    ("--model a million layers", ["capture", *CPU, "--model", "{tmp}/layershuge.json"], "this run needs about"),
+    ("verify --max-num-seqs 1", ["verify", *CPU, "--max-num-seqs", "1"], "--max-num-seqs 1: verify needs 2 or more"),
+    (
+        "plan --candidates above int64",
+        ["plan", *CPU, "-w", "chat", "--candidates", "99999999999999999999"],
+        "size 99999999999999999999 is not a token count from 1 to 2,147,483,647",
+    ),
     ("compare a stray comma", ["compare", "eager,,full", *CPU], "has an empty item"),
     ("compare a trailing comma", ["compare", "eager,full,", *CPU], "has an empty item"),
     ("verify --modes a stray comma", ["verify", *CPU, "--modes", "full,,piecewise"], "has an empty item"),
@@ -289,6 +299,7 @@ def make_inputs(tmp: Path) -> None:
     (tmp / "mtlist.json").write_text(json.dumps({**config, "model_type": ["qwen3"]}))
     (tmp / "vocab0.json").write_text(json.dumps({**config, "vocab_size": 0}))
     (tmp / "layers0.json").write_text(json.dumps({**config, "num_hidden_layers": 0}))
+    (tmp / "layershuge.json").write_text(json.dumps({**config, "num_hidden_layers": 1_000_000}))
     (tmp / "profile.json").write_text((ROOT / "profiles/models/tiny-qwen3.json").read_text())
     for name, stored in (("binlist", [1, 2]), ("binint", {"model.embed_tokens.weight": 5})):
         (tmp / name).mkdir()

@@ -435,7 +435,9 @@ def _stale_kv_lens(inputs):
 def test_a_stale_kv_length_under_the_tolerance_is_unsafe(tmp_path, monkeypatch):
     """One token short of a 100-token context moves bf16 logits by about 1/100, under the unpadded comparison's
     0.1, and the same-shape eager pass loads the same stale lengths: only the device inputs, compared with the
-    batch itself, show it. It passed as ok."""
+    batch itself, show it. It passed as ok. (Captured from the first mix, not a sibling: a sibling's halved
+    contexts would leave lengths the numbers catch, and this is the check for those they cannot.)"""
+    monkeypatch.setattr(Sweep, "_capture_from_sibling", lambda self, ex, key, batch: None)
     _executor_inputs_fault(monkeypatch, _stale_kv_lens)
     code, out, rows = _capture(tmp_path, "--dtype", "bf16", "--buckets", "4", "--compositions", "1*4@100,1*4@101")
     second = next(r for r in rows if r["mode"] == "full" and r["composition"] == "1*4@101")
@@ -480,3 +482,62 @@ def test_a_replay_that_overwrites_the_batchs_context_is_unsafe():
         _, check, _ = checked_replay(rig.ex, batch, ref)
     assert check.context_changed == 1
     assert "overwrote the K/V of 1 slot the batch's sequences hold" in check.failure(1e-5, 1e-3)
+
+
+def test_a_model_whose_eager_output_is_not_finite_is_an_error_not_unsafe_graphs(tmp_path):
+    """rope_theta 0 makes RoPE's angles NaN: eager's K/V are NaN, and every graph row compared with them read
+    UNSAFE, blaming graphs for the model. It is one error per batch, naming the model."""
+    from gmtool.profiles import load_model_profile
+
+    model = tmp_path / "rt0"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**load_model_profile("tiny-llama")["config"], "rope_theta": 0.0}))
+    code, output, rows = _capture(tmp_path, "--model", str(model), "--buckets", "1", "--compositions", "1*1")
+    assert code == 1 and "Traceback" not in output
+    assert "eager forward's" in output and "NaN or inf" in output
+    assert rows and all(r["status"] == "error" for r in rows) and not any(r["status"] == "UNSAFE" for r in rows)
+
+
+def _bake_decode_batch_size(monkeypatch):
+    """A decode attention that takes the batch size from the host plan of the step it was captured with: a full
+    graph then serves every later batch with its capture batch's count of sequences."""
+    from gmtool.model import attention as A
+
+    def decode(self, ctx, q, kc, vc, scale, out, opts=A.PLAIN):
+        b = len(ctx.plan)
+        res = q.new_zeros(q.shape)
+        res[:b] = A.decode_attention(q[:b], kc, vc, ctx.views.block_tables[:b], ctx.views.kv_lens[:b], scale, opts)
+        return A._into(res, out)
+
+    monkeypatch.setattr(A.TorchAttention, "decode", decode)
+
+
+def _bake_chunk_rows(monkeypatch):
+    """A varlen attention that computes only the rows its capture batch's plan held."""
+    from gmtool.model import attention as A
+
+    def masked(self, ctx, q, kc, vc, scale, out, opts=A.PLAIN):
+        n = sum(q_len for q_len, _ in ctx.plan)
+        res = A.masked_varlen_attention(q, kc, vc, ctx.views, ctx.num_seqs, scale, opts)
+        res[n:] = 0
+        return A._into(res, out)
+
+    monkeypatch.setattr(A.TorchAttention, "masked", masked)
+
+
+@pytest.mark.parametrize(
+    "bake,args",
+    [
+        (_bake_decode_batch_size, ("--scenario", "decode", "--buckets", "2,4")),
+        (_bake_chunk_rows, ("--scenario", "prefill", "--buckets", "16")),
+    ],
+)
+def test_a_graph_that_froze_its_capture_batch_fails_with_the_default_mixes(tmp_path, monkeypatch, bake, args):
+    """Each key is captured from a sibling of its first mix (another count of sequences or chunk lengths,
+    shorter contexts): a value frozen from the capture batch fails the first row's check, with the default
+    mixes alone, where the full prefill keys each serve one mix and a decode bucket's first mix is its fullest."""
+    bake(monkeypatch)
+    code, output, rows = _capture(tmp_path, "--mode", "full", *args)
+    unsafe = [r for r in rows if r["mode"] == "full" and r["status"] == "UNSAFE"]
+    assert code == 3 and unsafe, output
+    assert all(r["captured_with"].startswith("sibling of ") for r in rows if r["mode"] == "full")

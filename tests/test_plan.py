@@ -260,6 +260,9 @@ def test_engine_default_lists():
         ("num_tokens,num_seqs\n4,2,7,9\n", "more fields than its header"),
         ("num_tokens,num_seqs,counts\n4,2,1000\n600,1,1\n", "unknown column 'counts' \\(did you mean 'count'\\?\\)"),
         ("num_token,num_seqs\n4,2\n", "unknown column 'num_token'"),
+        # a count written as NaN/NA/null is a value, not a count left out: it was read as one step
+        ("num_tokens,num_seqs,count\n4,4,NaN\n8,8,2\n", "row 1: count must be a whole number, got 'NaN'"),
+        ("num_tokens,num_seqs,count\n4,4,3\n8,8,null\n", "row 2: count must be a whole number, got 'null'"),
     ],
 )
 def test_bad_workloads_are_one_line(tmp_path, text, why):
@@ -292,6 +295,11 @@ def test_workload_jsonl_and_counts(tmp_path):
     )
     steps, _ = load_workload(str(f))
     assert steps.values.tolist() == [[4, 4, 4, 0], [9, 1, 2, 4]]  # num_tokens, num_seqs, count, first_step
+    f.write_text('{"num_tokens": 4, "num_seqs": 4, "count": null}\n{"num_tokens": 4, "num_seqs": 4, "count": 2}\n')
+    assert load_workload(str(f))[0]["count"].tolist() == [3]  # JSON's null: the count left out, one step
+    f.write_text('{"num_tokens": 4, "num_seqs": 4, "count": 2}\n{"num_tokens": 4, "num_seqs": 4, "count": NaN}\n')
+    with pytest.raises(GmtoolError, match="row 2: count must be a whole number, got nan"):
+        load_workload(str(f))
     f.write_text('{"num_tokens": 4\n')
     with pytest.raises(GmtoolError, match="not valid JSONL"):
         load_workload(str(f))
@@ -622,3 +630,46 @@ def test_auto_s_eager_mixes_are_no_failed_graph_buckets_in_plan():
     ]  # fmt: skip
     t = from_results(doc)
     assert 40 not in t.buckets and not any("left out" in n for n in t.notes), t.notes
+
+
+def test_results_of_both_planned_modes_say_which_one_is_costed():
+    """A compare of full and piecewise holds both: plan costs full unless --mode says piecewise, and says so."""
+    doc = results_doc()
+    doc["records"] += [{**r, "mode": "piecewise"} for r in doc["records"] if r["mode"] == "full"]
+    t = from_results(doc)
+    assert t.mode == "full" and any("full and piecewise rows" in n for n in t.notes)
+    assert not any("rows: the plan costs" in n for n in from_results(doc, "piecewise").notes)
+    assert not any("rows: the plan costs" in n for n in from_results(results_doc()).notes)
+
+
+def test_plan_from_refuses_to_force_its_way_over_another_runs_results(tmp_path, results_file):
+    """plan --from writes three plan files: --force into a directory of a compare run deleted its results."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "results.json").write_text(json.dumps(results_doc()))
+    (other / "report.md").write_text("# a compare run\n")
+    code, _, err = run_cli("plan", "-w", "chat", "--from", results_file, "--out", other, "--force")
+    assert code == 2 and "holds another run's files (report.md, results.json)" in " ".join(err.split()), err
+    assert sorted(p.name for p in other.iterdir()) == ["report.md", "results.json"]
+    code, _, err = run_cli("plan", "-w", "chat", "--from", results_file, "--out", tmp_path / "p")
+    assert code == 0, err
+    code, _, err = run_cli("plan", "-w", "chat", "--from", results_file, "--out", tmp_path / "p", "--force")
+    assert code == 0, err  # its own plan files: replaced
+
+
+def test_a_plan_of_extrapolated_sizes_is_marked_as_the_lists_are(tmp_path, results_file):
+    """A plan of a candidate beyond the measured buckets showed the largest bucket's figure as measured, while
+    the engines' lists were marked ~."""
+    wl = tmp_path / "w.csv"
+    wl.write_text("num_tokens,num_seqs,count\n900,1,10\n")
+    code, out, err = run_cli("plan", "-w", wl, "--from", results_file, "--candidates", "1000", "--out", tmp_path / "p")
+    assert code == 0, err
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert doc["capture_sizes"] == [1000] and doc["extrapolated_sizes"] == 1
+    row = next(ln for ln in (tmp_path / "p" / "plan.md").read_text().splitlines() if ln.startswith("| plan |"))
+    assert "| ~" in row
+    code, _, err = run_cli("plan", "-w", "chat", "--from", results_file, "--candidates", "4,8", "--out", tmp_path / "q")
+    doc = json.loads((tmp_path / "q" / "plan.json").read_text())
+    assert code == 0 and doc["extrapolated_sizes"] == 0
+    row = next(ln for ln in (tmp_path / "q" / "plan.md").read_text().splitlines() if ln.startswith("| plan |"))
+    assert "~" not in row

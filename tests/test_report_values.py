@@ -33,7 +33,13 @@ def _refused(doc: dict, match: str) -> None:
         (lambda d: d["records"][2]["latency_ms"].update(p90=float("inf")), r"latency_ms p90 is inf"),
         (lambda d: d["records"][2].update(capture_s=-3.0), r"capture_s is -3.0"),
         (lambda d: d["records"][2].update(graph_mem_bytes=-(2**31)), r"graph_mem_bytes is -2147483648"),
-        (lambda d: d["records"][2].update(bucket=0), r"bucket is 0, below 1"),
+        (lambda d: d["records"][2].update(bucket=0), r"bucket is 0: a size from 1 to 2,147,483,647"),
+        # sizes and times no step has: the plots' log2 and the plan's int64 failed with a traceback on them
+        (lambda d: d["records"][2].update(bucket=10**30), r"bucket is 1000000000000000000000000000000: a size"),
+        (
+            lambda d: d["records"][2]["latency_ms"].update(median=1e308),
+            r"latency_ms median is 1e\+308: .* below 1e\+12",
+        ),
         (lambda d: d["records"][6].update(max_rel_err=-1.0), r"a relative error is at least 0"),
         (lambda d: d.update(wall_s=-1.0), r"wall_s is -1.0"),
         (lambda d: d["config"].update(tp="2"), r"config: tp is \"2\""),
@@ -180,4 +186,11 @@ def test_a_journal_record_is_named_by_its_line(tmp_path):
     (tmp_path / "j").mkdir()
     (tmp_path / "j" / JOURNAL).write_text("\n".join(lines) + "\n")
     with pytest.raises(GmtoolError, match=r"record 2 \(line 3\): bucket is \"x\""):
+        load_results(tmp_path / "j")
+    # blank lines (a journal edited by hand) still count: the line named is the file's
+    (tmp_path / "j" / JOURNAL).write_text("\n".join(lines[:2] + ["", "  "] + lines[2:]) + "\n")
+    with pytest.raises(GmtoolError, match=r"record 2 \(line 5\): bucket is \"x\""):
+        load_results(tmp_path / "j")
+    (tmp_path / "j" / JOURNAL).write_text("\n".join(lines[:1] + [""] + ["{nope"] + lines[1:]) + "\n")
+    with pytest.raises(GmtoolError, match=r"line 3 is not JSON"):
         load_results(tmp_path / "j")

@@ -227,6 +227,21 @@ def test_gmtools_decode_graphs_bake_in_nothing(rig):
     assert res.key == "d4" and res.clean and res.ops[0] == res.ops[1] > 100
 
 
+def test_the_decode_pair_differs_in_its_count_of_sequences_and_shows_a_frozen_count(rig, monkeypatch):
+    """verify's decode pair holds one sequence fewer in its second batch: an attention that takes the batch size
+    from the capture's host plan is named, where two batches of one count showed nothing."""
+    from gmtool.verify.run import dyn_dim_batches
+    from tests.test_judge import _bake_decode_batch_size
+
+    cfg, bench, _ = rig
+    (kind, a, b), *_ = dyn_dim_batches(bench, cfg)
+    assert kind == "decode" and a.num_seqs == b.num_seqs + 1 and a.num_tokens > 2
+    assert dynamic_dims(bench, "full", a, b).clean
+    _bake_decode_batch_size(monkeypatch)
+    res = dynamic_dims(bench, "full", a, b)
+    assert not res.clean and res.baked[0].module == "model.layers.0.self_attn", res
+
+
 # -- the command -----------------------------------------------------------------------------------------------
 def test_verify_finds_an_injected_bug_and_says_how_to_reproduce_it(tmp_path):
     out = tmp_path / "v"
@@ -518,3 +533,27 @@ def test_max_tokens_above_the_buckets_needs_auto():
     with pytest.raises(GmtoolError, match="only auto serves steps above it"):
         VerifyConfig(device="cpu", modes="full,piecewise", max_tokens=32)
     assert VerifyConfig(device="cpu", modes="full", max_tokens=16).max_tokens == 16  # no step above: nothing to say
+
+
+def test_a_replay_that_overwrites_another_live_requests_kv_is_caught(rig):
+    """Right inputs, a stray write: a K/V slot of a live request outside the batch (one the scheduler left out
+    of this step) changed by the replay, as a kernel writing past its rows would, is caught though this step's
+    logits and K/V are right. The soak's own traffic schedules every running request at each step here, so one
+    more live request holds a block reserved for it."""
+    from gmtool.core.executor import CapturedGraph
+
+    cfg, bench, taps = rig
+    s = Soak(bench, taps, "full", None, "default", SoakOptions(12, 1, 0, None))
+    bs, held, live, replay = bench.cache.spec.block_size, s.sched.free.pop(0), s.sched.live, CapturedGraph.replay
+    s.sched.live = lambda: live() + [([held], bs)]  # a request waiting for its turn, holding one full block
+
+    def replay_and_stray(self, batch, *a, **k):
+        replay(self, batch, *a, **k)
+        bench.cache.k[0].view(-1, *bench.cache.k[0].shape[2:])[held * bs + 1] += 1.0
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CapturedGraph, "replay", replay_and_stray)
+        m = s.run().mismatch
+    assert m is not None and m.step == 0, m
+    assert "overwrote the K/V of 1 slot live requests hold" in m.reason, m.reason
+    assert s.run().mismatch is None  # the same soak without the stray write: clean

@@ -19,12 +19,19 @@ from gmtool.errors import GmtoolError
 from gmtool.modes import GraphMode
 from gmtool.plan.costs import PLANNED as PLAN_MODES
 from gmtool.plan.costs import from_results
-from gmtool.plan.document import build_document, lazy_line, plan_table, write_plan
+from gmtool.plan.document import PLAN_JSON, PLAN_MD, PLAN_PNG, build_document, lazy_line, plan_table, write_plan
 from gmtool.plan.optimizer import Budgets, PoolSharing
 from gmtool.plan.run import PlanInputs, check_candidates, check_steps, make_plan, measure, needed_buckets
 from gmtool.plan.workload import builtin_workloads, is_decode, load_workload
 from gmtool.profiles import load_sweep_profile
-from gmtool.report.results import check_out_dir, default_out_dir, load_results, output_dir, write_results
+from gmtool.report.results import (
+    OUTPUT_FILES,
+    check_out_dir,
+    default_out_dir,
+    load_results,
+    output_dir,
+    write_results,
+)
 
 
 def _positive(value, name: str):
@@ -173,6 +180,14 @@ def plan(
     if src is not None and target.resolve() == (src if src.is_dir() else src.parent).resolve():
         # --force would clear the results it reads, and the plan's results files would replace them
         raise GmtoolError(f"--out {target} holds the --from results: give the plan a directory of its own")
+    if src is not None and target.is_dir():  # --from writes the plan's three files only
+        mine = {PLAN_JSON, PLAN_MD, PLAN_PNG}
+        theirs = sorted({f.name for p in OUTPUT_FILES for f in target.glob(p)} - mine)
+        if theirs:  # --force would delete another run's results to write three plan files beside nothing
+            raise GmtoolError(
+                f"--out {target} holds another run's files ({', '.join(theirs)}): plan --from writes only "
+                f"{', '.join(sorted(mine))}, give a directory of its own"
+            )
     check_out_dir(target, force)  # before a measurement, not after it; cleared (--force) only to write
     if from_ is not None:
         given = [k for k, v in {**measuring, "scenario": scenario, "profile": profile}.items() if v is not None]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gmtool.core.compositions import Composition
+from gmtool.core.compositions import Composition, Part
 from gmtool.errors import GmtoolError
 from gmtool.core.kv_cache import PagedKVCache
 
@@ -39,7 +39,9 @@ class Batch:
         self.is_decode = all(q == 1 for q in self.q_lens)
 
 
-def make_batch(comp: Composition, cache: PagedKVCache, vocab_size: int, max_num_seqs: int) -> Batch:
+def make_batch(comp: Composition, cache: PagedKVCache, vocab_size: int, max_num_seqs: int, keep=()) -> Batch:
+    """The step comp describes: seeded token ids, decode contexts and block placement. keep: blocks of another
+    batch, which this one's new tokens are not written into (its contexts may read them)."""
     spec = cache.spec
     if comp.num_seqs > max_num_seqs:
         raise GmtoolError(
@@ -63,7 +65,7 @@ def make_batch(comp: Composition, cache: PagedKVCache, vocab_size: int, max_num_
         q_lens += [p.new_tokens] * p.count
         prefixes += drawn
     kv_lens = [p + q for p, q in zip(prefixes, q_lens)]
-    tables = cache.allocate(kv_lens, g)
+    tables = cache.allocate(kv_lens, g, (set(keep), prefixes) if keep else None)
     # per token, without a loop over sequences: its sequence, its position, its slot through the block table
     token_seq = np.repeat(np.arange(len(q_lens)), q_lens)
     starts = np.cumsum(q_lens) - np.asarray(q_lens)
@@ -84,3 +86,30 @@ def make_batch(comp: Composition, cache: PagedKVCache, vocab_size: int, max_num_
         tables,
         table_array,
     )
+
+
+def sibling_of(batch: Batch, fewer: bool = True) -> Composition | None:
+    """Another mix for batch's graph key, to capture that key from, so that no row is checked on the very batch
+    its graph was captured from: a graph that froze a host value of its capture batch (a count of sequences or
+    tokens, a context length, a table width) then fails its first check. Prefill and mixed: the longest and
+    shortest chunks evened out (the same sequences); every cached context halved; fewer: one sequence fewer
+    (decode) or one token fewer (prefill), as the caller checks the key still takes. None where nothing can
+    differ (one fresh prefill of one token)."""
+    q = list(batch.q_lens)
+    prefix = [kv - n for kv, n in zip(batch.kv_lens, q)]
+    if not batch.is_decode and len(q) > 1:
+        i, j = int(np.argmax(q)), int(np.argmin(q))
+        j = j if j != i else len(q) - 1 - i  # all alike: two of them, unevened
+        d = max(1, (q[i] - q[j]) // 2)
+        if q[i] - d >= 1:
+            q[i], q[j] = q[i] - d, q[j] + d
+    if fewer and batch.is_decode and len(q) > 1:
+        q, prefix = q[:-1], prefix[:-1]
+    elif fewer and not batch.is_decode and max(q) > 1:
+        q[int(np.argmax(q))] -= 1
+    prefix = [p // 2 for p in prefix]
+    if q == list(batch.q_lens) and prefix == [kv - n for kv, n in zip(batch.kv_lens, batch.q_lens)]:
+        return None
+    comp = batch.composition
+    parts = tuple(Part(n, 1, p) for n, p in zip(q, prefix))
+    return Composition(parts, comp.bucket, comp.seed + 7919, f"sibling of {comp.label}")

@@ -44,6 +44,13 @@ class KVCacheSpec:
         return self.bytes_per_block // self.block_size
 
 
+def blocks_needed(seqs: int, per_seq: int) -> int:
+    """The blocks a run's cache is sized for: its fullest batch at the longest contexts, one block more a
+    sequence for the new tokens of the sibling its graphs are captured from (gmtool.core.batch.sibling_of: it
+    reads blocks of the batch but writes only blocks of its own), and the null block."""
+    return seqs * per_seq + seqs + 1
+
+
 class PagedKVCache:
     def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device):
         if num_blocks < 2:
@@ -82,18 +89,26 @@ class PagedKVCache:
                 full = torch.empty(*t.shape[:2], t.shape[2] * world, t.shape[3], dtype=t.dtype, device=t.device)
                 t.copy_(full.normal_(generator=g).chunk(world, 2)[rank])
 
-    def allocate(self, kv_lens: list[int], generator: torch.Generator) -> list[list[int]]:
-        """Distinct random blocks per sequence, so block tables differ from batch to batch."""
+    def allocate(self, kv_lens: list[int], generator: torch.Generator, keep=None) -> list[list[int]]:
+        """Distinct random blocks per sequence, so block tables differ from batch to batch. keep: (blocks, the
+        index of each sequence's first new token): another batch's blocks, which this one may read but must not
+        write, so each sequence's blocks from the one of its first new token on are none of them."""
         bs = self.spec.block_size
         need = [math.ceil(n / bs) for n in kv_lens]
-        if sum(need) > self.num_blocks - 1:
-            raise GmtoolError(
-                f"the batch needs {sum(need)} KV blocks, the cache has {self.num_blocks - 1}: "
-                "raise --kv-cache-gb or lower --max-kv-len"
-            )
         perm = (torch.randperm(self.num_blocks - 1, generator=generator) + 1).tolist()
-        tables, at = [], 0
-        for n in need:
-            tables.append(perm[at : at + n])
-            at += n
+        held, starts = keep if keep is not None else (set(), [0] * len(kv_lens))
+        free = [b for b in perm if b not in held]
+        written = sum(n - min(start // bs, n) for n, start in zip(need, starts))
+        if sum(need) > self.num_blocks - 1 or written > len(free):
+            raise GmtoolError(
+                f"the batch needs {sum(need)} KV blocks, the cache has {self.num_blocks - 1}"
+                + (f" ({len(held)} of them another batch's, which it may not write)" if held else "")
+                + ": raise --kv-cache-gb or lower --max-kv-len"
+            )
+        tables = []
+        shared = [b for b in perm if b in held] + free[written:]  # what read-only blocks come from
+        for n, start in zip(need, starts):
+            read_only = min(start // bs, n)
+            tables.append(shared[:read_only] + free[: n - read_only])
+            shared, free = shared[read_only:], free[n - read_only :]
         return tables

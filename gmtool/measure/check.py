@@ -164,7 +164,8 @@ class ReplayCheck:
     stale_metadata: bool  # a host plan frozen at capture differs from this batch's
     replay_error: str | None = None  # the replay raised (an index out of range, say): nothing it wrote counts
     input_faults: list[str] = field(default_factory=list)  # device inputs the replay read that are not the batch's
-    context_changed: int = 0  # K/V slots of the batch's own context the replay overwrote
+    context_changed: int = 0  # K/V slots held before the replay (the batch's context, or more) it overwrote
+    held_by: str = "the batch's sequences"  # whose slots those are
 
     def failure(self, tol_same: float, tol: float) -> str | None:
         """Why this replay is unsafe, or None. Comparisons are written so that NaN fails them."""
@@ -176,7 +177,7 @@ class ReplayCheck:
             why = "the device inputs the replay read are not this batch's: " + "; ".join(self.input_faults)
         elif self.context_changed:
             n = self.context_changed
-            why = f"the replay overwrote the K/V of {n} slot{'s' if n != 1 else ''} the batch's sequences hold"
+            why = f"the replay overwrote the K/V of {n} slot{'s' if n != 1 else ''} {self.held_by} hold"
         elif not self.max_rel_err_same_shape <= tol_same:
             why = "replay differs from the same computation run eagerly"
         elif not self.max_rel_err <= tol:
@@ -192,11 +193,28 @@ class ReplayCheck:
         )
 
 
-def checked_replay(ex, batch: Batch, ref: EagerReference, before_replay=None, after_replay=None):
-    """One replay of batch through executor ex (capturing its graph on a miss), judged against eager.
-    before_replay(entry) / after_replay(entry): run just before and just after the replay (gmtool verify
-    poisons more memory, and reads the device inputs the replay used before the eager pass reloads them).
-    Returns (the graph entry, the check, the logits the replay wrote)."""
+@dataclass
+class ReplayRead:
+    """One replay of a batch and what it left, read before anything reloads the inputs: its logits and K/V, the
+    device inputs it read that are not the batch's, and the held K/V slots it overwrote."""
+
+    entry: object  # the executor's CapturedGraph
+    slots: torch.Tensor  # the batch's new-token slots
+    out: torch.Tensor
+    kv: torch.Tensor
+    input_faults: list[str]
+    context_changed: int
+    replay_error: str | None
+    held_by: str
+
+
+def replay_once(
+    ex, batch: Batch, before_replay=None, after_replay=None, held_slots=None, held_by="the batch's sequences"
+) -> ReplayRead:
+    """Replay batch through executor ex (capturing its graph on a miss) over poisoned outputs and new-token
+    slots. before_replay(entry) / after_replay(entry): run just before and just after the replay (gmtool verify
+    poisons more memory). held_slots: the K/V slots the replay must leave as they were (default: the batch's own
+    context; verify: every live request's, held_by "live requests"), digested after before_replay."""
     entry = ex.prepare(batch)
     out = ex.inputs.output(entry.key, batch.num_seqs)  # where the executor hands this batch's logits out
     ex.inputs.logits.fill_(float("nan"))  # every row: a replay must write its own
@@ -204,7 +222,7 @@ def checked_replay(ex, batch: Batch, ref: EagerReference, before_replay=None, af
     poison_kv(ex.cache, slots)
     if before_replay is not None:
         before_replay(entry)
-    held = SlotDigest(ex.cache, context_slots(ex.cache, batch), batch)
+    held = SlotDigest(ex.cache, context_slots(ex.cache, batch) if held_slots is None else held_slots, batch)
     try:
         entry.replay(batch, ex.refresh_runner_metadata)
         replay_error = None
@@ -216,17 +234,29 @@ def checked_replay(ex, batch: Batch, ref: EagerReference, before_replay=None, af
     if after_replay is not None:
         after_replay(entry)
     faults, changed = input_faults(ex, entry.key, batch), held.changed()  # before the eager pass reloads them
-    out, kv = out.clone(), written_kv(ex.cache, batch, slots)
+    kv = written_kv(ex.cache, batch, slots)
+    return ReplayRead(entry, slots, out.clone(), kv, faults, changed, replay_error, held_by)
+
+
+def judge(ex, batch: Batch, ref: EagerReference, read: ReplayRead) -> ReplayCheck:
+    """read against eager: the unpadded reference, and the same padded computation run now without a graph."""
     same = ex.eager_same_shape(batch).clone()
-    kv_same = written_kv(ex.cache, batch, slots)
-    check = ReplayCheck(
-        rel_err_per_seq(out, ref.logits),
-        rel_err_per_seq(out, same),
-        rel_err_per_seq(kv, ref.kv),
-        rel_err_per_seq(kv, kv_same),
-        entry.stale_metadata(batch),
-        replay_error,
-        faults,
-        changed,
+    kv_same = written_kv(ex.cache, batch, read.slots)
+    return ReplayCheck(
+        rel_err_per_seq(read.out, ref.logits),
+        rel_err_per_seq(read.out, same),
+        rel_err_per_seq(read.kv, ref.kv),
+        rel_err_per_seq(read.kv, kv_same),
+        read.entry.stale_metadata(batch),
+        read.replay_error,
+        read.input_faults,
+        read.context_changed,
+        read.held_by,
     )
-    return entry, check, out
+
+
+def checked_replay(ex, batch: Batch, ref: EagerReference):
+    """One replay of batch through executor ex, judged against eager. Returns (the graph entry, the check, the
+    logits the replay wrote)."""
+    read = replay_once(ex, batch)
+    return read.entry, judge(ex, batch, ref, read), read.out

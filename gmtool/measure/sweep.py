@@ -20,6 +20,7 @@ from gmtool.measure.fused_check import judge_fused
 from gmtool.config import SweepConfig
 from gmtool.errors import CaptureError, GmtoolError, OutOfMemory
 from gmtool.core.auto import parts_of
+from gmtool.core.batch import sibling_of
 from gmtool.core.executor import GraphExecutor
 from gmtool.modes import GraphMode
 from gmtool.memory.ledger import capture_ledger
@@ -129,6 +130,7 @@ class Sweep:
         self.on_record = on_record
         self.device = cfg.torch_device
         self.bench: Workbench | None = None
+        self.captured_from_batch: list[str] = []  # keys no sibling could be placed for (_capture_from_sibling)
         self.result: SweepResult | None = None  # set once the workbench is built: what a stopped run measured
 
     def run(self, bench: Workbench | None = None) -> SweepResult:
@@ -152,6 +154,12 @@ class Sweep:
                 probe.after_sweep(bench, executors, res)
             judge_fused(bench, self.cfg, res.notes, res.errors)
             res.notes += [note for m, ex in executors.items() if (note := capture_cost_note(m, ex))]
+            if self.captured_from_batch:
+                res.notes.append(
+                    f"{len(self.captured_from_batch)} graph keys were captured from the first batch they check, not "
+                    f"a sibling (the KV cache had no room for its new tokens; raise --kv-cache-gb): "
+                    f"{', '.join(self.captured_from_batch[:8])}"
+                )
         except BaseException:
             _release(executors, quiet=True)  # the failure that got us here is what gets reported
             raise
@@ -227,6 +235,8 @@ class Sweep:
         key = ex.key_for(batch)
         fresh = key not in ex.graphs
         try:
+            if fresh:
+                self._capture_from_sibling(ex, key, batch)
             entry, check, _ = checked_replay(ex, batch, ref)
         except (OutOfMemory, torch.OutOfMemoryError) as e:  # torch's: outside the capture (warm-up, say)
             ex.backend.abort()
@@ -277,6 +287,27 @@ class Sweep:
         rec.host_steady_us = summarize(host_us_steady(lambda: ex.step(batch), ex.inputs.copied_in, n))
         ex.backend.synchronize()
         return rec
+
+    def _capture_from_sibling(self, ex, key, batch) -> None:
+        """Capture key from another mix of it (gmtool.core.batch.sibling_of), its new tokens in blocks other
+        than batch's (its capture writes K/V there, not into the context batch's check reads). Not for full-narrow,
+        whose graphs freeze their capture's plan by design (its first row per key shows the graph's speed), nor
+        above the largest bucket (no graph)."""
+        if ex.mode.expected_unsafe or batch.num_tokens > ex.policy.largest:
+            return
+        held = {b for table in batch.block_tables for b in table}
+        for fewer in (True, False):  # one sequence (or token) fewer where the key still takes it, else as many
+            comp = sibling_of(batch, fewer)
+            if comp is None:
+                return
+            try:
+                sibling = self.bench.batch(comp, keep=held)
+            except GmtoolError:  # no room for its new tokens beside batch's blocks: capture from batch itself
+                self.captured_from_batch.append(f"{ex.mode} {key}")
+                return
+            if ex.key_for(sibling) == key:
+                ex.prepare(sibling)
+                return
 
 
 def _release(executors: dict, quiet: bool = False) -> None:

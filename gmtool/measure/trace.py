@@ -84,10 +84,14 @@ class TraceProbe:
                 res.notes.append(f"--trace: {mode} captured no graph to trace")
                 continue
             key = max(ex.graphs, key=lambda k: k.num_tokens)
-            label = ex.graphs[key].captured_with
-            comp = next(c for c in cfg.compositions_by_bucket[key.num_tokens] if c.label == label)
             try:
-                batch = bench.batch(comp)
+                # the bucket's first mix this graph serves (it was captured from a sibling of one of them)
+                batches = (bench.batch(c) for c in cfg.compositions_by_bucket.get(key.num_tokens, ()))
+                batch = next((b for b in batches if ex.key_for(b) == key), None)
+                if batch is None:
+                    res.notes.append(f"--trace: no {mode} trace: no mix of bucket {key.num_tokens} is served by {key}")
+                    continue
+                label = batch.composition.label
                 entry = ex.prepare(batch)  # copy-in only: the graph for this key already exists
                 self.trace_files.append(
                     profile_steps(

@@ -23,7 +23,7 @@ from gmtool.config import SweepConfig
 from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.core.executor import GraphExecutor
 from gmtool.core.inputs import PersistentInputs
-from gmtool.core.kv_cache import KVCacheSpec, PagedKVCache
+from gmtool.core.kv_cache import KVCacheSpec, PagedKVCache, blocks_needed
 from gmtool.kernels import early_compile
 from gmtool.model import families, probe
 from gmtool.model.loading import LoadedModel, load_model
@@ -177,7 +177,7 @@ class Workbench:
         if num_blocks is not None:
             cache = PagedKVCache(spec, num_blocks, device)
         else:
-            worst = _most_seqs(cfg) * spec.blocks_per_seq
+            worst = blocks_needed(_most_seqs(cfg), spec.blocks_per_seq) - 1  # from_budget adds the null block
             if cfg.kv_cache_gb is not None:
                 budget = int(cfg.kv_cache_gb * 2**30)
             elif device.type == "cuda":
@@ -234,8 +234,8 @@ class Workbench:
 
         return refusal(self.lm.name, model_hazards(self))
 
-    def batch(self, comp: Composition) -> Batch:
-        return make_batch(comp, self.cache, self.lm.vocab_size, self.cfg.max_num_seqs)
+    def batch(self, comp: Composition, keep=()) -> Batch:
+        return make_batch(comp, self.cache, self.lm.vocab_size, self.cfg.max_num_seqs, keep)
 
     def executor(self, mode: GraphMode, memory=None):
         """memory: a MemoryStrategy choosing each capture's pool (None: one shared pool)."""
@@ -283,9 +283,18 @@ class Workbench:
         """The eager reference of batch, and the callable that recomputes it (for timing)."""
         fn, logits = self.eager_fn(batch)
         try:
-            return eager_reference(fn, logits, self.cache, batch), fn
+            ref = eager_reference(fn, logits, self.cache, batch)
         except torch.OutOfMemoryError:
             raise OutOfMemory("out of memory in the eager reference run") from None
+        # NaN in the reference would turn every graph row UNSAFE (or, were both NaN, hide a wrong replay): the
+        # model is the problem, not its graphs, so say that once, as this batch's error
+        bad = [name for name, t in (("logits", ref.logits), ("K/V", ref.kv)) if not bool(torch.isfinite(t).all())]
+        if bad:
+            raise GmtoolError(
+                f"the eager forward's {' and '.join(bad)} hold NaN or inf: no replay can be checked against them "
+                "(the model's config or weights give no usable output: a rope_theta of 0, an fp16 overflow?)"
+            )
+        return ref, fn
 
 
 class SharedWorkbench:

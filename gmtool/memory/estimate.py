@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from gmtool.config import SweepConfig
+from gmtool.core.kv_cache import blocks_needed
 from gmtool.errors import GmtoolError
 from gmtool.model.attention import MASKED_CHUNK_BYTES
 
@@ -66,9 +67,14 @@ def _field(config, name: str, default):
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) and v else default
 
 
+MAX_META_LAYERS = 1024  # more than any model built: the formula's count instead of a build on the meta device
+
+
 def _meta_params(config) -> int | None:
     """The model's exact parameter count, from the model built on the meta device (no memory; MoE experts
     included, which the formula below leaves out); None when it cannot be built so."""
+    if _field(config, "num_hidden_layers", 1) > MAX_META_LAYERS:  # its build alone would take minutes
+        return None
     try:
         from transformers import AutoModelForCausalLM
 
@@ -99,7 +105,7 @@ def estimate(cfg: SweepConfig, config) -> Estimate:
     k_dim = (g("qk_nope_head_dim", 0) + g("qk_rope_head_dim", 0)) or head_dim
     block = layers * cfg.block_size * kv_heads * (k_dim + g("v_head_dim", k_dim)) * elem
     seqs = max(c.num_seqs for cs in cfg.compositions_by_bucket.values() for c in cs)
-    kv = (seqs * width + 1) * block
+    kv = blocks_needed(seqs, width) * block
     if cfg.kv_cache_gb is not None:
         kv = min(kv, int(cfg.kv_cache_gb * GiB))
 
@@ -123,9 +129,9 @@ def estimate(cfg: SweepConfig, config) -> Estimate:
         parts["graph tapes"] = graphs * (layers * TAPE_OPS_PER_LAYER + 50) * TAPE_BYTES_PER_OP
     options = {
         "weights": "--model or --dtype",
-        "KV cache": "--max-kv-len or the compositions' prefixes",
+        "KV cache": "--max-kv-len, --block-size or the compositions' prefixes (or give --kv-cache-gb)",
         "input buffers": "--max-kv-len or --max-num-seqs",
-        "working set": "--buckets (the largest) or --max-kv-len",
+        "working set": "--buckets (the largest), --max-tokens, --max-kv-len or --block-size",
         "graph tapes": "--buckets (fewer buckets)",
     }
     return Estimate(parts, options, block)

@@ -118,11 +118,14 @@ def from_results(doc: dict, mode: str | None = None) -> CostTable:
     df = _flat(doc["records"])
     if df.empty:
         raise GmtoolError("the results hold no records")
-    mode = _graph_mode(df, mode)
+    asked, mode = mode, _graph_mode(df, mode)
     rows = df[df["mode"] == mode]
     eager_sizes = set((doc.get("config") or {}).get("eager_sizes") or ())
     rows = rows[~rows["bucket"].isin(eager_sizes)]  # auto's eager mixes: no graph of this mode, by design
     notes = []
+    others = [m for m in PLANNED if m != mode and (df["mode"] == m).any()]
+    if asked is None and others:
+        notes.append(f"the results hold {mode} and {others[0]} rows: the plan costs {mode} (--mode picks another)")
     bad = rows.loc[rows["status"] != Status.OK, "bucket"].unique()
     if len(bad):
         notes.append(f"{mode} buckets {', '.join(map(str, sorted(bad)))} left out: some replay there was not ok")

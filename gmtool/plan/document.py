@@ -43,6 +43,7 @@ def build_document(res, inp, source: dict, model: dict, machine: dict) -> dict:
         "budgets": {"memory_bytes": b.memory_bytes, "capture_s": b.capture_s, "max_graphs": b.max_graphs},
         "memory_sharing": str(inp.sharing),
         "capture_sizes": list(p.sizes),
+        "extrapolated_sizes": res.extrapolated.get("plan", 0),  # of capture_sizes, beyond the measured buckets
         "num_graphs": len(p.sizes),
         "expected_ms_per_step": p.ms_per_step,
         "eager_ms_per_step": res.all_eager.ms_per_step,
@@ -96,6 +97,7 @@ def _rows(doc: dict) -> list[dict]:
         "capture_s": doc["capture_s"],
         "eager_steps": doc["eager_steps"],
         "plan_gain_pct": None,
+        "extrapolated_sizes": doc.get("extrapolated_sizes", 0),
     }
     eager = {
         "engine": "all eager",
@@ -108,7 +110,9 @@ def _rows(doc: dict) -> list[dict]:
         if doc["eager_ms_per_step"]
         else None,
     }
-    return [plan] + doc["defaults"] + [eager]
+    # a gain against the plan is as much a guess as the plan's own figures
+    guess = {"plan_extrapolated": plan["extrapolated_sizes"]}
+    return [plan] + [r | guess for r in doc["defaults"]] + [eager | guess]
 
 
 HEAD = ("capture list", "graphs", "ms / step", "plan faster by", "graph memory", "capture s", "eager steps")
@@ -118,12 +122,13 @@ EXTRAPOLATED_LEGEND = "~: the list's figures are partly extrapolated beyond the 
 
 
 def _cells(r: dict, steps: int) -> list[str]:
-    guess = "~" if r.get("extrapolated_sizes") else ""  # a default list reaching past what was measured
+    guess = "~" if r.get("extrapolated_sizes") else ""  # a list reaching past what was measured
+    gain_guess = "~" if guess or r.get("plan_extrapolated") else ""  # the plan's, or this list's
     return [
         r["engine"],
         str(r["num_graphs"]),
         guess + _f(r["expected_ms_per_step"], ".4f"),
-        "-" if r["plan_gain_pct"] is None else f"{guess}{r['plan_gain_pct']:+.1f}%",
+        "-" if r["plan_gain_pct"] is None else f"{gain_guess}{r['plan_gain_pct']:+.1f}%",
         fmt_bytes(r["graph_memory_bytes"]),
         _f(r["capture_s"], ".2f"),
         f"{100 * r['eager_steps'] / steps:.1f}%",
@@ -131,7 +136,7 @@ def _cells(r: dict, steps: int) -> list[str]:
 
 
 def _any_extrapolated(doc: dict) -> bool:
-    return any(d.get("extrapolated_sizes") for d in doc["defaults"])
+    return bool(doc.get("extrapolated_sizes")) or any(d.get("extrapolated_sizes") for d in doc["defaults"])
 
 
 def plan_table(doc: dict) -> Table:

@@ -49,6 +49,9 @@ def check_candidates(candidates: list[int] | None, max_tokens: int | None) -> No
     there: a graph of that size would only be captured for nothing)."""
     if candidates is None:
         return
+    if not all(1 <= c < 2**31 for c in candidates):  # a size numpy's int64 would wrap, or none a step could have
+        bad = next(c for c in candidates if not 1 <= c < 2**31)
+        raise GmtoolError(f"--candidates: size {bad} is not a token count from 1 to {2**31 - 1:,}")
     if len(set(candidates)) > MAX_CANDIDATES:
         raise GmtoolError(f"--candidates: {len(set(candidates))} sizes; plan takes at most {MAX_CANDIDATES}")
     if max_tokens is not None and max(candidates) > max_tokens:
@@ -136,6 +139,7 @@ def make_plan(inp: PlanInputs) -> PlanResult:
                 f"{d.name}: {n} of its {len(d.sizes)} sizes lie beyond the measured buckets "
                 f"(largest {max(inp.costs.buckets)}): their figures are extrapolated"
             )
+    extrapolated["plan"] = int((costs.loc[list(plan.sizes), "source"] == "extrapolated").sum())
     notes += _beyond_measured(sizes, inp, cands)
     lazy = lazy_capture(inp.steps, plan.sizes, costs, inp.costs.eager_at(list(plan.sizes)))
     return PlanResult(

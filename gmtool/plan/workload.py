@@ -46,8 +46,13 @@ def _read(path: Path) -> pd.DataFrame:
                     raise ValueError(f"line {n}, column {e.colno}: {e.msg}") from None
             if not all(isinstance(r, dict) for r in rows):
                 raise ValueError("each line must be a JSON object")
+            for n, r in enumerate(rows, 1):  # json reads NaN and Infinity; null is a count left out (one step)
+                bad = [k for k in COLUMNS if isinstance(r.get(k), float) and not np.isfinite(r[k])]
+                if bad:
+                    raise GmtoolError(f"workload {path}, row {n}: {bad[0]} must be a whole number, got {r[bad[0]]}")
             return pd.DataFrame(rows)
-        return pd.read_csv(path, comment="#", skipinitialspace=True)
+        # only an empty field is missing (a count left out: one step); "NaN", "NA" or "null" are values, refused
+        return pd.read_csv(path, comment="#", skipinitialspace=True, keep_default_na=False, na_values=[""])
     except pd.errors.EmptyDataError:
         return pd.DataFrame()
     except (OSError, UnicodeDecodeError) as e:

@@ -148,21 +148,23 @@ class Journal:
             f.writelines(json.dumps(x, default=str) + "\n" for x in lines)
 
 
-def _read_journal(path: Path) -> dict:
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+def _read_journal(path: Path) -> tuple[dict, list[int]]:
+    """The journal's document, and the file line of each record (blank lines skipped, still counted)."""
+    lines = [(n, ln) for n, ln in enumerate(path.read_text().splitlines(), 1) if ln.strip()]
     if not lines:
         raise GmtoolError(f"{path} is empty: the run measured nothing")
     rows = []
-    for i, ln in enumerate(lines):
+    for i, (n, ln) in enumerate(lines):
         try:
             rows.append(json.loads(ln))
         except ValueError:
             if i == len(lines) - 1:  # the line being written when the process died
                 break
-            raise GmtoolError(f"{path}: line {i + 1} is not JSON") from None
+            raise GmtoolError(f"{path}: line {n} is not JSON") from None
     if not rows:  # killed while writing the header: nothing was measured
         raise GmtoolError(f"{path} holds one line, cut short: the run measured nothing")
     doc, records = rows[0], rows[1:]
+    record_lines = [n for n, _ in lines[1 : len(rows)]]
     if not isinstance(doc, dict) or not isinstance(doc.get("partial"), dict):
         raise GmtoolError(f"{path} is not a gmtool journal")
     doc["records"] = records
@@ -176,12 +178,12 @@ def _read_journal(path: Path) -> dict:
     if isinstance(planned, int) and len(records) >= planned and tp == 1:  # every row measured: the whole run
         doc["partial"] = None
         doc.setdefault("notes", []).append(f"read from the journal ({beside}): all {planned} planned rows measured")
-        return doc
+        return doc, record_lines
     doc["partial"]["measured"] = len(records)
     doc.setdefault("notes", []).append(
         f"partial run: {len(records)} of {planned} rows measured (read from the journal; {beside})"
     )
-    return doc
+    return doc, record_lines
 
 
 def results_file(path: Path) -> Path:
@@ -196,9 +198,10 @@ def load_results(path: Path) -> Document:
     """results.json (or a directory holding it; without one, the directory's records.jsonl), checked: a missing
     key or a value of the wrong type is one GmtoolError naming it."""
     path = results_file(path)
+    record_lines: list[int] = []
     try:
         if path.suffix == ".jsonl":
-            doc = _read_journal(path)
+            doc, record_lines = _read_journal(path)
         else:
             doc = json.loads(path.read_text())
     except FileNotFoundError:
@@ -207,7 +210,7 @@ def load_results(path: Path) -> Document:
         journal = path.with_name(JOURNAL)
         if path.name != RESULTS_JSON or path.suffix == ".jsonl" or not journal.exists():
             raise GmtoolError(f"cannot read results file {path}: {e}") from None
-        doc = _read_journal(journal)  # the run's rows as measured, beside a damaged results.json
+        doc, record_lines = _read_journal(journal)  # the run's rows as measured, beside a damaged results.json
         doc["notes"].append(f"{path} cannot be read ({str(e).splitlines()[0][:80]}): read from {journal}")
         path = journal
     try:
@@ -216,9 +219,15 @@ def load_results(path: Path) -> Document:
         if str(e) == "not a gmtool results file":
             raise GmtoolError(f"{path} is not a gmtool results file") from None
         text = str(e)
-        if path.suffix == ".jsonl":  # the journal's first line is its header: record N is line N + 1
-            text = re.sub(r"^record (\d+)", lambda m: f"record {m[1]} (line {int(m[1]) + 1})", text)
+        if path.suffix == ".jsonl":  # the journal's lines: its header, then the records
+            text = re.sub(r"^record (\d+)", lambda m: f"record {m[1]} (line {_line_of(record_lines, m[1])})", text)
         raise GmtoolError(f"{path}: {text}") from None
+
+
+def _line_of(record_lines: list[int], number: str) -> int | str:
+    """The journal line of record `number` (as Document.from_dict counts records: from 1)."""
+    i = int(number) - 1
+    return record_lines[i] if 0 <= i < len(record_lines) else "?"
 
 
 REPORT_MD, REPORT_HTML = "report.md", "report.html"

@@ -22,7 +22,6 @@ import torch
 from gmtool.core.auto import part_owning, parts_of
 from gmtool.core.batch import Batch
 from gmtool.core.kv_cache import NULL_BLOCK
-from gmtool.measure.check import SlotDigest
 from gmtool.model import families
 
 SENTINEL = 1e3  # for memory read under a mask: large enough to be plain in any result that uses it
@@ -202,12 +201,12 @@ def _driver_memset():
     return fn
 
 
-def live_slots(cache, live, batch: Batch) -> SlotDigest:
-    """A digest of every K/V token live requests held before this step (but the tokens it writes): a replay must
-    not touch them."""
+def live_slot_array(cache, live) -> np.ndarray:
+    """Every K/V slot live requests held before this step (but the tokens it writes): a replay must not touch
+    them."""
     bs = cache.spec.block_size
     held = [
         (np.asarray(blocks, dtype=np.int64)[:, None] * bs + np.arange(bs)).reshape(-1)[:length]
         for blocks, length in live
     ]
-    return SlotDigest(cache, np.concatenate(held) if held else np.zeros(0, np.int64), batch)
+    return np.concatenate(held) if held else np.zeros(0, np.int64)

@@ -90,6 +90,8 @@ class VerifyConfig:
                 setattr(self, name, dflt[name])
             elif value <= 0:
                 raise GmtoolError(f"--{name.replace('_', '-')} must be positive")
+        if self.max_num_seqs < 2:  # its capturability probe and prefill pair run two sequences a step
+            raise GmtoolError(f"--max-num-seqs {self.max_num_seqs}: verify needs 2 or more (it checks mixed steps)")
         if self.buckets is None:  # given empty, it is refused below as capture refuses it
             self.buckets = dflt["buckets"]
         self.sweep = SweepConfig(
@@ -172,14 +174,19 @@ def build_bench(cfg: VerifyConfig):
 
 
 def dyn_dim_batches(bench, cfg: VerifyConfig):
-    """Two compositions per kind that share a bucket key: (kind, batch a, batch b)."""
+    """Two compositions per kind that share a bucket key: (kind, batch a, batch b). b holds one sequence (decode)
+    or one token (prefill) fewer where the bucket still serves it: a count frozen at capture shows too."""
     bs, sizes = cfg.block_size, cfg.sweep.bucket_sizes
     k = max([s for s in sizes if s <= cfg.max_num_seqs] or [1])
     p1, p2 = min(bs + 1, cfg.max_kv_len - 1), min(3 * bs - 1, cfg.max_kv_len - 1)
-    out = [("decode", f"1*{k}@{p1}", f"1*{k}@{p2}")]
+
+    def fewer(n: int) -> int:  # n - 1 where the bucket of n serves it, else n
+        return n - 1 if n - 1 > max([s for s in sizes if s < n] or [0]) else n
+
+    out = [("decode", f"1*{k}@{p1}", f"1*{fewer(k)}@{p2}")]
     t = max([s for s in sizes if s <= cfg.max_kv_len] or [0])  # no bucket within the context: no prefill pair
     if t >= 4:
-        out.append(("prefill", f"{t // 2}+{t - t // 2}", f"{t // 4}+{t - t // 4}"))
+        out.append(("prefill", f"{t // 2}+{t - t // 2}", f"{t // 4}+{fewer(t) - t // 4}"))
     return [(kind, bench.batch(parse_composition(a, 1)), bench.batch(parse_composition(b, 2))) for kind, a, b in out]
 
 
@@ -230,6 +237,11 @@ def run_verify(cfg: VerifyConfig, say=lambda text: None) -> dict:
             say(f"dynamic dimensions: {mode} {kind}")
             res = dynamic_dims(bench, mode, a, b)
             doc["dynamic_dims"].append(res.to_dict() | {"kind": kind, "expected_unsafe": mode.expected_unsafe})
+        if not any(kind == "prefill" for kind, _, _ in dyn_dim_batches(bench, cfg)):
+            doc["notes"].append(
+                "dynamic dimensions: no prefill pair analysed (it needs a bucket of at least 4 tokens within "
+                "--max-kv-len): only decode graphs were checked for baked-in values"
+            )
         opts = SoakOptions(cfg.steps, cfg.check_every, cfg.seed, cfg.fault)
         for mode in cfg.graph_modes:
             for strategy in cfg.strategies:

@@ -17,11 +17,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from gmtool.errors import InputsNotLoaded
-from gmtool.measure.check import checked_replay, input_faults, written_kv
+from gmtool.measure.check import input_faults, judge, replay_once, written_kv
 from gmtool.measure.timing import rel_err_per_seq, tolerances_for
 from gmtool.modes import GraphMode
 from gmtool.verify.faults import Fault, inject
-from gmtool.verify.poison import Buffer, Poisoner, live_slots
+from gmtool.verify.poison import Buffer, Poisoner, live_slot_array
 from gmtool.verify.scheduler import Scheduler, Workload
 from gmtool.verify.taps import LayerTaps
 
@@ -172,48 +172,44 @@ class Soak:
     def _check(self, batch, step: int) -> Mismatch | None:
         ex, live = self.ex, self.sched.live()
         ref, _ = self.bench.reference(batch)
-        seen = {}
-
-        def before(entry):
-            self.poisoner.apply(entry, batch, live, step)
-            seen["slots"] = live_slots(ex.cache, live, batch)
-
-        def after(entry):
-            self.poisoner.after_replay(entry)
-            seen["inputs"] = input_faults(ex, entry.key, batch)
-            seen["changed"] = seen["slots"].changed()
-
         try:
-            entry, check, _ = checked_replay(ex, batch, ref, before_replay=before, after_replay=after)
+            read = replay_once(
+                ex,
+                batch,
+                before_replay=lambda entry: self.poisoner.apply(entry, batch, live, step),
+                after_replay=self.poisoner.after_replay,
+                held_slots=live_slot_array(ex.cache, live),
+                held_by="live requests",
+            )
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, IndexError) as e:  # its capture's warm-up raised (no graph to replay), or the load
+            key = ex.key_for(batch)
+            faults, where = input_faults(ex, key, batch), "loading" if key in ex.graphs else "capturing"
+            reason = f"the step raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return Mismatch(
+                step,
+                str(key),
+                batch.composition.label,
+                "",
+                f"{reason} ({where} the bucket)",
+                faults,
+                0,
+                [],
+                None,
+                faults or [f"the {'copy-in' if where == 'loading' else 'eager warm-up of its capture'} raised"],
+            )
+        entry, seen = read.entry, {"inputs": read.input_faults, "changed": read.context_changed}
+        try:
+            check = judge(ex, batch, ref, read)
             reason, stale = check.failure(*self.tols), check.stale_metadata
         except torch.OutOfMemoryError:
             raise
         except (RuntimeError, IndexError) as e:  # the eager pass on the graph's own (wrong) inputs raised
             reason = f"the step raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            key = ex.key_for(batch)
-            if key not in ex.graphs:  # its capture's warm-up raised: no graph to replay, the inputs are the clue
-                faults = input_faults(ex, key, batch)
-                return Mismatch(
-                    step,
-                    str(key),
-                    batch.composition.label,
-                    "",
-                    f"{reason} (capturing the bucket)",
-                    faults,
-                    0,
-                    [],
-                    None,
-                    faults or ["the capture's eager warm-up on these inputs raised"],
-                )
             entry, stale = ex.prepare(batch), False
-            seen.setdefault("inputs", input_faults(ex, entry.key, batch))
-            seen.setdefault("changed", 0)
         self.poisoner.clean(entry, live)
-        if reason is None and seen["inputs"]:
-            reason = "the device inputs the replay read are not this batch's: " + "; ".join(seen["inputs"])
-        if reason is None and seen["changed"]:
-            reason = f"the replay overwrote the K/V of {seen['changed']} slots that live requests hold"
-        if reason is None:
+        if reason is None:  # the check's reason covers the device inputs and the live K/V too
             return None
         return self._localize(entry, batch, live, step, reason, seen, stale)
 
