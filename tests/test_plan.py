@@ -673,3 +673,16 @@ def test_a_plan_of_extrapolated_sizes_is_marked_as_the_lists_are(tmp_path, resul
     assert code == 0 and doc["extrapolated_sizes"] == 0
     row = next(ln for ln in (tmp_path / "q" / "plan.md").read_text().splitlines() if ln.startswith("| plan |"))
     assert "~" not in row
+
+
+def test_the_note_on_unmeasured_candidates_says_how_each_was_costed():
+    """Sizes below one measured bucket were said to be 'estimated linearly (3 beyond them)': they hold its
+    figures, and one point gives no line."""
+    from gmtool.plan.run import _estimated_note
+
+    src = pd.Series({1: "extrapolated", 3: "extrapolated", 16: "measured", 40: "extrapolated"})
+    note = _estimated_note([1, 3, 16, 40], src, [16])
+    assert note.startswith("3 of 4 candidate sizes were not measured")
+    assert "2 below them: bucket 16's figures" in note and "1 above them: bucket 16's figures" in note
+    note = _estimated_note([3, 12], pd.Series({3: "interpolated", 12: "extrapolated"}), [2, 8])
+    assert "1 between the measured buckets: interpolated linearly" in note and "1 above them: on a line" in note

@@ -89,8 +89,9 @@ def parse_compositions(text: str) -> list[Composition]:
 
 
 def default_compositions(bucket: int, scenario: str, below: int = 0, max_seqs: int | None = None) -> list[Composition]:
-    """Three or more mixes that the bucket serves (more than `below`, the next smaller bucket, tokens), so
-    every graph is replayed with batches other than the one it was captured with. Prefill and mixed mixes of more
+    """Three or more mixes that the bucket serves (more than `below`, the next smaller bucket, tokens): a decode
+    graph serves them all; a full prefill key (tokens x sequences) one each, checked on a graph captured from a
+    sibling batch (gmtool.core.batch.sibling_of) as every key is. Prefill and mixed mixes of more
     than max_seqs sequences (--max-num-seqs) give way to one-sequence prefills of the bucket's sizes; a decode
     bucket above it is refused by the config, as the user's own mixes are."""
     seed = bucket * 16

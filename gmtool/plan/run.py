@@ -107,11 +107,7 @@ def make_plan(inp: PlanInputs) -> PlanResult:
     est = costs.loc[cands, "source"]
     n_est = int((est != "measured").sum())
     if n_est:
-        notes.append(
-            f"{n_est} of {len(cands)} candidate sizes were not measured: their latency, memory and "
-            f"capture time are estimated linearly from the measured buckets "
-            f"({int((est == 'extrapolated').sum())} beyond them)"
-        )
+        notes.append(_estimated_note(cands, est, inp.costs.buckets))
     eager_est = inp.costs.eager_estimated(sizes.index)
     if eager_est:
         notes.append(
@@ -152,6 +148,25 @@ def make_plan(inp: PlanInputs) -> PlanResult:
         notes,
         lazy,
         extrapolated,
+    )
+
+
+def _estimated_note(cands: list[int], source: pd.Series, measured: list[int]) -> str:
+    """How the candidate sizes no bucket measured were costed (gmtool.plan.costs.estimate), by where they lie."""
+    lo, hi = min(measured), max(measured)
+    unmeasured = [c for c in cands if source[c] != "measured"]
+    ways = [
+        (sum(lo < c < hi for c in unmeasured), "between the measured buckets: interpolated linearly"),
+        (sum(c < lo for c in unmeasured), f"below them: bucket {lo}'s figures"),
+        (
+            sum(c > hi for c in unmeasured),
+            f"above them: bucket {hi}'s figures" if len(measured) == 1 else "above them: on a line through them",
+        ),
+    ]
+    how = "; ".join(f"{n} {text}" for n, text in ways if n)
+    return (
+        f"{len(unmeasured)} of {len(cands)} candidate sizes were not measured, their latency, memory and capture "
+        f"time estimated ({how})"
     )
 
 
