@@ -12,8 +12,9 @@ from gmtool.errors import GmtoolError
 SPEC = KVCacheSpec(num_layers=1, num_kv_heads=1, head_dim=4, block_size=4, max_kv_len=64, dtype=torch.float32)
 
 
-def _cache(seqs: int) -> PagedKVCache:
-    return PagedKVCache(SPEC, blocks_needed(seqs, SPEC.blocks_per_seq), torch.device("cpu"))
+def _cache(seqs: int, tokens: int | None = None) -> PagedKVCache:
+    blocks = blocks_needed(seqs, SPEC.blocks_per_seq, seqs if tokens is None else tokens, SPEC.block_size)
+    return PagedKVCache(SPEC, blocks, torch.device("cpu"))
 
 
 def _batch(text, cache, keep=()):
@@ -27,19 +28,27 @@ def test_a_decode_sibling_has_one_sequence_fewer_and_half_the_contexts():
     assert sib.num_seqs == 7 and sib.is_decode
     assert [kv - 1 for kv in sib.kv_lens] == [(kv - 1) // 2 for kv in b.kv_lens[:7]]
     same = _batch_of(sibling_of(b, fewer=False), cache, b)
-    assert same.num_seqs == 8 and same.composition.label == "sibling of 1*8"
+    assert same.num_seqs == 8 and same.composition.label.endswith("(sibling of 1*8)")
+    assert sibling_of(b).label.startswith("7 sequences, 7 tokens, contexts ")
 
 
 def test_a_prefill_sibling_keeps_its_sequences_and_evens_its_chunks_out():
-    cache = _cache(4)
+    cache = _cache(4, 64)
     b = _batch("12+4@20+1", cache)
     comp = sibling_of(b)
     assert [p.new_tokens for p in comp.parts] == [12 - 5 - 1, 4, 1 + 5]  # evened out by 5, one token fewer
     assert [p.prefix for p in comp.parts][:2] == [0, 10]
+    assert (
+        comp.label
+        == f"6+4@10+6{'@' + str(comp.parts[2].prefix) if comp.parts[2].prefix else ''} (sibling of 12+4@20+1)"
+    )
     assert [p.new_tokens for p in sibling_of(b, fewer=False).parts] == [7, 4, 6]
     alike = _batch("8*2", cache)  # all alike: two of them unevened, then one token fewer
     assert [p.new_tokens for p in sibling_of(alike).parts] == [7, 8]  # 7+9, then the longest one fewer
-    assert sibling_of(_batch("1@0", cache), fewer=False) is None  # nothing can differ
+    one = _batch("1@0", cache)  # nothing but its blocks can differ: placed anew, they do
+    again = _batch_of(sibling_of(one, fewer=False), cache, one)
+    assert again.q_lens == one.q_lens and again.kv_lens == one.kv_lens
+    assert set(again.block_tables[0]).isdisjoint(one.block_tables[0])
 
 
 def _batch_of(comp, cache, row):
@@ -47,8 +56,9 @@ def _batch_of(comp, cache, row):
 
 
 def test_a_sibling_writes_no_block_of_the_batch_it_stands_beside():
-    """Its contexts may read the batch's blocks (the cache is sized for one full batch and a block a sequence
-    more), its new tokens never land there: the capture would change the context the batch's check reads."""
+    """Its contexts may read the batch's blocks (the cache is sized for one full batch and the new tokens of a
+    sibling beside it), its new tokens never land there: the capture would change the context the batch's check
+    reads."""
     cache = _cache(8)
     for seed in range(20):
         row = make_batch(parse_composition("1*8@63", seed), cache, 100, 64)  # every block of a full batch
@@ -62,3 +72,43 @@ def test_a_sibling_writes_no_block_of_the_batch_it_stands_beside():
     row = make_batch(parse_composition("1*8@63", 0), small, 100, 64)
     with pytest.raises(GmtoolError, match="another batch's, which it may not write"):
         _batch_of(sibling_of(row), small, row)
+
+
+@pytest.mark.parametrize("text", ["16*4", "60+4", "1*8@63", "30@20+30@20+4"])
+def test_the_cache_holds_a_full_batch_and_its_siblings_new_tokens(text):
+    """blocks_needed: a batch at its longest contexts and a sibling's new tokens, prefill chunks included (one
+    block a sequence more covered decode only: a 128-token prefill's sibling found no room)."""
+    comp = parse_composition(text, 1)
+    cache = _cache(comp.num_seqs, comp.num_tokens)
+    row = _batch(text, cache)
+    for fewer in (True, False):
+        _batch_of(sibling_of(row, fewer), cache, row)  # no GmtoolError
+
+
+def test_a_key_no_sibling_fits_beside_is_captured_from_its_batch_and_a_note_says_so():
+    from gmtool.config import SweepConfig
+    from gmtool.measure.sweep import Sweep
+    from gmtool.measure.workbench import Workbench
+
+    cfg = SweepConfig(
+        device="cpu", buckets="4", compositions="1*4@40", modes=("eager", "full"), max_kv_len=48, block_size=8,
+        num_iters=2, num_iters_warmup=0,
+    )  # fmt: skip
+    bench = Workbench.build(cfg, num_blocks=4 * 6 + 1)  # the batch's 24 blocks: none left for a sibling's tokens
+    res = Sweep(cfg).run(bench)
+    full = next(r for r in res.records if r.mode == "full")
+    assert full.status == "ok" and full.captured_with == "1*4@40"
+    note = next(n for n in res.notes if "captured from the first batch they check" in n)
+    assert note.startswith("1 graph keys") and "full d4 (the batch needs" in note
+
+
+def test_trace_finds_a_mix_its_graph_serves_past_one_the_cache_cannot_hold(tmp_path):
+    """The first mix of the bucket needs more blocks than a small cache holds: --trace takes the next one, where
+    it gave up on the mode."""
+    from tests.test_compare import FAST, run_cli
+
+    out = tmp_path / "t"
+    comps = "16=8+4@512+1*4,16=8*2,16=4*4"
+    code, _, err = run_cli("compare", "eager,full", *FAST, "--buckets", "16", "--compositions", comps,
+                           "--kv-cache-gb", "0.0002", "--trace", "--out", out)  # fmt: skip
+    assert code == 1 and (out / "trace-full.json").exists(), err

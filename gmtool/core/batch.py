@@ -88,13 +88,13 @@ def make_batch(comp: Composition, cache: PagedKVCache, vocab_size: int, max_num_
     )
 
 
-def sibling_of(batch: Batch, fewer: bool = True) -> Composition | None:
+def sibling_of(batch: Batch, fewer: bool = True) -> Composition:
     """Another mix for batch's graph key, to capture that key from, so that no row is checked on the very batch
     its graph was captured from: a graph that froze a host value of its capture batch (a count of sequences or
-    tokens, a context length, a table width) then fails its first check. Prefill and mixed: the longest and
-    shortest chunks evened out (the same sequences); every cached context halved; fewer: one sequence fewer
-    (decode) or one token fewer (prefill), as the caller checks the key still takes. None where nothing can
-    differ (one fresh prefill of one token)."""
+    tokens, a context length, a table width, a block) then fails its first check. Prefill and mixed: the longest
+    and shortest chunks evened out (the same sequences); every cached context halved; fewer: one sequence fewer
+    (decode) or one token fewer (prefill), as the caller checks the key still takes. Its blocks are placed anew
+    (another seed), so even a one-token prefill's sibling differs in its block table and slots."""
     q = list(batch.q_lens)
     prefix = [kv - n for kv, n in zip(batch.kv_lens, q)]
     if not batch.is_decode and len(q) > 1:
@@ -108,8 +108,9 @@ def sibling_of(batch: Batch, fewer: bool = True) -> Composition | None:
     elif fewer and not batch.is_decode and max(q) > 1:
         q[int(np.argmax(q))] -= 1
     prefix = [p // 2 for p in prefix]
-    if q == list(batch.q_lens) and prefix == [kv - n for kv, n in zip(batch.kv_lens, batch.q_lens)]:
-        return None
-    comp = batch.composition
     parts = tuple(Part(n, 1, p) for n, p in zip(q, prefix))
-    return Composition(parts, comp.bucket, comp.seed + 7919, f"sibling of {comp.label}")
+    own = "+".join(f"{n}@{p}" if p or n == 1 else str(n) for n, p in zip(q, prefix))  # 1 alone: a random context
+    if len(parts) > 6:  # a decode bucket's: hundreds of contexts
+        own = f"{len(q)} sequences, {sum(q)} tokens, contexts {min(prefix)}-{max(prefix)}"
+    comp = batch.composition
+    return Composition(parts, comp.bucket, comp.seed + 7919, f"{own} (sibling of {comp.label})")

@@ -44,11 +44,12 @@ class KVCacheSpec:
         return self.bytes_per_block // self.block_size
 
 
-def blocks_needed(seqs: int, per_seq: int) -> int:
-    """The blocks a run's cache is sized for: its fullest batch at the longest contexts, one block more a
-    sequence for the new tokens of the sibling its graphs are captured from (gmtool.core.batch.sibling_of: it
-    reads blocks of the batch but writes only blocks of its own), and the null block."""
-    return seqs * per_seq + seqs + 1
+def blocks_needed(seqs: int, per_seq: int, tokens: int, block_size: int) -> int:
+    """The blocks a run's cache is sized for: its fullest batch (seqs) at the longest contexts (per_seq blocks
+    each); beside it the new tokens of the sibling its graphs are captured from (gmtool.core.batch.sibling_of:
+    it reads blocks of the batch but writes only blocks of its own): at most its largest mix's `tokens`, and
+    two blocks more a sequence (a chunk's rounding at both ends); and the null block."""
+    return seqs * per_seq + math.ceil(tokens / block_size) + 2 * seqs + 1
 
 
 class PagedKVCache:

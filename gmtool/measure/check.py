@@ -1,7 +1,8 @@
 """How a replay is judged: poison what the graph must write, replay, compare with eager on the same batch.
 
-A graph's outputs and the KV slots of the batch's new tokens already hold the right values before a checked
-replay: capture, warm-up and the eager reference computed the same batch into the same buffers. So a replay
+A graph's outputs and the KV slots of the batch's new tokens may already hold the right values before a
+checked replay: the eager reference (and, where a key was captured from the batch itself, the capture and its
+warm-up) computed the same batch into the same buffers. So a replay
 that does nothing, or a graph that never writes K/V, would compare equal. Both are set to NaN first; a replay
 must rewrite every byte the check reads. Logits and the K/V written are compared with two eager runs: the
 unpadded batch (the reference, loose tolerance: other GEMM shapes round differently) and the same padded

@@ -155,10 +155,11 @@ class Sweep:
             judge_fused(bench, self.cfg, res.notes, res.errors)
             res.notes += [note for m, ex in executors.items() if (note := capture_cost_note(m, ex))]
             if self.captured_from_batch:
+                more = len(self.captured_from_batch) - 4
                 res.notes.append(
-                    f"{len(self.captured_from_batch)} graph keys were captured from the first batch they check, not "
-                    f"a sibling (the KV cache had no room for its new tokens; raise --kv-cache-gb): "
-                    f"{', '.join(self.captured_from_batch[:8])}"
+                    f"{len(self.captured_from_batch)} graph keys were captured from the first batch they check, "
+                    f"not a sibling (their captured_with is that mix): {'; '.join(self.captured_from_batch[:4])}"
+                    + (f"; and {more} more" if more > 0 else "")
                 )
         except BaseException:
             _release(executors, quiet=True)  # the failure that got us here is what gets reported
@@ -292,22 +293,22 @@ class Sweep:
         """Capture key from another mix of it (gmtool.core.batch.sibling_of), its new tokens in blocks other
         than batch's (its capture writes K/V there, not into the context batch's check reads). Not for full-narrow,
         whose graphs freeze their capture's plan by design (its first row per key shows the graph's speed), nor
-        above the largest bucket (no graph)."""
+        above the largest bucket (no graph). Where none can be placed, the key is captured from batch itself, and
+        the run's notes say so."""
         if ex.mode.expected_unsafe or batch.num_tokens > ex.policy.largest:
             return
         held = {b for table in batch.block_tables for b in table}
+        why = f"no other batch of {key} fits the KV cache beside it"
         for fewer in (True, False):  # one sequence (or token) fewer where the key still takes it, else as many
-            comp = sibling_of(batch, fewer)
-            if comp is None:
-                return
             try:
-                sibling = self.bench.batch(comp, keep=held)
-            except GmtoolError:  # no room for its new tokens beside batch's blocks: capture from batch itself
-                self.captured_from_batch.append(f"{ex.mode} {key}")
-                return
+                sibling = self.bench.batch(sibling_of(batch, fewer), keep=held)
+            except GmtoolError as e:  # no room for its new tokens beside batch's blocks
+                why = str(e).split(":")[0]
+                continue
             if ex.key_for(sibling) == key:
                 ex.prepare(sibling)
                 return
+        self.captured_from_batch.append(f"{ex.mode} {key} ({why})")
 
 
 def _release(executors: dict, quiet: bool = False) -> None:

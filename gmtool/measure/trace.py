@@ -86,8 +86,7 @@ class TraceProbe:
             key = max(ex.graphs, key=lambda k: k.num_tokens)
             try:
                 # the bucket's first mix this graph serves (it was captured from a sibling of one of them)
-                batches = (bench.batch(c) for c in cfg.compositions_by_bucket.get(key.num_tokens, ()))
-                batch = next((b for b in batches if ex.key_for(b) == key), None)
+                batch = next((b for b in _batches(bench, key.num_tokens) if ex.key_for(b) == key), None)
                 if batch is None:
                     res.notes.append(f"--trace: no {mode} trace: no mix of bucket {key.num_tokens} is served by {key}")
                     continue
@@ -104,6 +103,15 @@ class TraceProbe:
                 _split(self.trace_files[-1], res, mode, key.num_tokens, label)
             except GmtoolError as e:
                 res.notes.append(f"--trace: no {mode} trace: {e}")
+
+
+def _batches(bench, bucket: int):
+    """The batches of bucket's mixes that the KV cache can hold (a mix it cannot is no row either)."""
+    for comp in bench.cfg.compositions_by_bucket.get(bucket, ()):
+        try:
+            yield bench.batch(comp)
+        except GmtoolError:
+            continue
 
 
 def _split(trace: Path, res, mode, bucket: int, composition: str) -> None:

@@ -177,7 +177,8 @@ class Workbench:
         if num_blocks is not None:
             cache = PagedKVCache(spec, num_blocks, device)
         else:
-            worst = blocks_needed(_most_seqs(cfg), spec.blocks_per_seq) - 1  # from_budget adds the null block
+            most_tokens = max(c.num_tokens for cs in cfg.compositions_by_bucket.values() for c in cs)
+            worst = blocks_needed(_most_seqs(cfg), spec.blocks_per_seq, most_tokens, spec.block_size) - 1  # + null
             if cfg.kv_cache_gb is not None:
                 budget = int(cfg.kv_cache_gb * 2**30)
             elif device.type == "cuda":

@@ -105,7 +105,8 @@ def estimate(cfg: SweepConfig, config) -> Estimate:
     k_dim = (g("qk_nope_head_dim", 0) + g("qk_rope_head_dim", 0)) or head_dim
     block = layers * cfg.block_size * kv_heads * (k_dim + g("v_head_dim", k_dim)) * elem
     seqs = max(c.num_seqs for cs in cfg.compositions_by_bucket.values() for c in cs)
-    kv = blocks_needed(seqs, width) * block
+    most_tokens = max(c.num_tokens for cs in cfg.compositions_by_bucket.values() for c in cs)
+    kv = blocks_needed(seqs, width, most_tokens, cfg.block_size) * block
     if cfg.kv_cache_gb is not None:
         kv = min(kv, int(cfg.kv_cache_gb * GiB))
 
