@@ -541,3 +541,27 @@ def test_a_graph_that_froze_its_capture_batch_fails_with_the_default_mixes(tmp_p
     unsafe = [r for r in rows if r["mode"] == "full" and r["status"] == "UNSAFE"]
     assert code == 3 and unsafe, output
     assert all("(sibling of " in r["captured_with"] for r in rows if r["mode"] == "full")
+
+
+def test_a_replay_that_writes_into_a_block_its_batch_does_not_hold_is_unsafe():
+    """Right inputs, right logits and K/V, the batch's context untouched, and a K/V write into a block none of
+    the batch's tokens is in (padding sent to a slot frozen at capture, a kernel writing past its rows): another
+    request's cache. Every block but the batch's new tokens' and the null block must keep its sum."""
+    rig = Rig(buckets=(8,))
+    batch = rig.batch("1*4", seed=5)
+    ref = EagerReference(rig.eager(batch).clone(), written_kv(rig.cache, batch))
+    entry, check, _ = checked_replay(rig.ex, batch, ref)
+    assert check.failure(1e-5, 1e-3) is None and check.stray_blocks == 0
+    mine = {int(b) for t in batch.block_tables for b in t}
+    other = next(b for b in range(1, rig.cache.num_blocks) if b not in mine)
+    replay = type(entry).replay
+
+    def replay_and_stray(self, *a, **k):
+        replay(self, *a, **k)
+        rig.cache.k[0][other, 3] += 1.0
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(entry), "replay", replay_and_stray)
+        _, check, _ = checked_replay(rig.ex, batch, ref)
+    assert check.stray_blocks == 1 and check.context_changed == 0
+    assert "wrote K/V into 1 block none of the batch's new tokens is in" in check.failure(1e-5, 1e-3)

@@ -1825,6 +1825,14 @@ MUTANTS: list[Mutant] = [
         "tests/test_verify.py::test_the_decode_pair_differs_in_its_count_of_sequences_and_shows_a_frozen_count",
         "verify's decode pair holds one count of sequences: a frozen batch size shows no difference",
     ),
+    M(
+        "stray-blocks-unwatched",
+        "gmtool/measure/check.py",
+        "        return int(((~same).any(0) & ~self.allowed).sum())\n",
+        "        return 0\n",
+        JUDGE + "test_a_replay_that_writes_into_a_block_its_batch_does_not_hold_is_unsafe",
+        "a replay writing K/V into another request's block (padding sent to a slot frozen at capture) passes",
+    ),
 ]
 
 

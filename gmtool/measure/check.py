@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from gmtool.core.batch import Batch
-from gmtool.core.kv_cache import PagedKVCache
+from gmtool.core.kv_cache import NULL_BLOCK, PagedKVCache
 from gmtool.errors import InputsNotLoaded
 from gmtool.measure.timing import rel_err_per_seq
 
@@ -145,6 +145,32 @@ class SlotDigest:
         return int((~same).any(0).sum())
 
 
+class BlockDigest:
+    """An fp32 sum per K/V block (every layer) of the whole cache. A replay writes only the blocks of its
+    batch's new tokens, and the null block where padding lanes write; a change anywhere else is K/V of a request
+    it does not serve (a slot frozen at capture, a kernel writing past its rows). One pass over the cache each
+    way: read at the device's bandwidth, no copy on CUDA (sum upcasts as it reads)."""
+
+    def __init__(self, cache: PagedKVCache, batch: Batch):
+        self.cache = cache
+        mine = np.unique(np.asarray(batch.slot_mapping, dtype=np.int64) // cache.spec.block_size)
+        self.allowed = torch.zeros(cache.num_blocks, dtype=torch.bool, device=cache.device)
+        self.allowed[torch.from_numpy(mine).to(cache.device)] = True
+        self.allowed[NULL_BLOCK] = True
+        self.before = self._digest()
+
+    def _digest(self) -> torch.Tensor:
+        return torch.stack(
+            [kv.reshape(kv.shape[0], -1).sum(-1, dtype=torch.float32) for kv in self.cache.k + self.cache.v]
+        )
+
+    def changed(self) -> int:
+        """How many blocks outside the allowed ones the replay changed (in any layer)."""
+        now = self._digest()
+        same = (now == self.before) | (now.isnan() & self.before.isnan())
+        return int(((~same).any(0) & ~self.allowed).sum())
+
+
 def context_slots(cache: PagedKVCache, batch: Batch) -> np.ndarray:
     """The K/V slots the batch's sequences hold before this step: each one's first kv_len slots by its block
     table (the new tokens' among them; SlotDigest leaves those out)."""
@@ -167,6 +193,7 @@ class ReplayCheck:
     input_faults: list[str] = field(default_factory=list)  # device inputs the replay read that are not the batch's
     context_changed: int = 0  # K/V slots held before the replay (the batch's context, or more) it overwrote
     held_by: str = "the batch's sequences"  # whose slots those are
+    stray_blocks: int = 0  # K/V blocks outside the batch's new tokens (and the null block) the replay changed
 
     def failure(self, tol_same: float, tol: float) -> str | None:
         """Why this replay is unsafe, or None. Comparisons are written so that NaN fails them."""
@@ -179,6 +206,9 @@ class ReplayCheck:
         elif self.context_changed:
             n = self.context_changed
             why = f"the replay overwrote the K/V of {n} slot{'s' if n != 1 else ''} {self.held_by} hold"
+        elif self.stray_blocks:
+            n = self.stray_blocks
+            why = f"the replay wrote K/V into {n} block{'s' if n != 1 else ''} none of the batch's new tokens is in"
         elif not self.max_rel_err_same_shape <= tol_same:
             why = "replay differs from the same computation run eagerly"
         elif not self.max_rel_err <= tol:
@@ -207,6 +237,7 @@ class ReplayRead:
     context_changed: int
     replay_error: str | None
     held_by: str
+    stray_blocks: int
 
 
 def replay_once(
@@ -224,6 +255,7 @@ def replay_once(
     if before_replay is not None:
         before_replay(entry)
     held = SlotDigest(ex.cache, context_slots(ex.cache, batch) if held_slots is None else held_slots, batch)
+    blocks = BlockDigest(ex.cache, batch)
     try:
         entry.replay(batch, ex.refresh_runner_metadata)
         replay_error = None
@@ -236,7 +268,7 @@ def replay_once(
         after_replay(entry)
     faults, changed = input_faults(ex, entry.key, batch), held.changed()  # before the eager pass reloads them
     kv = written_kv(ex.cache, batch, slots)
-    return ReplayRead(entry, slots, out.clone(), kv, faults, changed, replay_error, held_by)
+    return ReplayRead(entry, slots, out.clone(), kv, faults, changed, replay_error, held_by, blocks.changed())
 
 
 def judge(ex, batch: Batch, ref: EagerReference, read: ReplayRead) -> ReplayCheck:
@@ -253,6 +285,7 @@ def judge(ex, batch: Batch, ref: EagerReference, read: ReplayRead) -> ReplayChec
         read.input_faults,
         read.context_changed,
         read.held_by,
+        read.stray_blocks,
     )
 
 
