@@ -565,3 +565,33 @@ def test_a_replay_that_writes_into_a_block_its_batch_does_not_hold_is_unsafe():
         _, check, _ = checked_replay(rig.ex, batch, ref)
     assert check.stray_blocks == 1 and check.context_changed == 0
     assert "wrote K/V into 1 block none of the batch's new tokens is in" in check.failure(1e-5, 1e-3)
+
+
+def _fresh_prefill_fast_path(monkeypatch):
+    """A varlen attention that takes a fast path when the host plan says no sequence has a cached prefix: its
+    lengths from the chunks alone (right for a fresh prefill, wrong after a prefix). Chosen on the host at
+    capture, the branch is frozen into the graph."""
+    import dataclasses
+
+    from gmtool.model import attention as A
+
+    real = A.TorchAttention.masked
+
+    def masked(self, ctx, q, kc, vc, scale, out, opts=A.PLAIN):
+        if not all(kv == n for n, kv in ctx.plan):
+            return real(self, ctx, q, kc, vc, scale, out, opts)
+        v = ctx.views
+        within = torch.arange(v.positions.shape[0]) - v.cu_q[v.token_seq.clamp_min(0)]
+        fast = dataclasses.replace(v, kv_lens=v.cu_q[1:] - v.cu_q[:-1], positions=within)
+        return A._into(A.masked_varlen_attention(q, kc, vc, fast, ctx.num_seqs, scale, opts), out)
+
+    monkeypatch.setattr(A.TorchAttention, "masked", masked)
+
+
+def test_a_fast_path_frozen_on_fresh_prefills_fails_where_a_mix_has_a_cached_prefix(tmp_path, monkeypatch):
+    """A full prefill key serves one mix: captured from that mix (or a sibling as fresh as it), a graph that
+    froze "no cached prefix" was never checked on a batch with one. The sibling drops a chunk's prefix, so a
+    mix with one meets a graph captured without."""
+    _fresh_prefill_fast_path(monkeypatch)
+    code, out, rows = _capture(tmp_path, "--mode", "full", "--buckets", "16", "--compositions", "8+8@24")
+    assert code == 3 and rows[-1]["status"] == "UNSAFE", out

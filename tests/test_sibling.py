@@ -37,11 +37,12 @@ def test_a_prefill_sibling_keeps_its_sequences_and_evens_its_chunks_out():
     b = _batch("12+4@20+1", cache)
     comp = sibling_of(b)
     assert [p.new_tokens for p in comp.parts] == [12 - 5 - 1, 4, 1 + 5]  # evened out by 5, one token fewer
-    assert [p.prefix for p in comp.parts][:2] == [0, 10]
-    assert (
-        comp.label
-        == f"6+4@10+6{'@' + str(comp.parts[2].prefix) if comp.parts[2].prefix else ''} (sibling of 12+4@20+1)"
-    )
+    assert [p.prefix for p in comp.parts][:2] == [0, 0]  # a chunk's cached prefix dropped
+    assert comp.label == "6+4+6 (sibling of 12+4@20+1)"  # the decode became a chunk: its context dropped too
+    row = _batch("4+1*3", cache)
+    decodes = sibling_of(row)  # 4+1+1+1: evened to 3+2+1+1, then one token fewer: 2+2+1+1
+    assert [p.new_tokens for p in decodes.parts] == [2, 2, 1, 1]
+    assert [p.prefix for p in decodes.parts][2:] == [(kv - 1) // 2 for kv in row.kv_lens[2:]]  # decodes halved
     assert [p.new_tokens for p in sibling_of(b, fewer=False).parts] == [7, 4, 6]
     alike = _batch("8*2", cache)  # all alike: two of them unevened, then one token fewer
     assert [p.new_tokens for p in sibling_of(alike).parts] == [7, 8]  # 7+9, then the longest one fewer

@@ -557,3 +557,15 @@ def test_a_replay_that_overwrites_another_live_requests_kv_is_caught(rig):
     assert m is not None and m.step == 0, m
     assert "overwrote the K/V of 1 slot live requests hold" in m.reason, m.reason
     assert s.run().mismatch is None  # the same soak without the stray write: clean
+
+
+def test_the_prefill_pair_has_a_cached_prefix_and_shows_a_frozen_fresh_prefill_branch(rig, monkeypatch):
+    from gmtool.verify.run import dyn_dim_batches
+    from tests.test_judge import _fresh_prefill_fast_path
+
+    cfg, bench, _ = rig
+    kind, a, b = dyn_dim_batches(bench, cfg)[1]
+    assert kind == "prefill" and all(kv == q for q, kv in a.plan) and not all(kv == q for q, kv in b.plan)
+    assert dynamic_dims(bench, "full", a, b).clean
+    _fresh_prefill_fast_path(monkeypatch)
+    assert not dynamic_dims(bench, "full", a, b).clean

@@ -1833,6 +1833,22 @@ MUTANTS: list[Mutant] = [
         JUDGE + "test_a_replay_that_writes_into_a_block_its_batch_does_not_hold_is_unsafe",
         "a replay writing K/V into another request's block (padding sent to a slot frozen at capture) passes",
     ),
+    M(
+        "sibling-keeps-chunk-prefixes",
+        "gmtool/core/batch.py",
+        "    prefix = [p // 2 if n == 1 else 0 for n, p in zip(q, prefix)]\n",
+        "    prefix = [p // 2 for p in prefix]\n",
+        JUDGE + "test_a_fast_path_frozen_on_fresh_prefills_fails_where_a_mix_has_a_cached_prefix",
+        "a prefill sibling keeps its chunks' cached prefixes: a graph frozen on 'fresh prefill' is never met",
+    ),
+    M(
+        "dyndims-prefill-pair-fresh",
+        "gmtool/verify/run.py",
+        '        cached = f"@{bs}" if bs + t // 4 <= cfg.max_kv_len else ""\n',
+        '        cached = ""\n',
+        "tests/test_verify.py::test_the_prefill_pair_has_a_cached_prefix_and_shows_a_frozen_fresh_prefill_branch",
+        "verify's prefill pair has no cached prefix: a frozen fresh-prefill branch shows no difference",
+    ),
 ]
 
 

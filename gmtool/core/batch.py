@@ -92,9 +92,10 @@ def sibling_of(batch: Batch, fewer: bool = True) -> Composition:
     """Another mix for batch's graph key, to capture that key from, so that no row is checked on the very batch
     its graph was captured from: a graph that froze a host value of its capture batch (a count of sequences or
     tokens, a context length, a table width, a block) then fails its first check. Prefill and mixed: the longest
-    and shortest chunks evened out (the same sequences); every cached context halved; fewer: one sequence fewer
-    (decode) or one token fewer (prefill), as the caller checks the key still takes. Its blocks are placed anew
-    (another seed), so even a one-token prefill's sibling differs in its block table and slots."""
+    and shortest chunks evened out (the same sequences), their cached prefixes dropped; decode contexts halved;
+    fewer: one sequence fewer (decode) or one token fewer (prefill), as the caller checks the key still takes.
+    Its blocks are placed anew (another seed), so even a one-token prefill's sibling differs in its block table
+    and slots."""
     q = list(batch.q_lens)
     prefix = [kv - n for kv, n in zip(batch.kv_lens, q)]
     if not batch.is_decode and len(q) > 1:
@@ -107,7 +108,9 @@ def sibling_of(batch: Batch, fewer: bool = True) -> Composition:
         q, prefix = q[:-1], prefix[:-1]
     elif fewer and not batch.is_decode and max(q) > 1:
         q[int(np.argmax(q))] -= 1
-    prefix = [p // 2 for p in prefix]
+    # decode contexts halved; a chunk's cached prefix dropped: a graph that froze "no sequence has a cached
+    # prefix" (a fresh-prefill fast path) then meets a mix that has one
+    prefix = [p // 2 if n == 1 else 0 for n, p in zip(q, prefix)]
     parts = tuple(Part(n, 1, p) for n, p in zip(q, prefix))
     own = "+".join(f"{n}@{p}" if p or n == 1 else str(n) for n, p in zip(q, prefix))  # 1 alone: a random context
     if len(parts) > 6:  # a decode bucket's: hundreds of contexts

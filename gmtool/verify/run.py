@@ -185,8 +185,9 @@ def dyn_dim_batches(bench, cfg: VerifyConfig):
 
     out = [("decode", f"1*{k}@{p1}", f"1*{fewer(k)}@{p2}")]
     t = max([s for s in sizes if s <= cfg.max_kv_len] or [0])  # no bucket within the context: no prefill pair
-    if t >= 4:
-        out.append(("prefill", f"{t // 2}+{t - t // 2}", f"{t // 4}+{fewer(t) - t // 4}"))
+    if t >= 4:  # b's first chunk after a cached block where the context allows: a frozen "fresh prefill" shows
+        cached = f"@{bs}" if bs + t // 4 <= cfg.max_kv_len else ""
+        out.append(("prefill", f"{t // 2}+{t - t // 2}", f"{t // 4}{cached}+{fewer(t) - t // 4}"))
     return [(kind, bench.batch(parse_composition(a, 1)), bench.batch(parse_composition(b, 2))) for kind, a, b in out]
 
 
