@@ -166,6 +166,7 @@ CASES = [
     # composition verify takes no option for
     # a million layers: the memory estimate built them on the meta device for minutes before refusing
     ("--model a million layers", ["capture", *CPU, "--model", "{tmp}/layershuge.json"], "this run needs about"),
+    ("plan --max-tokens 0", ["plan", *CPU, "-w", "chat", "--max-tokens", "0"], "--max-tokens must be positive, got 0"),
     ("verify --max-num-seqs 1", ["verify", *CPU, "--max-num-seqs", "1"], "--max-num-seqs 1: verify needs 2 or more"),
     (
         "plan --candidates above int64",

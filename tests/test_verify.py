@@ -569,3 +569,29 @@ def test_the_prefill_pair_has_a_cached_prefix_and_shows_a_frozen_fresh_prefill_b
     assert dynamic_dims(bench, "full", a, b).clean
     _fresh_prefill_fast_path(monkeypatch)
     assert not dynamic_dims(bench, "full", a, b).clean
+
+
+def test_the_decode_pair_reaches_past_a_sliding_window_and_shows_a_frozen_start_block(monkeypatch):
+    """A windowed decode that skips the blocks below the shortest context's window, that block taken from the
+    host plan at capture: verify's decode pair had contexts of at most 3 blocks, inside tiny-gemma2's 24-token
+    window, and showed nothing. Its second batch now sits at the longest context the cache holds."""
+    from gmtool.model import attention as A
+    from gmtool.verify.run import dyn_dim_batches
+
+    cfg = VerifyConfig(device="cpu", dtype="fp32", model="tiny-gemma2", modes="full")
+    bench = build_bench(cfg)
+    (kind, a, b), *_ = dyn_dim_batches(bench, cfg)
+    assert kind == "decode" and max(b.kv_lens) == cfg.max_kv_len
+    assert dynamic_dims(bench, "full", a, b).clean
+    real = A.TorchAttention.decode
+
+    def decode(self, ctx, q, kc, vc, scale, out, opts=A.PLAIN):
+        if opts.window is None or not ctx.plan:
+            return real(self, ctx, q, kc, vc, scale, out, opts)
+        first = max(0, min(kv for _, kv in ctx.plan) - opts.window) // kc.shape[1]  # frozen at capture
+        tables = ctx.views.block_tables.clone()
+        tables[:, :first] = 0  # "below every window": read as the null block
+        return A._into(A.decode_attention(q, kc, vc, tables, ctx.views.kv_lens, scale, opts), out)
+
+    monkeypatch.setattr(A.TorchAttention, "decode", decode)
+    assert not dynamic_dims(bench, "full", a, b).clean

@@ -1849,6 +1849,14 @@ MUTANTS: list[Mutant] = [
         "tests/test_verify.py::test_the_prefill_pair_has_a_cached_prefix_and_shows_a_frozen_fresh_prefill_branch",
         "verify's prefill pair has no cached prefix: a frozen fresh-prefill branch shows no difference",
     ),
+    M(
+        "dyndims-decode-pair-short",
+        "gmtool/verify/run.py",
+        "        p2 = cfg.max_kv_len - 1\n",
+        "        p2 = p2\n",
+        "tests/test_verify.py::test_the_decode_pair_reaches_past_a_sliding_window_and_shows_a_frozen_start_block",
+        "verify's decode pair stays inside a sliding window: a start block frozen at capture shows no difference",
+    ),
 ]
 
 

@@ -142,6 +142,8 @@ def plan(
         _positive(capture_budget, "--capture-budget"),
         _positive(max_graphs, "--max-graphs"),
     )
+    if max_tokens is not None and max_tokens <= 0:  # as capture and compare say it, before the workload's steps
+        raise GmtoolError(f"--max-tokens must be positive, got {max_tokens}")
     try:
         chosen = parse_buckets(candidates) if candidates is not None else None
     except GmtoolError as e:  # its message speaks of buckets: say which option held them

@@ -183,6 +183,10 @@ def dyn_dim_batches(bench, cfg: VerifyConfig):
     def fewer(n: int) -> int:  # n - 1 where the bucket of n serves it, else n
         return n - 1 if n - 1 > max([s for s in sizes if s < n] or [0]) else n
 
+    # b at the longest context where the cache holds it whole: past a sliding window, a start block frozen at
+    # capture shows too
+    if fewer(k) * -(-cfg.max_kv_len // bs) <= bench.cache.num_blocks - 1:
+        p2 = cfg.max_kv_len - 1
     out = [("decode", f"1*{k}@{p1}", f"1*{fewer(k)}@{p2}")]
     t = max([s for s in sizes if s <= cfg.max_kv_len] or [0])  # no bucket within the context: no prefill pair
     if t >= 4:  # b's first chunk after a cached block where the context allows: a frozen "fresh prefill" shows
