@@ -12,6 +12,7 @@ import torch
 
 from gmtool.core.buckets import DEFAULT_DECODE_BUCKETS, DEFAULT_PREFILL_BUCKETS, BucketPolicy, parse_buckets
 from gmtool.core.compositions import Composition, assign_buckets, default_compositions, parse_compositions
+from gmtool.core.kv_cache import blocks_needed
 from gmtool.errors import GmtoolError
 from gmtool.model.loading import parse_dtype, resolve_device
 from gmtool.modes import SWEEP_MODES, GraphMode
@@ -289,6 +290,18 @@ class SweepConfig:
 
     def policy(self, wide_key: bool = False) -> BucketPolicy:
         return BucketPolicy(self.bucket_sizes, self.max_tokens, wide_key)
+
+    @property
+    def most_seqs(self) -> int:
+        """The most sequences one batch of the config holds: the KV cache is sized for them."""
+        return max(c.num_seqs for cs in self.compositions_by_bucket.values() for c in cs)
+
+    @property
+    def kv_blocks_needed(self) -> int:
+        """The KV blocks the run's cache is sized for, the null block included (gmtool.core.kv_cache)."""
+        most_tokens = max(c.num_tokens for cs in self.compositions_by_bucket.values() for c in cs)
+        per_seq = -(-self.max_kv_len // self.block_size)
+        return blocks_needed(self.most_seqs, per_seq, most_tokens, self.block_size)
 
     @property
     def largest_graph_bucket(self) -> int:

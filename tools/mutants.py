@@ -1761,7 +1761,7 @@ MUTANTS: list[Mutant] = [
     M(
         "verify-live-kv-unwatched",
         "gmtool/verify/soak.py",
-        "                held_slots=live_slot_array(ex.cache, live),\n",
+        "                held_slots=slots_held(*zip(*live), ex.cache.spec.block_size) if live else None,\n",
         "                held_slots=None,\n",
         "tests/test_verify.py::test_a_replay_that_overwrites_another_live_requests_kv_is_caught",
         "verify watches only the batch's own context: a replay overwriting a waiting request's K/V passes",
@@ -1828,7 +1828,7 @@ MUTANTS: list[Mutant] = [
     M(
         "stray-blocks-unwatched",
         "gmtool/measure/check.py",
-        "        return int(((~same).any(0) & ~self.allowed).sum())\n",
+        "        return int((_changed(self._digest(), self.before) & ~self.allowed).sum())\n",
         "        return 0\n",
         JUDGE + "test_a_replay_that_writes_into_a_block_its_batch_does_not_hold_is_unsafe",
         "a replay writing K/V into another request's block (padding sent to a slot frozen at capture) passes",

@@ -140,9 +140,7 @@ class SlotDigest:
         """How many of those slots the replay changed (in any layer); NaN that stayed NaN is no change."""
         if not len(self.slots):
             return 0
-        now = self._digest()
-        same = (now == self.before) | (now.isnan() & self.before.isnan())
-        return int((~same).any(0).sum())
+        return int(_changed(self._digest(), self.before).sum())
 
 
 class BlockDigest:
@@ -166,20 +164,28 @@ class BlockDigest:
 
     def changed(self) -> int:
         """How many blocks outside the allowed ones the replay changed (in any layer)."""
-        now = self._digest()
-        same = (now == self.before) | (now.isnan() & self.before.isnan())
-        return int(((~same).any(0) & ~self.allowed).sum())
+        return int((_changed(self._digest(), self.before) & ~self.allowed).sum())
+
+
+def _changed(now: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """[layers x n] digests -> which of the n changed in any layer; NaN that stayed NaN is no change."""
+    return ~((now == before) | (now.isnan() & before.isnan())).all(0)
+
+
+def slots_held(tables, lengths, block_size: int) -> np.ndarray:
+    """The K/V slots of sequences holding lengths[i] tokens through block table tables[i]: each one's first
+    lengths[i] slots."""
+    held = [
+        (np.asarray(row, dtype=np.int64)[:, None] * block_size + np.arange(block_size)).reshape(-1)[:length]
+        for row, length in zip(tables, lengths)
+    ]
+    return np.concatenate(held) if held else np.zeros(0, np.int64)
 
 
 def context_slots(cache: PagedKVCache, batch: Batch) -> np.ndarray:
-    """The K/V slots the batch's sequences hold before this step: each one's first kv_len slots by its block
-    table (the new tokens' among them; SlotDigest leaves those out)."""
-    bs = cache.spec.block_size
-    held = [
-        (np.asarray(row, dtype=np.int64)[:, None] * bs + np.arange(bs)).reshape(-1)[:length]
-        for row, length in zip(batch.block_table_array, batch.kv_len_array)
-    ]
-    return np.concatenate(held) if held else np.zeros(0, np.int64)
+    """The K/V slots the batch's sequences hold before this step (the new tokens' among them; SlotDigest leaves
+    those out)."""
+    return slots_held(batch.block_table_array, batch.kv_len_array, cache.spec.block_size)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from gmtool.config import SweepConfig
 from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.core.executor import GraphExecutor
 from gmtool.core.inputs import PersistentInputs
-from gmtool.core.kv_cache import KVCacheSpec, PagedKVCache, blocks_needed
+from gmtool.core.kv_cache import KVCacheSpec, PagedKVCache
 from gmtool.kernels import early_compile
 from gmtool.model import families, probe
 from gmtool.model.loading import LoadedModel, load_model
@@ -59,11 +59,6 @@ def _tp_rank(cfg: SweepConfig) -> int:
     return place().rank
 
 
-def _most_seqs(cfg: SweepConfig) -> int:
-    """The most sequences one batch of the config holds: the KV cache is sized for them."""
-    return max(c.num_seqs for cs in cfg.compositions_by_bucket.values() for c in cs)
-
-
 def _pdl_mode(cfg: SweepConfig, notes: list[str]) -> int:
     """--pdl as a gmtool.kernels.pdl.Pdl mode, EARLY (the element-wise kernels let the next kernel launch before
     their wait, so a GEMM prefetches its weight two kernels ahead): where PDL cannot run (no CUDA, the Triton
@@ -87,7 +82,7 @@ def build_need(cfg: SweepConfig) -> tuple:
     there (the KV cache's size from the most sequences of a batch, the eager buffers' from the most tokens).
     Configs of one need get the same model, cache and buffers: memreport's sampled buckets and the whole list."""
     opts = tuple((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.init and f.name != "buckets")
-    return opts + (("most_seqs", _most_seqs(cfg)), ("max_tokens", cfg.policy().max_tokens))
+    return opts + (("most_seqs", cfg.most_seqs), ("max_tokens", cfg.policy().max_tokens))
 
 
 def _refuse_positions_past_the_table(lm: LoadedModel, max_kv_len: int) -> None:
@@ -177,8 +172,7 @@ class Workbench:
         if num_blocks is not None:
             cache = PagedKVCache(spec, num_blocks, device)
         else:
-            most_tokens = max(c.num_tokens for cs in cfg.compositions_by_bucket.values() for c in cs)
-            worst = blocks_needed(_most_seqs(cfg), spec.blocks_per_seq, most_tokens, spec.block_size) - 1  # + null
+            worst = cfg.kv_blocks_needed - 1  # from_budget adds the null block
             if cfg.kv_cache_gb is not None:
                 budget = int(cfg.kv_cache_gb * 2**30)
             elif device.type == "cuda":

@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 
 from gmtool.config import SweepConfig
-from gmtool.core.kv_cache import blocks_needed
 from gmtool.errors import GmtoolError
 from gmtool.model.attention import MASKED_CHUNK_BYTES
 
@@ -104,9 +103,7 @@ def estimate(cfg: SweepConfig, config) -> Estimate:
     # MLA (DeepSeek) as transformers computes it: K of nope + rope dims, V of its own (the probe reads them later)
     k_dim = (g("qk_nope_head_dim", 0) + g("qk_rope_head_dim", 0)) or head_dim
     block = layers * cfg.block_size * kv_heads * (k_dim + g("v_head_dim", k_dim)) * elem
-    seqs = max(c.num_seqs for cs in cfg.compositions_by_bucket.values() for c in cs)
-    most_tokens = max(c.num_tokens for cs in cfg.compositions_by_bucket.values() for c in cs)
-    kv = blocks_needed(seqs, width, most_tokens, cfg.block_size) * block
+    kv = cfg.kv_blocks_needed * block
     if cfg.kv_cache_gb is not None:
         kv = min(kv, int(cfg.kv_cache_gb * GiB))
 

@@ -199,14 +199,3 @@ def _driver_memset():
     fn.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
     fn.restype = ctypes.c_int
     return fn
-
-
-def live_slot_array(cache, live) -> np.ndarray:
-    """Every K/V slot live requests held before this step (but the tokens it writes): a replay must not touch
-    them."""
-    bs = cache.spec.block_size
-    held = [
-        (np.asarray(blocks, dtype=np.int64)[:, None] * bs + np.arange(bs)).reshape(-1)[:length]
-        for blocks, length in live
-    ]
-    return np.concatenate(held) if held else np.zeros(0, np.int64)

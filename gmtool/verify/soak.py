@@ -17,11 +17,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from gmtool.errors import InputsNotLoaded
-from gmtool.measure.check import input_faults, judge, replay_once, written_kv
+from gmtool.measure.check import input_faults, judge, replay_once, slots_held, written_kv
 from gmtool.measure.timing import rel_err_per_seq, tolerances_for
 from gmtool.modes import GraphMode
 from gmtool.verify.faults import Fault, inject
-from gmtool.verify.poison import Buffer, Poisoner, live_slot_array
+from gmtool.verify.poison import Buffer, Poisoner
 from gmtool.verify.scheduler import Scheduler, Workload
 from gmtool.verify.taps import LayerTaps
 
@@ -178,7 +178,7 @@ class Soak:
                 batch,
                 before_replay=lambda entry: self.poisoner.apply(entry, batch, live, step),
                 after_replay=self.poisoner.after_replay,
-                held_slots=live_slot_array(ex.cache, live),
+                held_slots=slots_held(*zip(*live), ex.cache.spec.block_size) if live else None,
                 held_by="live requests",
             )
         except torch.OutOfMemoryError:
@@ -199,7 +199,7 @@ class Soak:
                 None,
                 faults or [f"the {'copy-in' if where == 'loading' else 'eager warm-up of its capture'} raised"],
             )
-        entry, seen = read.entry, {"inputs": read.input_faults, "changed": read.context_changed}
+        entry = read.entry
         try:
             check = judge(ex, batch, ref, read)
             reason, stale = check.failure(*self.tols), check.stale_metadata
@@ -211,7 +211,7 @@ class Soak:
         self.poisoner.clean(entry, live)
         if reason is None:  # the check's reason covers the device inputs and the live K/V too
             return None
-        return self._localize(entry, batch, live, step, reason, seen, stale)
+        return self._localize(entry, batch, live, step, reason, read, stale)
 
     # -- localization ------------------------------------------------------------------------------------
     def _replay(self, batch, live, step: int, only):
@@ -255,6 +255,7 @@ class Soak:
         return [b for _, b in sorted(read, key=lambda r: -r[0])]
 
     def _localize(self, entry, batch, live, step, reason, seen, stale) -> Mismatch:
+        """seen: what the checked replay left (gmtool.measure.check.ReplayRead)."""
         ex, taps = self.ex, self.taps
         read = self._buffers_read(batch, live, step)
         got = self._replay(batch, live, step, None)  # the check's conditions
@@ -273,7 +274,7 @@ class Soak:
             div = taps.first_divergence(got[2], same, unpadded, batch.token_seq, self.tols, entry.mode.piecewise)
             first = div.to_dict() if div else None
         self.poisoner.clean(ex.prepare(batch), live)
-        suspects = list(seen["inputs"])
+        suspects = list(seen.input_faults)
         handed = ex.inputs.output(entry.key, batch.num_seqs)
         if handed.untyped_storage().data_ptr() != ex.inputs.logits.untyped_storage().data_ptr():
             suspects.append(
@@ -283,8 +284,10 @@ class Soak:
         suspects += [f"{b}: the result changes when it alone is poisoned" for b in read]
         if stale:
             suspects.append(f"the attention plan frozen at capture (captured with {entry.captured_with})")
-        if seen["changed"]:
-            suspects.append(f"K/V slots live requests hold: {seen['changed']} overwritten by this replay")
+        if seen.context_changed:
+            suspects.append(f"K/V slots live requests hold: {seen.context_changed} overwritten by this replay")
+        if seen.stray_blocks:
+            suspects.append(f"K/V blocks outside this step's new tokens: {seen.stray_blocks} written by this replay")
         if not suspects:
             suspects.append(
                 "no buffer identified: the device inputs hold this batch and no poisoned buffer changes "
@@ -296,8 +299,8 @@ class Soak:
             batch.composition.label,
             entry.captured_with,
             reason,
-            seen["inputs"],
-            seen["changed"],
+            seen.input_faults,
+            seen.context_changed,
             read,
             first,
             suspects,
