@@ -6,6 +6,7 @@ editable install and from an installed wheel, whatever the working directory."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from importlib.resources import files
 from importlib.resources.abc import Traversable
@@ -40,9 +41,11 @@ def load_model_profile(name: str) -> dict:
     if not path.is_file():
         # the tiny test profiles are named as a family: the line stays short as profiles are added (--help lists all)
         sized = [n for n in model_profiles() if not n.startswith("tiny-")]
+        near = difflib.get_close_matches(name.lower(), model_profiles(), n=1, cutoff=0.75)
         raise GmtoolError(
-            f"unknown model {name!r}: give a profile ({', '.join(sized)}, or tiny-* for tests), "
-            "a checkpoint folder or a config.json"
+            f"unknown model {name!r}"
+            + (f" (did you mean {near[0]}?)" if near else "")
+            + f": give a profile ({', '.join(sized)}, or tiny-* for tests), a checkpoint folder or a config.json"
         )
     return json.loads(path.read_text())
 

@@ -53,14 +53,17 @@ class Rig:
         return self.ex.step(batch).clone()
 
 
-def against_transformers(spec: str, prompt: int = 40):
+def against_transformers(spec: str, prompt: int = 40, also=None):
     """gmtool's paged attention against transformers' own eager attention and masks: the last token's logits of one
     prompt (40 tokens: past every tiny window) through each, as (gmtool's, transformers'). Eager-versus-graph
-    checks cannot see a difference here: both of their sides use gmtool's attention."""
+    checks cannot see a difference here: both of their sides use gmtool's attention. also(rig, batch): more
+    checks on the same model."""
     import torch
 
     rig = Rig(model=spec, buckets=(64,), max_kv_len=64)
     batch = rig.batch(str(prompt))
+    if also is not None:
+        also(rig, batch)
     ours = rig.eager(batch)[0]
     hf = rig.lm.model
     hf.config._attn_implementation = "eager"

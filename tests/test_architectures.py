@@ -124,8 +124,27 @@ def test_architecture_runs_or_is_refused(model_type, tmp_path):
     assert all(s == Status.OK for s in rows.values()), rows
     # and eager is the model's own computation, not only the graphs' match (random weights: a feature whose
     # parameters start at zero can still hide, as Doge's dynamic mask does, which the probe refuses instead)
-    ours, theirs = against_transformers(str(tmp_path / f"{model_type}.json"))
+    ours, theirs = against_transformers(str(tmp_path / f"{model_type}.json"), also=_reads_the_text_model)
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def _reads_the_text_model(rig, batch):
+    """What compare, verify and --tp read of a model that runs, beside the sweep: the floor's bytes, the
+    per-layer taps, the split's refusal. A multimodal config holds the sizes in its text config (Gemma 3's:
+    compare fell over on the floor after its sweep)."""
+    from gmtool.measure.floor import step_bytes
+    from gmtool.parallel.shard import tp_refusal
+    from gmtool.verify.taps import LayerTaps
+
+    assert step_bytes(rig.lm, batch) > 0
+    try:
+        taps = LayerTaps(rig.lm, batch.num_tokens, torch.device("cpu"))
+    except GmtoolError as e:
+        assert "per-layer taps find no decoder layers" in str(e), e
+    else:
+        assert taps.layers.count(rig.lm.num_layers - 1) >= 1, taps.modules  # the last layer is tapped
+        taps.remove()
+    assert tp_refusal(rig.lm.config, 2) is None or "--tp 2" in tp_refusal(rig.lm.config, 2)
 
 
 def test_window_is_the_models():
@@ -282,3 +301,23 @@ def test_only_the_text_model_s_learned_position_table_bounds_max_kv_len(model_ty
     with torch.device("meta"):
         model = loading._build(cfg, torch.float32)
     assert families.learned_positions(model) == table
+
+
+def test_non_finite_logits_of_the_models_own_forward_are_refused_as_such(tmp_path):
+    """A bf16-trained model run in float16: its MLP's activations pass 65504 and the model's own logits are NaN.
+    The refusal says so and names bf16, not a logit rule gmtool lacks."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from gmtool.model.loading import load_model
+    from tests.arch_configs import tiny_config
+
+    cfg = tiny_config("llama")
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate_proj.weight.mul_(2000.0)
+            layer.mlp.up_proj.weight.mul_(2000.0)
+    model.save_pretrained(tmp_path)
+    with pytest.raises(GmtoolError, match=r"non-finite logits in float16 .*try --dtype bf16"):
+        load_model(str(tmp_path), torch.device("cpu"), torch.float16)
+    load_model(str(tmp_path), torch.device("cpu"), torch.float32)  # fine in float32: the refusal is float16's

@@ -35,7 +35,9 @@ CASES = [
         ["capture", *CPU, "--model", "{tmp}/badfield.json"],
         "the qwen3 config is invalid: Validation error for field 'hidden_size'",
     ),
-    ("--model an unknown name", ["capture", *CPU, "--model", "no-such-model"], "unknown model 'no-such-model'"),
+    ("--model an unknown name", ["capture", *CPU, "--model", "no-such-model"], "unknown model 'no-such-model':"),
+    ("--model a misspelt name", ["capture", *CPU, "--model", "Qwen3-06b"], "(did you mean qwen3-0.6b?)"),
+    ("--model a bucket named twice", ["capture", *CPU, "--buckets", "1,2,1"], "bucket 1 is given twice in '1,2,1'"),
     (
         "learned positions fewer than --max-kv-len",
         ["capture", *CPU, "--model", "{tmp}/gpt2pos16.json", "--out", "{tmp}/o"],

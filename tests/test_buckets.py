@@ -10,11 +10,14 @@ from gmtool.errors import GmtoolError
 def test_parse_buckets_lists_and_ranges():
     assert parse_buckets("1,2,4,8") == [1, 2, 4, 8]
     assert parse_buckets("8:32:8") == [8, 16, 24, 32]
-    assert parse_buckets("1, 2,4,8:24:8,4") == [1, 2, 4, 8, 16, 24]
+    assert parse_buckets("1, 2,4,8:24:8") == [1, 2, 4, 8, 16, 24]
+    assert parse_buckets("1:8,4:16:4,8") == [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]  # ranges and a size in one: a union
     assert DEFAULT_DECODE_BUCKETS[:5] == [1, 2, 4, 8, 16] and DEFAULT_DECODE_BUCKETS[-1] == 256
 
 
-@pytest.mark.parametrize("text", ["", "  ", "1,,2", "a", "1:", "8:4", "8:16:0", "0,1", "-4", "1:2:3:4"])
+@pytest.mark.parametrize(
+    "text", ["", "  ", "1,,2", "a", "1:", "8:4", "8:16:0", "0,1", "-4", "1:2:3:4", "2,2", "1,4,2,4"]
+)
 def test_parse_buckets_rejects_malformed(text):
     with pytest.raises(GmtoolError):
         parse_buckets(text)

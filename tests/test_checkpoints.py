@@ -85,6 +85,14 @@ def test_a_config_only_folder_runs_on_random_weights_and_says_so(saved, tmp_path
     doc = json.loads((tmp_path / "o/results.json").read_text())
     assert doc["model"]["source"] == "config"
     assert any("no weights" in n and "random weights" in n for n in doc["notes"]), doc["notes"]
+    assert not any("max_position_embeddings" in n for n in doc["notes"]), doc["notes"]
+    raw = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**raw, "max_position_embeddings": 32}))
+    args = ["capture", "--model", str(d), *QUICK, "--max-kv-len", "40", "--out", str(tmp_path / "o2")]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, (r.output, r.exception)
+    notes = json.loads((tmp_path / "o2/results.json").read_text())["notes"]
+    assert "--max-kv-len 40 is past the model's max_position_embeddings (32)" in " ".join(notes), notes
 
 
 def test_a_corrupt_weight_file_is_one_line_naming_it(saved, tmp_path):
@@ -315,3 +323,106 @@ def test_a_hugging_face_cache_snapshot_loads_and_is_named_by_its_repository(save
     shutil.copytree(saved[0], tmp_path / "tiny-llama")
     lm = load_model("tiny-llama", CPU, torch.float32)
     assert lm.source == "checkpoint" and any("not the built-in profile of that name" in n for n in lm.notes)
+
+
+def test_an_unreadable_weight_file_or_folder_is_one_line_saying_permission_denied(saved, tmp_path, monkeypatch, capsys):
+    """Permission bits do not bind root (CI may be root): the denial is made by patching what reads the files."""
+    from pathlib import Path
+
+    from gmtool.cli import main
+
+    d = copy_of(saved, tmp_path, "config.json", "model.safetensors")
+    real_open, real_is_file = Path.open, Path.is_file
+
+    def deny_open(self, *a, **k):
+        if self.name == "model.safetensors":  # safetensors would say "No such file or directory"
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *a, **k)
+
+    monkeypatch.setattr(Path, "open", deny_open)
+    with pytest.raises(GmtoolError, match=r"cannot read weight file .*model.safetensors: permission denied"):
+        load_model(str(d), CPU, torch.float32)
+    monkeypatch.setattr(Path, "open", real_open)
+
+    def deny_is_file(self):  # a folder of mode 000: its config.json cannot even be looked at
+        if self == d / "config.json":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", deny_is_file)
+    monkeypatch.setattr(sys, "argv", ["gmtool", "capture", "--model", str(d), *QUICK, "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit) as e:
+        main.main()
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert e.value.code == 2 and len(lines) == 1, lines
+    assert lines[0] == f"error: {d / 'config.json'}: permission denied"
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_quantized_weights_are_refused_whatever_the_config_says(saved, tmp_path, fmt):
+    """float8 or int8 weights beside a config without quantization_config (or with compressed-tensors'
+    compression_config) would be cast to --dtype unscaled: another model, reported ok. Integer buffers pass."""
+    d = copy_of(saved, tmp_path, "config.json")
+    weights = load_file(saved[0] / "model.safetensors")
+
+    def write(w):
+        if fmt == "safetensors":
+            save_file(w, d / "model.safetensors")
+        else:
+            torch.save(w, d / "pytorch_model.bin")
+
+    write({**weights, "model.rotary_emb.position_ids": torch.arange(8)})  # an int buffer: not a weight, dropped
+    load_model(str(d), CPU, torch.float32)
+    name = "model.layers.0.mlp.up_proj.weight"
+    for dtype, stored in ((torch.float8_e4m3fn, "F8_E4M3|float8_e4m3fn"), (torch.int8, "I8|int8")):
+        write({**weights, name: weights[name].to(dtype)})
+        with pytest.raises(GmtoolError, match=rf"{name} is stored as ({stored}), a quantized checkpoint's weight"):
+            load_model(str(d), CPU, torch.float32)
+    write(weights)
+    raw = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**raw, "compression_config": {"format": "float-quantized"}}))
+    with pytest.raises(GmtoolError, match=r"quantized checkpoint \(its config's compression_config\)"):
+        load_model(str(d), CPU, torch.float32)
+
+
+def test_a_checkpoint_run_in_another_dtype_than_its_own_says_so(saved, tmp_path):
+    d = copy_of(saved, tmp_path, "config.json", "model.safetensors")
+    assert not any("is stored in" in n for n in load_model(str(d), CPU, torch.float32).notes)
+    raw = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**raw, "dtype": "bfloat16"}))
+    assert "ckpt is stored in bfloat16: run in float32 (--dtype)" in load_model(str(d), CPU, torch.float32).notes
+
+
+def test_a_config_naming_a_class_other_than_its_model_types_says_which_runs(saved, tmp_path):
+    d = copy_of(saved, tmp_path, "config.json")
+    assert not any("the config names" in n for n in load_model(str(d), CPU, torch.float32).notes)
+    raw = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**raw, "architectures": ["MyFancyForCausalLM"]}))
+    notes = load_model(str(d), CPU, torch.float32).notes
+    assert "the config names MyFancyForCausalLM; its model_type's class Qwen3ForCausalLM is run" in notes, notes
+
+
+def test_weights_not_yet_fetched_or_unpacked_and_a_cache_root_say_what_to_do(saved, tmp_path):
+    import gzip
+
+    d = copy_of(saved, tmp_path, "config.json")
+    pointer = "version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 123\n"
+    (d / "model.safetensors").write_text(pointer)
+    with pytest.raises(GmtoolError, match=r"model.safetensors is a Git LFS pointer, not the weights: fetch them"):
+        load_model(str(d), CPU, torch.float32)
+    (d / "model.safetensors").write_bytes(gzip.compress((saved[0] / "model.safetensors").read_bytes()))
+    with pytest.raises(GmtoolError, match=r"model.safetensors is gzip-compressed: decompress it"):
+        load_model(str(d), CPU, torch.float32)
+    root = tmp_path / "models--org--name"
+    (root / "snapshots" / "abc").mkdir(parents=True)
+    with pytest.raises(GmtoolError, match=r"is a Hugging Face cache folder: give one of its snapshots/<commit>"):
+        load_model(str(root), CPU, torch.float32)
+
+
+def test_an_unknown_model_type_with_code_of_its_own_says_that_code_is_never_run():
+    from gmtool.model.loading import _config_from_dict
+
+    with pytest.raises(GmtoolError, match=r"does not know model_type 'internlm2'$"):
+        _config_from_dict({"model_type": "internlm2"})
+    with pytest.raises(GmtoolError, match=r"'internlm2' \(its auto_map names code of its own, which gmtool never"):
+        _config_from_dict({"model_type": "internlm2", "auto_map": {"AutoConfig": "configuration_internlm2.X"}})

@@ -595,3 +595,121 @@ def test_a_fast_path_frozen_on_fresh_prefills_fails_where_a_mix_has_a_cached_pre
     _fresh_prefill_fast_path(monkeypatch)
     code, out, rows = _capture(tmp_path, "--mode", "full", "--buckets", "16", "--compositions", "8+8@24")
     assert code == 3 and rows[-1]["status"] == "UNSAFE", out
+
+
+# -- blind spot: state only the eager pass refreshes --------------------------------------------------------
+def _seq_lens_only_eager_fills(monkeypatch):
+    """Decode attention reads the backend's own seq-lens buffer (as FlashInfer's and FlashAttention's metadata
+    builders keep one), which only the eager runner's metadata build fills: a replay reads the last eager step's
+    lengths. Right only where an eager pass of the very same batch ran just before the replay."""
+    from gmtool.measure import workbench
+    from gmtool.model import attention as A
+
+    lens = torch.zeros(64, dtype=torch.int64)
+
+    def decode(self, ctx, q, kc, vc, scale, out, opts=A.PLAIN):
+        n = ctx.views.kv_lens.shape[0]
+        return A._into(A.decode_attention(q, kc, vc, ctx.views.block_tables, lens[:n], scale, opts), out)
+
+    real_eager_fn = workbench.Workbench.eager_fn
+
+    def eager_fn(self, batch):
+        lens.zero_()
+        lens[: batch.num_seqs] = torch.as_tensor([kv for _, kv in batch.plan])
+        return real_eager_fn(self, batch)
+
+    monkeypatch.setattr(A.TorchAttention, "decode", decode)
+    monkeypatch.setattr(workbench.Workbench, "eager_fn", eager_fn)
+
+
+def _plan_only_eager_makes(monkeypatch):
+    """A plan()/run() split kept in the backend: only the eager runner plans, so a piecewise prefill runner runs
+    with the plan of the last eager step."""
+    from gmtool.measure import workbench
+    from gmtool.model import attention as A
+
+    state = {"plan": ()}
+
+    def planned(self, ctx, q, kc, vc, scale, out, opts=A.PLAIN):
+        ctx.planned_with.append(ctx.signature)
+        return A._into(A.planned_varlen_attention(q, kc, vc, ctx.views, state["plan"], scale, opts), out)
+
+    real_eager_fn = workbench.Workbench.eager_fn
+
+    def eager_fn(self, batch):
+        fn, logits = real_eager_fn(self, batch)
+
+        def run():
+            state["plan"] = batch.plan
+            fn()
+
+        return run, logits
+
+    monkeypatch.setattr(A.TorchAttention, "planned", planned)
+    monkeypatch.setattr(workbench.Workbench, "eager_fn", eager_fn)
+
+
+@pytest.mark.parametrize(
+    "inject,args",
+    [
+        (_seq_lens_only_eager_fills, ["--mode", "full", "--buckets", "2,4"]),
+        (_seq_lens_only_eager_fills, ["--mode", "piecewise", "--buckets", "2,4"]),
+        (_plan_only_eager_makes, ["--mode", "piecewise", "--scenario", "prefill", "--buckets", "8,16"]),
+    ],
+    ids=["seq-lens-full", "seq-lens-piecewise", "plan-piecewise"],
+)
+def test_a_graph_reading_what_only_the_eager_pass_refreshes_is_unsafe(tmp_path, monkeypatch, inject, args):
+    """The eager reference of a batch runs before its replay; an eager step of another batch (its sibling) then
+    runs just before the replay, as an engine's would: the stale lengths or plan show."""
+    inject(monkeypatch)
+    code, out, rows = _capture(tmp_path, *args)
+    graph = [r for r in rows if r["mode"] != "eager"]
+    assert code == 3 and graph, out
+    assert any(r["status"] == "UNSAFE" for r in graph), [(r["composition"], r["status"]) for r in graph]
+
+
+def test_a_prefill_pad_lane_left_on_a_live_slot_is_unsafe_with_default_compositions(tmp_path, monkeypatch):
+    """Prefill padding lanes given the first token's slot, not the null slot: the padding writes K/V over a real
+    token's. Only a padded batch shows it, so a prefill bucket's default mixes hold one (the chunk after a cached
+    prefix, a token short of the bucket); the others fill their bucket exactly."""
+    from gmtool.core.inputs import PersistentInputs
+
+    real = PersistentInputs._pad
+
+    def pad(tok, seq, cu, bt, now, before):
+        real(tok, seq, cu, bt, now, before)
+        tok[2, now[0] :] = tok[2, 0]
+
+    monkeypatch.setattr(PersistentInputs, "_pad", staticmethod(pad))
+    code, out, rows = _capture(tmp_path, "--scenario", "prefill", "--mode", "piecewise", "--buckets", "8,16")
+    unsafe = {r["composition"] for r in rows if r["status"] == "UNSAFE"}
+    assert code == 3 and unsafe, out
+    assert all("+" in c for c in unsafe), unsafe  # the padded mixes, chunk after prefix
+
+
+def test_nan_an_unsafe_replay_spreads_over_the_cache_does_not_fail_later_mixes(tmp_path, monkeypatch):
+    """The first replay writes NaN over every K/V block (a kernel writing past its rows): UNSAFE, naming the
+    stray blocks. Later mixes' contexts read those blocks: their eager references would hold NaN and be refused
+    as the model's fault. The cache is scrubbed after an unsafe replay, so they are checked, and pass."""
+    from gmtool.core.kv_cache import PagedKVCache
+
+    caches, replays = [], []
+    real_init, real_replay = PagedKVCache.__init__, tape.TapeGraph.replay
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        caches.append(self)
+
+    def replay(self):
+        real_replay(self)
+        replays.append(1)
+        if len(replays) == 1:
+            for t in caches[-1].k + caches[-1].v:
+                t[1:].fill_(float("nan"))
+
+    monkeypatch.setattr(PagedKVCache, "__init__", init)
+    monkeypatch.setattr(tape.TapeGraph, "replay", replay)
+    code, out, rows = _capture(tmp_path, "--buckets", "4,8", "--compositions", "1*8,1*6,1*4,1*3")
+    graph = [(r["composition"], r["status"], r["error"]) for r in rows if r["mode"] == "full"]
+    assert graph[0][1] == "UNSAFE" and "the replay overwrote the K/V of" in graph[0][2], graph
+    assert [s for _, s, _ in graph[1:]] == ["ok"] * 3, graph

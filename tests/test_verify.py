@@ -107,6 +107,55 @@ def test_a_family_with_other_module_names_is_tapped_and_localized(tmp_path):
         taps.remove()
 
 
+def test_a_multimodal_model_is_tapped_in_its_language_model(tmp_path):
+    """Gemma 3's multimodal class holds its text decoder beside a vision tower: verify taps the text decoder's
+    layers (it refused the model, finding no decoder layers) and catches a fault there."""
+    from tests.arch_configs import write_config
+
+    cfg = VerifyConfig(model=str(write_config("gemma3", tmp_path)), device="cpu", dtype="fp32", modes="full")
+    bench = build_bench(cfg)
+    taps = LayerTaps(bench.lm, bench.cfg.policy().largest, bench.device)
+    try:
+        assert taps.modules[1].startswith("model.language_model.layers.0."), taps.modules
+        m = soak((cfg, bench, taps), fault="stale-slot-mapping", steps=20, check_every=1).mismatch
+        assert m is not None and m.first_divergence["module"].startswith("model.language_model.layers.0.")
+    finally:
+        taps.remove()
+
+
+def test_a_soak_runs_an_eager_step_of_another_batch_before_its_checked_replay(rig, monkeypatch):
+    """Decode attention reading a seq-lens buffer only the eager pass fills: the checked step's eager reference
+    would refresh it; an eager step of another batch (a decoy) between the reference and the replay, as an
+    engine's eager step of other requests, leaves the stale lengths for the replay to show."""
+    from tests.test_judge import _seq_lens_only_eager_fills
+
+    _seq_lens_only_eager_fills(monkeypatch)
+    m = soak(rig, "full", steps=30, check_every=3).mismatch
+    assert m is not None and "differs" in m.reason, m
+
+
+def test_an_unchecked_step_s_own_fault_is_a_finding_when_its_checked_rerun_is_right(rig, monkeypatch):
+    """A step that staged wrong inputs (or raised) is checked at once; where the re-run comes out right (it
+    loads in another order), the soak still stops on it, saying so, not 'clean' after a few steps."""
+    from gmtool.verify import soak as soak_module
+
+    real, calls = soak_module.input_faults, []
+
+    def faults(ex, key, batch, staged=False):
+        if staged:
+            calls.append(1)
+            if len(calls) == 2:
+                return ["cu_q holds other values than this batch's"]
+        return real(ex, key, batch, staged)
+
+    monkeypatch.setattr(soak_module, "input_faults", faults)
+    res = soak(rig, "full", steps=9, check_every=3)
+    m = res.mismatch
+    assert m is not None and m.step == 1, m  # steps 0 and 1 unchecked: the second is the faulty one
+    assert m.reason.startswith("an unchecked step staged inputs that are not its batch's: cu_q holds"), m.reason
+    assert "its checked re-run was right" in m.reason and res.steps == 2, res
+
+
 @pytest.mark.parametrize("fault,field", [("stale-positions", "positions"), ("stale-slot-mapping", "slot_mapping")])
 def test_a_stale_input_field_is_named(rig, fault, field):
     m = soak(rig, fault=fault, steps=20, check_every=1).mismatch

@@ -70,6 +70,11 @@ def main() -> None:
     except GmtoolError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(1 if isinstance(e, RunFailure) else 2)
+    except PermissionError as e:  # a folder or file the user cannot read or write, wherever it was met
+        err_console.print(
+            f"[bold red]error:[/] {escape(e.filename or '')}: permission denied", highlight=False, soft_wrap=True
+        )
+        sys.exit(2)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
         sys.exit(130)

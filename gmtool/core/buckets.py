@@ -43,6 +43,7 @@ def parse_buckets(text: str) -> list[int]:
     if text is None or not str(text).strip():
         raise GmtoolError("empty bucket list: give sizes like '1,2,4,8' or a range like '8:256:8'")
     sizes: set[int] = set()
+    singles: set[int] = set()
     for part in str(text).split(","):
         part = part.strip()
         if not part:
@@ -58,7 +59,11 @@ def parse_buckets(text: str) -> list[int]:
                     raise ValueError
                 sizes.update(_bounded(range(start, stop + 1, step), len(sizes), text))
             else:
-                sizes.add(int(part))
+                size = int(part)
+                if size in singles:  # a range may overlap the list (a union); a size written twice is a typo
+                    raise GmtoolError(f"bucket {size} is given twice in {text!r}")
+                singles.add(size)
+                sizes.add(size)
         except ValueError:
             raise GmtoolError(
                 f"malformed bucket item {part!r} in {text!r}: use an integer or start:stop[:step]"

@@ -100,11 +100,14 @@ def default_compositions(bucket: int, scenario: str, below: int = 0, max_seqs: i
         sizes = [bucket, mid if mid < bucket else bucket, max(below + 1, bucket - 1)]
         return [Composition((Part(1, n),), None, seed + i, f"1*{n}") for i, n in enumerate(sizes)]
     texts = [f"{bucket // k}*{k}" for k in ((2, 4, 8) if bucket >= 16 else (2, 4)) if bucket // k]
-    if scenario == "mixed" or bucket >= 64:  # a prefill chunk after a cached prefix, beside decodes
+    if scenario == "mixed" or bucket >= 16:  # a prefill chunk after a cached prefix, beside decodes
         chunk = max(1, bucket // 4)
         decodes = min(4, bucket - chunk - 1)
+        # one token short of the bucket where the next smaller one does not serve it: the other mixes fill their
+        # bucket exactly, and a prefill graph must meet padding lanes too (a pad slot left on a live token's)
+        fresh = bucket - chunk - decodes - (bucket - 1 > below and bucket - chunk - decodes > 1)
         if decodes >= 1:
-            texts.append(f"{bucket - chunk - decodes}+{chunk}@512+1*{decodes}")
+            texts.append(f"{fresh}+{chunk}@512+1*{decodes}")
     comps = [parse_composition(t, seed + i) for i, t in enumerate(texts)]
     # a mix the next smaller bucket serves would never reach this bucket in an engine
     comps = [c for c in comps if c.num_tokens > below]

@@ -90,6 +90,13 @@ class PagedKVCache:
                 full = torch.empty(*t.shape[:2], t.shape[2] * world, t.shape[3], dtype=t.dtype, device=t.device)
                 t.copy_(full.normal_(generator=g).chunk(world, 2)[rank])
 
+    def scrub(self) -> None:
+        """Non-finite K/V set to 0: what a wrong replay left (the poison it never overwrote, NaN it wrote into
+        other requests' blocks), which later batches' contexts would read and their eager references turn NaN.
+        One pass over the cache, run only after an unsafe replay."""
+        for t in self.k + self.v:
+            t.nan_to_num_(0.0, 0.0, 0.0)
+
     def allocate(self, kv_lens: list[int], generator: torch.Generator, keep=None) -> list[list[int]]:
         """Distinct random blocks per sequence, so block tables differ from batch to batch. keep: (blocks, the
         index of each sequence's first new token): another batch's blocks, which this one may read but must not

@@ -295,8 +295,10 @@ def judge(ex, batch: Batch, ref: EagerReference, read: ReplayRead) -> ReplayChec
     )
 
 
-def checked_replay(ex, batch: Batch, ref: EagerReference):
-    """One replay of batch through executor ex, judged against eager. Returns (the graph entry, the check, the
-    logits the replay wrote)."""
+def checked_replay(ex, batch: Batch, ref: EagerReference, decoy=None):
+    """One replay of batch through executor ex, judged against eager. decoy(): an eager step of another batch, run
+    first (Workbench.decoy). Returns (the graph entry, the check, the logits the replay wrote)."""
+    if decoy is not None:
+        decoy()
     read = replay_once(ex, batch)
     return read.entry, judge(ex, batch, ref, read), read.out

@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gmtool.core.batch import Batch
 from gmtool.errors import GmtoolError
+from gmtool.model import families
 from gmtool.modes import GraphMode
 from gmtool.records import Status
 
@@ -74,7 +75,7 @@ def step_bytes(lm, batch: Batch) -> int:
     # a sliding-window layer reads only its window of each sequence's context
     tokens = sum(sum(min(n, w) if w else n for n in batch.kv_lens) for w in windows)
     kv = lm.rank_kv_heads * (lm.head_dim + v_dim) * item * int(tokens)
-    hidden = model.config.hidden_size
+    hidden = families.text_config(model.config).hidden_size
     acts = batch.num_tokens * hidden * item * lm.num_layers + batch.num_seqs * lm.vocab_size * item
     return weights + kv + acts
 

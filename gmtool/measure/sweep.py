@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from gmtool.measure.check import EagerReference, checked_replay
+from gmtool.measure.check import checked_replay
 from gmtool.measure.fused_check import judge_fused
 from gmtool.config import SweepConfig
 from gmtool.errors import CaptureError, GmtoolError, OutOfMemory
@@ -189,6 +189,7 @@ class Sweep:
                 try:
                     batch = bench.batch(comp)
                     ref, eager_fn = bench.reference(batch)
+                    decoy = bench.decoy(batch)
                 except GmtoolError as e:
                     res.errors.append(str(e))
                     res.add(Record(**base, mode=GraphMode.EAGER, status=Status.ERROR, error=str(e)))
@@ -219,7 +220,7 @@ class Sweep:
                         why = f"above the largest bucket ({ex.policy.largest}): no {mode} graph (auto runs it eagerly)"
                         res.add(Record(**base, mode=mode, status=Status.SKIPPED, error=why))
                         continue
-                    rec = self._graph_run(ex, mode, batch, ref, eager_med, (tol_same, tol), base)
+                    rec = self._graph_run(ex, mode, batch, (ref, decoy), eager_med, (tol_same, tol), base)
                     res.add(rec)
                     if rec.status == Status.OOM:
                         dead[mode] = f"skipped after out of memory at bucket {bucket}"
@@ -230,15 +231,17 @@ class Sweep:
         if self.progress:
             self.progress.advance(label, len(self.cfg.modes))
 
-    def _graph_run(self, ex: GraphExecutor, mode, batch, ref: EagerReference, eager_med, tols, base) -> Record:
+    def _graph_run(self, ex: GraphExecutor, mode, batch, eager: tuple, eager_med, tols, base) -> Record:
+        """eager: the batch's EagerReference and the decoy run just before its checked replay (Workbench.decoy)."""
         cfg = self.cfg
         tol_same, tol = tols
+        ref, decoy = eager
         key = ex.key_for(batch)
         fresh = key not in ex.graphs
         try:
             if fresh:
                 self._capture_from_sibling(ex, key, batch)
-            entry, check, _ = checked_replay(ex, batch, ref)
+            entry, check, _ = checked_replay(ex, batch, ref, decoy)
         except (OutOfMemory, torch.OutOfMemoryError) as e:  # torch's: outside the capture (warm-up, say)
             ex.backend.abort()
             error = str(e) if isinstance(e, OutOfMemory) else f"out of memory at bucket {key}: {str(e).splitlines()[0]}"
@@ -277,6 +280,7 @@ class Sweep:
         why = agree(check.failure(tol_same, tol))  # under --tp, every rank's verdict (its own K/V differ)
         if why:
             rec.status, rec.error = Status.UNSAFE, why
+            ex.cache.scrub()  # what it wrote must not turn the next mixes' references NaN
             return rec  # an unsafe replay gets no latency and no speedup
         lat = summarize(time_ms(lambda: entry.replay(batch), cfg.num_iters, cfg.num_iters_warmup, self.device))
         rec.latency_ms = lat

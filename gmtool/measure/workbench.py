@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from gmtool.model.attention import ForwardContext, forward_context
-from gmtool.core.batch import Batch, make_batch
+from gmtool.core.batch import Batch, make_batch, sibling_of
 from gmtool.core.buckets import BucketKey
 from gmtool.measure.check import EagerReference, eager_reference
 from gmtool.core.compositions import Composition
@@ -85,15 +85,22 @@ def build_need(cfg: SweepConfig) -> tuple:
     return opts + (("most_seqs", cfg.most_seqs), ("max_tokens", cfg.policy().max_tokens))
 
 
-def _refuse_positions_past_the_table(lm: LoadedModel, max_kv_len: int) -> None:
+def _positions_past_the_model(lm: LoadedModel, max_kv_len: int) -> None:
     """A learned position table shorter than --max-kv-len: the eager reference would index past it (a traceback
-    deep in the model), and no graph could be checked."""
+    deep in the model), and no graph could be checked. A rotary model's max_position_embeddings below it: the
+    run goes on (graphs and eager agree there), and says the model was not made for such contexts."""
     table = families.learned_positions(lm.model)
     if table is not None and table[1] < max_kv_len:
         name, held = table
         raise GmtoolError(
             f"{lm.name}: its learned position embeddings ({name}) hold {held} positions, and --max-kv-len "
             f"{max_kv_len} reaches past them: give --max-kv-len {held} or less"
+        )
+    held = getattr(families.text_config(lm.config), "max_position_embeddings", None)
+    if isinstance(held, int) and 0 < held < max_kv_len:
+        lm.notes.append(
+            f"--max-kv-len {max_kv_len} is past the model's max_position_embeddings ({held}): contexts it was "
+            "not made for (engines refuse them)"
         )
 
 
@@ -152,7 +159,7 @@ class Workbench:
             lm = load_model(cfg.model, device, cfg.torch_dtype, cfg.seed, rows, head_rows)
             lm.early_compile = early
             try:
-                _refuse_positions_past_the_table(lm, cfg.max_kv_len)
+                _positions_past_the_model(lm, cfg.max_kv_len)
                 rank = _shard_and_fuse(cfg, lm)
             finally:  # before the KV cache is sized by what is free; on an error, before it reaches a caller that
                 if lm.gemm_warmup is not None:  # may go on to capture while the thread's GEMMs still run
@@ -252,6 +259,23 @@ class Workbench:
             self.attention,
             forward_for(mode, self.lm, cfg.piecewise_impl, cfg.compile),
         )
+
+    def decoy(self, batch: Batch, keep=None):
+        """An eager step of another batch (batch's sibling, its new tokens outside batch's blocks, or outside
+        keep), to run just before batch's checked replay, as an engine's eager step of some other request would
+        run before a replay. State that an eager pass and a graph share (a backend's plan or lengths kept outside
+        the graph's inputs) then holds another batch's: the reference of batch itself, run just before, would
+        refresh it and hide a graph that never loads it. None where no sibling fits beside them."""
+        held = {b for table in batch.block_tables for b in table} if keep is None else keep
+        try:
+            other = self.batch(sibling_of(batch), keep=held)
+        except GmtoolError:
+            return None
+
+        def run() -> None:
+            self.eager_fn(other)[0]()
+
+        return run
 
     def eager_fn(self, batch: Batch):
         """gmtool's eager forward of the exact batch (no padding): the reference. Returns the callable and the

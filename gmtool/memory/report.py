@@ -73,7 +73,7 @@ def _replay_checked(bench, ex, mode, comp, order, tols) -> dict:
         if ex.key_for(batch) not in ex.graphs:  # never captured (an earlier failure): nothing to replay
             return rec
         ref, _ = bench.reference(batch)
-        _, check, _ = checked_replay(ex, batch, ref)
+        _, check, _ = checked_replay(ex, batch, ref, bench.decoy(batch))
     except (GmtoolError, torch.OutOfMemoryError) as e:
         rec.update(status=Status.ERROR, error=str(e).splitlines()[0])
         return rec
@@ -81,6 +81,7 @@ def _replay_checked(bench, ex, mode, comp, order, tols) -> dict:
     why = check.failure(*tols)
     rec["status"] = Status.UNSAFE if why else Status.OK
     if why:
+        ex.cache.scrub()
         rec["error"] = f"shuffled replay of {key}: {why}"
     return rec
 

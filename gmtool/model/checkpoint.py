@@ -73,6 +73,11 @@ def _shards(index: Path) -> list[Path]:
     ckpt = index.parent
     try:
         doc = json.loads(index.read_text())
+    except OSError as e:
+        raise GmtoolError(f"cannot read weight index {index}: {(e.strerror or str(e)).lower()}") from None
+    except ValueError:
+        doc = None
+    try:
         shards = sorted(set(doc["weight_map"].values()))
         if not all(isinstance(s, str) and s and "\0" not in s for s in shards):
             raise TypeError
@@ -94,25 +99,55 @@ def _shards(index: Path) -> list[Path]:
     return [ckpt / s for s in shards]
 
 
+# a weight file that is not yet the weights: what it is and what to do
+WRAPPED = (
+    (b"version https://git-lfs", "a Git LFS pointer, not the weights: fetch them (git lfs pull)"),
+    (b"\x1f\x8b", "gzip-compressed: decompress it"),
+)
+
+
 def _check_readable(file: Path) -> None:
     """Open file as transformers will (a safetensors header and its size; a .bin archive's pickle, memory-mapped:
     no tensor read), so that a damaged one is refused by name. A legacy (non-zip) pickle cannot be mapped: opening
     it reads it whole, which transformers' load does once, and says so if it cannot."""
+    try:
+        with file.open("rb") as f:  # safetensors reports an unreadable file as "No such file or directory"
+            head = f.read(64)
+    except OSError as e:
+        raise GmtoolError(f"cannot read weight file {file}: {(e.strerror or str(e)).lower()}") from None
+    for magic, what in WRAPPED:  # what the safetensors or pickle reader would call "header too large"
+        if head.startswith(magic):
+            raise GmtoolError(f"{file} is {what}")
     if file.suffix != ".safetensors" and not zipfile.is_zipfile(file):
         return
     try:
         if file.suffix == ".safetensors":
             with safe_open(file, framework="pt", device="cpu") as f:
-                f.keys()
-            return
-        stored = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-        if not isinstance(stored, dict):
-            raise ValueError(f"not a state dict of named tensors ({type(stored).__name__})")
-        bad = next((k for k, t in stored.items() if not isinstance(t, torch.Tensor)), None)
-        if bad is not None:
-            raise ValueError(f"{bad!r} is not a tensor ({type(stored[bad]).__name__})")
+                dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+        else:
+            stored = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            if not isinstance(stored, dict):
+                raise ValueError(f"not a state dict of named tensors ({type(stored).__name__})")
+            bad = next((k for k, t in stored.items() if not isinstance(t, torch.Tensor)), None)
+            if bad is not None:
+                raise ValueError(f"{bad!r} is not a tensor ({type(stored[bad]).__name__})")
+            dtypes = {k: str(t.dtype).removeprefix("torch.") for k, t in stored.items()}
     except READ_ERRORS as e:
         raise GmtoolError(f"cannot read weight file {file}: {first_line(e)}") from None
+    if quantized := next((k for k, d in sorted(dtypes.items()) if _quantized(k, d)), None):
+        raise GmtoolError(
+            f"{file}: {quantized} is stored as {dtypes[quantized]}, a quantized checkpoint's weight: gmtool builds "
+            "models in --dtype, not quantized (give it a dequantized copy)"
+        )
+
+
+def _quantized(name: str, dtype: str) -> bool:
+    """A float8 tensor, or an integer weight (int8, or int4 packed in int32): transformers would cast it to
+    --dtype unscaled, a model of other weights. Integer buffers (position ids, masks) are not weights."""
+    d = dtype.lower()
+    if d.startswith(("f8", "float8")):
+        return True
+    return d.startswith(("i", "u")) and name.rsplit(".", 1)[-1] in ("weight", "qweight", "weight_packed")
 
 
 @contextlib.contextmanager

@@ -86,9 +86,13 @@ def family(config) -> Family:
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module | None:
     """The decoder stack the causal LM runs before its LM head: the module under base_model_prefix, or `model`
-    where a multimodal family's text-only class keeps it there under another prefix (Llama 4, Mllama)."""
+    where a multimodal family's text-only class keeps it there under another prefix (Llama 4, Mllama), or that
+    module's `language_model` where it holds one."""
     base = getattr(model, model.base_model_prefix, None)
-    return base if isinstance(base, torch.nn.Module) else getattr(model, "model", None)
+    base = base if isinstance(base, torch.nn.Module) else getattr(model, "model", None)
+    # a multimodal model (Gemma 3's) holds its text decoder beside a vision tower: gmtool runs text alone
+    text = getattr(base, "language_model", None)
+    return text if isinstance(text, torch.nn.Module) else base
 
 
 # what families call a decoder layer's attention and MLP, and the norm after the last layer (Llama's names first;

@@ -543,13 +543,14 @@ def fuse_layers(
     """layout: the model's probed KVLayout (gmtool.model.probe), whose per-layer options the fused attention
     passes on as the model's own forward does. small_m, pdl: see LayerOps. rope_positions: the longest sequence
     the run holds; its RoPE cos/sin become a table gathered by position (gmtool.model.rotary_table); 0: none."""
-    cfg, ops = model.config, LayerOps(attention_backend, small_m, pdl)
+    cfg, ops = families.text_config(model.config), LayerOps(attention_backend, small_m, pdl)
     fused = FusedLayers(ops=ops)
     fused_attention: set[int] = set()
     fused_mlps: set[int] = set()
     act = str(getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None) or "").lower()
     silu = act in SILU
-    for name, m in model.named_modules():
+    base = families.base_model(model)
+    for name, m in (base or model).named_modules():  # the text decoder's: not a vision tower's beside it
         if name.endswith("self_attn"):
             why = _fusable_attention(m, cfg)
             if why:
@@ -573,7 +574,6 @@ def fuse_layers(
         elif _is_rmsnorm(m) and not name.endswith(("q_norm", "k_norm")):
             fused.patched.append((m, _rmsnorm_forward(m, ops)))
             fused.counts["rmsnorm"] += 1
-    base = families.base_model(model)
     if base is not None:
         why = _residual_stream_blocker(base, fused_attention)
         if why:

@@ -158,7 +158,8 @@ def _config_from_dict(d: dict, where: str = "the config"):
     if model_type not in CONFIG_MAPPING:
         import transformers
 
-        raise GmtoolError(f"transformers {transformers.__version__} does not know model_type {model_type!r}")
+        remote = " (its auto_map names code of its own, which gmtool never runs)" if d.get("auto_map") else ""
+        raise GmtoolError(f"transformers {transformers.__version__} does not know model_type {model_type!r}{remote}")
     try:
         cfg = AutoConfig.for_model(model_type, **d)
     except Exception as e:  # the config's own checks (ValueError) and huggingface_hub's typed fields (its own error)
@@ -264,6 +265,8 @@ def read_config(spec: str) -> tuple[dict, str]:
         if not (path / "config.json").is_file():
             if (path / "adapter_config.json").is_file():
                 raise GmtoolError(f"{spec} is a PEFT adapter: merge it into its base model and give that folder")
+            if (path / "snapshots").is_dir():
+                raise GmtoolError(f"{spec} is a Hugging Face cache folder: give one of its snapshots/<commit> folders")
             raise GmtoolError(f"{spec} is a directory without config.json: not a Hugging Face checkpoint")
         return _read_config_json(path / "config.json"), "folder"
     if path.suffix in WEIGHT_SUFFIXES and path.is_file():
@@ -325,8 +328,10 @@ def load_model(
             f"{spec} is read as a config alone: random weights (give its folder, {path.parent}, for the weights "
             "beside it)"
         )
-    if raw.get("quantization_config"):
-        raise GmtoolError(f"{spec} is a quantized checkpoint: gmtool builds models in --dtype, not quantized")
+    if quant := next((k for k in ("quantization_config", "compression_config") if raw.get(k)), None):
+        raise GmtoolError(
+            f"{spec} is a quantized checkpoint (its config's {quant}): gmtool builds models in --dtype, not quantized"
+        )
     if raw.get("auto_map"):
         notes.append(
             f"{spec}'s config names code of its own (auto_map): not run; transformers' own {raw.get('model_type')} "
@@ -339,9 +344,15 @@ def load_model(
     if weights:
         model, loaded = checkpoint.load_pretrained(path, weights, cfg, dtype, device, attention.ATTN_NAME)
         notes += loaded
+        stored = str(raw.get("dtype") or raw.get("torch_dtype") or "")
+        if DTYPES.get(stored.removeprefix("torch."), dtype) != dtype:  # engines run a checkpoint in its own
+            notes.append(f"{path.name} is stored in {stored}: run in {str(dtype).removeprefix('torch.')} (--dtype)")
     else:
         with torch.device(device):
             model = _build(cfg, dtype)
+    named = (raw.get("architectures") or [None])[0]
+    if isinstance(named, str) and named != type(model).__name__:  # transformers builds by model_type, as here
+        notes.append(f"the config names {named}; its model_type's class {type(model).__name__} is run")
     warmup = None
     if device.type == "cuda" and (gemm_rows or head_rows) and not switched_off("GMTOOL_GEMM_WARMUP"):
         from gmtool.model import gemm_warmup

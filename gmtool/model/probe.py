@@ -284,6 +284,14 @@ def _logits_refusal(lm, arch: str, ids, pos, ours: torch.Tensor) -> str | None:
                 theirs = lm.model(**kwargs).logits[0, -1:]
         except Exception:  # noqa: BLE001 (a forward that needs more than token ids, a drafter's: nothing to compare)
             return None
+    if not torch.isfinite(theirs).all():  # the model's own forward, not a rule gmtool's lacks: say which it is
+        why = (
+            "activations past float16's range, or NaN weights: try --dtype bf16"
+            if theirs.dtype == torch.float16
+            else "NaN or infinite weights, or a norm dividing by zero: check its weights and config"
+        )
+        dtype = str(theirs.dtype).removeprefix("torch.")
+        return f"{arch}: its own forward gives non-finite logits in {dtype} on a probe of {ids.numel()} tokens ({why})"
     err = (ours.float() - theirs.float()).abs().max().item() if ours.shape == theirs.shape else float("inf")
     # rounding's share: a few units in the last place of the largest logit. What this catches is far larger: a
     # logit scale, a head, or a soft-cap (x^3 / 3cap^2: 3e-5 of a logit of 0.3 under Gemma 2's cap of 30)

@@ -9,6 +9,7 @@ import statistics
 import torch
 
 from gmtool.measure.timing import time_ms
+from gmtool.model import families
 from gmtool.parallel import comm  # noqa: F401 (registers torch.ops.gmtool.all_reduce)
 
 
@@ -43,7 +44,7 @@ class CollectiveShare:
         from gmtool.parallel.shard import RowParallelLinear
 
         calls = sum(isinstance(m, RowParallelLinear) for m in bench.lm.model.modules())
-        ms = all_reduce_ms(bench.cfg, bench.lm.config.hidden_size, calls, bench.cfg.num_iters)
+        ms = all_reduce_ms(bench.cfg, families.text_config(bench.lm.config).hidden_size, calls, bench.cfg.num_iters)
         mode = next(iter(executors), None)
         parts = []
         for bucket, t in ms.items():

@@ -41,11 +41,18 @@ class RowParallelLinear(torch.nn.Linear):
 
 def tp_refusal(config, world: int) -> str | None:
     """Why the model cannot be split over `world` ranks (read from its config, before any weights), or None."""
-    heads = config.num_attention_heads
+    config = families.text_config(config)  # a multimodal config holds the language model's sizes inside
+    heads = getattr(config, "num_attention_heads", None)
     kv = getattr(config, "num_key_value_heads", None) or heads
-    for what, n in (("attention heads", heads), ("KV heads", kv), ("MLP width", config.intermediate_size)):
-        if n % world:
-            return f"--tp {world}: the model's {n} {what} do not divide by {world}; choose a --tp that divides {n}"
+    # a size the config lacks (GPT-2's MLP width) or gives per layer (Gemma 3n's): shard_model checks each weight
+    for what, sizes in (
+        ("attention heads", heads),
+        ("KV heads", kv),
+        ("MLP width", getattr(config, "intermediate_size", None)),
+    ):
+        for n in sizes if isinstance(sizes, (list, tuple)) else [sizes]:
+            if isinstance(n, int) and n % world:
+                return f"--tp {world}: the model's {n} {what} do not divide by {world}; choose a --tp that divides {n}"
     return None
 
 
@@ -59,7 +66,7 @@ def _style(plan: dict, name: str) -> str | None:
 def shard_model(model: torch.nn.Module, rank: int, world: int) -> str:
     """Replace each projection's weight by rank's share, in place; returns the plan's source for the notes."""
     base = families.base_model(model)
-    hf_plan = getattr(model.config, "base_model_tp_plan", None) or {}
+    hf_plan = getattr(families.text_config(model.config), "base_model_tp_plan", None) or {}
     plan, source = (hf_plan, "the model's tp_plan") if hf_plan else (OWN_PLAN, "gmtool's column/row split")
     counts = {"colwise": 0, "rowwise": 0}
     for name, m in base.named_modules():

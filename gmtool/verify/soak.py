@@ -113,26 +113,24 @@ class Soak:
                         mismatch = self._check(batch, step)
                         if mismatch is not None:
                             break
-                    else:
-                        try:
-                            entry = ex.prepare(batch)
-                            # wrong inputs reach the device only through the staging arena: caught there, a
-                            # fault is checked and localized before a replay can read out of bounds (on CUDA an
-                            # illegal address would end the process, not name the buffer)
-                            if input_faults(ex, entry.key, batch, staged=True):
-                                checks += 1
-                                checked[by] = checked.get(by, 0) + 1
-                                mismatch = self._check(batch, step)
-                                break
-                            entry.replay(batch, ex.refresh_runner_metadata)
-                        except torch.OutOfMemoryError:
-                            raise
-                        # CPU tape: an index out of range; anywhere: a graph served for another bucket; check the step
-                        except (RuntimeError, IndexError, InputsNotLoaded):
-                            checks += 1
-                            checked[by] = checked.get(by, 0) + 1
-                            mismatch = self._check(batch, step)
-                            break
+                    elif (why := self._unchecked_step(batch)) is not None:
+                        checks += 1
+                        checked[by] = checked.get(by, 0) + 1
+                        # checked and localized; where the checked re-run is right, the step's own fault is the
+                        # finding (a re-run loads in another order than the step did)
+                        mismatch = self._check(batch, step) or Mismatch(
+                            step,
+                            str(ex.key_for(batch)),
+                            batch.composition.label,
+                            "",
+                            f"an unchecked step {why}; its checked re-run was right",
+                            [],
+                            0,
+                            [],
+                            None,
+                            [f"the step {why}"],
+                        )
+                        break
                     sched.commit()
             ex.backend.synchronize()
             wall = time.perf_counter() - t0
@@ -158,7 +156,7 @@ class Soak:
             served,
             checked,
         )
-        if mismatch is None and step + 1 < opts.steps:
+        if mismatch is None and step + 1 < opts.steps and opts.time_limit_s is not None:
             res.notes.append(
                 f"stopped at the time limit ({opts.time_limit_s:.0f} s) after {step + 1} of {opts.steps} steps"
             )
@@ -168,10 +166,35 @@ class Soak:
             )
         return res
 
+    def _unchecked_step(self, batch) -> str | None:
+        """Run a step as an engine would (load, replay); None, or what went wrong: inputs staged that are not the
+        batch's, or a replay that raised."""
+        ex = self.ex
+        try:
+            entry = ex.prepare(batch)
+            # wrong inputs reach the device only through the staging arena: caught there, a fault is checked and
+            # localized before a replay can read out of bounds (on CUDA an illegal address would end the process,
+            # not name the buffer)
+            if faults := input_faults(ex, entry.key, batch, staged=True):
+                return "staged inputs that are not its batch's: " + "; ".join(faults)
+            entry.replay(batch, ex.refresh_runner_metadata)
+        except torch.OutOfMemoryError:
+            raise
+        # CPU tape: an index out of range; anywhere: a graph served for another bucket
+        except (RuntimeError, IndexError, InputsNotLoaded) as e:
+            return f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return None
+
     # -- one checked step ------------------------------------------------------------------------------
     def _check(self, batch, step: int) -> Mismatch | None:
+        """The eager reference, then an eager step of another batch (Workbench.decoy: the reference alone, just
+        before the replay, would refresh state an eager pass shares with the graph and hide a stale one), then the
+        replay. The reference comes first: a wrong replay may overwrite the context it reads."""
         ex, live = self.ex, self.sched.live()
         ref, _ = self.bench.reference(batch)
+        held = {b for table, _ in live for b in table} | {b for table in batch.block_tables for b in table}
+        if (decoy := self.bench.decoy(batch, keep=held)) is not None:
+            decoy()
         try:
             read = replay_once(
                 ex,
