@@ -186,7 +186,9 @@ class SweepConfig:
         below, defaulted = 0, []
         for b in sorted(self.compositions_by_bucket):
             if not self.compositions_by_bucket[b]:
-                self.compositions_by_bucket[b].extend(default_compositions(b, self.scenario, below, self.max_num_seqs))
+                self.compositions_by_bucket[b].extend(
+                    default_compositions(b, self.scenario, below, self.max_num_seqs, self.max_kv_len)
+                )
                 defaulted.append(b)
             below = b
         if comps and defaulted:  # the user's mixes all went elsewhere: say why these buckets ran others

@@ -159,3 +159,16 @@ def test_a_run_of_given_mixes_only_records_the_scenario_they_make():
     assert SweepConfig(device="cpu", buckets="1,2,8", compositions="5*1").scenario == "decode"
     assert SweepConfig(device="cpu", scenario="prefill", compositions="1*4").scenario == "prefill"  # its buckets
     assert dataclasses.replace(cfg, seed=1).scenario == "decode"
+
+
+def test_default_mixes_fit_a_given_max_kv_len():
+    """The chunk-after-prefix mix's 512-token prefix once refused `--scenario prefill --buckets 8,16,32
+    --max-kv-len 128`, a mix the user never asked for: the prefix is what --max-kv-len leaves, or the mix goes."""
+    for bucket in (16, 32, 64, 128):
+        for most in (4, 40, 128, 4096):
+            comps = default_compositions(bucket, "prefill", bucket // 2, None, most)
+            chunks = [p.prefix + p.new_tokens for c in comps for p in c.parts if p.prefix]
+            assert all(n <= most for n in chunks), (bucket, most, [c.label for c in comps])
+    assert [c.label for c in default_compositions(32, "prefill", 16, None, 128)][-1] == "19+8@120+1*4"
+    assert [c.label for c in default_compositions(32, "prefill", 16)][-1] == "19+8@512+1*4"
+    assert not any("@" in c.label for c in default_compositions(16, "prefill", 8, None, 4))

@@ -378,6 +378,10 @@ def test_quantized_weights_are_refused_whatever_the_config_says(saved, tmp_path,
         write({**weights, name: weights[name].to(dtype)})
         with pytest.raises(GmtoolError, match=rf"{name} is stored as ({stored}), a quantized checkpoint's weight"):
             load_model(str(d), CPU, torch.float32)
+    blocks = "model.layers.0.mlp.experts.down_proj_blocks"  # gpt-oss's MXFP4 experts, beside a plain config
+    write({**weights, blocks: torch.zeros(4, 8, dtype=torch.uint8)})
+    with pytest.raises(GmtoolError, match=rf"{blocks} is stored as (U8|uint8), a quantized checkpoint's weight"):
+        load_model(str(d), CPU, torch.float32)
     write(weights)
     raw = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**raw, "compression_config": {"format": "float-quantized"}}))

@@ -57,10 +57,13 @@ def test_step_bytes_are_weights_kv_and_activations(bench):
 def test_untied_embedding_counts_only_the_rows_read():
     emb = torch.nn.Embedding(1000, 8)
     head = torch.nn.Linear(8, 1000, bias=False)
+    vision = torch.nn.Parameter(torch.zeros(5000))  # a multimodal model's vision tower: no text step reads it
     model = types.SimpleNamespace(
         get_input_embeddings=lambda: emb,
         get_output_embeddings=lambda: head,
-        parameters=lambda: iter([emb.weight, head.weight]),
+        parameters=lambda: iter([emb.weight, head.weight, vision]),
+        base_model_prefix="model",  # the decoder stack (here the embedding alone); the head beside it
+        model=types.SimpleNamespace(parameters=lambda: iter([emb.weight])),
         config=types.SimpleNamespace(hidden_size=8),
     )
     lm = types.SimpleNamespace(model=model, num_layers=1, num_kv_heads=1, rank_kv_heads=1, head_dim=8, vocab_size=1000)
@@ -78,6 +81,8 @@ def test_kv_bytes_follow_the_layout_v_head_dim_and_windows():
         get_input_embeddings=lambda: types.SimpleNamespace(weight=w),
         get_output_embeddings=lambda: None,
         parameters=lambda: iter([w]),
+        base_model_prefix="model",
+        model=types.SimpleNamespace(parameters=lambda: iter([w])),
         config=types.SimpleNamespace(hidden_size=4),
     )
     layout = KVLayout(2, 1, 12, 8, (LayerOpts(), LayerOpts(window=5)))

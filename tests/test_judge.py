@@ -713,3 +713,63 @@ def test_nan_an_unsafe_replay_spreads_over_the_cache_does_not_fail_later_mixes(t
     graph = [(r["composition"], r["status"], r["error"]) for r in rows if r["mode"] == "full"]
     assert graph[0][1] == "UNSAFE" and "the replay overwrote the K/V of" in graph[0][2], graph
     assert [s for _, s, _ in graph[1:]] == ["ok"] * 3, graph
+    # the same mix's next mode reads the context the unsafe replay overwrote: judged against eager over it
+    replays.clear()
+    out = tmp_path / "both"
+    args = ["compare", "full,piecewise", "--device", "cpu", "--num-iters", "1", "--num-iters-warmup", "0"]
+    r = runner.invoke(app, [*args, "--buckets", "8", "--compositions", "1*8", "--out", str(out)])
+    rows = json.loads((out / "results.json").read_text())["records"]
+    assert [(x["mode"], x["status"]) for x in rows] == [("full", "UNSAFE"), ("piecewise", "ok")], (r.output, rows)
+
+
+def test_checks_without_a_decoy_are_counted_in_the_notes(tmp_path, monkeypatch):
+    """Where no other batch fits beside the mix (its sibling, else one decode token), the check runs without the
+    eager step of another batch, and the notes say how many did."""
+    from gmtool.errors import GmtoolError
+    from gmtool.measure.workbench import Workbench
+
+    real, room = Workbench.batch, {"fits": None}
+
+    def batch(self, comp, keep=()):  # room["fits"]: the one mix that fits beside another (None: any)
+        if keep and room["fits"] is not None and comp.label != room["fits"]:
+            raise GmtoolError("no room beside the mix")
+        return real(self, comp, keep)
+
+    monkeypatch.setattr(Workbench, "batch", batch)
+    for run, fits in (("sibling", None), ("fallback", "1*1"), ("none", "")):
+        room["fits"] = fits
+        code, out, _ = _capture(tmp_path / run, "--buckets", "2,4", "--compositions", "1*4,1*2")
+        notes = " ".join(json.loads((tmp_path / run / "run/results.json").read_text())["notes"])
+        assert code == 0, out
+        assert ("2 checked replays ran without an eager step of another batch" in notes) == (run == "none"), notes
+
+
+def test_a_key_captured_at_its_check_is_captured_before_the_decoy(tmp_path, monkeypatch):
+    """Every forward context plans when it is made (eager passes and captures), a replay does not: the capture of
+    a key that no sibling could take is the batch's own forward, and run after the decoy it would refresh the plan
+    the decoy left. So the key is captured first, then the decoy, then the checked replay."""
+    from gmtool.errors import GmtoolError
+    from gmtool.measure.workbench import Workbench
+    from gmtool.model import attention as A
+
+    state, real_post, real_batch = {"plan": ()}, A.ForwardContext.__post_init__, Workbench.batch
+
+    def post(self):
+        real_post(self)
+        state["plan"] = self.plan
+
+    def planned(self, ctx, q, kc, vc, scale, out, opts=A.PLAIN):
+        ctx.planned_with.append(ctx.signature)
+        return A._into(A.planned_varlen_attention(q, kc, vc, ctx.views, state["plan"], scale, opts), out)
+
+    def batch(self, comp, keep=()):  # no sibling fits: keys are captured from the mix at its check
+        if keep and comp.label != "1*1":
+            raise GmtoolError("no room beside the mix")
+        return real_batch(self, comp, keep)
+
+    monkeypatch.setattr(A.ForwardContext, "__post_init__", post)
+    monkeypatch.setattr(A.TorchAttention, "planned", planned)
+    monkeypatch.setattr(Workbench, "batch", batch)
+    code, out, rows = _capture(tmp_path, "--mode", "piecewise", "--buckets", "16", "--compositions", "8*2")
+    assert [(r["mode"], r["status"]) for r in rows] == [("eager", "ok"), ("piecewise", "UNSAFE")], out
+    assert rows[1]["captured_with"] == "8*2", rows[1]  # captured at its check: the decoy's plan shows

@@ -132,6 +132,9 @@ def test_a_soak_runs_an_eager_step_of_another_batch_before_its_checked_replay(ri
     _seq_lens_only_eager_fills(monkeypatch)
     m = soak(rig, "full", steps=30, check_every=3).mismatch
     assert m is not None and "differs" in m.reason, m
+    # localized with the decoy too, and named: right just after the batch's own eager pass, wrong after another's
+    assert m.first_divergence is not None and "self_attn" in m.first_divergence["module"], m
+    assert any(s.startswith("state only an eager pass refreshes") for s in m.suspects), m.suspects
 
 
 def test_an_unchecked_step_s_own_fault_is_a_finding_when_its_checked_rerun_is_right(rig, monkeypatch):

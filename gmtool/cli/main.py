@@ -72,7 +72,9 @@ def main() -> None:
         sys.exit(1 if isinstance(e, RunFailure) else 2)
     except PermissionError as e:  # a folder or file the user cannot read or write, wherever it was met
         err_console.print(
-            f"[bold red]error:[/] {escape(e.filename or '')}: permission denied", highlight=False, soft_wrap=True
+            f"[bold red]error:[/] {escape(str(e.filename) + ': ' if e.filename else '')}permission denied",
+            highlight=False,
+            soft_wrap=True,
         )
         sys.exit(2)
     except KeyboardInterrupt:

@@ -88,12 +88,15 @@ def parse_compositions(text: str) -> list[Composition]:
     return [parse_composition(t, seed=i) for i, t in enumerate(items)]
 
 
-def default_compositions(bucket: int, scenario: str, below: int = 0, max_seqs: int | None = None) -> list[Composition]:
+def default_compositions(
+    bucket: int, scenario: str, below: int = 0, max_seqs: int | None = None, max_kv_len: int | None = None
+) -> list[Composition]:
     """Three or more mixes that the bucket serves (more than `below`, the next smaller bucket, tokens): a decode
     graph serves them all; a full prefill key (tokens x sequences) one each, checked on a graph captured from a
     sibling batch (gmtool.core.batch.sibling_of) as every key is. Prefill and mixed mixes of more
     than max_seqs sequences (--max-num-seqs) give way to one-sequence prefills of the bucket's sizes; a decode
-    bucket above it is refused by the config, as the user's own mixes are."""
+    bucket above it is refused by the config, as the user's own mixes are. A chunk's cached prefix is 512 tokens,
+    or what a given --max-kv-len leaves of it (max_kv_len)."""
     seed = bucket * 16
     if scenario == "decode":
         mid = max(below + 1, math.ceil((below + bucket) / 2))
@@ -105,9 +108,10 @@ def default_compositions(bucket: int, scenario: str, below: int = 0, max_seqs: i
         decodes = min(4, bucket - chunk - 1)
         # one token short of the bucket where the next smaller one does not serve it: the other mixes fill their
         # bucket exactly, and a prefill graph must meet padding lanes too (a pad slot left on a live token's)
-        fresh = bucket - chunk - decodes - (bucket - 1 > below and bucket - chunk - decodes > 1)
-        if decodes >= 1:
-            texts.append(f"{fresh}+{chunk}@512+1*{decodes}")
+        fresh = bucket - chunk - decodes - (bucket - 1 > below and bucket - chunk - decodes > 2)
+        prefix = 512 if max_kv_len is None else min(512, max_kv_len - chunk)
+        if decodes >= 1 and prefix >= 1:
+            texts.append(f"{fresh}+{chunk}@{prefix}+1*{decodes}")
     comps = [parse_composition(t, seed + i) for i, t in enumerate(texts)]
     # a mix the next smaller bucket serves would never reach this bucket in an engine
     comps = [c for c in comps if c.num_tokens > below]

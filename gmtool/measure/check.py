@@ -299,6 +299,8 @@ def checked_replay(ex, batch: Batch, ref: EagerReference, decoy=None):
     """One replay of batch through executor ex, judged against eager. decoy(): an eager step of another batch, run
     first (Workbench.decoy). Returns (the graph entry, the check, the logits the replay wrote)."""
     if decoy is not None:
+        if ex.key_for(batch) not in ex.graphs:  # capture first: its warm-up and recording run this batch itself
+            ex.prepare(batch)
         decoy()
     read = replay_once(ex, batch)
     return read.entry, judge(ex, batch, ref, read), read.out

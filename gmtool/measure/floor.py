@@ -55,12 +55,15 @@ class Floor:
 
 def step_bytes(lm, batch: Batch) -> int:
     """What the step must read at least: every weight once (of an untied input embedding only the batch's
-    rows), K/V of each sequence's context (a sliding-window layer: its window), the residual stream once per layer, the logits written."""
+    rows), K/V of each sequence's context (a sliding-window layer: its window), the residual stream once per layer,
+    the logits written. Of a multimodal model, the text decoder's and the head's weights: a vision tower runs no
+    text step."""
     model = lm.model
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     skip = emb.weight.untyped_storage().data_ptr() if head is None or head.weight is not emb.weight else None
     seen, weights = set(), 0
-    for p in model.parameters():
+    base = families.base_model(model) or model
+    for p in [*base.parameters(), *(head.parameters() if head is not None else ())]:
         st = p.untyped_storage()
         if st.data_ptr() in seen or st.data_ptr() == skip:
             continue

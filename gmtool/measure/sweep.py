@@ -27,7 +27,7 @@ from gmtool.memory.ledger import capture_ledger
 from gmtool.parallel.comm import agree
 from gmtool.records import Document, Record, Status
 from gmtool.measure.timing import host_us, host_us_steady, summarize, time_ms, tolerances_for
-from gmtool.measure.workbench import Workbench
+from gmtool.measure.workbench import Workbench, decoy_note
 
 
 @dataclass
@@ -136,6 +136,7 @@ class Sweep:
     def run(self, bench: Workbench | None = None) -> SweepResult:
         cfg, t_start = self.cfg, time.perf_counter()
         self.bench = bench = bench or Workbench.build(cfg)
+        skipped = bench.decoys_skipped  # a shared workbench counts over its runs
         if cfg.graph_modes and (why := bench.capture_refusal()):
             raise CaptureError(why)  # instead of the capture error each bucket would meet
         self.result = res = SweepResult(
@@ -154,6 +155,8 @@ class Sweep:
                 probe.after_sweep(bench, executors, res)
             judge_fused(bench, self.cfg, res.notes, res.errors)
             res.notes += [note for m, ex in executors.items() if (note := capture_cost_note(m, ex))]
+            if bench.decoys_skipped > skipped:
+                res.notes.append(decoy_note(bench.decoys_skipped - skipped))
             if self.captured_from_batch:
                 more = len(self.captured_from_batch) - 4
                 res.notes.append(
@@ -222,10 +225,21 @@ class Sweep:
                         continue
                     rec = self._graph_run(ex, mode, batch, (ref, decoy), eager_med, (tol_same, tol), base)
                     res.add(rec)
+                    if rec.status == Status.UNSAFE:  # it may have overwritten the context the next mode reads
+                        ref = self._reference_again(bench, batch, ref)
                     if rec.status == Status.OOM:
                         dead[mode] = f"skipped after out of memory at bucket {bucket}"
                         res.errors.append(rec.error)
                 self._advance(f"bucket {bucket}: {comp.label}")
+
+    @staticmethod
+    def _reference_again(bench: Workbench, batch, ref):
+        """The mix's eager reference once more, over the context an unsafe replay may have overwritten (scrubbed
+        of NaN): the next mode's replay reads that context, and is judged against what eager makes of it."""
+        try:
+            return bench.reference(batch)[0]
+        except GmtoolError:
+            return ref
 
     def _advance(self, label: str) -> None:
         if self.progress:

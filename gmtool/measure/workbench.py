@@ -18,7 +18,7 @@ from gmtool.model.attention import ForwardContext, forward_context
 from gmtool.core.batch import Batch, make_batch, sibling_of
 from gmtool.core.buckets import BucketKey
 from gmtool.measure.check import EagerReference, eager_reference
-from gmtool.core.compositions import Composition
+from gmtool.core.compositions import Composition, parse_composition
 from gmtool.config import SweepConfig
 from gmtool.errors import GmtoolError, OutOfMemory
 from gmtool.core.executor import GraphExecutor
@@ -85,6 +85,15 @@ def build_need(cfg: SweepConfig) -> tuple:
     return opts + (("most_seqs", cfg.most_seqs), ("max_tokens", cfg.policy().max_tokens))
 
 
+def decoy_note(skipped: int) -> str:
+    """What a run's notes say of the checks that ran without a decoy (Workbench.decoy)."""
+    return (
+        f"{skipped} checked replay{'s' if skipped != 1 else ''} ran without an eager step of another batch just "
+        "before (no free KV block beside the batch): a graph reading state only eager passes refresh could pass "
+        "there (a larger --kv-cache-gb leaves room)"
+    )
+
+
 def _positions_past_the_model(lm: LoadedModel, max_kv_len: int) -> None:
     """A learned position table shorter than --max-kv-len: the eager reference would index past it (a traceback
     deep in the model), and no graph could be checked. A rotary model's max_position_embeddings below it: the
@@ -139,6 +148,7 @@ class Workbench:
     lm: LoadedModel
     cache: PagedKVCache
     eager_inputs: PersistentInputs  # the unpadded reference runs' buffers, apart from every executor's
+    decoys_skipped: int = 0  # checks that ran without an eager step of another batch before them (decoy)
 
     @classmethod
     def build(cls, cfg: SweepConfig, num_blocks: int | None = None) -> "Workbench":
@@ -267,9 +277,15 @@ class Workbench:
         the graph's inputs) then holds another batch's: the reference of batch itself, run just before, would
         refresh it and hide a graph that never loads it. None where no sibling fits beside them."""
         held = {b for table in batch.block_tables for b in table} if keep is None else keep
-        try:
-            other = self.batch(sibling_of(batch), keep=held)
-        except GmtoolError:
+        # else one decode token, which needs a single free block: a batch unlike any of several sequences
+        for comp in (sibling_of(batch), parse_composition("1*1", batch.composition.seed + 7919)):
+            try:
+                other = self.batch(comp, keep=held)
+                break
+            except GmtoolError:
+                continue
+        else:
+            self.decoys_skipped += 1  # the caller's notes say how many checks ran without one
             return None
 
         def run() -> None:

@@ -141,13 +141,19 @@ def _check_readable(file: Path) -> None:
         )
 
 
+# integer tensors that are packed weights: int8, GPTQ/AWQ's int32 (qweight), compressed-tensors' packed int4,
+# HQQ's W_q, gpt-oss's MXFP4 expert blocks (uint8, with their scales)
+PACKED_NAMES = ("weight", "qweight", "weight_packed", "W_q")
+PACKED_SUFFIXES = ("_blocks", "_scales")
+
+
 def _quantized(name: str, dtype: str) -> bool:
-    """A float8 tensor, or an integer weight (int8, or int4 packed in int32): transformers would cast it to
-    --dtype unscaled, a model of other weights. Integer buffers (position ids, masks) are not weights."""
-    d = dtype.lower()
-    if d.startswith(("f8", "float8")):
+    """A float8 or float4 tensor, or an integer weight: transformers would cast it to --dtype unscaled, a model
+    of other weights. Integer buffers (position ids, masks) are not weights."""
+    d, last = dtype.lower(), name.rsplit(".", 1)[-1]
+    if d.startswith(("f8", "float8", "f4", "float4")):
         return True
-    return d.startswith(("i", "u")) and name.rsplit(".", 1)[-1] in ("weight", "qweight", "weight_packed")
+    return d.startswith(("i", "u")) and (last in PACKED_NAMES or last.endswith(PACKED_SUFFIXES))
 
 
 @contextlib.contextmanager

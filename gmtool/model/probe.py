@@ -301,7 +301,7 @@ def _logits_refusal(lm, arch: str, ids, pos, ours: torch.Tensor) -> str | None:
     heads = [
         f"{n}: {type(m).__name__}"
         for n, m in lm.model.named_children()
-        if m is not base and m is not out and any(True for _ in m.parameters())
+        if m is not out and not any(s is base for s in m.modules()) and any(True for _ in m.parameters())
     ]
     what = (
         f"a head before its output embeddings ({', '.join(heads)})"

@@ -19,6 +19,7 @@ import torch
 from gmtool.errors import InputsNotLoaded
 from gmtool.measure.check import input_faults, judge, replay_once, slots_held, written_kv
 from gmtool.measure.timing import rel_err_per_seq, tolerances_for
+from gmtool.measure.workbench import decoy_note
 from gmtool.modes import GraphMode
 from gmtool.verify.faults import Fault, inject
 from gmtool.verify.poison import Buffer, Poisoner
@@ -91,12 +92,13 @@ class Soak:
             opts.seed,
         )
         self.tols = tolerances_for(cfg.torch_dtype)
+        self._decoy = None  # the checked step's eager step of another batch (Workbench.decoy), for localization
 
     def run(self) -> SoakResult:
         opts, sched, ex = self.opts, self.sched, self.ex
         checks, keys, mismatch, step, served, checked = 0, {}, None, -1, {}, {}
         fault = inject(opts.fault, ex) if opts.fault else contextlib.nullcontext()
-        t0 = time.perf_counter()
+        t0, skipped = time.perf_counter(), self.bench.decoys_skipped
         try:
             with fault:
                 for step in range(opts.steps):
@@ -156,6 +158,8 @@ class Soak:
             served,
             checked,
         )
+        if self.bench.decoys_skipped > skipped:
+            res.notes.append(decoy_note(self.bench.decoys_skipped - skipped))
         if mismatch is None and step + 1 < opts.steps and opts.time_limit_s is not None:
             res.notes.append(
                 f"stopped at the time limit ({opts.time_limit_s:.0f} s) after {step + 1} of {opts.steps} steps"
@@ -193,9 +197,12 @@ class Soak:
         ex, live = self.ex, self.sched.live()
         ref, _ = self.bench.reference(batch)
         held = {b for table, _ in live for b in table} | {b for table in batch.block_tables for b in table}
-        if (decoy := self.bench.decoy(batch, keep=held)) is not None:
-            decoy()
+        self._decoy = self.bench.decoy(batch, keep=held)
         try:
+            if self._decoy is not None:
+                if ex.key_for(batch) not in ex.graphs:  # capture first: its warm-up runs this batch itself
+                    ex.prepare(batch)
+                self._decoy()
             read = replay_once(
                 ex,
                 batch,
@@ -237,11 +244,13 @@ class Soak:
         return self._localize(entry, batch, live, step, reason, read, stale)
 
     # -- localization ------------------------------------------------------------------------------------
-    def _replay(self, batch, live, step: int, only):
-        """Re-run the step with only these buffers poisoned (None: all of them). Returns (logits, K/V, taps) or
-        the error the replay raised."""
+    def _replay(self, batch, live, step: int, only, decoy: bool = True):
+        """Re-run the step with only these buffers poisoned (None: all of them), after the checked step's decoy
+        (decoy=False: without it). Returns (logits, K/V, taps) or the error the replay raised."""
         ex = self.ex
         ex.inputs.invalidate()
+        if decoy and self._decoy is not None:
+            self._decoy()
         entry = ex.prepare(batch)
         self.poisoner.clean(entry, live)
         if only is None or only:
@@ -280,6 +289,7 @@ class Soak:
     def _localize(self, entry, batch, live, step, reason, seen, stale) -> Mismatch:
         """seen: what the checked replay left (gmtool.measure.check.ReplayRead)."""
         ex, taps = self.ex, self.taps
+        eager_only = False
         read = self._buffers_read(batch, live, step)
         got = self._replay(batch, live, step, None)  # the check's conditions
         first = None
@@ -296,8 +306,18 @@ class Soak:
                 same = unpadded.clone()
             div = taps.first_divergence(got[2], same, unpadded, batch.token_seq, self.tols, entry.mode.piecewise)
             first = div.to_dict() if div else None
+            # right when the batch's own eager pass ran just before (as it has now), wrong after another batch's
+            alone = self._replay(batch, live, step, None, decoy=False) if div and self._decoy else None
+            if alone is not None and not isinstance(alone, str):
+                tols, pw = self.tols, entry.mode.piecewise
+                eager_only = taps.first_divergence(alone[2], same, unpadded, batch.token_seq, tols, pw) is None
         self.poisoner.clean(ex.prepare(batch), live)
         suspects = list(seen.input_faults)
+        if eager_only:
+            suspects.append(
+                "state only an eager pass refreshes: the replay is right just after this batch's own eager pass "
+                "and wrong after another batch's (a plan or lengths kept outside the graph's inputs)"
+            )
         handed = ex.inputs.output(entry.key, batch.num_seqs)
         if handed.untyped_storage().data_ptr() != ex.inputs.logits.untyped_storage().data_ptr():
             suspects.append(
