@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from gmtool.errors import GmtoolError
 from gmtool.modes import GraphMode
+from gmtool import json_text
 
 SCHEMA_VERSION = 1
 
@@ -214,7 +215,7 @@ class Document:
         return d
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str)
+        return json_text.dumps(self.to_dict(), indent=2, default=str)
 
     @classmethod
     def from_dict(cls, d) -> Document:

@@ -77,7 +77,7 @@ def test_a_graph_that_never_writes_kv_is_unsafe_in_decode(tmp_path, monkeypatch)
     code, _, rows = _capture(tmp_path, "--buckets", "4,8")
     graph = [r for r in rows if r["mode"] == "full"]
     assert code == 3 and len(graph) >= 6
-    assert all(r["status"] == "UNSAFE" and not r["kv_rel_err"] <= 1e-3 for r in graph)
+    assert all(r["status"] == "UNSAFE" and r["kv_rel_err"] is None for r in graph)  # NaN K/V: infinite, null
 
 
 def test_a_graph_that_never_writes_kv_is_unsafe_in_mixed_prefill_bf16(tmp_path, monkeypatch):
@@ -773,3 +773,13 @@ def test_a_key_captured_at_its_check_is_captured_before_the_decoy(tmp_path, monk
     code, out, rows = _capture(tmp_path, "--mode", "piecewise", "--buckets", "16", "--compositions", "8*2")
     assert [(r["mode"], r["status"]) for r in rows] == [("eager", "ok"), ("piecewise", "UNSAFE")], out
     assert rows[1]["captured_with"] == "8*2", rows[1]  # captured at its check: the decoy's plan shows
+
+
+def test_auto_serving_a_prefill_with_full_graphs_is_unsafe_in_the_sweep(tmp_path, monkeypatch):
+    from gmtool.core.auto import AutoExecutor
+
+    real = AutoExecutor.part_for
+    monkeypatch.setattr(AutoExecutor, "part_for", lambda self, b: real(self, b) and self.parts["decode"])
+    code, out, rows = _capture(tmp_path, "--mode", "auto", "--scenario", "mixed", "--buckets", "8,16")
+    why = {r["error"] for r in rows if r["status"] == "UNSAFE"}
+    assert code == 3 and any("mixed batch of" in w and "with full, not piecewise" in w for w in why), why

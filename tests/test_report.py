@@ -221,6 +221,30 @@ def test_baseline_matches_rows_by_occurrence():
     assert buckets[("full", 16)]["replay_delta_pct"] is None  # UNSAFE: no latency to compare
 
 
+def test_a_label_run_another_number_of_times_in_the_baseline_is_not_paired_by_order():
+    """The baseline lost the first of bucket 8's two '1*8' mixes: its second would pair with this run's first
+    by order, another mix. Those rows stay unpaired; the rest pair as before."""
+    new, old = make_doc(), make_doc()
+    first = next(i for i, r in enumerate(old["records"]) if r["mode"] == "full" and r["composition"] == "1*8")
+    del old["records"][first]
+    doc = Document.from_dict(new)
+    attach_baseline(doc, Document.from_dict(old), "old/results.json")
+    rows = doc.to_dict()["records"]
+    twice = [r for r in rows if r["mode"] == "full" and r["composition"] == "1*8"]
+    assert len(twice) == 2 and all(r["baseline"] is None for r in twice)
+    assert doc.baseline["matched"] == len(rows) - 2, doc.baseline
+
+
+def test_a_baseline_of_other_kernels_or_kv_layout_says_so():
+    new, old = make_doc(), make_doc()
+    new["config"].update(fuse=False, block_size=16, piecewise_impl="breakable")
+    old["config"].update(fuse=True, block_size=32, piecewise_impl="fx")
+    doc = Document.from_dict(new)
+    attach_baseline(doc, Document.from_dict(old), "old/results.json")
+    said = " ".join(doc.baseline["differs"])
+    assert "fuse True then" in said and "block_size 32 then" in said and "piecewise_impl fx then" in said, said
+
+
 def test_baseline_joins_each_tp_rank_and_counts_rows_only_in_the_baseline():
     """A TP=2 run against a TP=1 baseline: every rank's '1*8' mixes join the baseline's own (not rank 1's as a
     third and fourth '1*8'); the baseline's rows this run did not measure are counted and said."""

@@ -2,6 +2,7 @@
 buffer it reads or the input it got wrong and the first layer output where the replay leaves eager."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -647,3 +648,48 @@ def test_the_decode_pair_reaches_past_a_sliding_window_and_shows_a_frozen_start_
 
     monkeypatch.setattr(A.TorchAttention, "decode", decode)
     assert not dynamic_dims(bench, "full", a, b).clean
+
+
+def _auto_run(tmp_path, *more):
+    out = tmp_path / "v"
+    args = ["verify", "--device", "cpu", "--modes", "auto", "--max-tokens", "32", "--out", str(out), *more]
+    r = runner.invoke(app, args)
+    return r, json.loads((out / "verify.json").read_text())
+
+
+def test_an_eager_step_whose_load_skips_its_copy_is_caught(tmp_path, monkeypatch):
+    """auto's eager step above the largest bucket skips its copy-in when the arena already holds its key (the
+    last eager step had its shape): it runs on that step's device inputs. Found by the device inputs the replay
+    read, on a checked step (whose load is not doubled before its decoy, which would hide it) or an unchecked one."""
+    from gmtool.core.executor import GraphExecutor
+    from gmtool.core.inputs import PersistentInputs
+
+    real_init, real_load = GraphExecutor.__init__, PersistentInputs.load
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        self.inputs.graph_arena = True
+
+    def load(self, batch, key, copy=True):
+        eager_key = key.num_tokens > 16  # above the largest bucket: auto's eager steps, exact shapes
+        skip = copy and getattr(self, "graph_arena", False) and eager_key and self.holds(key)
+        return real_load(self, batch, key, copy=copy and not skip)
+
+    monkeypatch.setattr(GraphExecutor, "__init__", init)
+    monkeypatch.setattr(PersistentInputs, "load", load)
+    r, doc = _auto_run(tmp_path, "--steps", "300", "--check-every", "5")
+    m = doc["runs"][0]["mismatch"]
+    assert r.exit_code == 3 and m is not None, r.output
+    assert re.search(r"device inputs (the replay read are not this|that are not its) batch's", m["reason"]), m
+
+
+def test_auto_serving_a_prefill_with_its_full_graphs_is_caught(tmp_path, monkeypatch):
+    """auto's rule, checked apart from its dispatch: a prefill or mixed batch served by the decode part's full
+    graphs is a finding even where its numbers come out right (the graph is keyed by tokens x sequences)."""
+    from gmtool.core.auto import AutoExecutor
+
+    real = AutoExecutor.part_for
+    monkeypatch.setattr(AutoExecutor, "part_for", lambda self, b: real(self, b) and self.parts["decode"])
+    r, doc = _auto_run(tmp_path, "--steps", "60", "--check-every", "5")
+    m = doc["runs"][0]["mismatch"]
+    assert r.exit_code == 3 and m is not None and "with full, not piecewise" in m["reason"], (r.output, m)

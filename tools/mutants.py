@@ -1884,8 +1884,8 @@ MUTANTS: list[Mutant] = [
     M(
         "decoy-skipped",
         "gmtool/measure/check.py",
-        "            ex.prepare(batch)\n        decoy()\n",
-        "            ex.prepare(batch)\n",
+        "        capture_first(ex, batch)\n        decoy()\n",
+        "        capture_first(ex, batch)\n",
         "tests/test_judge.py::test_a_graph_reading_what_only_the_eager_pass_refreshes_is_unsafe",
         "the eager reference of the batch runs just before its checked replay: state only eager refreshes looks fresh",
     ),
@@ -1924,8 +1924,8 @@ MUTANTS: list[Mutant] = [
     M(
         "decoy-before-capture",
         "gmtool/measure/check.py",
-        "        if ex.key_for(batch) not in ex.graphs:  # capture first: its warm-up and recording run this batch itself\n",
-        "        if False:\n",
+        "    if ex.key_for(batch) not in ex.graphs and ex.served_by(batch) != GraphMode.EAGER.served_by:\n",
+        "    if False:\n",
         "tests/test_judge.py::test_a_key_captured_at_its_check_is_captured_before_the_decoy",
         "a key captured at its check is captured after the decoy: its own forward refreshes what the decoy left",
     ),
@@ -1952,6 +1952,17 @@ MUTANTS: list[Mutant] = [
         "            pass\n",
         "tests/test_judge.py::test_checks_without_a_decoy_are_counted_in_the_notes",
         "checks that ran without a decoy are not counted: the notes say nothing of them",
+    ),
+    M(
+        "auto-dispatch-unchecked",
+        "gmtool/measure/check.py",
+        "    if not ex.mode.composed_of:\n        return None\n",
+        "    return None\n",
+        (
+            "tests/test_judge.py::test_auto_serving_a_prefill_with_full_graphs_is_unsafe_in_the_sweep",
+            "tests/test_verify.py::test_auto_serving_a_prefill_with_its_full_graphs_is_caught",
+        ),
+        "auto serving a prefill batch with its full decode graphs passes wherever the numbers come out right",
     ),
 ]
 

@@ -3,7 +3,6 @@ graph-count budgets, from a results file or measured on the spot."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -24,6 +23,7 @@ from gmtool.plan.optimizer import Budgets, PoolSharing
 from gmtool.plan.run import PlanInputs, check_candidates, check_steps, make_plan, measure, needed_buckets
 from gmtool.plan.workload import builtin_workloads, is_decode, load_workload
 from gmtool.profiles import load_sweep_profile
+from gmtool import json_text
 from gmtool.report.results import (
     OUTPUT_FILES,
     check_out_dir,
@@ -265,7 +265,7 @@ def plan(
     plan_doc = build_document(res, inp, source, doc["model"], doc["machine"])
     with output_dir(target, force) as out_dir:
         files = (write_results(out_dir, measured_doc) if measured_doc else []) + write_plan(out_dir, plan_doc)
-    out_.document(json.dumps(plan_doc, indent=2, default=str))
+    out_.document(json_text.dumps(plan_doc, indent=2, default=str))
     out_.show(plan_table(plan_doc))
     for line in lazy_line(plan_doc.get("lazy_capture")):
         out_.show(line, highlight=False)

@@ -3,7 +3,6 @@ layer, capturability and dynamic-dimension analysis). Exit 0 clean, 3 when somet
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,6 +14,7 @@ from gmtool.cli.output import Output
 from gmtool.report.results import default_out_dir, output_dir
 from gmtool.verify.faults import FAULTS
 from gmtool.verify.run import CPU_DEFAULTS, GPU_DEFAULTS, VerifyConfig
+from gmtool import json_text
 
 
 def _default(name: str) -> str:
@@ -122,7 +122,7 @@ def verify(
     with output_dir(out or default_out_dir("verify"), force) as out_dir:
         doc = run_verify(cfg, lambda text: out_.console.print(f"[dim]{escape(text)}[/]", highlight=False))
         path = write_document(out_dir, doc)
-    out_.document(json.dumps(doc, indent=2, default=str))
+    out_.document(json_text.dumps(doc, indent=2, default=str))
     for f in doc["capturability"]:
         out_.show(f"[yellow]capturability:[/] {escape(f['text'])}", highlight=False, soft_wrap=True)
     if doc["dynamic_dims"]:

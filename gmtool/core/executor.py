@@ -476,6 +476,10 @@ class GraphExecutor:
     def step(self, batch: Batch) -> torch.Tensor:
         entry = self.prepare(batch)
         entry.replay(batch, self.refresh_runner_metadata)
+        return self.output(entry, batch)
+
+    def output(self, entry, batch: Batch) -> torch.Tensor:
+        """The logits rows step() hands out for batch after entry's replay: what the judge reads."""
         return self.inputs.output(entry.key, batch.num_seqs)
 
     def drop_graphs(self) -> None:

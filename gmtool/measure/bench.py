@@ -46,6 +46,8 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from gmtool import json_text
+
 
 STAGES = (
     "kernel",
@@ -594,7 +596,7 @@ def main(argv=None) -> int:
         except Exception as e:  # a failing stage is reported; the others still run
             data = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
         data["wall_s"] = time.perf_counter() - t0
-        (args.out / f"bench-{stage}.json").write_text(json.dumps(data, indent=1, default=_jsonable))
+        (args.out / f"bench-{stage}.json").write_text(json_text.dumps(data, indent=1, default=_jsonable))
         console.print(
             f"stage {stage}: {data['wall_s']:.1f} s" + (f" [red]{data['error']}[/]" if "error" in data else "")
         )

@@ -22,6 +22,7 @@ from gmtool.core.batch import Batch
 from gmtool.core.kv_cache import NULL_BLOCK, PagedKVCache
 from gmtool.errors import InputsNotLoaded
 from gmtool.measure.timing import rel_err_per_seq
+from gmtool.modes import GraphMode
 
 
 def _slots(cache: PagedKVCache, batch: Batch) -> torch.Tensor:
@@ -254,7 +255,7 @@ def replay_once(
     poisons more memory). held_slots: the K/V slots the replay must leave as they were (default: the batch's own
     context; verify: every live request's, held_by "live requests"), digested after before_replay."""
     entry = ex.prepare(batch)
-    out = ex.inputs.output(entry.key, batch.num_seqs)  # where the executor hands this batch's logits out
+    out = ex.output(entry, batch)  # the rows step() hands out, as an engine reads them
     ex.inputs.logits.fill_(float("nan"))  # every row: a replay must write its own
     slots = _slots(ex.cache, batch)
     poison_kv(ex.cache, slots)
@@ -295,12 +296,36 @@ def judge(ex, batch: Batch, ref: EagerReference, read: ReplayRead) -> ReplayChec
     )
 
 
+def capture_first(ex, batch: Batch) -> None:
+    """Capture batch's graph where it has none, before the decoy: the capture's warm-up and recording run batch
+    itself. Not for a step auto runs eagerly: loading it twice would hide a second load that skips its copy."""
+    if ex.key_for(batch) not in ex.graphs and ex.served_by(batch) != GraphMode.EAGER.served_by:
+        ex.prepare(batch)
+
+
+def dispatch_fault(ex, batch: Batch, entry) -> str | None:
+    """auto's rule, stated apart from its dispatch: full graphs for uniform decode, piecewise for prefill and
+    mixed batches, eager above the largest bucket. Why entry (what ran) breaks it, or None."""
+    if not ex.mode.composed_of:
+        return None
+    want = (
+        GraphMode.EAGER
+        if batch.num_tokens > ex.policy.largest
+        else GraphMode.FULL
+        if batch.is_decode
+        else GraphMode.PIECEWISE
+    )
+    if entry.mode.served_by == want.served_by:
+        return None
+    kind = "a decode" if batch.is_decode else "a prefill or mixed"
+    return f"auto served {kind} batch of {batch.num_tokens} tokens with {entry.mode.served_by}, not {want.served_by}"
+
+
 def checked_replay(ex, batch: Batch, ref: EagerReference, decoy=None):
     """One replay of batch through executor ex, judged against eager. decoy(): an eager step of another batch, run
     first (Workbench.decoy). Returns (the graph entry, the check, the logits the replay wrote)."""
     if decoy is not None:
-        if ex.key_for(batch) not in ex.graphs:  # capture first: its warm-up and recording run this batch itself
-            ex.prepare(batch)
+        capture_first(ex, batch)
         decoy()
     read = replay_once(ex, batch)
     return read.entry, judge(ex, batch, ref, read), read.out

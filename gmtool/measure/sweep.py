@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from gmtool.measure.check import checked_replay
+from gmtool.measure.check import checked_replay, dispatch_fault
 from gmtool.measure.fused_check import judge_fused
 from gmtool.config import SweepConfig
 from gmtool.errors import CaptureError, GmtoolError, OutOfMemory
@@ -291,7 +291,8 @@ class Sweep:
         )
         # the mix's eager figure, whatever the replay: a bucket's eager ms is the median over all its mixes
         rec.eager_latency_ms = eager_med
-        why = agree(check.failure(tol_same, tol))  # under --tp, every rank's verdict (its own K/V differ)
+        # under --tp, every rank's verdict (its own K/V differ)
+        why = agree(check.failure(tol_same, tol) or dispatch_fault(ex, batch, entry))
         if why:
             rec.status, rec.error = Status.UNSAFE, why
             ex.cache.scrub()  # what it wrote must not turn the next mixes' references NaN

@@ -3,11 +3,11 @@ gmtool.memory.report measures and derives the rows; this says what they hold."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, fields
 
 from gmtool.modes import GraphMode
 from gmtool.records import SCHEMA_VERSION, Partial, Status, now_utc, from_plain
+from gmtool import json_text
 
 UNAVAILABLE = "unavailable"  # a strategy this machine cannot run (no VMM support, say): not a failure
 FAILED = (Status.ERROR, Status.OOM, Status.UNSAFE)  # a strategy row with one of these fails the run
@@ -128,7 +128,7 @@ class MemDocument:
         return d
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str)
+        return json_text.dumps(self.to_dict(), indent=2, default=str)
 
     @classmethod
     def from_dict(cls, d: dict) -> MemDocument:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from pathlib import Path
 
 from rich.markup import escape
@@ -12,6 +11,7 @@ from rich.table import Table
 from gmtool.plan.engines import flags
 from gmtool.plan.optimizer import Choice
 from gmtool.report.tables import _f, fmt_bytes
+from gmtool import json_text
 
 PLAN_JSON, PLAN_MD, PLAN_PNG = "plan.json", "plan.md", "plan.png"
 
@@ -246,7 +246,7 @@ def write_plot(path: Path, doc: dict) -> None:
 def write_plan(out: Path, doc: dict) -> list[Path]:
     out = Path(out)
     paths = [out / PLAN_JSON, out / PLAN_MD, out / PLAN_PNG]
-    paths[0].write_text(json.dumps(doc, indent=2, default=str))
+    paths[0].write_text(json_text.dumps(doc, indent=2, default=str))
     paths[1].write_text(render_markdown(doc))
     write_plot(paths[2], doc)
     return paths

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from gmtool.errors import GmtoolError
@@ -47,12 +48,22 @@ def _median(r: dict):
     return (r.get("latency_ms") or {}).get("median")
 
 
+def _label(r: dict, rank: int) -> tuple:
+    return r["mode"], r["bucket"], r["composition"], rank
+
+
 def attach_baseline(doc: Document, base: Document, path: Path) -> None:
     """Sets every record's baseline (None when the old run has no such row) and the document's."""
     check_same_model(base, doc.model["name"], doc.model.get("params"), doc.config.get("scenario"))
     rows, old_rows = [r.to_dict() for r in doc.records], [r.to_dict() for r in base.records]
     old = {(o.get("rank") or 0, key): o for key, o in zip(row_keys(old_rows), old_rows)}
     old_ranks = {rank for rank, _ in old}
+    # a label a bucket runs more than once is told apart by order: where two whole runs hold it another number
+    # of times (an edited file, other mixes), order no longer pairs the same mixes, and those rows stay unpaired.
+    # A partial run lost its last rows only: its first occurrences are still the other run's first.
+    new_n = Counter(_label(r, r.get("rank") or 0) for r in rows)
+    old_n = Counter(_label(o, o.get("rank") or 0) for o in old_rows)
+    whole = doc.partial is None and base.partial is None
     matched, used, changed, moved = 0, set(), 0, 0
     pairs = []  # (this run's row, the baseline's) of every matched row: the bucket changes are over these alone
     for key, r, rec in zip(row_keys(rows), rows, doc.records):
@@ -60,7 +71,8 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
         rank = r.get("rank") or 0
         at = (rank if rank in old_ranks else 0, key)
         o = old.get(at)
-        if o is None:
+        n, n_old = new_n[_label(r, rank)], old_n[_label(r, at[0])]
+        if o is None or (whole and n != n_old and max(n, n_old) > 1):
             rec.baseline = None
             continue
         matched += 1
@@ -121,11 +133,20 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
     }
 
 
+# what moves every row's timing: the forward's kernels, the KV layout it reads, the device
+TIMING_SETTINGS = (
+    *(("config", k) for k in ("dtype", "tp", "fuse", "small_m_gemm", "pdl", "compile", "piecewise_impl")),
+    *(("config", k) for k in ("attention_backend", "block_size", "max_kv_len")),
+    ("machine", "backend"),
+    ("machine", "gpu"),
+)
+
+
 def _differs(doc: Document, base: Document) -> list[str]:
     """Settings the two runs did not share that move every timing: said with the counts, not refused (a dtype
     or a GPU change is what one may want to see)."""
     out = []
-    for section, key in (("config", "dtype"), ("config", "tp"), ("machine", "backend"), ("machine", "gpu")):
+    for section, key in TIMING_SETTINGS:
         new, old = getattr(doc, section).get(key), getattr(base, section).get(key)
         if new is not None and old is not None and new != old:
             out.append(f"{key} {old} then, {new} now")

@@ -16,6 +16,7 @@ import pandas as pd
 from gmtool.errors import GmtoolError
 from gmtool.modes import GraphMode
 from gmtool.records import Document, Partial, Record, Status
+from gmtool import json_text
 
 RESULTS_JSON, RESULTS_CSV, JOURNAL = "results.json", "results.csv", "records.jsonl"
 
@@ -145,7 +146,7 @@ class Journal:
             self.started = True
         lines.append(rec.to_dict())
         with self.path.open("a") as f:
-            f.writelines(json.dumps(x, default=str) + "\n" for x in lines)
+            f.writelines(json_text.dumps(x, default=str) + "\n" for x in lines)
 
 
 def _read_journal(path: Path) -> tuple[dict, list[int]]:

@@ -7,7 +7,6 @@ capture, in a mode that should be safe (full-narrow's findings are the bug it ex
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +15,7 @@ from rich.table import Table
 
 from gmtool.modes import GraphMode
 from gmtool.verify.nodediff import fold_layers
+from gmtool import json_text
 
 EXIT_CLEAN, EXIT_FOUND = 0, 3
 
@@ -185,5 +185,5 @@ def dyndims_table(doc: dict) -> Table:
 
 def write_document(out_dir: Path, doc: dict) -> Path:
     path = out_dir / "verify.json"
-    path.write_text(json.dumps(doc, indent=1, default=str, allow_nan=True) + "\n")
+    path.write_text(json_text.dumps(doc, indent=1, default=str) + "\n")
     return path

@@ -17,7 +17,15 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from gmtool.errors import InputsNotLoaded
-from gmtool.measure.check import input_faults, judge, replay_once, slots_held, written_kv
+from gmtool.measure.check import (
+    capture_first,
+    dispatch_fault,
+    input_faults,
+    judge,
+    replay_once,
+    slots_held,
+    written_kv,
+)
 from gmtool.measure.timing import rel_err_per_seq, tolerances_for
 from gmtool.measure.workbench import decoy_note
 from gmtool.modes import GraphMode
@@ -182,12 +190,24 @@ class Soak:
             if faults := input_faults(ex, entry.key, batch, staged=True):
                 return "staged inputs that are not its batch's: " + "; ".join(faults)
             entry.replay(batch, ex.refresh_runner_metadata)
+            if why := self._served_fault(batch, entry):
+                return why
+            # what the replay read: a load that skipped its copy leaves the device inputs of an earlier batch
+            if faults := input_faults(ex, entry.key, batch):
+                return "read device inputs that are not its batch's: " + "; ".join(faults)
         except torch.OutOfMemoryError:
             raise
         # CPU tape: an index out of range; anywhere: a graph served for another bucket
         except (RuntimeError, IndexError, InputsNotLoaded) as e:
             return f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         return None
+
+    def _served_fault(self, batch, entry) -> str | None:
+        """What ran against what the executor says serves batch (the soak's counts), and against auto's rule."""
+        said = self.ex.served_by(batch)
+        if entry.mode.served_by != said:
+            return f"was served by {entry.mode.served_by} where the executor says {said} serves it"
+        return dispatch_fault(self.ex, batch, entry)
 
     # -- one checked step ------------------------------------------------------------------------------
     def _check(self, batch, step: int) -> Mismatch | None:
@@ -200,8 +220,7 @@ class Soak:
         self._decoy = self.bench.decoy(batch, keep=held)
         try:
             if self._decoy is not None:
-                if ex.key_for(batch) not in ex.graphs:  # capture first: its warm-up runs this batch itself
-                    ex.prepare(batch)
+                capture_first(ex, batch)
                 self._decoy()
             read = replay_once(
                 ex,
@@ -238,6 +257,7 @@ class Soak:
         except (RuntimeError, IndexError) as e:  # the eager pass on the graph's own (wrong) inputs raised
             reason = f"the step raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             entry, stale = ex.prepare(batch), False
+        reason = reason or self._served_fault(batch, entry)
         self.poisoner.clean(entry, live)
         if reason is None:  # the check's reason covers the device inputs and the live K/V too
             return None
@@ -263,7 +283,7 @@ class Soak:
             self.poisoner.after_replay(entry, only=only)
         n = batch.num_tokens
         return (
-            ex.inputs.output(entry.key, batch.num_seqs).clone(),
+            ex.output(entry, batch).clone(),
             written_kv(ex.cache, batch),
             self.taps.graph_buf[:, :n].clone(),
         )
@@ -318,7 +338,7 @@ class Soak:
                 "state only an eager pass refreshes: the replay is right just after this batch's own eager pass "
                 "and wrong after another batch's (a plan or lengths kept outside the graph's inputs)"
             )
-        handed = ex.inputs.output(entry.key, batch.num_seqs)
+        handed = ex.output(entry, batch)
         if handed.untyped_storage().data_ptr() != ex.inputs.logits.untyped_storage().data_ptr():
             suspects.append(
                 "output: the step's logits are handed out from graph memory, not the persistent output buffer; "
