@@ -526,3 +526,9 @@ def test_a_row_another_path_served_than_in_the_baseline_is_counted():
     assert got["baseline"]["served_by_changed"] == 1
     assert got["records"][-1]["baseline"]["served_by"] == "piecewise"
     assert "1 served by another path than in the baseline (served_by)" in baseline_counts(got["baseline"])
+
+
+def test_a_model_name_with_markdown_marks_is_shown_as_written():
+    """A checkpoint folder named with Markdown's marks left an unclosed backtick and emphasis in the title."""
+    doc = make_doc(model="mod`el *q|u*_x")
+    assert render_markdown(doc).startswith("# gmtool compare: mod\\`el \\*q\\|u\\*\\_x\n")

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from gmtool.plan.engines import flags
 from gmtool.plan.optimizer import Choice
+from gmtool.report.markdown import md_text
 from gmtool.report.tables import _f, fmt_bytes
 from gmtool import json_text
 
@@ -172,7 +173,7 @@ def render_markdown(doc: dict) -> str:
         or "none"
     )
     lines = [
-        f"# gmtool plan: {doc['model'].get('name')}",
+        f"# gmtool plan: {md_text(doc['model'].get('name'))}",
         "",
         f"Workload `{w['path']}`: {w['steps']} steps, {w['sizes']} distinct sizes, largest {w['largest_step']} "
         f"tokens. Costs: {doc['source'].get('kind')} ({doc['mode']} graphs). Budgets: {budgets}; memory "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 
 from gmtool.records import Status
@@ -205,8 +207,13 @@ def _md_code(text: str) -> str:
     return f"`{text}`" if text not in ("", "-") else text
 
 
+def md_text(text: str) -> str:
+    """A name the user chose (a checkpoint folder's), as Markdown shows it: its marks escaped, not rendered."""
+    return re.sub(r"([\\`*_\[\]<>#|])", r"\\\1", str(text))
+
+
 def render_markdown(doc: dict) -> str:
-    lines = [f"# gmtool {doc.get('command', '')}: {doc['model']['name']}", ""]
+    lines = [f"# gmtool {doc.get('command', '')}: {md_text(doc['model']['name'])}", ""]
     lines += [f"- **{k}**: {_md_cell(v)}" for k, v in overview(doc)]
     for sec in sections(doc):
         lines += ["", f"## {sec.title}", ""]
