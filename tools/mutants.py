@@ -1900,8 +1900,8 @@ MUTANTS: list[Mutant] = [
     M(
         "soak-unchecked-fault-clean",
         "gmtool/verify/soak.py",
-        "                        mismatch = self._check(batch, step) or Mismatch(",
-        "                        mismatch = self._check(batch, step) and Mismatch(",
+        "                        mismatch = self._check(batch, step) or self._unlocalized(",
+        "                        mismatch = self._check(batch, step) and self._unlocalized(",
         "tests/test_verify.py::test_an_unchecked_step_s_own_fault_is_a_finding_when_its_checked_rerun_is_right",
         "a step that staged wrong inputs ends the soak as clean when its checked re-run comes out right",
     ),
@@ -1932,7 +1932,7 @@ MUTANTS: list[Mutant] = [
     M(
         "reference-kept-after-unsafe",
         "gmtool/measure/sweep.py",
-        "                        ref = self._reference_again(bench, batch, ref)\n",
+        "                        ref = self._after_unsafe(bench, ex, batch, ref)\n",
         "                        pass\n",
         "tests/test_judge.py::test_nan_an_unsafe_replay_spreads_over_the_cache_does_not_fail_later_mixes",
         "after an unsafe replay overwrote the context, the mix's next mode is judged against the old reference",
@@ -1956,7 +1956,7 @@ MUTANTS: list[Mutant] = [
     M(
         "auto-dispatch-unchecked",
         "gmtool/measure/check.py",
-        "    if not ex.mode.composed_of:\n        return None\n",
+        "    if not kinds:\n        return None\n",
         "    return None\n",
         (
             "tests/test_judge.py::test_auto_serving_a_prefill_with_full_graphs_is_unsafe_in_the_sweep",

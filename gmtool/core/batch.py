@@ -38,6 +38,12 @@ class Batch:
         self.plan = tuple(zip(self.q_lens, self.kv_lens))
         self.is_decode = all(q == 1 for q in self.q_lens)
 
+    @property
+    def blocks(self) -> set[int]:
+        """Every KV block the batch's sequences hold (context and new tokens): what another batch beside it must
+        not write. Not on the replay path."""
+        return {b for table in self.block_tables for b in table}
+
 
 def make_batch(comp: Composition, cache: PagedKVCache, vocab_size: int, max_num_seqs: int, keep=()) -> Batch:
     """The step comp describes: seeded token ids, decode contexts and block placement. keep: blocks of another

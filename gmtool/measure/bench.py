@@ -47,6 +47,7 @@ import torch
 from rich.console import Console
 
 from gmtool import json_text
+from gmtool.errors import first_line
 
 
 STAGES = (
@@ -333,7 +334,7 @@ def stage_capture_once(args, fuse: bool = False) -> dict:
         again = _capture_once(fuse)
         first["second_executor"] = {k: again[k] for k in ("total_s", "capture_only_s", "split_s")}
     except Exception as e:  # the first run's figures stand
-        first["second_executor"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        first["second_executor"] = {"error": first_line(e, typed=True)}
     return first
 
 
@@ -594,7 +595,7 @@ def main(argv=None) -> int:
         try:
             data = fns[stage](args)
         except Exception as e:  # a failing stage is reported; the others still run
-            data = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            data = {"error": first_line(e, typed=True)}
         data["wall_s"] = time.perf_counter() - t0
         (args.out / f"bench-{stage}.json").write_text(json_text.dumps(data, indent=1, default=_jsonable))
         console.print(

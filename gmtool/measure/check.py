@@ -20,7 +20,7 @@ import torch
 
 from gmtool.core.batch import Batch
 from gmtool.core.kv_cache import NULL_BLOCK, PagedKVCache
-from gmtool.errors import InputsNotLoaded
+from gmtool.errors import InputsNotLoaded, first_line
 from gmtool.measure.timing import rel_err_per_seq
 from gmtool.modes import GraphMode
 
@@ -270,7 +270,7 @@ def replay_once(
         raise
     # on the CPU tape, a graph replayed out of its shape's bounds; anywhere, a graph served for another bucket
     except (RuntimeError, IndexError, InputsNotLoaded) as e:
-        replay_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        replay_error = first_line(e, typed=True)
     if after_replay is not None:
         after_replay(entry)
     faults, changed = input_faults(ex, entry.key, batch), held.changed()  # before the eager pass reloads them
@@ -306,15 +306,11 @@ def capture_first(ex, batch: Batch) -> None:
 def dispatch_fault(ex, batch: Batch, entry) -> str | None:
     """auto's rule, stated apart from its dispatch: full graphs for uniform decode, piecewise for prefill and
     mixed batches, eager above the largest bucket. Why entry (what ran) breaks it, or None."""
-    if not ex.mode.composed_of:
+    kinds = ex.mode.composed_of  # the mode's declaration, not the executor's dispatch
+    if not kinds:
         return None
-    want = (
-        GraphMode.EAGER
-        if batch.num_tokens > ex.policy.largest
-        else GraphMode.FULL
-        if batch.is_decode
-        else GraphMode.PIECEWISE
-    )
+    above = batch.num_tokens > ex.policy.largest
+    want = GraphMode.EAGER if above else kinds["decode" if batch.is_decode else "mixed"]
     if entry.mode.served_by == want.served_by:
         return None
     kind = "a decode" if batch.is_decode else "a prefill or mixed"

@@ -225,17 +225,19 @@ class Sweep:
                         continue
                     rec = self._graph_run(ex, mode, batch, (ref, decoy), eager_med, (tol_same, tol), base)
                     res.add(rec)
-                    if rec.status == Status.UNSAFE:  # it may have overwritten the context the next mode reads
-                        ref = self._reference_again(bench, batch, ref)
+                    if rec.status == Status.UNSAFE:
+                        ref = self._after_unsafe(bench, ex, batch, ref)
                     if rec.status == Status.OOM:
                         dead[mode] = f"skipped after out of memory at bucket {bucket}"
                         res.errors.append(rec.error)
                 self._advance(f"bucket {bucket}: {comp.label}")
 
     @staticmethod
-    def _reference_again(bench: Workbench, batch, ref):
-        """The mix's eager reference once more, over the context an unsafe replay may have overwritten (scrubbed
-        of NaN): the next mode's replay reads that context, and is judged against what eager makes of it."""
+    def _after_unsafe(bench: Workbench, ex, batch, ref):
+        """What an unsafe replay wrote must not fail what follows: the cache scrubbed of NaN (later mixes' contexts
+        read it), then the mix's eager reference once more, over the context the replay may have overwritten,
+        which the next mode's replay reads."""
+        ex.cache.scrub()
         try:
             return bench.reference(batch)[0]
         except GmtoolError:
@@ -295,7 +297,6 @@ class Sweep:
         why = agree(check.failure(tol_same, tol) or dispatch_fault(ex, batch, entry))
         if why:
             rec.status, rec.error = Status.UNSAFE, why
-            ex.cache.scrub()  # what it wrote must not turn the next mixes' references NaN
             return rec  # an unsafe replay gets no latency and no speedup
         lat = summarize(time_ms(lambda: entry.replay(batch), cfg.num_iters, cfg.num_iters_warmup, self.device))
         rec.latency_ms = lat
@@ -316,7 +317,7 @@ class Sweep:
         the run's notes say so."""
         if ex.mode.expected_unsafe or batch.num_tokens > ex.policy.largest:
             return
-        held = {b for table in batch.block_tables for b in table}
+        held = batch.blocks
         why = f"no other batch of {key} fits the KV cache beside it"
         for fewer in (True, False):  # one sequence (or token) fewer where the key still takes it, else as many
             try:

@@ -276,7 +276,7 @@ class Workbench:
         run before a replay. State that an eager pass and a graph share (a backend's plan or lengths kept outside
         the graph's inputs) then holds another batch's: the reference of batch itself, run just before, would
         refresh it and hide a graph that never loads it. None where no sibling fits beside them."""
-        held = {b for table in batch.block_tables for b in table} if keep is None else keep
+        held = batch.blocks if keep is None else keep
         # else one decode token, which needs a single free block: a batch unlike any of several sequences
         for comp in (sibling_of(batch), parse_composition("1*1", batch.composition.seed + 7919)):
             try:

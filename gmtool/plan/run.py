@@ -15,6 +15,7 @@ from gmtool.plan.engines import ENGINE_DEFAULTS
 from gmtool.plan.lazy import lazy_capture
 from gmtool.plan.optimizer import Budgets, Choice, PoolSharing, Problem
 from gmtool.plan.workload import by_size
+from gmtool.records import MAX_SIZE
 
 MAX_CANDIDATES = 128  # the exact program is quadratic in candidates: beyond this, the most frequent sizes
 
@@ -49,9 +50,9 @@ def check_candidates(candidates: list[int] | None, max_tokens: int | None) -> No
     there: a graph of that size would only be captured for nothing)."""
     if candidates is None:
         return
-    if not all(1 <= c < 2**31 for c in candidates):  # a size numpy's int64 would wrap, or none a step could have
-        bad = next(c for c in candidates if not 1 <= c < 2**31)
-        raise GmtoolError(f"--candidates: size {bad} is not a token count from 1 to {2**31 - 1:,}")
+    # a size numpy's int64 would wrap, or none a step could have
+    if (bad := next((c for c in candidates if not 1 <= c < MAX_SIZE), None)) is not None:
+        raise GmtoolError(f"--candidates: size {bad} is not a token count from 1 to {MAX_SIZE - 1:,}")
     if len(set(candidates)) > MAX_CANDIDATES:
         raise GmtoolError(f"--candidates: {len(set(candidates))} sizes; plan takes at most {MAX_CANDIDATES}")
     if max_tokens is not None and max(candidates) > max_tokens:

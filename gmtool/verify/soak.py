@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from gmtool.errors import InputsNotLoaded
+from gmtool.errors import InputsNotLoaded, first_line
 from gmtool.measure.check import (
     capture_first,
     dispatch_fault,
@@ -128,17 +128,8 @@ class Soak:
                         checked[by] = checked.get(by, 0) + 1
                         # checked and localized; where the checked re-run is right, the step's own fault is the
                         # finding (a re-run loads in another order than the step did)
-                        mismatch = self._check(batch, step) or Mismatch(
-                            step,
-                            str(ex.key_for(batch)),
-                            batch.composition.label,
-                            "",
-                            f"an unchecked step {why}; its checked re-run was right",
-                            [],
-                            0,
-                            [],
-                            None,
-                            [f"the step {why}"],
+                        mismatch = self._check(batch, step) or self._unlocalized(
+                            batch, step, f"an unchecked step {why}; its checked re-run was right", [], f"the step {why}"
                         )
                         break
                     sched.commit()
@@ -199,8 +190,13 @@ class Soak:
             raise
         # CPU tape: an index out of range; anywhere: a graph served for another bucket
         except (RuntimeError, IndexError, InputsNotLoaded) as e:
-            return f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return f"raised {first_line(e, typed=True)}"
         return None
+
+    def _unlocalized(self, batch, step: int, reason: str, faults: list[str], *suspects: str) -> Mismatch:
+        """A finding no replay can be localized for (the step raised, or its checked re-run was right)."""
+        key = str(self.ex.key_for(batch))
+        return Mismatch(step, key, batch.composition.label, "", reason, faults, 0, [], None, list(suspects))
 
     def _served_fault(self, batch, entry) -> str | None:
         """What ran against what the executor says serves batch (the soak's counts), and against auto's rule."""
@@ -216,7 +212,7 @@ class Soak:
         replay. The reference comes first: a wrong replay may overwrite the context it reads."""
         ex, live = self.ex, self.sched.live()
         ref, _ = self.bench.reference(batch)
-        held = {b for table, _ in live for b in table} | {b for table in batch.block_tables for b in table}
+        held = {b for table, _ in live for b in table} | batch.blocks
         self._decoy = self.bench.decoy(batch, keep=held)
         try:
             if self._decoy is not None:
@@ -235,19 +231,9 @@ class Soak:
         except (RuntimeError, IndexError) as e:  # its capture's warm-up raised (no graph to replay), or the load
             key = ex.key_for(batch)
             faults, where = input_faults(ex, key, batch), "loading" if key in ex.graphs else "capturing"
-            reason = f"the step raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            return Mismatch(
-                step,
-                str(key),
-                batch.composition.label,
-                "",
-                f"{reason} ({where} the bucket)",
-                faults,
-                0,
-                [],
-                None,
-                faults or [f"the {'copy-in' if where == 'loading' else 'eager warm-up of its capture'} raised"],
-            )
+            reason = f"the step raised {first_line(e, typed=True)} ({where} the bucket)"
+            raised = f"the {'copy-in' if where == 'loading' else 'eager warm-up of its capture'} raised"
+            return self._unlocalized(batch, step, reason, faults, *(faults or [raised]))
         entry = read.entry
         try:
             check = judge(ex, batch, ref, read)
@@ -255,7 +241,7 @@ class Soak:
         except torch.OutOfMemoryError:
             raise
         except (RuntimeError, IndexError) as e:  # the eager pass on the graph's own (wrong) inputs raised
-            reason = f"the step raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            reason = f"the step raised {first_line(e, typed=True)}"
             entry, stale = ex.prepare(batch), False
         reason = reason or self._served_fault(batch, entry)
         self.poisoner.clean(entry, live)
@@ -278,7 +264,7 @@ class Soak:
         try:
             entry.replay(batch, ex.refresh_runner_metadata)
         except (RuntimeError, IndexError, InputsNotLoaded) as e:
-            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return first_line(e, typed=True)
         if only is None or only:
             self.poisoner.after_replay(entry, only=only)
         n = batch.num_tokens
