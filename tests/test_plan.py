@@ -409,8 +409,24 @@ def test_steps_beyond_the_measured_buckets_are_named_and_extrapolated_lists_mark
     vllm = next(d for d in doc["defaults"] if d["engine"] == "vllm")
     assert vllm["extrapolated_sizes"] == 30  # vLLM's 35 sizes: 1, 2, 4, 8, 16 measured
     md = (tmp_path / "p" / "plan.md").read_text()
-    assert f"| vllm | 35 | ~{vllm['expected_ms_per_step']:.4f} | ~" in md and "~: the list's figures" in md
-    assert "~: the list's figures are partly extrapolated" in " ".join(out.split())
+    assert f"| vllm | 35 | ~{vllm['expected_ms_per_step']:.4f} | ~" in md and "~: the row's figures" in md
+    assert "~: the row's figures are partly extrapolated" in " ".join(out.split())
+    # the plan and all eager run the 64-token steps eager, on an eager latency beyond the measured 16: guesses too
+    assert doc["eager_extrapolated_steps"] == 25 and doc["all_eager_extrapolated_steps"] == 25
+    assert f"| plan | {doc['num_graphs']} | ~{doc['expected_ms_per_step']:.4f} |" in md
+    assert f"| all eager | 0 | ~{doc['eager_ms_per_step']:.4f} | ~" in md
+
+
+def test_eager_steps_within_the_measured_eager_sizes_are_not_marked(tmp_path, results_file):
+    """Every step inside the measured range: no row is a guess, so none is marked and no legend shows."""
+    wl = tmp_path / "w.csv"
+    wl.write_text("num_tokens,num_seqs,count\n1,1,60\n8,8,15\n16,16,25\n")
+    code, out, err = run_cli("plan", "--workload", wl, "--from", results_file, "--out", tmp_path / "p")
+    assert code == 0, err
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert doc["eager_extrapolated_steps"] == 0 and doc["all_eager_extrapolated_steps"] == 0
+    md = (tmp_path / "p" / "plan.md").read_text()
+    assert f"| all eager | 0 | {doc['eager_ms_per_step']:.4f} |" in md
 
 
 def test_plan_bad_inputs_are_one_line(tmp_path, results_file):
@@ -672,7 +688,8 @@ def test_a_plan_of_extrapolated_sizes_is_marked_as_the_lists_are(tmp_path, resul
     doc = json.loads((tmp_path / "q" / "plan.json").read_text())
     assert code == 0 and doc["extrapolated_sizes"] == 0
     row = next(ln for ln in (tmp_path / "q" / "plan.md").read_text().splitlines() if ln.startswith("| plan |"))
-    assert "~" not in row
+    # its graphs are measured, but the chat steps above 8 run eager on an eager latency beyond the measured 16
+    assert doc["eager_extrapolated_steps"] > 0 and "| ~" in row
 
 
 def test_the_note_on_unmeasured_candidates_says_how_each_was_costed():

@@ -134,7 +134,8 @@ def test_markdown_sections():
     unsafe = table_rows(md, "UNSAFE replays")
     assert [(r[0], r[1]) for r in unsafe] == [("full-narrow", "8"), ("full", "16")]
     assert "stale host metadata frozen at capture" in unsafe[0][-1]
-    assert "<lambda> \\| x" in unsafe[1][-1]  # a pipe in an error must not split the table row
+    # a pipe in an error must not split the table row, nor its <...> open an HTML tag in a Markdown viewer
+    assert "\\<lambda\\> \\| x" in unsafe[1][-1]
     problems = table_rows(md, "Errors and skipped rows")
     assert problems == [["piecewise", "16", "`8*2`", "error", "capture of bucket t16 failed: boom"]]
     safety = table_rows(md, "Safety per composition")
@@ -321,6 +322,13 @@ def test_report_refuses_baseline_of_another_model(results_dir, tmp_path):
     code, _, err = run_cli("report", results_dir, "--baseline", tmp_path)
     assert code == 2
     assert "--baseline is a run of model 'llama-3.1-8b'" in one_error(err)
+    # two checkpoint folders of one name and parameter count, of other shapes: a name is only a folder's name
+    other = make_doc()
+    other["model"]["layers"] = 3
+    (tmp_path / "o").mkdir()
+    write_results(tmp_path / "o", Document.from_dict(other))
+    code, _, err = run_cli("report", results_dir, "--baseline", tmp_path / "o")
+    assert code == 2 and "another model named 'tiny-qwen3' (layers 3 then, 2 now)" in one_error(err), err
 
 
 def test_report_refuses_unreadable_files(results_dir, tmp_path):
@@ -532,3 +540,16 @@ def test_a_model_name_with_markdown_marks_is_shown_as_written():
     """A checkpoint folder named with Markdown's marks left an unclosed backtick and emphasis in the title."""
     doc = make_doc(model="mod`el *q|u*_x")
     assert render_markdown(doc).startswith("# gmtool compare: mod\\`el \\*q\\|u\\*\\_x\n")
+    overview = next(ln for ln in render_markdown(doc).splitlines() if ln.startswith("- **model**"))
+    assert "mod\\`el \\*q\\|u\\*\\_x" in overview  # the overview line too, not only the title
+
+
+def test_a_partial_run_says_so_before_its_tables():
+    """A run stopped early said so only in its Notes, below tables that read as the whole sweep."""
+    doc = make_doc()
+    doc["partial"] = {"reason": "interrupted", "measured": 3, "planned": 12, "unit": "rows"}
+    md = render_markdown(doc)
+    first = md.split("\n## ")[0]
+    assert "- **PARTIAL RUN**: interrupted after 3 of 12 rows" in first, first
+    assert "<li><b>PARTIAL RUN</b>: interrupted after 3 of 12 rows" in render_html(doc)
+    assert "PARTIAL" not in render_markdown(make_doc())

@@ -160,6 +160,30 @@ def test_an_unchecked_step_s_own_fault_is_a_finding_when_its_checked_rerun_is_ri
     assert "its checked re-run was right" in m.reason and res.steps == 2, res
 
 
+def test_a_wrong_replay_that_does_not_reproduce_says_so(rig, monkeypatch):
+    """The checked replay's logits come out wrong once (what a race or an earlier step's leftover does), and its
+    re-runs are right: the finding says it did not reproduce, not that the graph computes from a frozen value."""
+    from gmtool.verify import soak as soak_module
+
+    real, calls = soak_module.replay_once, []
+
+    def once_wrong(ex, batch, before_replay=None, after_replay=None, **kw):
+        def after(entry):
+            if after_replay is not None:
+                after_replay(entry)
+            calls.append(1)
+            if len(calls) == 2:
+                ex.inputs.logits.add_(1.0)
+
+        return real(ex, batch, before_replay, after, **kw)
+
+    monkeypatch.setattr(soak_module, "replay_once", once_wrong)
+    m = soak(rig, "full", steps=9, check_every=1).mismatch
+    assert m is not None and m.step == 1 and "differs" in m.reason, m
+    assert m.first_divergence is None and m.suspects[0].startswith("did not reproduce: re-run under"), m.suspects
+    assert not any(s.startswith("no buffer identified") for s in m.suspects), m.suspects
+
+
 @pytest.mark.parametrize("fault,field", [("stale-positions", "positions"), ("stale-slot-mapping", "slot_mapping")])
 def test_a_stale_input_field_is_named(rig, fault, field):
     m = soak(rig, fault=fault, steps=20, check_every=1).mismatch
@@ -577,6 +601,7 @@ def test_a_stale_plan_in_autos_eager_steps_is_caught(monkeypatch):
         taps.remove()
     m = res.mismatch
     assert m is not None and int(m.key[1:].split("x")[0]) > 16, m
+    assert m.suspects[0].startswith("no graph ran this step (auto runs steps above"), m.suspects
     assert "--max-tokens 32" in cfg.repro("auto", "default", m.step + 1)
 
 

@@ -80,6 +80,10 @@ class CostTable:
     def eager_estimated(self, sizes) -> int:
         return sum(h is not Source.MEASURED for h in estimate(self.eager, sizes)[1])
 
+    def eager_extrapolated(self, sizes) -> list[int]:
+        """The sizes whose eager latency lies outside the measured eager sizes: a guess, marked ~ in a plan."""
+        return [int(s) for s, h in zip(sizes, estimate(self.eager, sizes)[1]) if h is Source.EXTRAPOLATED]
+
 
 PLANNED = (GraphMode.FULL, GraphMode.PIECEWISE)  # the graph modes a plan costs (auto is both, batch by batch)
 

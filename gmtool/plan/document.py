@@ -51,6 +51,8 @@ def build_document(res, inp, source: dict, model: dict, machine: dict) -> dict:
         "graph_memory_bytes": p.graph_memory_bytes,
         "capture_s": p.capture_s,
         "eager_steps": p.eager_steps,
+        "eager_extrapolated_steps": p.eager_extrapolated_steps,  # run eager at sizes beyond the measured eager rows
+        "all_eager_extrapolated_steps": res.all_eager.eager_extrapolated_steps,
         "flags": flags(p.sizes),
         "lazy_capture": res.lazy,
         "defaults": [
@@ -63,6 +65,7 @@ def build_document(res, inp, source: dict, model: dict, machine: dict) -> dict:
                 "graph_memory_bytes": c.graph_memory_bytes,
                 "capture_s": c.capture_s,
                 "eager_steps": c.eager_steps,
+                "eager_extrapolated_steps": c.eager_extrapolated_steps,
                 "plan_gain_pct": _gain(p, c),
                 "plan_uses_less_memory": None
                 if c.graph_memory_bytes is None or p.graph_memory_bytes is None
@@ -99,6 +102,7 @@ def _rows(doc: dict) -> list[dict]:
         "eager_steps": doc["eager_steps"],
         "plan_gain_pct": None,
         "extrapolated_sizes": doc.get("extrapolated_sizes", 0),
+        "eager_extrapolated_steps": doc.get("eager_extrapolated_steps", 0),
     }
     eager = {
         "engine": "all eager",
@@ -110,20 +114,29 @@ def _rows(doc: dict) -> list[dict]:
         "plan_gain_pct": 100.0 * (doc["eager_ms_per_step"] - doc["expected_ms_per_step"]) / doc["eager_ms_per_step"]
         if doc["eager_ms_per_step"]
         else None,
+        "eager_extrapolated_steps": doc.get("all_eager_extrapolated_steps", 0),
     }
     # a gain against the plan is as much a guess as the plan's own figures
-    guess = {"plan_extrapolated": plan["extrapolated_sizes"]}
+    guess = {"plan_extrapolated": _guessed(plan)}
     return [plan] + [r | guess for r in doc["defaults"]] + [eager | guess]
 
 
 HEAD = ("capture list", "graphs", "ms / step", "plan faster by", "graph memory", "capture s", "eager steps")
 
 
-EXTRAPOLATED_LEGEND = "~: the list's figures are partly extrapolated beyond the measured buckets"
+EXTRAPOLATED_LEGEND = (
+    "~: the row's figures are partly extrapolated beyond what was measured (graph sizes above the measured "
+    "buckets, or steps run eager at sizes outside the measured eager rows)"
+)
+
+
+def _guessed(r: dict) -> bool:
+    """A list reaching past the measured buckets, or steps it runs eager past the measured eager sizes."""
+    return bool(r.get("extrapolated_sizes") or r.get("eager_extrapolated_steps"))
 
 
 def _cells(r: dict, steps: int) -> list[str]:
-    guess = "~" if r.get("extrapolated_sizes") else ""  # a list reaching past what was measured
+    guess = "~" if _guessed(r) else ""
     gain_guess = "~" if guess or r.get("plan_extrapolated") else ""  # the plan's, or this list's
     return [
         r["engine"],
@@ -137,7 +150,7 @@ def _cells(r: dict, steps: int) -> list[str]:
 
 
 def _any_extrapolated(doc: dict) -> bool:
-    return bool(doc.get("extrapolated_sizes")) or any(d.get("extrapolated_sizes") for d in doc["defaults"])
+    return any(_guessed(r) for r in _rows(doc))
 
 
 def plan_table(doc: dict) -> Table:
@@ -198,7 +211,7 @@ def render_markdown(doc: dict) -> str:
         for form, text in forms.items():
             lines += [f"{engine} ({form}):", "", "```", text, "```", ""]
     if doc["notes"]:
-        lines += ["## Notes", ""] + [f"- {n}" for n in doc["notes"]]
+        lines += ["## Notes", ""] + [f"- {md_text(n)}" for n in doc["notes"]]
     return "\n".join(lines) + "\n"
 
 

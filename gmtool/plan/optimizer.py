@@ -50,6 +50,7 @@ class Choice:
     graph_memory_bytes: float | None  # None: the costs hold no memory figures (the CPU backend)
     capture_s: float
     eager_steps: int  # steps above every captured size (or, without padding, not captured exactly)
+    eager_extrapolated_steps: int = 0  # of those, steps whose eager latency lies beyond the measured eager sizes
 
     @property
     def ms_per_step(self) -> float:
@@ -67,11 +68,17 @@ class Problem:
     optimize or evaluate may hold."""
 
     def __init__(
-        self, workload: pd.Series, eager_ms: pd.Series, costs: pd.DataFrame, sharing: PoolSharing = PoolSharing.SHARED
+        self,
+        workload: pd.Series,
+        eager_ms: pd.Series,
+        costs: pd.DataFrame,
+        sharing: PoolSharing = PoolSharing.SHARED,
+        eager_extrapolated=(),
     ):
         self.n = workload.index.to_numpy(dtype=np.int64)
         self.w = workload.to_numpy(dtype=float)
         self.e = eager_ms.reindex(workload.index).to_numpy(dtype=float)
+        self.e_guess = np.isin(self.n, np.asarray(list(eager_extrapolated), dtype=np.int64))
         if np.isnan(self.e).any():
             raise GmtoolError("no eager latency for some step size of the workload")
         self.costs, self.sharing = costs.sort_index(), PoolSharing(sharing)
@@ -108,6 +115,7 @@ class Problem:
             self.memory(sizes),
             float(self.costs.loc[list(sizes), "capture_s"].sum()),
             int(self.w[~fits].sum()),
+            int(self.w[~fits & self.e_guess].sum()),
         )
 
     # -- the optimum -----------------------------------------------------------------------------------

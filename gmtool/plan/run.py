@@ -124,7 +124,8 @@ def make_plan(inp: PlanInputs) -> PlanResult:
         )
     elif not costs["overhead_bytes"].any():
         notes.append("graph memory is the allocator pool only (no per-graph memory outside the pool measured)")
-    problem = Problem(sizes, inp.costs.eager_at(sizes.index), costs, inp.sharing)
+    guessed = inp.costs.eager_extrapolated(sizes.index)
+    problem = Problem(sizes, inp.costs.eager_at(sizes.index), costs, inp.sharing, guessed)
     plan = problem.optimize(inp.budgets, among=cands)
     defaults = [(d, problem.evaluate(d.sizes, d.padding)) for d in ENGINE_DEFAULTS]
     extrapolated = {}

@@ -18,9 +18,15 @@ def load_baseline(path: Path) -> Document:
         raise GmtoolError(f"--baseline: {e}") from None
 
 
-def check_same_model(base: Document, name: str, params: int | None = None, scenario: str | None = None) -> None:
+SHAPE_FIELDS = ("params", "layers", "heads", "kv_heads", "head_dim", "vocab")  # a model's shape in model_info
+
+
+def check_same_model(
+    base: Document, name: str, params: int | None = None, scenario: str | None = None, shape: dict | None = None
+) -> None:
     """Timings of two different models, or of decode against prefill steps, say nothing about each other:
-    refuse rather than print noise (or match no row without a word)."""
+    refuse rather than print noise (or match no row without a word). shape: this run's model fields; two
+    checkpoint folders of one name (a folder name is all a checkpoint's name is) must agree on each both have."""
     old_scenario = base.config.get("scenario")
     if scenario is not None and old_scenario is not None and old_scenario != scenario:
         raise GmtoolError(
@@ -33,6 +39,15 @@ def check_same_model(base: Document, name: str, params: int | None = None, scena
         new_desc = f"{name!r}" + (f" ({params:,} parameters)" if params else "")  # params: checked on reading
         raise GmtoolError(
             f"--baseline is a run of model {old_desc}, this run is {new_desc}: compare runs of the same model"
+        )
+    differ = [
+        f"{k} {old[k]} then, {shape[k]} now"
+        for k in SHAPE_FIELDS
+        if shape and old.get(k) is not None and shape.get(k) is not None and old[k] != shape[k]
+    ]
+    if differ:
+        raise GmtoolError(
+            f"--baseline is a run of another model named {name!r} ({', '.join(differ)}): compare runs of the same model"
         )
 
 
@@ -54,7 +69,7 @@ def _label(r: dict, rank: int) -> tuple:
 
 def attach_baseline(doc: Document, base: Document, path: Path) -> None:
     """Sets every record's baseline (None when the old run has no such row) and the document's."""
-    check_same_model(base, doc.model["name"], doc.model.get("params"), doc.config.get("scenario"))
+    check_same_model(base, doc.model["name"], doc.model.get("params"), doc.config.get("scenario"), doc.model)
     rows, old_rows = [r.to_dict() for r in doc.records], [r.to_dict() for r in base.records]
     old = {(o.get("rank") or 0, key): o for key, o in zip(row_keys(old_rows), old_rows)}
     old_ranks = {rank for rank, _ in old}

@@ -47,6 +47,16 @@ def overview(doc: dict) -> list[tuple[str, str]]:
         ),
         ("run", f"{doc.get('command')} at {doc.get('created')}, {doc.get('wall_s') or 0:.1f} s"),
     ]
+    partial = doc.get("partial")
+    if partial:  # said at the top: every table below holds only what was measured before the stop
+        items.insert(
+            0,
+            (
+                "PARTIAL RUN",
+                f"{partial['reason']} after {partial['measured']} of {partial['planned']} "
+                f"{partial.get('unit', 'rows')}; the tables hold only what was measured",
+            ),
+        )
     if doc.get("baseline"):
         b = doc["baseline"]
         items.append(("baseline", f"{b['path']} ({b.get('created')}): {baseline_counts(b)}"))
@@ -199,7 +209,8 @@ def notes(doc: dict) -> list[str]:
 
 
 def _md_cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """Free text (an error, a note, a path) as a table cell or list item: shown as written, never rendered."""
+    return md_text(text).replace("\n", " ")
 
 
 def _md_code(text: str) -> str:
@@ -218,7 +229,7 @@ def render_markdown(doc: dict) -> str:
     for sec in sections(doc):
         lines += ["", f"## {sec.title}", ""]
         if sec.intro:
-            lines += [sec.intro, ""]
+            lines += [md_text(sec.intro), ""]
         if not sec.rows:
             lines.append(sec.empty)
             continue
@@ -226,9 +237,9 @@ def render_markdown(doc: dict) -> str:
         lines.append("| " + " | ".join(sec.headers) + " |")
         lines.append("|" + "|".join("---" for _ in sec.headers) + "|")
         for row in sec.rows:
-            cells = [_md_code(c) if i == comp else c for i, c in enumerate(row)]
+            cells = [_md_code(c).replace("|", "\\|") if i == comp else _md_cell(c) for i, c in enumerate(row)]
             cells = [f"**{c}**" if c == Status.UNSAFE else c for c in cells]
-            lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+            lines.append("| " + " | ".join(cells) + " |")
     if doc.get("errors"):  # what went wrong outside the rows (a mode's failure, the fused check's)
         lines += ["", "## Errors", ""] + [f"- {_md_cell(e)}" for e in doc["errors"]]
     extra = notes(doc)

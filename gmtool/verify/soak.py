@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from gmtool.core.auto import EagerStep
 from gmtool.errors import InputsNotLoaded, first_line
 from gmtool.measure.check import (
     capture_first,
@@ -295,7 +296,7 @@ class Soak:
     def _localize(self, entry, batch, live, step, reason, seen, stale) -> Mismatch:
         """seen: what the checked replay left (gmtool.measure.check.ReplayRead)."""
         ex, taps = self.ex, self.taps
-        eager_only = False
+        eager_only = not_reproduced = False
         read = self._buffers_read(batch, live, step)
         got = self._replay(batch, live, step, None)  # the check's conditions
         first = None
@@ -312,6 +313,7 @@ class Soak:
                 same = unpadded.clone()
             div = taps.first_divergence(got[2], same, unpadded, batch.token_seq, self.tols, entry.mode.piecewise)
             first = div.to_dict() if div else None
+            not_reproduced = div is None and _change(got[:2], (seen.out, seen.kv)) > self.tols[0]
             # right when the batch's own eager pass ran just before (as it has now), wrong after another batch's
             alone = self._replay(batch, live, step, None, decoy=False) if div and self._decoy else None
             if alone is not None and not isinstance(alone, str):
@@ -319,6 +321,17 @@ class Soak:
                 eager_only = taps.first_divergence(alone[2], same, unpadded, batch.token_seq, tols, pw) is None
         self.poisoner.clean(ex.prepare(batch), live)
         suspects = list(seen.input_faults)
+        if isinstance(entry, EagerStep):
+            suspects.append(
+                "no graph ran this step (auto runs steps above the largest bucket eagerly): what the step prepares "
+                "for its forward, its attention plan or lengths, is not this batch's (kept from another batch?)"
+            )
+        if not_reproduced:
+            suspects.append(
+                "did not reproduce: re-run under the checked step's conditions (its poisoning, its decoy), the "
+                "replay matched eager; what the checked replay saw came from earlier steps (state they left that "
+                "neither the decoy nor the load overwrote) or from a race"
+            )
         if eager_only:
             suspects.append(
                 "state only an eager pass refreshes: the replay is right just after this batch's own eager pass "
