@@ -91,6 +91,18 @@ def run_capture(cfg: SweepConfig, out_dir: Path, progress=_no_progress) -> Docum
     return doc
 
 
+def run_plan_measure(cfg: SweepConfig, out_dir: Path, progress=_no_progress) -> tuple[Document, list[Path]]:
+    """plan's measurement (eager and the plan's graph mode on the buckets its workload reaches), journaled and
+    kept on Ctrl-C or a crash as compare's is: results.json and .csv in the plan's directory."""
+    planned = planned_rows(cfg)
+    sweep = Sweep(cfg, on_record=Journal(out_dir, "compare", planned).write)
+    with _keeping(out_dir, "compare", planned, sweep, lambda doc: write_results(out_dir, doc)):
+        with progress("plan: measure") as sweep.progress:
+            result = sweep.run()
+    doc = result.document("compare")
+    return doc, write_results(out_dir, doc)
+
+
 def run_compare(
     cfg: SweepConfig,
     modes: list[GraphMode],

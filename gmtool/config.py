@@ -163,6 +163,12 @@ class SweepConfig:
         if self.max_tokens is not None:  # BucketPolicy would refuse it too, without naming the option
             if self.max_tokens <= 0:
                 raise GmtoolError(f"--max-tokens must be positive, got {self.max_tokens}")
+            above = [b for b in self.bucket_sizes if b > self.max_tokens]
+            if self.buckets is None and above:  # defaults the user never chose: those a step can reach
+                self.bucket_sizes = [b for b in self.bucket_sizes if b <= self.max_tokens]
+                note = f"default buckets above --max-tokens {self.max_tokens} left out: {', '.join(map(str, above))}"
+                if note not in self.notes:  # a config copied with dataclasses.replace runs this again
+                    self.notes.append(note)
             if self.max_tokens < self.bucket_sizes[-1]:
                 raise GmtoolError(
                     f"--max-tokens {self.max_tokens} is below bucket {self.bucket_sizes[-1]}: the buffers sized by "

@@ -94,7 +94,7 @@ CASES = [
     ),
     (
         "--max-tokens below the largest bucket",
-        ["capture", *CPU, "--max-tokens", "4"],
+        ["capture", *CPU, "--buckets", "1,8", "--max-tokens", "4"],
         "--max-tokens 4 is below bucket 8",
     ),
     ("--max-tokens 0", ["capture", *CPU, "--max-tokens", "0"], "--max-tokens must be positive"),

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from gmtool.cli.main import app
 from gmtool.config import SweepConfig
+from gmtool.errors import GmtoolError
 from gmtool.measure.sweep import Sweep
 
 runner = CliRunner()
@@ -254,3 +255,14 @@ def test_out_of_memory_during_capture_keeps_done_buckets(monkeypatch):
     assert any(r["status"] == "oom" and r["bucket"] == 2 for r in full)
     assert all(r["status"] == "skipped" for r in full if r["bucket"] == 1)
     assert any("bucket d2" in e for e in res.errors)
+
+
+def test_max_tokens_trims_the_default_buckets_and_says_so():
+    """--max-tokens below the largest default bucket: the defaults are the tool's choice, not the user's, so those
+    above it are left out (with a note) rather than the run refused; buckets given are still checked."""
+    cfg = SweepConfig(device="cpu", max_tokens=4)
+    assert cfg.bucket_sizes == [1, 2, 4]
+    assert "default buckets above --max-tokens 4 left out: 8" in cfg.notes
+    assert SweepConfig(device="cpu", max_tokens=8).bucket_sizes == [1, 2, 4, 8]
+    with pytest.raises(GmtoolError, match="--max-tokens 4 is below bucket 8"):
+        SweepConfig(device="cpu", buckets="1,8", max_tokens=4)

@@ -194,3 +194,18 @@ def test_a_tp_journal_never_reads_as_the_whole_run(tmp_path):
     (out / "records.jsonl").write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
     doc = load_results(out / "records.jsonl")
     assert doc.partial is not None and doc.partial.measured == 4
+
+
+def test_ctrl_c_while_plan_measures_keeps_what_was_measured(tmp_path, monkeypatch):
+    """plan measured into memory and opened its directory only to write the plan: a Ctrl-C lost every row."""
+    out, seen = tmp_path / "plan", []
+    _stop_at_second_graph_row(monkeypatch, KeyboardInterrupt(), out, seen)
+    wl = tmp_path / "w.csv"
+    wl.write_text("num_tokens,num_seqs,count\n1,1,10\n2,2,5\n")
+    code, _, err = run_cli("plan", "-w", wl, *SMALL, "--out", out)
+    assert code == 130 and f"interrupted after 3 of 4 rows; what was measured is in {out}" in " ".join(err.split())
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["partial"]["measured"] == 3 and len(doc["records"]) == 3
+    assert not (out / "plan.json").exists()
+    code, _, err = run_cli("plan", "-w", wl, "--from", out, "--out", tmp_path / "p2")  # and plans from them
+    assert code == 0, err

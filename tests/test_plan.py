@@ -59,6 +59,26 @@ def test_one_graph_budget_prefers_eager_for_the_rare_big_step():
     assert (c.sizes, c.total_ms, c.eager_steps) == ((3,), 160, 1)
 
 
+def test_a_decode_only_engine_runs_prefill_and_mixed_steps_eager():
+    """SGLang and TensorRT-LLM replay graphs for decode batches only: of size 3's ten steps, four are a prefill
+    chunk; on their lists those run eager (100 ms), where vLLM's piecewise graphs take them by token count."""
+    p = problem(**HAND)
+    p = Problem(
+        pd.Series(HAND["steps"]),
+        pd.Series(100.0, index=list(HAND["steps"])),
+        p.costs,
+        eager_extrapolated=[3],
+        decode_steps=pd.Series({1: 10, 3: 6}),  # 8: none of its one step is decode
+    )
+    every = p.evaluate((1, 3, 8))
+    assert (every.total_ms, every.eager_steps) == (10 * 1 + 10 * 3 + 8, 0)
+    decode = p.evaluate((1, 3, 8), decode_only=True)
+    assert decode.total_ms == 10 * 1 + 6 * 3 + 4 * 100 + 1 * 100
+    assert decode.eager_steps == 5 and decode.eager_extrapolated_steps == 4  # size 3's four: an eager guess
+    flagged = {d.name for d in ENGINE_DEFAULTS if d.decode_only}
+    assert flagged == {"sglang", "trtllm", "trtllm-padded"}
+
+
 def test_memory_budget_shared_pool_is_the_largest_pool():
     p = problem(**HAND, pool=[10, 20, 30, 40, 80])
     c = p.optimize(Budgets(memory_bytes=35))
@@ -228,6 +248,30 @@ def test_costs_from_results_leave_out_buckets_that_were_not_ok():
     assert t.graph.loc[8, "graph_ms"] == 3.25 and t.graph.loc[8, "pool_bytes"] == 8 * 2**20
     assert t.graph.loc[8, "capture_s"] == 1.0  # both rows' capture seconds (only the first captures, in a sweep)
     assert "left out" in t.notes[0]
+
+
+def test_a_size_that_replayed_wrong_is_never_a_capture_size(tmp_path):
+    """Bucket 4 UNSAFE: left out of the measured buckets, it came back as a candidate from the workload's own
+    sizes, costed on the line between 2 and 8, and the plan captured it. --candidates 4 took it as well."""
+    doc = results_doc(unsafe=(4,))
+    for r in doc["records"]:
+        if r["mode"] == "full":
+            r["latency_ms"] = _timing(0.5)  # graphs well worth taking: only the failure keeps 4 out
+    res = tmp_path / "r.json"
+    res.write_text(json.dumps(doc))
+    wl = tmp_path / "w.csv"
+    wl.write_text("num_tokens,num_seqs,count\n4,4,100\n")
+    code, out, err = run_cli("plan", "-w", wl, "--from", res, "--out", tmp_path / "p")
+    assert code == 0, err
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert 4 not in plan["capture_sizes"] and plan["capture_sizes"] == [8], plan["capture_sizes"]
+    assert 4 not in [c["size"] for c in plan["candidates"]]
+    code, out, err = run_cli("plan", "-w", wl, "--from", res, "--candidates", "4,8", "--out", tmp_path / "q")
+    plan = json.loads((tmp_path / "q" / "plan.json").read_text())
+    assert code == 0 and plan["capture_sizes"] == [8], err
+    assert any(n.startswith("--candidates 4: left out, full replays there were not ok") for n in plan["notes"])
+    code, _, err = run_cli("plan", "-w", wl, "--from", res, "--candidates", "4", "--out", tmp_path / "r")
+    assert code == 2 and "--candidates 4: none can be captured" in one_error(err), err
 
 
 def test_flags_are_ready_to_paste():
@@ -408,6 +452,9 @@ def test_steps_beyond_the_measured_buckets_are_named_and_extrapolated_lists_mark
     assert len(said) == 1 and said[0].startswith("25.0% of the workload's steps") and "up to 64 tokens" in said[0]
     vllm = next(d for d in doc["defaults"] if d["engine"] == "vllm")
     assert vllm["extrapolated_sizes"] == 30  # vLLM's 35 sizes: 1, 2, 4, 8, 16 measured
+    assert "vllm: 30 of its 35 sizes lie outside the measured buckets (30 above the largest, 16)" in " ".join(
+        doc["notes"]
+    )
     md = (tmp_path / "p" / "plan.md").read_text()
     assert f"| vllm | 35 | ~{vllm['expected_ms_per_step']:.4f} | ~" in md and "~: the row's figures" in md
     assert "~: the row's figures are partly extrapolated" in " ".join(out.split())
@@ -703,3 +750,26 @@ def test_the_note_on_unmeasured_candidates_says_how_each_was_costed():
     assert "2 below them: bucket 16's figures" in note and "1 above them: bucket 16's figures" in note
     note = _estimated_note([3, 12], pd.Series({3: "interpolated", 12: "extrapolated"}), [2, 8])
     assert "1 between the measured buckets: interpolated linearly" in note and "1 above them: on a line" in note
+
+
+def test_decode_only_engines_rows_count_the_mixed_steps_eager(tmp_path, results_file):
+    wl = tmp_path / "w.csv"
+    wl.write_text("num_tokens,num_seqs,count\n1,1,60\n8,2,40\n")
+    code, out, err = run_cli("plan", "-w", wl, "--from", results_file, "--out", tmp_path / "p")
+    assert code == 0, err
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    rows = {d["engine"]: d for d in doc["defaults"]}
+    assert rows["sglang"]["eager_steps"] == 40 and rows["trtllm-padded"]["eager_steps"] == 40
+    assert rows["vllm"]["eager_steps"] == 0
+    assert any(
+        n.startswith("sglang, trtllm, trtllm-padded replay their graphs for decode batches only") for n in doc["notes"]
+    )
+
+
+def test_a_bucket_of_several_full_prefill_graphs_says_what_a_size_stands_for():
+    doc = results_doc()
+    for i, r in enumerate(doc["records"]):
+        r["key"] = f"t{r['bucket']}xs{1 + i % 2}"  # full's two mixes of a bucket: two graphs
+    t = from_results(doc)
+    assert any("buckets hold up to 2 graphs each" in n for n in t.notes), t.notes
+    assert not any("graphs each" in n for n in from_results(results_doc()).notes)

@@ -58,6 +58,7 @@ class CostTable:
     graph: pd.DataFrame
     eager: pd.Series
     notes: list[str] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)  # buckets some replay of was not ok: never a capture size
 
     @property
     def buckets(self) -> list[int]:
@@ -148,6 +149,13 @@ def from_results(doc: dict, mode: str | None = None) -> CostTable:
         pool_bytes=("graph_mem_bytes", "max"),
         overhead_bytes=("outside_pool_bytes", "max"),
     )
+    if "key" in rows and (keys := rows.groupby("bucket")["key"].nunique()).max() > 1:
+        # full prefill graphs are keyed by tokens x sequences: a size stands for every key measured in its bucket
+        notes.append(
+            f"{mode} buckets hold up to {int(keys.max())} graphs each (keyed by tokens and sequences): a capture size "
+            "stands for all its bucket's measured graphs, their capture time summed and the largest one's memory; "
+            "the graph counts count sizes"
+        )
     # --tp: each rank captures its own graphs at the same time: a bucket costs its slowest rank's, not their sum
     rank = rows["rank"].fillna(0) if "rank" in rows else 0
     g["capture_s"] = rows.assign(rank=rank).groupby(["bucket", "rank"])["capture_s"].sum().groupby("bucket").max()
@@ -173,4 +181,4 @@ def from_results(doc: dict, mode: str | None = None) -> CostTable:
         )
     e = eager.groupby("num_tokens")["latency_ms_median"].median()
     e.index = e.index.astype(int)
-    return CostTable(str(mode), g, e.astype(float), notes)
+    return CostTable(str(mode), g, e.astype(float), notes, sorted(int(b) for b in bad))

@@ -108,7 +108,7 @@ def _rows(doc: dict) -> list[dict]:
         "engine": "all eager",
         "num_graphs": 0,
         "expected_ms_per_step": doc["eager_ms_per_step"],
-        "graph_memory_bytes": 0,
+        "graph_memory_bytes": None if doc["graph_memory_bytes"] is None else 0,  # no memory measured: "-"
         "capture_s": 0.0,
         "eager_steps": doc["workload"]["steps"],
         "plan_gain_pct": 100.0 * (doc["eager_ms_per_step"] - doc["expected_ms_per_step"]) / doc["eager_ms_per_step"]
@@ -125,7 +125,7 @@ HEAD = ("capture list", "graphs", "ms / step", "plan faster by", "graph memory",
 
 
 EXTRAPOLATED_LEGEND = (
-    "~: the row's figures are partly extrapolated beyond what was measured (graph sizes above the measured "
+    "~: the row's figures are partly extrapolated beyond what was measured (graph sizes outside the measured "
     "buckets, or steps run eager at sizes outside the measured eager rows)"
 )
 

@@ -15,7 +15,10 @@ produces them):
   on a graph), [1, 2, 4] + range(8, 129, 8) with `enable_padding: true`. Set with `cuda_graph_config:
   {batch_sizes: [...], enable_padding: true}` in the `--extra_llm_api_options` YAML.
 SGLang and TensorRT-LLM count sequences, vLLM counts tokens: for decode steps (one token per sequence) they are
-the same number; the plan is made on num_tokens.
+the same number; the plan is made on num_tokens. SGLang and TensorRT-LLM replay their graphs for decode batches
+only (SGLang's `ForwardMode.is_cuda_graph`: decode, target-verify and idle batches, not extend or mixed ones;
+TensorRT-LLM's `DecodingCUDAGraphRunner`: generation-only batches): their
+rows run a workload's prefill and mixed steps eager. vLLM's piecewise graphs serve any batch by its token count.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class EngineDefault:
     sizes: tuple[int, ...]
     padding: bool = True  # False: a step not captured exactly runs eager
     setting: str = ""
+    decode_only: bool = False  # True: only decode batches run on its graphs; prefill and mixed steps run eager
 
 
 def _vllm(max_size: int) -> tuple[int, ...]:
@@ -46,15 +50,19 @@ def _sglang(max_bs: int) -> tuple[int, ...]:
 ENGINE_DEFAULTS = (
     EngineDefault("vllm", _vllm(256), setting="max_num_seqs 128 (max capture size 256)"),
     EngineDefault("vllm-512", _vllm(512), setting="max_num_seqs 256 (max capture size 512)"),
-    EngineDefault("sglang", _sglang(256), setting="--cuda-graph-max-bs 256"),
+    EngineDefault("sglang", _sglang(256), setting="--cuda-graph-max-bs 256", decode_only=True),
     EngineDefault(
         "trtllm",
         tuple(list(range(1, 32)) + [32, 64, 128]),
         padding=False,
         setting="max_batch_size 128, enable_padding false",
+        decode_only=True,
     ),
     EngineDefault(
-        "trtllm-padded", tuple([1, 2, 4] + list(range(8, 129, 8))), setting="max_batch_size 128, enable_padding true"
+        "trtllm-padded",
+        tuple([1, 2, 4] + list(range(8, 129, 8))),
+        setting="max_batch_size 128, enable_padding true",
+        decode_only=True,
     ),
     EngineDefault("gmtool", tuple(DEFAULT_DECODE_BUCKETS), setting="gmtool's default decode buckets"),
 )

@@ -74,9 +74,13 @@ class Problem:
         costs: pd.DataFrame,
         sharing: PoolSharing = PoolSharing.SHARED,
         eager_extrapolated=(),
+        decode_steps: pd.Series | None = None,
     ):
+        """decode_steps: per size, how many of its steps are pure decode (what a decode-only engine's graphs may
+        serve); None: every step."""
         self.n = workload.index.to_numpy(dtype=np.int64)
         self.w = workload.to_numpy(dtype=float)
+        self.wd = self.w if decode_steps is None else decode_steps.reindex(workload.index).fillna(0).to_numpy(float)
         self.e = eager_ms.reindex(workload.index).to_numpy(dtype=float)
         self.e_guess = np.isin(self.n, np.asarray(list(eager_extrapolated), dtype=np.int64))
         if np.isnan(self.e).any():
@@ -97,9 +101,10 @@ class Problem:
             return float(c["pool_bytes"].max() + c["overhead_bytes"].sum())
         return float((c["pool_bytes"] + c["overhead_bytes"]).sum())
 
-    def evaluate(self, sizes, padding: bool = True) -> Choice:
+    def evaluate(self, sizes, padding: bool = True, decode_only: bool = False) -> Choice:
         """The set's figures on this workload. padding=False: only a step whose size was captured exactly runs
-        on a graph (TensorRT-LLM's default); the others run eager."""
+        on a graph (TensorRT-LLM's default); the others run eager. decode_only: only pure decode steps may run
+        on a graph (SGLang's and TensorRT-LLM's graphs)."""
         sizes = tuple(sorted({int(s) for s in sizes}))
         g = self.costs.loc[list(sizes), "graph_ms"].to_numpy(dtype=float)
         arr = np.asarray(sizes, dtype=np.int64)
@@ -108,14 +113,16 @@ class Problem:
         if not padding:
             fits &= np.isin(self.n, arr)
         per = np.where(fits, g[np.minimum(at, max(len(arr) - 1, 0))] if len(arr) else 0.0, self.e)
+        served = self.wd if decode_only else self.w  # steps a graph may serve; the rest run eager
+        eager = np.where(fits, 0.0, served) + (self.w - served)
         return Choice(
             sizes,
-            float((per * self.w).sum()),
+            float((per * served).sum() + (self.e * (self.w - served)).sum()),
             self.steps,
             self.memory(sizes),
             float(self.costs.loc[list(sizes), "capture_s"].sum()),
-            int(self.w[~fits].sum()),
-            int(self.w[~fits & self.e_guess].sum()),
+            int(eager.sum()),
+            int(eager[self.e_guess].sum()),
         )
 
     # -- the optimum -----------------------------------------------------------------------------------

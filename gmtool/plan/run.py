@@ -66,9 +66,16 @@ def check_steps(sizes, max_tokens: int | None) -> None:
 
 def candidate_sizes(inp: PlanInputs, sizes: pd.Series) -> tuple[list[int], list[str]]:
     """inp's candidates (checked with check_candidates, and its steps with check_steps, before any measurement)."""
-    measured = inp.costs.buckets
+    measured, failed = inp.costs.buckets, set(inp.costs.failed)
     if inp.candidates is not None:
-        return sorted(set(inp.candidates)), []
+        bad = sorted(failed & set(inp.candidates))
+        said = [
+            f"--candidates {', '.join(map(str, bad))}: left out, {inp.costs.mode} replays there were not ok in the "
+            "results (UNSAFE, error or out of memory); a plan never captures such a size"
+        ]
+        if not set(inp.candidates) - failed:
+            raise GmtoolError(said[0].replace("left out", "none can be captured"))
+        return sorted(set(inp.candidates) - failed), said if bad else []
     notes = []
     top = max(measured)
     if inp.max_tokens is not None and top > inp.max_tokens:  # no step goes there: the workload's sizes up to it
@@ -87,7 +94,8 @@ def candidate_sizes(inp: PlanInputs, sizes: pd.Series) -> tuple[list[int], list[
             "--candidates to choose them)"
         )
         return [int(b) for b in kept], notes
-    extra = sizes[(sizes.index <= top) & ~sizes.index.isin(measured)]
+    # a failed bucket's size is no candidate, though a line between its neighbours would cost it
+    extra = sizes[(sizes.index <= top) & ~sizes.index.isin(measured) & ~sizes.index.isin(list(failed))]
     room = MAX_CANDIDATES - len(measured)
     if len(extra) > room:
         notes.append(
@@ -125,17 +133,31 @@ def make_plan(inp: PlanInputs) -> PlanResult:
     elif not costs["overhead_bytes"].any():
         notes.append("graph memory is the allocator pool only (no per-graph memory outside the pool measured)")
     guessed = inp.costs.eager_extrapolated(sizes.index)
-    problem = Problem(sizes, inp.costs.eager_at(sizes.index), costs, inp.sharing, guessed)
+    steps = inp.steps
+    decode = steps[steps["num_tokens"] == steps["num_seqs"]].groupby("num_tokens")["count"].sum()
+    problem = Problem(sizes, inp.costs.eager_at(sizes.index), costs, inp.sharing, guessed, decode)
     plan = problem.optimize(inp.budgets, among=cands)
-    defaults = [(d, problem.evaluate(d.sizes, d.padding)) for d in ENGINE_DEFAULTS]
+    defaults = [(d, problem.evaluate(d.sizes, d.padding, d.decode_only)) for d in ENGINE_DEFAULTS]
+    other = int(sizes.sum() - decode.sum())
+    if other:
+        only = [d.name for d in ENGINE_DEFAULTS if d.decode_only]
+        notes.append(
+            f"{', '.join(only)} replay their graphs for decode batches only: their rows run the workload's {other} "
+            "prefill and mixed steps eager"
+        )
     extrapolated = {}
     for d, _ in defaults:
         n = int((costs.loc[list(d.sizes), "source"] == "extrapolated").sum())
         extrapolated[d.name] = n
         if n:
+            lo, hi = min(inp.costs.buckets), max(inp.costs.buckets)
+            where = [
+                (sum(s > hi for s in d.sizes), f"above the largest, {hi}"),
+                (sum(s < lo for s in d.sizes), f"below the smallest, {lo}"),
+            ]
             notes.append(
-                f"{d.name}: {n} of its {len(d.sizes)} sizes lie beyond the measured buckets "
-                f"(largest {max(inp.costs.buckets)}): their figures are extrapolated"
+                f"{d.name}: {n} of its {len(d.sizes)} sizes lie outside the measured buckets "
+                f"({', '.join(f'{k} {w}' for k, w in where if k)}): their figures are extrapolated"
             )
     extrapolated["plan"] = int((costs.loc[list(plan.sizes), "source"] == "extrapolated").sum())
     notes += _beyond_measured(sizes, inp, cands)
@@ -210,18 +232,3 @@ def needed_buckets(available: list[int], largest_step: int) -> list[int]:
     """The buckets worth measuring for a workload: those up to the first that holds its largest step."""
     over = [b for b in available if b >= largest_step]
     return [b for b in available if b <= (over[0] if over else available[-1])]
-
-
-def measure(cfg, progress=None):
-    """Run the sweep (eager and the plan's graph mode) on the config's buckets: a results document."""
-    from gmtool.measure.sweep import Sweep
-
-    with progress("plan: measure") if progress else _null() as p:
-        result = Sweep(cfg, p).run()
-    return result.document("compare")
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()

@@ -15,6 +15,7 @@ import pandas as pd
 
 from gmtool.errors import GmtoolError
 from gmtool.profiles import PROFILES_DIR
+from gmtool.records import MAX_SIZE
 
 WORKLOADS_DIR = PROFILES_DIR / "workloads"
 COLUMNS = ("num_tokens", "num_seqs", "count")
@@ -39,7 +40,7 @@ def _read(path: Path) -> pd.DataFrame:
     try:
         if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
             rows = []
-            for n, ln in enumerate(path.read_text().splitlines(), 1):
+            for n, ln in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):  # a BOM, as CSV takes it
                 try:
                     rows += [json.loads(ln)] if ln.strip() else []
                 except json.JSONDecodeError as e:  # json's own "line 1" counts within the line: the file's line
@@ -89,6 +90,8 @@ def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
     misspelt = [(c, m[0]) for c in df.columns if c not in COLUMNS and (m := get_close_matches(c, COLUMNS, 1, 0.75))]
     if "count" not in df.columns:  # another name for how often a row occurs: its rows would be one step each
         misspelt += [(c, "count") for c in df.columns if c.lower() in COUNT_LIKE]
+    elif also := [c for c in df.columns if c.lower() in COUNT_LIKE]:  # one of them would be dropped unsaid
+        raise GmtoolError(f"workload {path}: columns 'count' and {also[0]!r} both say how often a row occurs: keep one")
     if misspelt:
         c, meant = misspelt[0]
         raise GmtoolError(f"workload {path}: unknown column {c!r} (did you mean {meant!r}?)")
@@ -118,6 +121,10 @@ def load_workload(spec: str) -> tuple[pd.DataFrame, Path]:
             raise GmtoolError(
                 f"workload {path}, row {r + 1}: {col} must be {'positive' if low else '0 or more'}, got {df.at[r, col]}"
             )
+    for col in ("num_tokens", "num_seqs"):  # a size no bucket, candidate or results row can hold
+        if len(above := df.index[df[col] >= MAX_SIZE]):
+            r = above[0]
+            raise GmtoolError(f"workload {path}, row {r + 1}: {col} must be below {MAX_SIZE:,}, got {df.at[r, col]:,}")
     over = df.index[df["num_seqs"] > df["num_tokens"]]
     if len(over):
         r = over[0]
