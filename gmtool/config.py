@@ -257,8 +257,12 @@ class SweepConfig:
         note = (
             f"{'the mixes' if len(over) > 1 else 'the mix'} {', '.join(dict.fromkeys(c.label for c in over))} "
             f"{'are' if len(over) > 1 else 'is'} above the largest bucket "
-            f"({policy.largest}): auto runs them eagerly (served_by eager)"
-            + (f"; no {', '.join(others)} graph serves them (skipped rows)" if others else "")
+            f"({policy.largest}): auto runs {'them' if len(over) > 1 else 'it'} eagerly (served_by eager)"
+            + (
+                f"; no {', '.join(others)} graph serves {'them' if len(over) > 1 else 'it'} (skipped rows)"
+                if others
+                else ""
+            )
         )
         if note not in self.notes:
             self.notes.append(note)

@@ -373,7 +373,9 @@ def check_values(doc: Document) -> None:
     b = doc.baseline
     if b is not None:
         ok = all(isinstance(b.get(k), int) and not isinstance(b.get(k), bool) for k in ("matched", "unmatched"))
-        if not (ok and isinstance(b.get("path"), str) and isinstance(b.get("buckets", []), list)):
+        buckets = b.get("buckets", [])
+        ok = ok and isinstance(buckets, list) and all(isinstance(x, dict) for x in buckets)
+        if not (ok and isinstance(b.get("path"), str)):
             raise GmtoolError(f"baseline lacks its path, matched and unmatched counts or buckets {damaged}")
     for i, r in enumerate(doc.records):
         where = f"record {i + 1} ({r.mode}, bucket {r.bucket}, {r.composition})"

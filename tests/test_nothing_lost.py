@@ -41,6 +41,7 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path, monkeypatch):
     assert seen == [1 + 3]  # the journal's header and the 3 rows measured, before anything was finished
     doc = json.loads((out / "results.json").read_text())
     assert doc["partial"] == {"reason": "interrupted", "measured": 3, "planned": 4, "unit": "rows"}
+    assert doc["wall_s"] > 0  # it was 0.0: report.md said the run took "0.0 s"
     assert [(r["mode"], r["bucket"]) for r in doc["records"]] == [("eager", 2), ("full", 2), ("eager", 1)]
     assert "partial run: interrupted after 3 of 4 rows" in doc["notes"]
     assert len((out / "results.csv").read_text().splitlines()) == 1 + 3
@@ -209,3 +210,27 @@ def test_ctrl_c_while_plan_measures_keeps_what_was_measured(tmp_path, monkeypatc
     assert not (out / "plan.json").exists()
     code, _, err = run_cli("plan", "-w", wl, "--from", out, "--out", tmp_path / "p2")  # and plans from them
     assert code == 0, err
+
+
+def test_ctrl_c_in_verify_keeps_the_soaks_that_finished(tmp_path, monkeypatch):
+    """verify lost everything on Ctrl-C: no verify.json, though its analyses and a soak had finished."""
+    from gmtool.verify.soak import Soak
+
+    real, calls = Soak.run, []
+
+    def run(self):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(Soak, "run", run)
+    out = tmp_path / "v"
+    code, stdout, err = run_cli(
+        "verify", "--device", "cpu", "--modes", "full,piecewise", "--steps", "6", "--check-every", "3", "--out", out
+    )
+    assert code == 130 and f"what was measured is in {out}" in " ".join(err.split()), err
+    doc = json.loads((out / "verify.json").read_text())
+    assert doc["partial"] == {"reason": "interrupted", "measured": 1, "planned": 2, "unit": "soaks"}
+    assert [r["mode"] for r in doc["runs"]] == ["full"] and doc["exit_code"] == 130
+    assert doc["verdict"].startswith("verify: interrupted after 1 of 2 soaks: 6 steps") and doc["dynamic_dims"]

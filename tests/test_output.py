@@ -107,10 +107,15 @@ def test_memreport_table_fits_80_columns():
 def test_verdict_counts_the_replays_checked_against_eager():
     doc = make_doc()
     assert verdict(doc) == (
-        "7 ok, 2 UNSAFE, 1 errors (10 replays checked against eager; 1 UNSAFE of full-narrow, as expected)"
-    )
+        "7 ok, 2 UNSAFE, 1 errors (9 replays checked against eager; 1 UNSAFE of full-narrow, as expected)"
+    )  # the error row's capture failed: no replay of it was checked
     doc["partial"] = {"reason": "interrupted", "measured": 12, "planned": 20, "unit": "rows"}
     assert verdict(doc).endswith("; partial run: interrupted after 12 of 20 rows)")
+    # eager rows whose batch could not be built are errors, and no replay was checked for them
+    failed = [dict(r, status="error", error="KV cache full") for r in make_doc()["records"] if r["mode"] == "eager"]
+    assert failed and verdict({**make_doc(), "records": failed}).startswith(
+        f"0 ok, 0 UNSAFE, {len(failed)} errors (0 replays checked against eager"
+    )
 
 
 # -- progress --------------------------------------------------------------------------------------------------

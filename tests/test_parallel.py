@@ -279,3 +279,64 @@ def test_a_family_whose_layers_do_not_split_by_heads_is_refused_in_one_line(tmp_
     assert "its layers do not split by heads" in line or "do not run split over ranks" in line, stderr
     assert says in line and "run it with --tp 1" in line, stderr
     assert not (tmp_path / "x").exists()
+
+
+def _ranks_of(pgid: int) -> list[int]:
+    """The spawned rank processes of a process group (their command line runs multiprocessing's spawn)."""
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and os.getpgid(int(d)) == pgid:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if b"spawn_main" in f.read():
+                        found.append(int(d))
+        except (OSError, ProcessLookupError):
+            continue
+    return found
+
+
+def _group_alive(pgid: int) -> bool:
+    """Any process of the group still running (a zombie no init reaped in a container has ended)."""
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and os.getpgid(int(d)) == pgid:
+                with open(f"/proc/{d}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        return True
+        except (OSError, ProcessLookupError, IndexError):
+            continue
+    return False
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_tp_run_stopped_while_its_ranks_start_leaves_nothing_running_and_no_traceback(tmp_path, sig):
+    """Ctrl-C (to the whole group, as a terminal sends it) while spawn imports gmtool in the ranks printed a
+    traceback per rank; SIGTERM to the parent alone (timeout, a batch system) left both ranks running without
+    it, and they wrote a whole run's results afterwards."""
+    import signal as signal_mod
+
+    out = tmp_path / "run"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "gmtool.cli.main", "compare", "eager,full", "--tp", "2", *TINY, "--buckets", "4"]
+        + ["--compositions", "1*3", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(_ranks_of(p.pid)) < 2 and time.monotonic() < deadline:  # then they import torch and gmtool
+        time.sleep(0.05)
+    assert len(_ranks_of(p.pid)) == 2
+    time.sleep(1.5)  # inside the imports their spawn starts with
+    signum = getattr(signal_mod, sig)
+    if sig == "SIGINT":
+        os.killpg(p.pid, signum)
+    else:
+        os.kill(p.pid, signum)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err and "interrupted" in err, err
+    time.sleep(1.0)
+    assert not _group_alive(p.pid), "a rank outlived its parent"
+    assert not (out / "results.json").exists() or json.loads((out / "results.json").read_text())["partial"]

@@ -505,6 +505,11 @@ def test_a_tp_run_s_rank_rows_each_get_their_own_change_and_capture_seconds_are_
     assert sorted(row[col] for row in full) == ["+0.0%", "+100.0%"], full
     pooled = next(s for s in bucket_summary(got["records"]) if s["mode"] == "full")
     assert pooled["capture_s"] == 0.5  # each rank's 0.5 s, side by side
+    # report.md as the terminal: a row per rank with its own median and change, not a pooled median no rank had
+    summary = table_rows(render_markdown(got), "Summary (mode x bucket)")
+    full_rows = {r[2]: r for r in summary if r[1] == "full"}
+    assert sorted(full_rows) == ["0", "1"] and full_rows["0"][-1] == "+100.0%" and full_rows["1"][-1] == "+0.0%"
+    assert full_rows["0"][5] == full_rows["1"][5] == "2.100"  # each rank's median of its two mixes, x2
 
 
 def test_a_rank_row_without_its_own_change_shows_the_pooled_one():

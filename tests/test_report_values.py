@@ -47,6 +47,7 @@ def _refused(doc: dict, match: str) -> None:
         (lambda d: d["config"].update(bucket_sizes=4), r"config: bucket_sizes is 4"),
         (lambda d: d["model"].update(params="90k"), r"model: params is \"90k\""),
         (lambda d: d.update(baseline={"path": "x"}), r"baseline lacks"),
+        (lambda d: d.update(baseline={"path": "x", "matched": 1, "unmatched": 0, "buckets": [1]}), r"baseline lacks"),
     ],
 )
 def test_values_no_run_writes_are_refused_naming_the_record(edit, match):

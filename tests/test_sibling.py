@@ -113,3 +113,17 @@ def test_trace_finds_a_mix_its_graph_serves_past_one_the_cache_cannot_hold(tmp_p
     code, _, err = run_cli("compare", "eager,full", *FAST, "--buckets", "16", "--compositions", comps,
                            "--kv-cache-gb", "0.0002", "--trace", "--out", out)  # fmt: skip
     assert code == 1 and (out / "trace-full.json").exists(), err
+
+
+def test_the_runs_seed_draws_other_tokens_contexts_and_blocks():
+    """--seed said it seeds token ids, contexts and block placement; they followed the mix's position alone."""
+    comp = parse_composition("1*4", 3)
+
+    def draw(seed):
+        b = make_batch(comp, _cache(4), 100, 64, run_seed=seed)
+        return b.input_ids.tolist(), b.kv_lens, b.block_tables
+
+    assert draw(0) == draw(0) and draw(7) == draw(7)
+    ids, kv, blocks = draw(7)
+    ids0, kv0, blocks0 = draw(0)
+    assert ids != ids0 and kv != kv0 and blocks != blocks0

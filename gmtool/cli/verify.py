@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from gmtool.cli import options as o
 from gmtool.cli.output import Output
+from gmtool.errors import Interrupted
 from gmtool.report.results import default_out_dir, output_dir
 from gmtool.verify.faults import FAULTS
 from gmtool.verify.run import CPU_DEFAULTS, GPU_DEFAULTS, VerifyConfig
@@ -138,5 +139,7 @@ def verify(
         out_.problems.print(f"[bold red]found:[/] {escape(str(f))}", highlight=False, soft_wrap=True)
     out_.show(escape(f"verify.json: {path}"), highlight=False)
     out_.verdict(doc["verdict"], doc["exit_code"] == 0, label="")
+    if doc.get("partial") and not doc["findings"]:
+        raise Interrupted(f"interrupted; what was measured is in {path}")
     if doc["exit_code"]:
         raise typer.Exit(doc["exit_code"])

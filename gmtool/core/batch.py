@@ -45,15 +45,18 @@ class Batch:
         return {b for table in self.block_tables for b in table}
 
 
-def make_batch(comp: Composition, cache: PagedKVCache, vocab_size: int, max_num_seqs: int, keep=()) -> Batch:
+def make_batch(
+    comp: Composition, cache: PagedKVCache, vocab_size: int, max_num_seqs: int, keep=(), run_seed: int = 0
+) -> Batch:
     """The step comp describes: seeded token ids, decode contexts and block placement. keep: blocks of another
-    batch, which this one's new tokens are not written into (its contexts may read them)."""
+    batch, which this one's new tokens are not written into (its contexts may read them). run_seed: the run's
+    --seed, so that another seed draws other batches of the same mixes (0: the mix's own seed alone)."""
     spec = cache.spec
     if comp.num_seqs > max_num_seqs:
         raise GmtoolError(
             f"composition {comp.label} has {comp.num_seqs} sequences, above --max-num-seqs {max_num_seqs}"
         )
-    g = torch.Generator().manual_seed(1000 + comp.seed)
+    g = torch.Generator().manual_seed((1000 + comp.seed + 1_000_003 * run_seed) % 2**63)
     q_lens, prefixes = [], []
     for p in comp.parts:
         if p.prefix is not None:

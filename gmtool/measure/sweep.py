@@ -165,6 +165,7 @@ class Sweep:
                     + (f"; and {more} more" if more > 0 else "")
                 )
         except BaseException:
+            res.wall_s = time.perf_counter() - t_start  # a partial run's document says how long it ran too
             _release(executors, quiet=True)  # the failure that got us here is what gets reported
             raise
         _release(executors)

@@ -247,7 +247,7 @@ class Workbench:
         return refusal(self.lm.name, model_hazards(self))
 
     def batch(self, comp: Composition, keep=()) -> Batch:
-        return make_batch(comp, self.cache, self.lm.vocab_size, self.cfg.max_num_seqs, keep)
+        return make_batch(comp, self.cache, self.lm.vocab_size, self.cfg.max_num_seqs, keep, self.cfg.seed)
 
     def executor(self, mode: GraphMode, memory=None):
         """memory: a MemoryStrategy choosing each capture's pool (None: one shared pool)."""

@@ -19,6 +19,7 @@ import gc
 import os
 import pickle
 import queue as queue_mod
+import signal
 import socket
 import time
 from pathlib import Path
@@ -199,13 +200,26 @@ def _torchrun_rank(fn, cfg, args, kwargs, timeout: float):
     return result
 
 
-def _worker(rank: int, world: int, port: int, fn, cfg_kwargs, args, kwargs, timeout, messages) -> None:
+def _die_with_parent() -> None:
+    """A rank outlives a parent killed outright (SIGKILL, the OOM killer) by nothing: Linux's parent-death signal."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _worker(rank: int, world: int, port: int, fn, cfg_kwargs, args, kwargs, timeout, messages, stop) -> None:
     try:
+        # started with Ctrl-C blocked (no traceback from an import it cut short): one held back arrives here
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        _die_with_parent()
+        if stop.is_set():  # Ctrl-C came while this rank was starting
+            raise Interrupted("interrupted while the ranks started: nothing was measured")
         result = _as_rank(Place(rank, world, rank), f"tcp://127.0.0.1:{port}", fn, cfg_kwargs, args, kwargs, timeout)
         # plain pickle: torch's queue would share tensors by memory this process takes with it when it exits
         messages.put((rank, 0, pickle.dumps(result) if rank == 0 else None))
     except BaseException as e:  # everything becomes the parent's one line; no traceback from a rank
-        messages.put((rank, _exit_code(e), first_line(e)))
+        messages.put((rank, _exit_code(e), "interrupted" if isinstance(e, KeyboardInterrupt) else first_line(e)))
         messages.close()
         messages.join_thread()
         os._exit(1)  # no teardown: a group whose other rank is stuck can hang in it
@@ -221,21 +235,36 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    messages = ctx.Queue()
+    messages, stop = ctx.Queue(), ctx.Event()
     world, port = cfg.tp, _free_port()
     procs = [
         ctx.Process(
             target=_worker,
-            args=(r, world, port, fn, _init_kwargs(cfg), args, kwargs, timeout, messages),
+            args=(r, world, port, fn, _init_kwargs(cfg), args, kwargs, timeout, messages, stop),
             name=f"gmtool-rank{r}",
         )
         for r in range(world)
     ]
-    for p in procs:
-        p.start()
+    # SIGTERM (timeout, a batch system) stops the ranks as Ctrl-C does, rank 0 writing what was measured; before,
+    # they ran on without their parent and wrote a whole run
+    termed = []
+
+    def interrupt(*_):
+        termed.append(1)
+        raise KeyboardInterrupt
+
+    term = signal.signal(signal.SIGTERM, interrupt)
     done: dict[int, tuple[int, object]] = {}
     failed, deadline = None, None
     try:
+        # the ranks start with Ctrl-C blocked (the mask goes through fork and exec) until _worker takes it: one
+        # that cut short spawn's import of gmtool printed a traceback per rank. Held back here too, not lost.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         while len(done) < world:
             try:
                 rank, code, value = messages.get(timeout=0.2)
@@ -247,13 +276,24 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
                     if p.exitcode not in (None, 0) and r not in done and failed is None:
                         failed = (r, 1, f"exited with code {p.exitcode} without a word")
                         deadline = time.monotonic() + timeout
-            except KeyboardInterrupt:  # the ranks got Ctrl-C too: rank 0 writes what was measured and says so
+            except KeyboardInterrupt:  # rank 0 writes what was measured and says so
                 if deadline is not None:
                     break  # a second Ctrl-C: stop waiting
+                stop.set()
+                # a terminal's Ctrl-C reached the ranks already (a second would cut rank 0's writing short); a
+                # SIGTERM to this process alone did not
+                for p in procs if termed else ():
+                    if p.is_alive():
+                        with contextlib.suppress(OSError):
+                            os.kill(p.pid, signal.SIGINT)
                 failed, deadline = (0, 130, "interrupted"), time.monotonic() + timeout
             if failed and (time.monotonic() > deadline or all(p.exitcode is not None for p in procs)):
                 break
+    except KeyboardInterrupt:  # while the ranks started (or between two waits): they are stopped below
+        stop.set()
+        failed = (0, 130, "interrupted")
     finally:
+        signal.signal(signal.SIGTERM, term)
         _stop(procs)
     if failed and failed[1] == 130:
         code, msg = done.get(0, (130, "interrupted"))

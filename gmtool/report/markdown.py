@@ -70,11 +70,13 @@ def _comp_label(row_or_rec: dict, dup: bool) -> str:
 def sections(doc: dict) -> list[Section]:
     records, order = doc["records"], {m: i for i, m in enumerate(mode_order(doc))}
     deltas = {(d["mode"], d["bucket"], d.get("rank")): d for d in (doc.get("baseline") or {}).get("buckets", [])}
+    by_rank = ((doc.get("config") or {}).get("tp") or 1) > 1  # --tp: a row per rank, as the terminal's table
     summary = Section(
         "Summary (mode x bucket)",
         [
             "bucket",
             "mode",
+            *(["rank"] if by_rank else []),
             "mixes",
             "status",
             "replay ms",
@@ -94,10 +96,12 @@ def sections(doc: dict) -> list[Section]:
         "what ran the batches (auto picks per batch); x floor: median latency over the "
         "hardware floor (gmtool.measure.floor).",
     )
-    for s in sorted(bucket_summary(records), key=lambda s: (s["bucket"], order.get(s["mode"], 99))):
+    rows = bucket_summary(records, by_rank)
+    for s in sorted(rows, key=lambda s: (s["bucket"], order.get(s["mode"], 99), s.get("rank") or 0)):
         row = [
             str(s["bucket"]),
             s["mode"],
+            *([str(s.get("rank") or 0)] if by_rank else []),
             str(s["compositions"]),
             s["status"],
             _num(s["replay_ms"], ".3f"),
@@ -112,9 +116,12 @@ def sections(doc: dict) -> list[Section]:
             "yes" if s["noisy"] else "",
         ]
         if deltas:
-            row.append(_pct((deltas.get((s["mode"], s["bucket"], None)) or {}).get("replay_delta_pct")))
+            own = deltas.get((s["mode"], s["bucket"], s.get("rank") or 0)) if by_rank else None
+            row.append(_pct((own or deltas.get((s["mode"], s["bucket"], None)) or {}).get("replay_delta_pct")))
         summary.rows.append(row)
     noise = noise_warning(doc)
+    if by_rank:
+        summary.intro += " Under --tp, a row per rank: each rank's own medians."
     if noise:
         summary.intro += f" Warning: {noise}."
 

@@ -17,7 +17,7 @@ from gmtool.modes import GraphMode
 from gmtool.verify.nodediff import fold_layers
 from gmtool import json_text
 
-EXIT_CLEAN, EXIT_FOUND = 0, 3
+EXIT_CLEAN, EXIT_FOUND, EXIT_INTERRUPTED = 0, 3, 130
 
 
 def _baked_what(d: dict) -> str:
@@ -79,6 +79,12 @@ def finish_document(doc: dict, cfg, wall_s: float) -> dict:
     checks = sum(r["checks"] for r in doc["runs"])
     if doc["findings"]:
         doc["verdict"] = f"verify: WRONG REPLAY FOUND ({len(doc['findings'])}): {doc['findings'][0]}"
+    elif doc.get("partial"):  # not clean: what it did not run was not checked
+        doc["exit_code"] = EXIT_INTERRUPTED
+        doc["verdict"] = (
+            f"verify: interrupted after {doc['partial']['measured']} of {doc['partial']['planned']} soaks: "
+            f"{steps} steps, {checks} checked replays against eager, no wrong replay among them"
+        )
     else:
         doc["verdict"] = (
             f"verify: clean: {steps} steps, {checks} checked replays against eager, "

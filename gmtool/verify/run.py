@@ -256,6 +256,12 @@ def run_verify(cfg: VerifyConfig, say=lambda text: None) -> dict:
                 if res.mismatch is not None:
                     res.mismatch.repro = cfg.repro(str(mode), strategy, res.mismatch.step + 1)
                 doc["runs"].append(res.to_dict())
+    except KeyboardInterrupt:  # what was measured is written: the finished soaks and analyses
+        planned = len(cfg.graph_modes) * len(cfg.strategies)
+        doc["partial"] = {"reason": "interrupted", "measured": len(doc["runs"]), "planned": planned, "unit": "soaks"}
+        doc["notes"].append(
+            f"interrupted after {len(doc['runs'])} of {planned} soaks: the soak under way is not in the runs"
+        )
     finally:
         taps.remove()
     return finish_document(doc, cfg, time.perf_counter() - t0)
