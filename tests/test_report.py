@@ -558,3 +558,43 @@ def test_a_partial_run_says_so_before_its_tables():
     assert "- **PARTIAL RUN**: interrupted after 3 of 12 rows" in first, first
     assert "<li><b>PARTIAL RUN</b>: interrupted after 3 of 12 rows" in render_html(doc)
     assert "PARTIAL" not in render_markdown(make_doc())
+
+
+def test_a_tp_runs_plots_show_the_slowest_rank_not_a_pooled_median():
+    from gmtool.report.plots import _series
+
+    doc = make_doc()
+    doc["config"]["tp"] = 2
+    doc["records"] = [dict(r, rank=rank) for rank in (0, 1) for r in copy.deepcopy(doc["records"])]
+    for r in doc["records"]:
+        if r["rank"] == 1 and r.get("latency_ms"):
+            r["latency_ms"]["median"] *= 3
+    mine = dict(zip(*_series(doc, "replay_ms")["full"]))
+    one = {s["bucket"]: s["replay_ms"] for s in bucket_summary_of(doc, rank=1) if s["mode"] == "full"}
+    assert mine == {b: v for b, v in one.items() if v is not None}
+
+
+def bucket_summary_of(doc, rank):
+    from gmtool.report.summary import bucket_summary
+
+    return bucket_summary([r for r in doc["records"] if r["rank"] == rank])
+
+
+def test_a_partial_tp_baseline_without_a_rank_pairs_none_of_that_ranks_rows():
+    """A --tp baseline that stopped before rank 1's rows were gathered holds rank 0's alone: rank 1's rows were
+    paired with rank 0's, a change between two ranks. A TP=1 baseline still stands for every rank."""
+
+    def ranked(ranks, tp):
+        doc = make_doc()
+        doc["config"]["tp"] = tp
+        doc["records"] = [dict(r, rank=k) for k in ranks for r in copy.deepcopy(doc["records"])]
+        return doc
+
+    new = Document.from_dict(ranked((0, 1), 2))
+    attach_baseline(new, Document.from_dict(ranked((0,), 2)), "old/results.json")
+    paired = {(r.rank, r.baseline is not None) for r in new.records}
+    assert paired == {(0, True), (1, False)}
+    one = make_doc()
+    new = Document.from_dict(ranked((0, 1), 2))
+    attach_baseline(new, Document.from_dict(one), "old/results.json")
+    assert all(r.baseline is not None for r in new.records)

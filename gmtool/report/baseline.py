@@ -73,6 +73,7 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
     rows, old_rows = [r.to_dict() for r in doc.records], [r.to_dict() for r in base.records]
     old = {(o.get("rank") or 0, key): o for key, o in zip(row_keys(old_rows), old_rows)}
     old_ranks = {rank for rank, _ in old}
+    base_tp = (base.config or {}).get("tp") or 1
     # a label a bucket runs more than once is told apart by order: where two whole runs hold it another number
     # of times (an edited file, other mixes), order no longer pairs the same mixes, and those rows stay unpaired.
     # A partial run lost its last rows only: its first occurrences are still the other run's first.
@@ -84,7 +85,8 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
     for key, r, rec in zip(row_keys(rows), rows, doc.records):
         # each rank against the same rank of the baseline, or against its single rank (TP=1 against TP=2)
         rank = r.get("rank") or 0
-        at = (rank if rank in old_ranks else 0, key)
+        # a TP=1 baseline's one rank stands for each; a --tp baseline's missing rank (a partial run) for none
+        at = (rank if rank in old_ranks or base_tp > 1 else 0, key)
         o = old.get(at)
         n, n_old = new_n[_label(r, rank)], old_n[_label(r, at[0])]
         if o is None or (whole and n != n_old and max(n, n_old) > 1):

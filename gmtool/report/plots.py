@@ -39,13 +39,20 @@ def _data_uri(fig: Figure) -> str:
 
 
 def _series(doc: dict, field: str, skip_eager: bool = False) -> dict[str, tuple[list, list]]:
-    """mode -> (buckets, values) of one bucket_summary field; buckets without a value are left out."""
-    rows = bucket_summary(doc["records"])
+    """mode -> (buckets, values) of one bucket_summary field; buckets without a value are left out. Under --tp
+    the slowest rank's (the ranks meet at every all-reduce: a step takes as long as its slowest rank), not a
+    median pooled over ranks that no rank measured."""
+    rows = bucket_summary(doc["records"], by_rank=((doc.get("config") or {}).get("tp") or 1) > 1)
     out = {}
     for mode in mode_order(doc):
         if skip_eager and mode == GraphMode.EAGER:
             continue
-        pts = sorted((s["bucket"], s[field]) for s in rows if s["mode"] == mode and s[field] is not None)
+        worst: dict[int, float] = {}
+        pick = min if field == "speedup" else max  # the slowest rank's: its smallest speedup, else its largest
+        for s in rows:
+            if s["mode"] == mode and s[field] is not None:
+                worst[s["bucket"]] = pick(worst.get(s["bucket"], s[field]), s[field])
+        pts = sorted(worst.items())
         if pts:
             out[mode] = ([b for b, _ in pts], [v for _, v in pts])
     return out
