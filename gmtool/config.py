@@ -165,6 +165,11 @@ class SweepConfig:
                 raise GmtoolError(f"--max-tokens must be positive, got {self.max_tokens}")
             above = [b for b in self.bucket_sizes if b > self.max_tokens]
             if self.buckets is None and above:  # defaults the user never chose: those a step can reach
+                if len(above) == len(self.bucket_sizes):
+                    raise GmtoolError(
+                        f"--max-tokens {self.max_tokens} is below every default {self.scenario} bucket (the smallest "
+                        f"is {self.bucket_sizes[0]}): give --buckets up to {self.max_tokens}"
+                    )
                 self.bucket_sizes = [b for b in self.bucket_sizes if b <= self.max_tokens]
                 note = f"default buckets above --max-tokens {self.max_tokens} left out: {', '.join(map(str, above))}"
                 if note not in self.notes:  # a config copied with dataclasses.replace runs this again

@@ -266,3 +266,5 @@ def test_max_tokens_trims_the_default_buckets_and_says_so():
     assert SweepConfig(device="cpu", max_tokens=8).bucket_sizes == [1, 2, 4, 8]
     with pytest.raises(GmtoolError, match="--max-tokens 4 is below bucket 8"):
         SweepConfig(device="cpu", buckets="1,8", max_tokens=4)
+    with pytest.raises(GmtoolError, match="--max-tokens 8 is below every default prefill bucket \\(the smallest is 16"):
+        SweepConfig(device="cpu", scenario="prefill", max_tokens=8)

@@ -340,3 +340,58 @@ def test_a_tp_run_stopped_while_its_ranks_start_leaves_nothing_running_and_no_tr
     time.sleep(1.0)
     assert not _group_alive(p.pid), "a rank outlived its parent"
     assert not (out / "results.json").exists() or json.loads((out / "results.json").read_text())["partial"]
+
+
+@pytest.mark.parametrize("to,sig", [("group", "SIGTERM"), ("parent", "SIGINT")])
+def test_a_tp_run_stopped_mid_sweep_writes_what_was_measured(tmp_path, to, sig):
+    """A group SIGTERM (timeout, Slurm) killed the ranks outright: no results.json. A SIGINT to the parent alone
+    (kill -INT, a harness) was not passed on: the ranks measured on and wrote a whole run after 'interrupted'."""
+    import signal as signal_mod
+
+    out = tmp_path / "run"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "gmtool.cli.main", "compare", "eager,full", "--tp", "2", "--device", "cpu"]
+        + ["--num-iters", "200", "--num-iters-warmup", "0", "--buckets", "1,2,4,8", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=True,
+    )
+    journal, deadline = out / "records.jsonl", time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        if journal.exists() and len(journal.read_text().splitlines()) >= 3:  # the header and two rows
+            break
+        time.sleep(0.1)
+    signum = getattr(signal_mod, sig)
+    os.killpg(p.pid, signum) if to == "group" else os.kill(p.pid, signum)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err, err
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["partial"] and doc["partial"]["reason"] == "interrupted" and doc["records"], doc.get("partial")
+    time.sleep(1.0)
+    assert not _group_alive(p.pid), "a rank outlived its parent"
+
+
+def test_a_signal_while_the_ranks_start_is_held_until_all_started_then_raised():
+    """A Ctrl-C inside p.start() came out there (torch's threads take it despite the mask): later ranks were never
+    started, and stopping them raised 'can only join a started process' over the interrupt."""
+    import multiprocessing as mp
+    import signal as signal_mod
+
+    started = []
+
+    class Rank:
+        pid = None
+
+        def start(self):
+            os.kill(os.getpid(), signal_mod.SIGINT if not started else signal_mod.SIGTERM)
+            time.sleep(0.05)
+            started.append(self)
+
+    ranks, before = [Rank(), Rank()], signal_mod.getsignal(signal_mod.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        launch._start(ranks)
+    assert started == ranks  # both started: the interrupt was held, not lost and not raised in between
+    assert signal_mod.getsignal(signal_mod.SIGINT) is before
+    launch._stop([mp.get_context("spawn").Process(target=print)])  # never started: nothing to stop, no error

@@ -116,11 +116,16 @@ def test_trace_finds_a_mix_its_graph_serves_past_one_the_cache_cannot_hold(tmp_p
 
 
 def test_the_runs_seed_draws_other_tokens_contexts_and_blocks():
-    """--seed said it seeds token ids, contexts and block placement; they followed the mix's position alone."""
+    """--seed said it seeds token ids, contexts and block placement; they followed the mix's position alone.
+    Through the workbench, as every sweep, decoy and sibling draws its batches."""
+    from gmtool.config import SweepConfig
+    from gmtool.measure.workbench import Workbench
+
     comp = parse_composition("1*4", 3)
+    benches = {s: Workbench.build(SweepConfig(device="cpu", seed=s), num_blocks=64) for s in (0, 7)}
 
     def draw(seed):
-        b = make_batch(comp, _cache(4), 100, 64, run_seed=seed)
+        b = benches[seed].batch(comp)
         return b.input_ids.tolist(), b.kv_lens, b.block_tables
 
     assert draw(0) == draw(0) and draw(7) == draw(7)

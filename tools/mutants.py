@@ -2092,6 +2092,30 @@ MUTANTS: list[Mutant] = [
         "tests/test_nothing_lost.py::test_ctrl_c_in_verify_keeps_the_soaks_that_finished",
         "an interrupted verify says clean",
     ),
+    M(
+        "tp-start-signal-dropped",
+        "gmtool/parallel/launch.py",
+        "    if got:\n        raise KeyboardInterrupt\n",
+        "",
+        "tests/test_parallel.py::test_a_signal_while_the_ranks_start_is_held_until_all_started_then_raised",
+        "a Ctrl-C while the ranks start is lost: the run goes on",
+    ),
+    M(
+        "tp-rank-sigterm-kills",
+        "gmtool/parallel/launch.py",
+        "        signal.signal(signal.SIGTERM, _interrupt_once)\n",
+        "",
+        "tests/test_parallel.py::test_a_tp_run_stopped_mid_sweep_writes_what_was_measured",
+        "a group SIGTERM kills the ranks outright: nothing measured is written",
+    ),
+    M(
+        "plan-gain-any-batch",
+        "gmtool/plan/document.py",
+        "_gain(res.plan_as.get(d.name, p), c)",
+        "_gain(p, c)",
+        "tests/test_plan.py::test_decode_only_engines_rows_count_the_mixed_steps_eager",
+        "the plan is credited against SGLang with graphs SGLang never runs",
+    ),
 ]
 
 

@@ -200,19 +200,39 @@ def _torchrun_rank(fn, cfg, args, kwargs, timeout: float):
     return result
 
 
-def _die_with_parent() -> None:
-    """A rank outlives a parent killed outright (SIGKILL, the OOM killer) by nothing: Linux's parent-death signal."""
+def _die_with_parent(parent: int) -> None:
+    """A rank outlives a parent killed outright (SIGKILL, the OOM killer) by nothing: Linux's parent-death signal,
+    and an exit where the parent died before it was set (while spawn imported gmtool)."""
     with contextlib.suppress(OSError, AttributeError):
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
 
 
-def _worker(rank: int, world: int, port: int, fn, cfg_kwargs, args, kwargs, timeout, messages, stop) -> None:
+def _interrupt_once(*_) -> None:
+    """A rank's Ctrl-C or SIGTERM (a terminal's, the parent's forwarded one, or a group kill by timeout or a batch
+    system): the run stops as on Ctrl-C, rank 0 writing what was measured; the next signal is ignored, so that
+    a second one cannot cut that writing short (the parent kills a rank that takes too long)."""
+    # a no-op, not SIG_IGN: a signal already on its way would come out as "OSError: Signal 15 ignored due to race
+    # condition" wherever the rank is, its report to the parent included
+    signal.signal(signal.SIGINT, _ignore)
+    signal.signal(signal.SIGTERM, _ignore)
+    raise KeyboardInterrupt
+
+
+def _ignore(*_) -> None:
+    pass
+
+
+def _worker(rank: int, world: int, port: int, fn, cfg_kwargs, args, kwargs, timeout, messages, stop, parent) -> None:
     try:
+        signal.signal(signal.SIGINT, _interrupt_once)
+        signal.signal(signal.SIGTERM, _interrupt_once)
         # started with Ctrl-C blocked (no traceback from an import it cut short): one held back arrives here
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        _die_with_parent()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+        _die_with_parent(parent)
         if stop.is_set():  # Ctrl-C came while this rank was starting
             raise Interrupted("interrupted while the ranks started: nothing was measured")
         result = _as_rank(Place(rank, world, rank), f"tcp://127.0.0.1:{port}", fn, cfg_kwargs, args, kwargs, timeout)
@@ -240,31 +260,22 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
     procs = [
         ctx.Process(
             target=_worker,
-            args=(r, world, port, fn, _init_kwargs(cfg), args, kwargs, timeout, messages, stop),
+            args=(r, world, port, fn, _init_kwargs(cfg), args, kwargs, timeout, messages, stop, os.getpid()),
             name=f"gmtool-rank{r}",
         )
         for r in range(world)
     ]
+
     # SIGTERM (timeout, a batch system) stops the ranks as Ctrl-C does, rank 0 writing what was measured; before,
     # they ran on without their parent and wrote a whole run
-    termed = []
-
     def interrupt(*_):
-        termed.append(1)
         raise KeyboardInterrupt
 
     term = signal.signal(signal.SIGTERM, interrupt)
     done: dict[int, tuple[int, object]] = {}
     failed, deadline = None, None
     try:
-        # the ranks start with Ctrl-C blocked (the mask goes through fork and exec) until _worker takes it: one
-        # that cut short spawn's import of gmtool printed a traceback per rank. Held back here too, not lost.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            for p in procs:
-                p.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        _start(procs)
         while len(done) < world:
             try:
                 rank, code, value = messages.get(timeout=0.2)
@@ -280,9 +291,9 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
                 if deadline is not None:
                     break  # a second Ctrl-C: stop waiting
                 stop.set()
-                # a terminal's Ctrl-C reached the ranks already (a second would cut rank 0's writing short); a
-                # SIGTERM to this process alone did not
-                for p in procs if termed else ():
+                # a terminal's Ctrl-C reached the ranks already, a signal to this process alone did not; a rank
+                # ignores the second (_interrupt_once)
+                for p in procs:
                     if p.is_alive():
                         with contextlib.suppress(OSError):
                             os.kill(p.pid, signal.SIGINT)
@@ -306,7 +317,27 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
     return pickle.loads(done[0][1])
 
 
+def _start(procs) -> None:
+    """Start the ranks with Ctrl-C and SIGTERM blocked, as their spawn inherits (through fork and exec) until
+    _worker takes them: one that cut short spawn's import of gmtool printed a traceback per rank. This process
+    records either meanwhile (the block holds only this thread; torch's threads would take them) and raises it
+    once the ranks are started."""
+    got = []
+    held = {s: signal.signal(s, lambda n, _: got.append(n)) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(held))
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(held))
+        for s, h in held.items():
+            signal.signal(s, h)
+    if got:
+        raise KeyboardInterrupt
+
+
 def _stop(procs) -> None:
+    procs = [p for p in procs if p.pid is not None]  # an interrupt may come before every rank was started
     for p in procs:
         if p.is_alive():
             p.terminate()
