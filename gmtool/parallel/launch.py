@@ -300,6 +300,10 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
                 failed, deadline = (0, 130, "interrupted"), time.monotonic() + timeout
             if failed and (time.monotonic() > deadline or all(p.exitcode is not None for p in procs)):
                 break
+            # interrupted: rank 0 has written what was measured; the others have nothing to write, and one may be
+            # stuck in c10d's rendezvous retries (they outlast signals) until --tp-timeout
+            if failed and failed[1] == 130 and 0 in done:
+                break
     except KeyboardInterrupt:  # while the ranks started (or between two waits): they are stopped below
         stop.set()
         failed = (0, 130, "interrupted")
