@@ -239,6 +239,8 @@ def _worker(rank: int, world: int, port: int, fn, cfg_kwargs, args, kwargs, time
         # plain pickle: torch's queue would share tensors by memory this process takes with it when it exits
         messages.put((rank, 0, pickle.dumps(result) if rank == 0 else None))
     except BaseException as e:  # everything becomes the parent's one line; no traceback from a rank
+        for sig in (signal.SIGINT, signal.SIGTERM):  # the parent's stop (SIGTERM, then SIGKILL) ends the report
+            signal.signal(sig, _ignore)
         messages.put((rank, _exit_code(e), "interrupted" if isinstance(e, KeyboardInterrupt) else first_line(e)))
         messages.close()
         messages.join_thread()
