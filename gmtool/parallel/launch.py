@@ -6,7 +6,9 @@ the command's function and leaves the group; rank 0's return value comes back. T
 before the function returns, and that order matters: destroying an NCCL group while a captured graph is alive
 hangs. A rank that fails sends its one-line error to the parent, which gives the other ranks --tp-timeout
 seconds to finish or fail on their own (a collective waiting for the dead rank times out after as long), then
-stops them and reports the failed rank. NCCL_NVLS_ENABLE stays as the machine sets it, 0 when unset: NVLink
+stops them and reports the failed rank. Ctrl-C or SIGTERM, to this process or to its whole group (timeout, a
+batch system), stops every rank as Ctrl-C does, rank 0 writing what was measured; a rank never outlives this
+process. NCCL_NVLS_ENABLE stays as the machine sets it, 0 when unset: NVLink
 multicast is never switched on.
 """
 
