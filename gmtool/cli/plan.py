@@ -4,7 +4,6 @@ graph-count budgets, from a results file or measured on the spot."""
 from __future__ import annotations
 
 import contextlib
-
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -161,131 +160,129 @@ def plan(
         out_.note(text)
 
     out_dir, measured_files = None, []
-    with contextlib.ExitStack() as opened:
-        measured_doc = None
-        # what shapes a measurement (--max-tokens also bounds the plan's candidates: it stays valid with --from)
-        measuring = dict(
-            buckets=buckets,
-            compositions=compositions,
-            piecewise_impl=piecewise_impl,
-            attention=attention,
-            compile=compile,
-            fuse=fuse,
-            device=device,
-            dtype=dtype,
-            max_kv_len=max_kv_len,
-            max_num_seqs=max_num_seqs,
-            kv_cache_gb=kv_cache_gb,
-            block_size=block_size,
-            num_iters=num_iters,
-            num_iters_warmup=num_iters_warmup,
-            seed=seed,
+    # what shapes a measurement (--max-tokens also bounds the plan's candidates: it stays valid with --from)
+    measuring = dict(
+        buckets=buckets,
+        compositions=compositions,
+        piecewise_impl=piecewise_impl,
+        attention=attention,
+        compile=compile,
+        fuse=fuse,
+        device=device,
+        dtype=dtype,
+        max_kv_len=max_kv_len,
+        max_num_seqs=max_num_seqs,
+        kv_cache_gb=kv_cache_gb,
+        block_size=block_size,
+        num_iters=num_iters,
+        num_iters_warmup=num_iters_warmup,
+        seed=seed,
+    )
+    target = Path(out or default_out_dir("plan"))
+    src = Path(from_) if from_ is not None else None
+    if src is not None and target.resolve() == (src if src.is_dir() else src.parent).resolve():
+        # --force would clear the results it reads, and the plan's results files would replace them
+        raise GmtoolError(f"--out {target} holds the --from results: give the plan a directory of its own")
+    if src is not None and target.is_dir():  # --from writes the plan's three files only
+        mine = {PLAN_JSON, PLAN_MD, PLAN_PNG}
+        theirs = sorted({f.name for p in OUTPUT_FILES for f in target.glob(p)} - mine)
+        if theirs:  # --force would delete another run's results to write three plan files beside nothing
+            raise GmtoolError(
+                f"--out {target} holds another run's files ({', '.join(theirs)}): plan --from writes only "
+                f"{', '.join(sorted(mine))}, give a directory of its own"
+            )
+    check_out_dir(target, force)  # before a measurement, not after it; cleared (--force) only to write
+    if from_ is not None:
+        given = [k for k, v in {**measuring, "scenario": scenario, "profile": profile}.items() if v is not None]
+        if given:  # they shape a measurement, and --from measures nothing: they would be ignored
+            raise GmtoolError(
+                f"--{given[0].replace('_', '-')} sets how costs are measured, but --from takes them from "
+                f"{from_}: drop it, or drop --from to measure now"
+            )
+        doc = load_results(from_).to_dict()
+        name = doc["model"].get("name")
+        if model is not None and Path(model).name != name:
+            raise GmtoolError(f"--model {model} but {from_} measured {name}")
+        source = {"kind": "results file", "path": str(from_)}
+    else:
+        prof = load_sweep_profile(profile) if profile is not None else {}
+        mode = mode or _profile_mode(prof.get("modes", ()), note)
+        cfg = build_config(
+            prof,
+            model=model,
+            # a profile's scenario stands (with its KV length): the workload's only where neither names one
+            scenario=scenario or prof.get("scenario") or ("decode" if is_decode(steps) else "mixed"),
+            modes=("eager", mode or "full"),
+            max_tokens=max_tokens,
+            **measuring,
         )
-        target = Path(out or default_out_dir("plan"))
-        src = Path(from_) if from_ is not None else None
-        if src is not None and target.resolve() == (src if src.is_dir() else src.parent).resolve():
-            # --force would clear the results it reads, and the plan's results files would replace them
-            raise GmtoolError(f"--out {target} holds the --from results: give the plan a directory of its own")
-        if src is not None and target.is_dir():  # --from writes the plan's three files only
-            mine = {PLAN_JSON, PLAN_MD, PLAN_PNG}
-            theirs = sorted({f.name for p in OUTPUT_FILES for f in target.glob(p)} - mine)
-            if theirs:  # --force would delete another run's results to write three plan files beside nothing
-                raise GmtoolError(
-                    f"--out {target} holds another run's files ({', '.join(theirs)}): plan --from writes only "
-                    f"{', '.join(sorted(mine))}, give a directory of its own"
-                )
-        check_out_dir(target, force)  # before a measurement, not after it; cleared (--force) only to write
-        if from_ is not None:
-            given = [k for k, v in {**measuring, "scenario": scenario, "profile": profile}.items() if v is not None]
-            if given:  # they shape a measurement, and --from measures nothing: they would be ignored
-                raise GmtoolError(
-                    f"--{given[0].replace('_', '-')} sets how costs are measured, but --from takes them from "
-                    f"{from_}: drop it, or drop --from to measure now"
-                )
-            doc = load_results(from_).to_dict()
-            name = doc["model"].get("name")
-            if model is not None and Path(model).name != name:
-                raise GmtoolError(f"--model {model} but {from_} measured {name}")
-            source = {"kind": "results file", "path": str(from_)}
-        else:
-            prof = load_sweep_profile(profile) if profile is not None else {}
-            mode = mode or _profile_mode(prof.get("modes", ()), note)
-            cfg = build_config(
-                prof,
-                model=model,
-                # a profile's scenario stands (with its KV length): the workload's only where neither names one
-                scenario=scenario or prof.get("scenario") or ("decode" if is_decode(steps) else "mixed"),
-                modes=("eager", mode or "full"),
-                max_tokens=max_tokens,
-                **measuring,
+        if cfg.tp > 1:  # the sweep would need its ranks started by gmtool.parallel.launch; plan has no --tp
+            raise GmtoolError(
+                f"the profile asks for tp {cfg.tp}: plan measures on one device; measure with capture or compare "
+                "--tp (with the profile), then plan --from those results"
             )
-            if cfg.tp > 1:  # the sweep would need its ranks started by gmtool.parallel.launch; plan has no --tp
-                raise GmtoolError(
-                    f"the profile asks for tp {cfg.tp}: plan measures on one device; measure with capture or compare "
-                    "--tp (with the profile), then plan --from those results"
-                )
-            if budgets.memory_bytes is not None and cfg.torch_device.type != "cuda":  # before measuring, not after
-                raise GmtoolError(
-                    "a memory budget needs graph memory figures, which the CPU backend does not measure: measure on "
-                    "CUDA, or plan --from a CUDA results file"
-                )
-            first_notes = list(cfg.notes)  # a rebuild names the model: the first's note of the CPU default stays
-            if buckets is None:  # only the buckets the workload reaches, with the mixes that run on them
-                kept = needed_buckets(cfg.bucket_sizes, int(steps["num_tokens"].max()))
-                mixes, left = _mixes_on(cfg, kept)
-                if left:
-                    note(f"the mixes {', '.join(left)} run on buckets the workload never reaches: not measured")
-                # every option as the first config resolved it, but the mixes: none left means each bucket's defaults
-                opts = {k: v for k, v in cfg_opts(cfg).items() if k != "compositions"}
-                cfg = build_config(None, **opts, buckets=",".join(map(str, kept)), compositions=mixes)
-            for n in dict.fromkeys(first_notes + cfg.notes):
-                note(n)
-            source = {"kind": "measured now", "buckets": cfg.bucket_sizes}
-            # the directory from here on: a Ctrl-C, or a plan that cannot be made, keeps what was measured there
-            out_dir = opened.enter_context(output_dir(target, force))
-            measured_doc, measured_files = run_plan_measure(cfg, out_dir, progress_bars(out_.console))
-            doc = measured_doc.to_dict()
-        mixed = int(steps.loc[steps["num_tokens"] != steps["num_seqs"], "count"].sum())
-        total, scenario = int(steps["count"].sum()), doc["config"].get("scenario")
-        notes = said + (
-            [
-                f"{mixed} of {total} steps are not pure decode but the costs are of decode "
-                "graphs: they are costed by their token count"
-            ]
-            if mixed and scenario == "decode"
-            else []
+        if budgets.memory_bytes is not None and cfg.torch_device.type != "cuda":  # before measuring, not after
+            raise GmtoolError(
+                "a memory budget needs graph memory figures, which the CPU backend does not measure: measure on "
+                "CUDA, or plan --from a CUDA results file"
+            )
+        first_notes = list(cfg.notes)  # a rebuild names the model: the first's note of the CPU default stays
+        if buckets is None:  # only the buckets the workload reaches, with the mixes that run on them
+            kept = needed_buckets(cfg.bucket_sizes, int(steps["num_tokens"].max()))
+            mixes, left = _mixes_on(cfg, kept)
+            if left:
+                note(f"the mixes {', '.join(left)} run on buckets the workload never reaches: not measured")
+            # every option as the first config resolved it, but the mixes: none left means each bucket's defaults
+            opts = {k: v for k, v in cfg_opts(cfg).items() if k != "compositions"}
+            cfg = build_config(None, **opts, buckets=",".join(map(str, kept)), compositions=mixes)
+        for n in dict.fromkeys(first_notes + cfg.notes):
+            note(n)
+        source = {"kind": "measured now", "buckets": cfg.bucket_sizes}
+        # measured into the plan's directory: a Ctrl-C, or a plan that cannot be made, keeps what was measured there
+        with output_dir(target, force) as out_dir:
+            measured, measured_files = run_plan_measure(cfg, out_dir, progress_bars(out_.console))
+        doc = measured.to_dict()
+    mixed = int(steps.loc[steps["num_tokens"] != steps["num_seqs"], "count"].sum())
+    total, scenario = int(steps["count"].sum()), doc["config"].get("scenario")
+    notes = said + (
+        [
+            f"{mixed} of {total} steps are not pure decode but the costs are of decode "
+            "graphs: they are costed by their token count"
+        ]
+        if mixed and scenario == "decode"
+        else []
+    )
+    if mixed < total and scenario in ("prefill", "mixed"):  # the other way round: decode steps, other graphs' costs
+        notes.append(
+            f"{total - mixed} of {total} steps are pure decode but the costs are of {scenario} graphs: they are "
+            "costed by their token count (measure a decode run for them)"
         )
-        if mixed < total and scenario in ("prefill", "mixed"):  # the other way round: decode steps, other graphs' costs
-            notes.append(
-                f"{total - mixed} of {total} steps are pure decode but the costs are of {scenario} graphs: they are "
-                "costed by their token count (measure a decode run for them)"
-            )
-        partial = doc.get("partial")
-        if partial:
-            notes.append(
-                f"the costs come from a partial run ({partial.get('measured')} of {partial.get('planned')} "
-                f"{partial.get('unit', 'rows')}): buckets it did not reach were not measured, sizes there are "
-                "estimated from those it did"
-            )
-        inp = PlanInputs(steps, path, from_results(doc, mode), budgets, memory_sharing, chosen, max_tokens, notes)
-        res = make_plan(inp)
-        plan_doc = build_document(res, inp, source, doc["model"], doc["machine"])
-        if out_dir is None:
-            out_dir = opened.enter_context(output_dir(target, force))
+    partial = doc.get("partial")
+    if partial:
+        notes.append(
+            f"the costs come from a partial run ({partial.get('measured')} of {partial.get('planned')} "
+            f"{partial.get('unit', 'rows')}): buckets it did not reach were not measured, sizes there are "
+            "estimated from those it did"
+        )
+    inp = PlanInputs(steps, path, from_results(doc, mode), budgets, memory_sharing, chosen, max_tokens, notes)
+    res = make_plan(inp)
+    plan_doc = build_document(res, inp, source, doc["model"], doc["machine"])
+    # --from: the directory is prepared only now; a measurement prepared (and filled) it already
+    with output_dir(target, force) if out_dir is None else contextlib.nullcontext(out_dir) as out_dir:
         files = measured_files + write_plan(out_dir, plan_doc)
-        out_.document(json_text.dumps(plan_doc, indent=2, default=str))
-        out_.show(plan_table(plan_doc))
-        for line in lazy_line(plan_doc.get("lazy_capture")):
-            out_.show(line, highlight=False)
-        for n in plan_doc["notes"]:
-            if n not in said:
-                out_.show(f"[yellow]note:[/] {escape(n)}", highlight=False)
-        out_.show(escape("wrote " + ", ".join(str(f) for f in files)), highlight=False)
-        out_.verdict(
-            f"{','.join(map(str, plan_doc['capture_sizes'])) or '(none: no set of candidate sizes within the budgets beats running eager)'}",
-            True,
-            label="capture sizes",
-        )
+    out_.document(json_text.dumps(plan_doc, indent=2, default=str))
+    out_.show(plan_table(plan_doc))
+    for line in lazy_line(plan_doc.get("lazy_capture")):
+        out_.show(line, highlight=False)
+    for n in plan_doc["notes"]:
+        if n not in said:
+            out_.show(f"[yellow]note:[/] {escape(n)}", highlight=False)
+    out_.show(escape("wrote " + ", ".join(str(f) for f in files)), highlight=False)
+    out_.verdict(
+        f"{','.join(map(str, plan_doc['capture_sizes'])) or '(none: no set of candidate sizes within the budgets beats running eager)'}",
+        True,
+        label="capture sizes",
+    )
 
 
 def _mixes_on(cfg, buckets: list[int]) -> tuple[str | None, list[str]]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from gmtool.errors import GmtoolError
 from gmtool.records import Document
 from gmtool.report.results import load_results
-from gmtool.report.summary import bucket_summary, row_keys
+from gmtool.report.summary import bucket_summary, row_keys, run_tp
 
 
 def load_baseline(path: Path) -> Document:
@@ -73,7 +73,7 @@ def attach_baseline(doc: Document, base: Document, path: Path) -> None:
     rows, old_rows = [r.to_dict() for r in doc.records], [r.to_dict() for r in base.records]
     old = {(o.get("rank") or 0, key): o for key, o in zip(row_keys(old_rows), old_rows)}
     old_ranks = {rank for rank, _ in old}
-    base_tp = (base.config or {}).get("tp") or 1
+    base_tp = run_tp(base.config)
     # a label a bucket runs more than once is told apart by order: where two whole runs hold it another number
     # of times (an edited file, other mixes), order no longer pairs the same mixes, and those rows stay unpaired.
     # A partial run lost its last rows only: its first occurrences are still the other run's first.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gmtool.memory.ledger import ledger_from_records
 from gmtool.report.fitted import Column, FittedTable
-from gmtool.report.summary import mode_order
+from gmtool.report.summary import mode_order, run_tp
 from gmtool.report.tables import _f, fmt_bytes
 
 # graph: the key a row's graph was captured under; a prefill bucket of full graphs holds one graph per number of
@@ -77,7 +77,7 @@ def _table(title: str, headers: list[str], rows: list[list[str]]) -> FittedTable
 
 def records_ledger_cells(doc: dict) -> tuple[list[str], list[list[str]]]:
     """compare/capture: the ledger's headers and cells, with a rank column under --tp (every rank's graphs)."""
-    by_rank = ((doc.get("config") or {}).get("tp") or 1) > 1
+    by_rank = run_tp(doc.get("config")) > 1
     headers = HEADERS[:2] + ["rank"] + HEADERS[2:] if by_rank else HEADERS
     return headers, ledger_cells(records_ledger(doc), by_rank)
 

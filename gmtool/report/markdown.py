@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from gmtool.records import Status
 from gmtool.report import ledger
-from gmtool.report.summary import bucket_summary, mode_order, row_keys, safety_matrix
+from gmtool.report.summary import bucket_summary, mode_order, row_keys, run_tp, safety_matrix
 from gmtool.report.tables import baseline_counts, fmt_bytes, noise_warning
 
 
@@ -70,7 +70,7 @@ def _comp_label(row_or_rec: dict, dup: bool) -> str:
 def sections(doc: dict) -> list[Section]:
     records, order = doc["records"], {m: i for i, m in enumerate(mode_order(doc))}
     deltas = {(d["mode"], d["bucket"], d.get("rank")): d for d in (doc.get("baseline") or {}).get("buckets", [])}
-    by_rank = ((doc.get("config") or {}).get("tp") or 1) > 1  # --tp: a row per rank, as the terminal's table
+    by_rank = run_tp(doc.get("config")) > 1  # --tp: a row per rank, as the terminal's table
     summary = Section(
         "Summary (mode x bucket)",
         [

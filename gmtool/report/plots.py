@@ -12,7 +12,7 @@ import math
 from matplotlib.figure import Figure
 
 from gmtool.modes import GraphMode
-from gmtool.report.summary import bucket_summary, mode_order
+from gmtool.report.summary import bucket_summary, mode_order, run_tp
 
 
 # one colour per mode in every plot of a report, whichever modes a plot leaves out (the speedup plot has no eager)
@@ -42,7 +42,7 @@ def _series(doc: dict, field: str, skip_eager: bool = False) -> dict[str, tuple[
     """mode -> (buckets, values) of one bucket_summary field; buckets without a value are left out. Under --tp
     the slowest rank's (the ranks meet at every all-reduce: a step takes as long as its slowest rank), not a
     median pooled over ranks that no rank measured."""
-    rows = bucket_summary(doc["records"], by_rank=((doc.get("config") or {}).get("tp") or 1) > 1)
+    rows = bucket_summary(doc["records"], by_rank=run_tp(doc.get("config")) > 1)
     out = {}
     for mode in mode_order(doc):
         if skip_eager and mode == GraphMode.EAGER:

@@ -16,6 +16,7 @@ import pandas as pd
 from gmtool.errors import GmtoolError
 from gmtool.modes import GraphMode
 from gmtool.records import Document, Partial, Record, Status
+from gmtool.report.summary import run_tp
 from gmtool import json_text
 
 RESULTS_JSON, RESULTS_CSV, JOURNAL = "results.json", "results.csv", "records.jsonl"
@@ -175,7 +176,7 @@ def _read_journal(path: Path) -> tuple[dict, list[int]]:
         raise GmtoolError(
             f"{path} holds {len(records)} rows, more than the {planned} the run planned: rows written twice?"
         )
-    tp = (doc.get("config") or {}).get("tp") or 1  # under --tp the journal is rank 0's rows: never the whole run
+    tp = run_tp(doc.get("config"))  # under --tp the journal is rank 0's rows: never the whole run
     if isinstance(planned, int) and len(records) >= planned and tp == 1:  # every row measured: the whole run
         doc["partial"] = None
         doc.setdefault("notes", []).append(f"read from the journal ({beside}): all {planned} planned rows measured")

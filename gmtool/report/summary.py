@@ -8,6 +8,11 @@ from gmtool.modes import GraphMode
 from gmtool.records import Status, worst as _worst
 
 
+def run_tp(config: dict | None) -> int:
+    """A document's --tp (1 for a run without it, or one written before it): above 1, its rows are per rank."""
+    return (config or {}).get("tp") or 1
+
+
 def bucket_summary(records: list[dict], by_rank: bool = False) -> list[dict]:
     """mode x bucket rows: the worst status and error over the compositions, median latencies. A --tp run's
     rows of every rank are summarized together, or one summary per rank (by_rank)."""

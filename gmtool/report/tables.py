@@ -5,7 +5,7 @@ from __future__ import annotations
 from gmtool.modes import GraphMode
 from gmtool.records import style_of
 from gmtool.report.fitted import Column, FittedTable
-from gmtool.report.summary import bucket_summary, mode_order
+from gmtool.report.summary import bucket_summary, mode_order, run_tp
 
 
 def fmt_bytes(n) -> str:
@@ -48,7 +48,7 @@ def _status(s: dict) -> str:
 def capture_table(doc: dict) -> FittedTable:
     """One row per mode x bucket: capture, memory, replay vs eager, worst error over the compositions."""
     title = f"gmtool capture: {doc['model']['name']} on {doc['machine'].get('gpu') or doc['machine']['backend']}"
-    by_rank = (doc.get("config") or {}).get("tp", 1) > 1  # --tp: a row per rank (its graphs, memory, timings)
+    by_rank = run_tp(doc.get("config")) > 1  # --tp: a row per rank (its graphs, memory, timings)
     cols = (
         [Column("mode", justify="left"), Column("bucket")]
         + ([TP_RANK] if by_rank else [])
@@ -99,7 +99,7 @@ def compare_table(doc: dict) -> FittedTable:
     machine = doc["machine"].get("gpu") or doc["machine"]["backend"]
     title = f"gmtool {doc.get('command', 'compare')}: {doc['model']['name']} on {machine}"
     deltas = {(d["mode"], d["bucket"], d.get("rank")): d for d in (doc.get("baseline") or {}).get("buckets", [])}
-    by_rank = (doc.get("config") or {}).get("tp", 1) > 1  # --tp: a row per rank
+    by_rank = run_tp(doc.get("config")) > 1  # --tp: a row per rank
     cols = (
         [Column("bucket"), Column("mode", justify="left")]
         + ([TP_RANK] if by_rank else [])
