@@ -1,5 +1,5 @@
 """python -m gmtool: the same entry point as the gmtool command."""
 
-from gmtool.cli.main import main
+from gmtool.cli.entry import main
 
 main()

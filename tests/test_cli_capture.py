@@ -234,6 +234,17 @@ def test_help_is_useful():
     assert r.exit_code == 0 and "--buckets" in r.output and "--compositions" in r.output
 
 
+def test_the_command_list_shows_each_summary_as_flowing_text():
+    """Rich kept a docstring's line breaks in `gmtool --help`: bench's summary broke after "capture time and"."""
+    import inspect
+
+    r = runner.invoke(app, ["--help"], env={"COLUMNS": "400"}, terminal_width=400)
+    lines = [" ".join(line.strip("│ ").split()) for line in r.output.splitlines()]
+    for cmd in app.registered_commands:  # wide enough for each on one line
+        summary = " ".join(inspect.getdoc(cmd.callback).split("\n\n")[0].split())
+        assert f"{cmd.name} {summary}" in lines, cmd.name
+
+
 def test_out_of_memory_during_capture_keeps_done_buckets(monkeypatch):
     """OOM at one bucket: earlier buckets' results kept, the failing one named, later ones skipped."""
     from gmtool.core.backends.cpu import CpuTapeBackend

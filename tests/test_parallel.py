@@ -210,6 +210,40 @@ def test_a_failed_rank_is_named_and_the_others_stop(tmp_path):
     assert took < 60  # a few seconds of imports, then at most --tp-timeout for rank 0
 
 
+def test_a_rank_killed_outright_is_named_as_the_cause_not_the_rank_that_lost_it(tmp_path):
+    """Rank 1 killed (the OOM killer's SIGKILL) while rank 0 waits in a collective: gloo's "connection reset" of
+    rank 0 reached the parent first and was named as the failure, rank 1 said to be "stopped after --tp-timeout"."""
+    code, _, stderr, _ = gm(
+        "capture",
+        *TINY,
+        "--tp",
+        2,
+        "--buckets",
+        1,
+        "--compositions",
+        "1*1",
+        "--tp-timeout",
+        3,
+        "--out",
+        tmp_path / "x",
+        env={launch.FAIL_ENV: "1:kill"},
+    )
+    lines = stderr.strip().splitlines()
+    assert code == 1 and len(lines) == 1, stderr
+    assert lines[0] == "error: rank 1 of 2 failed: killed by signal SIGKILL (out of host memory? the OOM killer sends it)"
+
+
+def test_a_rank_that_exits_by_itself_without_reporting_is_named_with_its_code():
+    class Proc:
+        def __init__(self, exitcode):
+            self.exitcode = exitcode
+
+    assert launch._died([Proc(None), Proc(0)], {}) is None
+    assert launch._died([Proc(3), Proc(-9)], {0: (1, "x")}) == (1, 1, launch._died([Proc(-9)], {})[2])
+    assert launch._died([Proc(None), Proc(3)], {}) == (1, 1, "exited with code 3 without a word")
+    assert launch._died([Proc(-15)], {}) == (0, 1, "killed by signal SIGTERM")
+
+
 @pytest.mark.parametrize(
     "args, env, says",
     [

@@ -2116,6 +2116,30 @@ MUTANTS: list[Mutant] = [
         "tests/test_plan.py::test_decode_only_engines_rows_count_the_mixed_steps_eager",
         "the plan is credited against SGLang with graphs SGLang never runs",
     ),
+    M(
+        "tp-death-blamed-on-survivor",
+        "gmtool/parallel/launch.py",
+        "_died(procs, done) or (rank, code, value)",
+        "(rank, code, value)",
+        "tests/test_parallel.py::test_a_rank_killed_outright_is_named_as_the_cause_not_the_rank_that_lost_it",
+        "a rank killed outright goes unnamed: the error is the survivor's gloo message",
+    ),
+    M(
+        "entry-interrupt-traceback",
+        "gmtool/cli/entry.py",
+        "        signal.signal(signal.SIGINT, _interrupted_while_loading)\n",
+        "        pass\n",
+        "tests/test_entry.py::test_ctrl_c_while_the_commands_load_ends_with_a_line_not_a_traceback",
+        "a Ctrl-C while torch loads prints a traceback (or is swallowed by torch's numpy import)",
+    ),
+    M(
+        "help-summary-broken",
+        "gmtool/cli/main.py",
+        "app.command(name, short_help=_summary(fn))(fn)",
+        "app.command(name)(fn)",
+        "tests/test_cli_capture.py::test_the_command_list_shows_each_summary_as_flowing_text",
+        "gmtool --help breaks a command's summary where its docstring's lines break",
+    ),
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Annotated, Optional
 
@@ -43,13 +44,22 @@ def _root(
 def _register() -> None:
     from gmtool.cli import bench, capture, compare, memreport, plan, report, verify
 
-    app.command("capture")(capture.capture)
-    app.command("memreport")(memreport.memreport)
-    app.command("compare")(compare.compare)
-    app.command("report")(report.report)
-    app.command("bench")(bench.bench)
-    app.command("plan")(plan.plan)
-    app.command("verify")(verify.verify)
+    for name, fn in [
+        ("capture", capture.capture),
+        ("memreport", memreport.memreport),
+        ("compare", compare.compare),
+        ("report", report.report),
+        ("bench", bench.bench),
+        ("plan", plan.plan),
+        ("verify", verify.verify),
+    ]:
+        app.command(name, short_help=_summary(fn))(fn)
+
+
+def _summary(fn) -> str:
+    """A command's line in `gmtool --help`: its docstring's first paragraph as one line (rich keeps the
+    docstring's line breaks there, and a wrapped line ended mid-sentence)."""
+    return " ".join(inspect.getdoc(fn).split("\n\n")[0].split())
 
 
 _register()

@@ -33,7 +33,7 @@ from gmtool.parallel.comm import Place, set_place
 
 RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 7 * 24 * 3600  # --tp-timeout's range
-FAIL_ENV = "GMTOOL_TP_FAIL_RANK"  # fault injection (the tests): that rank fails once it has joined the group
+FAIL_ENV = "GMTOOL_TP_FAIL_RANK"  # fault injection (the tests): rank N fails once it has joined the group; N:kill dies
 DEFAULT_TIMEOUT_S = 120.0
 MAX_WORLD = 1 << 16  # ranks in a group torchrun may start
 
@@ -167,6 +167,10 @@ def _as_rank(place: Place, init_method: str, fn, cfg_kwargs: dict, args, kwargs,
     set_place(place)
     if os.environ.get(FAIL_ENV) == str(place.rank):
         raise RunFailure(f"injected failure ({FAIL_ENV}={place.rank})")
+    if (fail := os.environ.get(FAIL_ENV, "")).endswith(":kill"):  # as the OOM killer ends a rank: no word from it
+        if fail == f"{place.rank}:kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.barrier()  # the others are in a collective when it dies: its error reaches the parent first
     result = fn(cfg, *args, **kwargs)
     gc.collect()  # anything a graph still held goes before the group
     if cuda:
@@ -284,13 +288,11 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
             try:
                 rank, code, value = messages.get(timeout=0.2)
                 done[rank] = (code, value)
-                if code and failed is None:
-                    failed, deadline = (rank, code, value), time.monotonic() + timeout
+                if code and failed is None:  # a rank already dead is the cause of what this one met (gloo's error)
+                    failed, deadline = _died(procs, done) or (rank, code, value), time.monotonic() + timeout
             except queue_mod.Empty:
-                for r, p in enumerate(procs):  # a rank killed outside Python (a signal, the OOM killer)
-                    if p.exitcode not in (None, 0) and r not in done and failed is None:
-                        failed = (r, 1, f"exited with code {p.exitcode} without a word")
-                        deadline = time.monotonic() + timeout
+                if failed is None and (failed := _died(procs, done)):
+                    deadline = time.monotonic() + timeout
             except KeyboardInterrupt:  # rank 0 writes what was measured and says so
                 if deadline is not None:
                     break  # a second Ctrl-C: stop waiting
@@ -323,6 +325,18 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
         extra = f" (rank {', '.join(map(str, stopped))} stopped after --tp-timeout)" if stopped else ""
         raise (GmtoolError if code == 2 else RunFailure)(f"rank {rank} of {world} failed: {msg}{extra}")
     return pickle.loads(done[0][1])
+
+
+def _died(procs, done) -> tuple | None:
+    """The first rank that ended outside Python (a signal, the OOM killer), as a failure: (rank, 1, why)."""
+    for r, p in enumerate(procs):
+        if p.exitcode not in (None, 0) and r not in done:
+            if p.exitcode > 0:
+                return r, 1, f"exited with code {p.exitcode} without a word"
+            name = signal.Signals(-p.exitcode).name if -p.exitcode in signal.valid_signals() else -p.exitcode
+            oom = " (out of host memory? the OOM killer sends it)" if p.exitcode == -signal.SIGKILL else ""
+            return r, 1, f"killed by signal {name}{oom}"
+    return None
 
 
 def _start(procs) -> None:
