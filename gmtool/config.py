@@ -256,7 +256,8 @@ class SweepConfig:
             raise GmtoolError(
                 f"composition {big.label}: {big.num_tokens} tokens, above the largest bucket {policy.largest}, "
                 f"which auto runs eagerly in the input buffers --max-tokens sizes ({policy.max_tokens}): raise "
-                f"--max-tokens to {big.num_tokens} or more"
+                f"--max-tokens to {big.num_tokens} or more, or add a bucket of {big.num_tokens} or more (memreport needs "
+                "the bucket: it measures graphs)"
             )
         others = [str(m) for m in self.modes if m.captures and m != GraphMode.AUTO]
         note = (

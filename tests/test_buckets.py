@@ -172,3 +172,15 @@ def test_default_mixes_fit_a_given_max_kv_len():
     assert [c.label for c in default_compositions(32, "prefill", 16, None, 128)][-1] == "19+8@120+1*4"
     assert [c.label for c in default_compositions(32, "prefill", 16)][-1] == "19+8@512+1*4"
     assert not any("@" in c.label for c in default_compositions(16, "prefill", 8, None, 4))
+
+
+def test_batches_of_one_bucket_get_its_one_key_object():
+    """Copy-in trusts its last write to a key by identity: a key object per batch size made every load after a
+    change of size pad in full, so the in-place padding of a shrinking batch never ran in a real run."""
+    p = BucketPolicy([8, 16])
+    assert p.key_for(7, 7, True) is p.key_for(5, 5, True) is p.key_for(8, 8, True, pinned=8)
+    assert p.key_for(7, 2, False) is p.key_for(3, 1, False) and p.key_for(7, 2, False) != p.key_for(7, 7, True)
+    wide = BucketPolicy([8, 16], wide_key=True)
+    assert wide.key_for(7, 2, False) is wide.key_for(5, 2, False) and wide.key_for(7, 2, False) != wide.key_for(
+        7, 3, False
+    )

@@ -3,6 +3,7 @@ accelerate), to the weights transformers gives; a folder with a config and no we
 and says so; damaged or mismatched weights are refused in one line that names the file or folder."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -421,6 +422,23 @@ def test_weights_not_yet_fetched_or_unpacked_and_a_cache_root_say_what_to_do(sav
     (root / "snapshots" / "abc").mkdir(parents=True)
     with pytest.raises(GmtoolError, match=r"is a Hugging Face cache folder: give one of its snapshots/<commit>"):
         load_model(str(root), CPU, torch.float32)
+
+
+def test_a_bin_file_that_is_no_torch_file_is_refused_by_name(saved, tmp_path):
+    """transformers' own error was "weights only load failed" with advice to load unsafely, "EOFError", or "pop
+    from empty list" for a safetensors file under a .bin name."""
+    d = copy_of(saved, tmp_path, "config.json")
+    state = {k: v.contiguous() for k, v in load_model(str(saved[0]), CPU, torch.float32).model.state_dict().items()}
+    torch.save(state, d / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    load_model(str(d), CPU, torch.float32)  # a legacy (non-zip) torch file still loads
+    for content, says in [
+        (b"<html>404 Not Found</html>", "neither a torch archive nor a legacy torch pickle"),
+        (b"", "it is empty"),
+        ((saved[0] / "model.safetensors").read_bytes(), "is a safetensors file, not the torch archive its name says"),
+    ]:
+        (d / "pytorch_model.bin").write_bytes(content)
+        with pytest.raises(GmtoolError, match=rf"pytorch_model.bin(:)? .*{re.escape(says)}"):
+            load_model(str(d), CPU, torch.float32)
 
 
 def test_an_unknown_model_type_with_code_of_its_own_says_that_code_is_never_run():

@@ -783,3 +783,61 @@ def test_auto_serving_a_prefill_with_full_graphs_is_unsafe_in_the_sweep(tmp_path
     code, out, rows = _capture(tmp_path, "--mode", "auto", "--scenario", "mixed", "--buckets", "8,16")
     why = {r["error"] for r in rows if r["status"] == "UNSAFE"}
     assert code == 3 and any("mixed batch of" in w and "with full, not piecewise" in w for w in why), why
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """A decode batch of 3 sequences in bucket 8, loaded: five padding lanes of each token field, five of each
+    sequence field."""
+    rig = Rig(buckets=(8, 16))
+    batch = rig.batch("1*3@20")
+    key = rig.ex.key_for(batch)
+    rig.ex.inputs.load(batch, key)
+    assert key.num_tokens == 8 and batch.num_tokens == batch.num_seqs == 3
+    return rig, batch, key
+
+
+@pytest.mark.parametrize("lane", ["first", "last"])
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("slot_mapping", 10**6, "slot_mapping padding lanes point outside the null block"),
+        ("token_seq", 0, "token_seq padding lanes name a sequence"),
+        ("kv_lens", 7, "kv_lens padding lanes are not 0"),
+        ("cu_q", 0, "cu_q padding lanes do not hold the token count"),
+        ("block_tables", 5, "block_tables padding lanes point to blocks other than the null block"),
+    ],
+)
+def test_each_padding_lane_a_graph_reads_is_checked(loaded, field, value, says, lane):
+    """Every padding lane, the first one past the batch included (where a batch that lost a sequence leaves its
+    stale value): a check that skipped it let that value through."""
+    from gmtool.measure.check import input_faults
+
+    rig, batch, key = loaded
+    assert input_faults(rig.ex, key, batch) == []
+    t = getattr(rig.ex.inputs.views(key), field)
+    first = {"slot_mapping": 3, "token_seq": 3, "kv_lens": 3, "cu_q": 4, "block_tables": 3}[field]
+    i = first if lane == "first" else t.shape[0] - 1
+    old = t[i].clone()
+    t[i] = value
+    try:
+        faults = input_faults(rig.ex, key, batch)
+    finally:
+        t[i] = old
+    assert any(f.startswith(says) for f in faults), faults
+
+
+def test_block_table_columns_past_the_batch_s_width_are_checked(loaded):
+    from gmtool.measure.check import input_faults
+
+    rig, batch, key = loaded
+    bt = rig.ex.inputs.views(key).block_tables
+    w = batch.block_table_array.shape[1]
+    assert w < bt.shape[1]
+    bt[0, w] = 5
+    try:
+        assert input_faults(rig.ex, key, batch) == [
+            "block_tables padding lanes point to blocks other than the null block"
+        ]
+    finally:
+        bt[0, w] = 0

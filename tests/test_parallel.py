@@ -210,6 +210,39 @@ def test_a_failed_rank_is_named_and_the_others_stop(tmp_path):
     assert took < 60  # a few seconds of imports, then at most --tp-timeout for rank 0
 
 
+def test_a_tp_run_that_went_well_says_nothing_on_stderr_but_its_note(tmp_path):
+    """The parent stopped its ranks while their exit joined the report queue's thread: a rank's
+    KeyboardInterrupt traceback (or "Exception ignored in atexit callback") followed a clean verdict."""
+    code, stdout, stderr, _ = gm(
+        "capture", *TINY, "--tp", 2, "--buckets", "1,2", "--out", tmp_path / "x", "--format", "quiet",
+    )  # fmt: skip
+    assert code == 0 and "verdict: " in stdout
+    assert [line for line in stderr.splitlines() if not line.startswith("note: no CUDA here")] == [], stderr
+
+
+def test_a_rank_that_reported_its_result_ignores_the_parent_s_stop(monkeypatch):
+    """What the test above sees only when the parent's stop lands while a rank exits, every time: a rank that has
+    put its result on the queue takes no Ctrl-C or SIGTERM as an interrupt any more."""
+    import signal
+    import threading
+
+    sent = []
+
+    class Queue:
+        def put(self, message):
+            sent.append((message, signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)))
+
+    monkeypatch.setattr(launch, "_as_rank", lambda *a: "result")
+    monkeypatch.setattr(launch, "_die_with_parent", lambda parent: None)
+    held = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        launch._worker(1, 2, 0, None, {}, (), {}, 1.0, Queue(), threading.Event(), os.getpid())
+    finally:
+        for s, h in held.items():
+            signal.signal(s, h)
+    assert sent == [((1, 0, None), launch._ignore, launch._ignore)]
+
+
 def test_a_rank_killed_outright_is_named_as_the_cause_not_the_rank_that_lost_it(tmp_path):
     """Rank 1 killed (the OOM killer's SIGKILL) while rank 0 waits in a collective: gloo's "connection reset" of
     rank 0 reached the parent first and was named as the failure, rank 1 said to be "stopped after --tp-timeout"."""
@@ -230,7 +263,9 @@ def test_a_rank_killed_outright_is_named_as_the_cause_not_the_rank_that_lost_it(
     )
     lines = stderr.strip().splitlines()
     assert code == 1 and len(lines) == 1, stderr
-    assert lines[0] == "error: rank 1 of 2 failed: killed by signal SIGKILL (out of host memory? the OOM killer sends it)"
+    assert (
+        lines[0] == "error: rank 1 of 2 failed: killed by signal SIGKILL (out of host memory? the OOM killer sends it)"
+    )
 
 
 def test_a_rank_that_exits_by_itself_without_reporting_is_named_with_its_code():

@@ -718,3 +718,31 @@ def test_auto_serving_a_prefill_with_its_full_graphs_is_caught(tmp_path, monkeyp
     r, doc = _auto_run(tmp_path, "--steps", "60", "--check-every", "5")
     m = doc["runs"][0]["mismatch"]
     assert r.exit_code == 3 and m is not None and "with full, not piecewise" in m["reason"], (r.output, m)
+
+
+def test_auto_serving_a_prefill_with_its_full_graphs_is_caught_on_an_unchecked_step(tmp_path, monkeypatch):
+    """The dispatch is checked on every step, not only every --check-every'th: a shape that turns up only between
+    checks was served wrongly unseen."""
+    from gmtool.core.auto import AutoExecutor
+
+    real, calls = AutoExecutor.part_for, []
+
+    def part_for(self, b):
+        calls.append(1)
+        return real(self, b) and (self.parts["decode"] if len(calls) > 3 else real(self, b))
+
+    monkeypatch.setattr(AutoExecutor, "part_for", part_for)
+    r, doc = _auto_run(tmp_path, "--steps", "60", "--check-every", "60")
+    m = doc["runs"][0]["mismatch"]
+    assert r.exit_code == 3 and m is not None and "with full, not piecewise" in m["reason"], (r.output, m)
+    assert 0 < m["step"] < 59, m  # an unchecked step (the 60th is the one checked)
+
+
+def test_the_poisoned_kv_tail_starts_at_the_first_slot_past_each_length(rig):
+    """A graph reading one slot past a request's length (an off-by-one kv_len) must read poison, not a clean 0."""
+    s = Soak(rig[1], rig[2], "full", None, "default", SoakOptions(4, 100, 0))
+    bs = rig[1].cache.spec.block_size
+    unused, tails = s.poisoner._kv_spans([([5, 9], bs + 3), ([7], 0)])
+    want = [9 * bs + i for i in range(3, bs)] + [7 * bs + i for i in range(bs)]
+    assert tails.tolist() == want
+    assert not {5, 7, 9} & set(unused.tolist()) and len(unused) > 0

@@ -85,6 +85,7 @@ class BucketPolicy:
     def __post_init__(self) -> None:
         self.sizes = sorted(set(self.sizes))
         self._keys: dict[tuple, BucketKey] = {}
+        self._one: dict[BucketKey, BucketKey] = {}  # each key's one object
         if not self.sizes:
             raise GmtoolError("no buckets given")
         if self.max_tokens is None:
@@ -108,7 +109,11 @@ class BucketPolicy:
         asked = (num_tokens, num_seqs, decode, pinned)
         key = self._keys.get(asked)  # the replay path asks this every step: answer from a dict
         if key is None:
-            key = self._keys[asked] = self._key_for(num_tokens, num_seqs, decode, pinned)
+            # one object per key, whatever batch asked: copy-in trusts its last write to a key by identity and
+            # rewrites only what the previous batch left (a batch of another size got a key of its own before, so
+            # every load after a change of batch size padded in full, and the run never judged the other way)
+            key = self._key_for(num_tokens, num_seqs, decode, pinned)
+            key = self._keys[asked] = self._one.setdefault(key, key)
         return key
 
     def _key_for(self, num_tokens: int, num_seqs: int, decode: bool, pinned: int | None) -> BucketKey:

@@ -106,6 +106,9 @@ WRAPPED = (
 )
 
 
+LEGACY_MAGIC = b"\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"  # torch.save's magic number as pickled first in its non-zip format
+
+
 def _check_readable(file: Path) -> None:
     """Open file as transformers will (a safetensors header and its size; a .bin archive's pickle, memory-mapped:
     no tensor read), so that a damaged one is refused by name. A legacy (non-zip) pickle cannot be mapped: opening
@@ -119,7 +122,18 @@ def _check_readable(file: Path) -> None:
         if head.startswith(magic):
             raise GmtoolError(f"{file} is {what}")
     if file.suffix != ".safetensors" and not zipfile.is_zipfile(file):
-        return
+        if head[:1] == b"\x80" and head[2:14] == LEGACY_MAGIC:
+            return
+        # else transformers' torch.load said "weights only load failed" (and to retry unsafely), "EOFError" or
+        # "pop from empty list"
+        if not head:
+            raise GmtoolError(f"cannot read weight file {file}: it is empty")
+        if len(head) > 8 and head[8:9] == b"{":
+            raise GmtoolError(f"{file} is a safetensors file, not the torch archive its name says: rename it")
+        raise GmtoolError(
+            f"cannot read weight file {file}: neither a torch archive nor a legacy torch pickle (a download that "
+            "failed, or an HTML page?)"
+        )
     try:
         if file.suffix == ".safetensors":
             with safe_open(file, framework="pt", device="cpu") as f:

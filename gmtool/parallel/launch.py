@@ -243,6 +243,10 @@ def _worker(rank: int, world: int, port: int, fn, cfg_kwargs, args, kwargs, time
             raise Interrupted("interrupted while the ranks started: nothing was measured")
         result = _as_rank(Place(rank, world, rank), f"tcp://127.0.0.1:{port}", fn, cfg_kwargs, args, kwargs, timeout)
         # plain pickle: torch's queue would share tensors by memory this process takes with it when it exits
+        # done: once it has every report, the parent may stop this rank while its exit joins the queue's feeder
+        # thread; raised there, a KeyboardInterrupt printed a traceback after a run that went well
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _ignore)
         messages.put((rank, 0, pickle.dumps(result) if rank == 0 else None))
     except BaseException as e:  # everything becomes the parent's one line; no traceback from a rank
         for sig in (signal.SIGINT, signal.SIGTERM):  # the parent's stop (SIGTERM, then SIGKILL) ends the report
