@@ -441,6 +441,15 @@ def test_a_bin_file_that_is_no_torch_file_is_refused_by_name(saved, tmp_path):
             load_model(str(d), CPU, torch.float32)
 
 
+def test_a_generation_config_that_is_no_json_object_is_named_not_the_weights(saved, tmp_path):
+    d = copy_of(saved, tmp_path, "config.json", "model.safetensors")
+    (d / "generation_config.json").write_text("{not json")  # transformers ignores it: so does gmtool
+    load_model(str(d), CPU, torch.float32)
+    (d / "generation_config.json").write_text("[1, 2]")  # transformers failed: "cannot load the weights"
+    with pytest.raises(GmtoolError, match=r"generation_config.json holds an array, not a JSON object: fix or remove"):
+        load_model(str(d), CPU, torch.float32)
+
+
 def test_an_unknown_model_type_with_code_of_its_own_says_that_code_is_never_run():
     from gmtool.model.loading import _config_from_dict
 

@@ -186,6 +186,19 @@ def _quiet_transformers():
             logging.enable_progress_bar()
 
 
+def _check_generation_config(file: Path) -> None:
+    """from_pretrained reads it with the weights: JSON that is not an object was reported as the weights'
+    failure ("TypeError: 'list' object is not a mapping"). One that is no JSON at all it ignores, and so does
+    gmtool."""
+    try:
+        value = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return
+    if not isinstance(value, dict):
+        what = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+        raise GmtoolError(f"{file} holds {what}, not a JSON object: fix or remove it")
+
+
 def load_pretrained(ckpt: Path, files: list[Path], cfg, dtype: torch.dtype, device: torch.device, attn: str):
     """The model of cfg with ckpt's weights, as transformers' from_pretrained loads them, on device; and the run's
     notes (stored tensors the model has no place for)."""
@@ -193,6 +206,7 @@ def load_pretrained(ckpt: Path, files: list[Path], cfg, dtype: torch.dtype, devi
 
     for file in files:
         _check_readable(file)
+    _check_generation_config(ckpt / "generation_config.json")
     try:
         with _quiet_transformers():
             model, info = AutoModelForCausalLM.from_pretrained(
