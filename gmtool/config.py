@@ -256,8 +256,9 @@ class SweepConfig:
             raise GmtoolError(
                 f"composition {big.label}: {big.num_tokens} tokens, above the largest bucket {policy.largest}, "
                 f"which auto runs eagerly in the input buffers --max-tokens sizes ({policy.max_tokens}): raise "
-                f"--max-tokens to {big.num_tokens} or more, or add a bucket of {big.num_tokens} or more (memreport needs "
-                "the bucket: it measures graphs)"
+                f"--max-tokens to {big.num_tokens} or more"
+                # a bucket is memreport's way out (it measures graphs): without --max-tokens, it raises the buffers too
+                + (f", or add a bucket of {big.num_tokens} or more" if self.max_tokens is None else "")
             )
         others = [str(m) for m in self.modes if m.captures and m != GraphMode.AUTO]
         note = (

@@ -257,6 +257,8 @@ def test_a_sweep_runs_auto_above_the_largest_bucket_eagerly_and_says_so(tmp_path
     # memreport, which refuses --max-tokens' eager sizes, needs the other way out named
     with pytest.raises(GmtoolError, match="raise --max-tokens to 40 or more, or add a bucket of 40 or more"):
         SweepConfig(device="cpu", buckets="16,32", compositions="40", modes=("eager", "auto"))
+    with pytest.raises(GmtoolError, match="raise --max-tokens to 40 or more$"):  # a bucket of 40 is above it too
+        SweepConfig(device="cpu", buckets="16,32", compositions="40", modes=("eager", "auto"), max_tokens=32)
 
 
 def test_mixes_auto_runs_eagerly_choose_nothing_of_the_graphs():

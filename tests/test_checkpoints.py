@@ -431,6 +431,9 @@ def test_a_bin_file_that_is_no_torch_file_is_refused_by_name(saved, tmp_path):
     state = {k: v.contiguous() for k, v in load_model(str(saved[0]), CPU, torch.float32).model.state_dict().items()}
     torch.save(state, d / "pytorch_model.bin", _use_new_zipfile_serialization=False)
     load_model(str(d), CPU, torch.float32)  # a legacy (non-zip) torch file still loads
+    torch.save(state, d / "pytorch_model.bin", _use_new_zipfile_serialization=False, pickle_protocol=4)
+    with pytest.raises(GmtoolError, match=r"pytorch_model.bin is a legacy torch pickle of protocol 4, which the"):
+        load_model(str(d), CPU, torch.float32)  # torch's weights-only loader cannot read it (transformers' error)
     for content, says in [
         (b"<html>404 Not Found</html>", "neither a torch archive nor a legacy torch pickle"),
         (b"", "it is empty"),

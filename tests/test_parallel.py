@@ -226,21 +226,23 @@ def test_a_rank_that_reported_its_result_ignores_the_parent_s_stop(monkeypatch):
     import signal
     import threading
 
-    sent = []
+    sent, death = [], []
 
     class Queue:
         def put(self, message):
-            sent.append((message, signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)))
+            sent.append((message, signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), death[-1]))
 
     monkeypatch.setattr(launch, "_as_rank", lambda *a: "result")
-    monkeypatch.setattr(launch, "_die_with_parent", lambda parent: None)
+    monkeypatch.setattr(launch, "_die_with_parent", lambda parent, sig=signal.SIGTERM: death.append(sig))
     held = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         launch._worker(1, 2, 0, None, {}, (), {}, 1.0, Queue(), threading.Event(), os.getpid())
     finally:
         for s, h in held.items():
             signal.signal(s, h)
-    assert sent == [((1, 0, None), launch._ignore, launch._ignore)]
+    # and dies with its parent by SIGKILL: ignoring SIGTERM, it outlived a parent killed while the report filled
+    # the pipe, waiting on it for good
+    assert sent == [((1, 0, None), launch._ignore, launch._ignore, signal.SIGKILL)]
 
 
 def test_a_rank_killed_outright_is_named_as_the_cause_not_the_rank_that_lost_it(tmp_path):
@@ -268,15 +270,18 @@ def test_a_rank_killed_outright_is_named_as_the_cause_not_the_rank_that_lost_it(
     )
 
 
-def test_a_rank_that_exits_by_itself_without_reporting_is_named_with_its_code():
-    class Proc:
-        def __init__(self, exitcode):
-            self.exitcode = exitcode
-
-    assert launch._died([Proc(None), Proc(0)], {}) is None
-    assert launch._died([Proc(3), Proc(-9)], {0: (1, "x")}) == (1, 1, launch._died([Proc(-9)], {})[2])
-    assert launch._died([Proc(None), Proc(3)], {}) == (1, 1, "exited with code 3 without a word")
-    assert launch._died([Proc(-15)], {}) == (0, 1, "killed by signal SIGTERM")
+def test_what_failed_a_tp_run_is_read_from_reports_and_exits_in_that_order():
+    """launch._failure(done, exited): reports read (rank -> (code, message)), exit codes seen before the read."""
+    sigkill = launch._failure({}, {1: -9})[2]
+    assert sigkill == "killed by signal SIGKILL (out of host memory? the OOM killer sends it)"
+    assert launch._failure({}, {}) is None and launch._failure({0: (0, b"")}, {0: 0, 1: 0}) is None
+    # a rank killed outright is the cause of what the others report
+    assert launch._failure({1: (1, "connection reset")}, {0: -9}) == (0, 1, sigkill)
+    # a rank that reported its failure, then exited 1, is its report, not "exited without a word" (a review saw
+    # a GmtoolError every rank met turned into that, exit 1 instead of 2, when the report was still queued)
+    assert launch._failure({0: (2, "bad config"), 1: (2, "bad config")}, {0: 1, 1: 1}) == (0, 2, "bad config")
+    assert launch._failure({0: (0, b"")}, {0: 0, 1: 3}) == (1, 1, "exited with code 3 without a word")
+    assert launch._failure({}, {0: -15}) == (0, 1, "killed by signal SIGTERM")
 
 
 @pytest.mark.parametrize(

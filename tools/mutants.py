@@ -2119,8 +2119,8 @@ MUTANTS: list[Mutant] = [
     M(
         "tp-death-blamed-on-survivor",
         "gmtool/parallel/launch.py",
-        "_died(procs, done) or (rank, code, value)",
-        "(rank, code, value)",
+        "(killed := next((r for r, c in silent.items() if c < 0), None)) is not None",
+        "(killed := next((r for r, c in silent.items() if c < 0), None)) is not None and not done",
         "tests/test_parallel.py::test_a_rank_killed_outright_is_named_as_the_cause_not_the_rank_that_lost_it",
         "a rank killed outright goes unnamed: the error is the survivor's gloo message",
     ),
@@ -2183,10 +2183,18 @@ MUTANTS: list[Mutant] = [
     M(
         "tp-success-traceback",
         "gmtool/parallel/launch.py",
-        "        for sig in (signal.SIGINT, signal.SIGTERM):\n            signal.signal(sig, _ignore)\n        messages.put((rank, 0,",
-        "        messages.put((rank, 0,",
+        "        for sig in (signal.SIGINT, signal.SIGTERM):\n            signal.signal(sig, _ignore)\n        # plain pickle: torch's queue",
+        "        # plain pickle: torch's queue",
         "tests/test_parallel.py::test_a_rank_that_reported_its_result_ignores_the_parent_s_stop",
         "a --tp run that went well prints a rank's KeyboardInterrupt traceback",
+    ),
+    M(
+        "tp-reported-rank-orphaned",
+        "gmtool/parallel/launch.py",
+        "        _die_with_parent(parent, signal.SIGKILL)\n        for sig in (signal.SIGINT, signal.SIGTERM):\n            signal.signal(sig, _ignore)\n        # plain pickle",
+        "        for sig in (signal.SIGINT, signal.SIGTERM):\n            signal.signal(sig, _ignore)\n        # plain pickle",
+        "tests/test_parallel.py::test_a_rank_that_reported_its_result_ignores_the_parent_s_stop",
+        "a rank whose parent dies while its report fills the pipe waits on it for good",
     ),
     M(
         "bin-not-torch-unsaid",

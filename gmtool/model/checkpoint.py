@@ -124,6 +124,11 @@ def _check_readable(file: Path) -> None:
     if file.suffix != ".safetensors" and not zipfile.is_zipfile(file):
         if head[:1] == b"\x80" and head[2:14] == LEGACY_MAGIC:
             return
+        if head[:1] == b"\x80" and head[2:3] == b"\x95" and head[11:23] == LEGACY_MAGIC:  # a framed pickle
+            raise GmtoolError(
+                f"{file} is a legacy torch pickle of protocol {head[1]}, which the weights-only loader transformers "
+                "uses cannot read: save it again in torch.save's default format"
+            )
         # else transformers' torch.load said "weights only load failed" (and to retry unsafely), "EOFError" or
         # "pop from empty list"
         if not head:

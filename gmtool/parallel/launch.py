@@ -206,13 +206,15 @@ def _torchrun_rank(fn, cfg, args, kwargs, timeout: float):
     return result
 
 
-def _die_with_parent(parent: int) -> None:
+def _die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
     """A rank outlives a parent killed outright (SIGKILL, the OOM killer) by nothing: Linux's parent-death signal,
-    and an exit where the parent died before it was set (while spawn imported gmtool)."""
+    and an exit where the parent died before it was set (while spawn imported gmtool). SIGKILL once the rank
+    ignores SIGTERM (its report sent): a parent gone while the report still filled the pipe left the rank
+    waiting on it for good."""
     with contextlib.suppress(OSError, AttributeError):
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:
         os._exit(1)
 
@@ -242,13 +244,15 @@ def _worker(rank: int, world: int, port: int, fn, cfg_kwargs, args, kwargs, time
         if stop.is_set():  # Ctrl-C came while this rank was starting
             raise Interrupted("interrupted while the ranks started: nothing was measured")
         result = _as_rank(Place(rank, world, rank), f"tcp://127.0.0.1:{port}", fn, cfg_kwargs, args, kwargs, timeout)
-        # plain pickle: torch's queue would share tensors by memory this process takes with it when it exits
         # done: once it has every report, the parent may stop this rank while its exit joins the queue's feeder
         # thread; raised there, a KeyboardInterrupt printed a traceback after a run that went well
+        _die_with_parent(parent, signal.SIGKILL)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _ignore)
+        # plain pickle: torch's queue would share tensors by memory this process takes with it when it exits
         messages.put((rank, 0, pickle.dumps(result) if rank == 0 else None))
     except BaseException as e:  # everything becomes the parent's one line; no traceback from a rank
+        _die_with_parent(parent, signal.SIGKILL)
         for sig in (signal.SIGINT, signal.SIGTERM):  # the parent's stop (SIGTERM, then SIGKILL) ends the report
             signal.signal(sig, _ignore)
         messages.put((rank, _exit_code(e), "interrupted" if isinstance(e, KeyboardInterrupt) else first_line(e)))
@@ -290,12 +294,14 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
         _start(procs)
         while len(done) < world:
             try:
-                rank, code, value = messages.get(timeout=0.2)
-                done[rank] = (code, value)
-                if code and failed is None:  # a rank already dead is the cause of what this one met (gloo's error)
-                    failed, deadline = _died(procs, done) or (rank, code, value), time.monotonic() + timeout
-            except queue_mod.Empty:
-                if failed is None and (failed := _died(procs, done)):
+                # ranks seen ended before the read: the read holds their reports (each is in the pipe before its
+                # rank exits), so a rank that reported and exited is never taken for one that died without a word
+                exited = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode is not None}
+                _read(messages, done, wait=0.2)
+                # a death by a signal has no report to wait for: seen after the read too (killed during the wait,
+                # the others' "connection reset" came in the same wait)
+                exited |= {r: p.exitcode for r, p in enumerate(procs) if (p.exitcode or 0) < 0}
+                if failed is None and (failed := _failure(done, exited)):
                     deadline = time.monotonic() + timeout
             except KeyboardInterrupt:  # rank 0 writes what was measured and says so
                 if deadline is not None:
@@ -309,6 +315,7 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
                             os.kill(p.pid, signal.SIGINT)
                 failed, deadline = (0, 130, "interrupted"), time.monotonic() + timeout
             if failed and (time.monotonic() > deadline or all(p.exitcode is not None for p in procs)):
+                _read(messages, done, wait=0)  # the last reports: a rank that reported is not "stopped" below
                 break
             # interrupted: rank 0 has written what was measured; the others have nothing to write, and one may be
             # stuck in c10d's rendezvous retries (they outlast signals) until --tp-timeout
@@ -331,16 +338,30 @@ def _spawn(fn, cfg, args, kwargs, timeout: float):
     return pickle.loads(done[0][1])
 
 
-def _died(procs, done) -> tuple | None:
-    """The first rank that ended outside Python (a signal, the OOM killer), as a failure: (rank, 1, why)."""
-    for r, p in enumerate(procs):
-        if p.exitcode not in (None, 0) and r not in done:
-            if p.exitcode > 0:
-                return r, 1, f"exited with code {p.exitcode} without a word"
-            name = signal.Signals(-p.exitcode).name if -p.exitcode in signal.valid_signals() else -p.exitcode
-            oom = " (out of host memory? the OOM killer sends it)" if p.exitcode == -signal.SIGKILL else ""
-            return r, 1, f"killed by signal {name}{oom}"
-    return None
+def _read(messages, done: dict, wait: float) -> None:
+    """Every report queued into done (rank -> (code, value)), after waiting up to wait seconds for the first."""
+    with contextlib.suppress(queue_mod.Empty):
+        rank, code, value = messages.get(timeout=wait) if wait else messages.get_nowait()
+        done[rank] = (code, value)
+        while True:
+            rank, code, value = messages.get_nowait()
+            done[rank] = (code, value)
+
+
+def _failure(done: dict, exited: dict) -> tuple | None:
+    """What failed the run, as (rank, code, why), from the reports read and the ranks that ended before they were
+    read (exited: rank -> exit code). A rank killed outright (a signal, the OOM killer) first: what the others
+    then report follows from it (gloo's "connection reset"); else the first failure reported; else a rank that
+    exited without a word."""
+    silent = {r: c for r, c in exited.items() if c != 0 and r not in done}
+    if (killed := next((r for r, c in silent.items() if c < 0), None)) is not None:
+        c = -silent[killed]
+        name = signal.Signals(c).name if c in signal.valid_signals() else c
+        oom = " (out of host memory? the OOM killer sends it)" if c == signal.SIGKILL else ""
+        return killed, 1, f"killed by signal {name}{oom}"
+    if reported := next(((r, c, v) for r, (c, v) in done.items() if c), None):
+        return reported
+    return next(((r, 1, f"exited with code {c} without a word") for r, c in silent.items()), None)
 
 
 def _start(procs) -> None:
