@@ -98,6 +98,10 @@ class SweepConfig:
         if bad or not self.modes:
             raise GmtoolError(f"unknown mode {bad[0] if bad else '(none)'!r}: choose from {', '.join(SWEEP_MODES)}")
         self.modes = tuple(GraphMode(m) for m in self.modes)
+        if GraphMode.EAGER not in self.modes:  # a list or a profile without it: the speedup columns stay empty
+            note = "eager is not among the modes: the graph modes get no speedup"
+            if note not in self.notes:  # a config copied with dataclasses.replace runs this again
+                self.notes.append(note)
         if self.piecewise_impl not in PIECEWISE_IMPLS:
             raise GmtoolError(f"unknown --piecewise-impl {self.piecewise_impl!r}: use breakable or fx")
         pieces = [m for m in self.modes if GraphMode.PIECEWISE in (m, *m.composed_of.values())]
@@ -229,16 +233,19 @@ class SweepConfig:
         if self.max_kv_len <= 0:
             raise GmtoolError("--max-kv-len must be positive")
         if longest > self.max_kv_len:
-            c = next(
-                c
-                for cs in self.compositions_by_bucket.values()
+            b, c = next(
+                (b, c)
+                for b, cs in self.compositions_by_bucket.items()
                 for c in cs
                 if any(kv_len(p) == longest for p in c.parts)
             )
             bare = any(p.prefix is None and p.new_tokens == 1 for p in c.parts)
+            given = any(c is g for g in comps)
             raise GmtoolError(
-                f"composition {c.label}: prefix + new tokens = {longest} exceeds --max-kv-len {self.max_kv_len}"
+                (f"composition {c.label}" if given else f"bucket {b}'s default {self.scenario} mix {c.label}")
+                + f": prefix + new tokens = {longest} exceeds --max-kv-len {self.max_kv_len}"
                 + (" (a decode reads at least one cached token)" if bare and longest == 2 else "")
+                + ("" if given else f": raise --max-kv-len to {longest} or give --compositions")
             )
 
     def _eager_above(self, over: list[Composition], policy: BucketPolicy) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -70,6 +71,10 @@ def load_sweep_profile(name_or_path: str) -> dict:
     if not path.is_file():
         path = PROFILES_DIR / "sweeps" / f"{name_or_path}.json"
     if not path.is_file():
+        if name_or_path.endswith(".json") or "/" in name_or_path or os.sep in name_or_path:  # meant as a file
+            raise GmtoolError(
+                f"no sweep profile file {name_or_path!r} (built-in profiles: {', '.join(sweep_profiles())})"
+            )
         raise GmtoolError(f"unknown sweep profile {name_or_path!r}: choose from {', '.join(sweep_profiles())}")
     try:
         prof = json.loads(path.read_text(), object_pairs_hook=_unique_keys)

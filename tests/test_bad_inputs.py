@@ -251,6 +251,22 @@ CASES = [
     ),
     ("a misspelt workload column", ["plan", "--workload", "{tmp}/typo.csv"], "unknown column 'counts'"),
     ("a sweep profile that is not UTF-8", ["capture", *CPU, "--profile", "{tmp}/latin.json"], "is not UTF-8 text"),
+    (  # was "composition 8*2: ...", a mix the user never gave
+        "a default mix longer than --max-kv-len",
+        ["capture", *CPU, "--scenario", "prefill", "--buckets", "16", "--max-kv-len", "3"],
+        "bucket 16's default prefill mix 8*2: prefix + new tokens = 8 exceeds --max-kv-len 3: raise --max-kv-len to 8 "
+        "or give --compositions",
+    ),
+    (
+        "capture given a list of modes",
+        ["capture", *CPU, "--mode", "full,piecewise"],
+        "--mode 'full,piecewise': capture runs one graph mode; compare takes a list (gmtool compare eager,full,piecewise)",
+    ),
+    (  # was "unknown sweep profile": a file name is no built-in name
+        "a sweep profile file that is not there",
+        ["capture", *CPU, "--profile", "gone.json"],
+        "no sweep profile file 'gone.json' (built-in profiles: ",
+    ),
     (
         "verify's output-sharing fault on piecewise graphs alone",
         ["verify", *CPU, "--modes", "piecewise", "--inject", "share-output-across-buckets"],

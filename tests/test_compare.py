@@ -520,3 +520,20 @@ def test_peer_shared_compile_traces_at_most_twice():
         assert dyn.counters["stats"]["unique_graphs"] == 2
     finally:
         torch._dynamo.reset()
+
+
+def test_a_run_without_eager_says_so_in_its_files_too(tmp_path):
+    """The note was printed by compare alone: results.json and report.md did not hold it, and capture with a
+    profile's modes said nothing."""
+    note = "eager is not among the modes: the graph modes get no speedup"
+    args = ["--device", "cpu", "--buckets", "1", "--compositions", "1*1", "--num-iters", "1", "--num-iters-warmup", "0"]
+    code, stdout, _ = run_cli("compare", "full", *args, "--out", tmp_path / "c")
+    assert code == 0 and note in " ".join(stdout.split())
+    assert note in json.loads((tmp_path / "c" / "results.json").read_text())["notes"]
+    assert note in (tmp_path / "c" / "report.md").read_text()
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"modes": ["full"]}))
+    code, stdout, _ = run_cli("capture", "--profile", profile, *args, "--out", tmp_path / "k")
+    assert code == 0 and note in " ".join(stdout.split())
+    code, stdout, _ = run_cli("compare", "eager,full", *args, "--out", tmp_path / "e")
+    assert code == 0 and "eager is not among" not in stdout

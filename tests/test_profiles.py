@@ -1,6 +1,7 @@
 """Sweep profiles (--profile): the command line beats the profile, the profile beats SweepConfig's defaults."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -174,3 +175,23 @@ def test_a_key_given_twice_in_a_sweep_profile_is_refused(tmp_path):
     p.write_text('{"buckets": "1", "scenario": "decode", "buckets": "2"}')
     with pytest.raises(GmtoolError, match="gives 'buckets' twice: keep one"):
         load_sweep_profile(str(p))
+
+
+def test_a_refusal_of_a_profile_s_value_says_it_came_from_the_profile(tmp_path):
+    """The refusal named the command-line flag (--max-tokens 4 ...) the user never gave."""
+    from gmtool.cli.run_sweep import build_config
+    from gmtool.errors import GmtoolError
+
+    p = tmp_path / "q.json"
+    p.write_text(json.dumps({"buckets": "1,2,4,8", "max_tokens": 4}))
+    with pytest.raises(
+        GmtoolError,
+        match=rf"lower --buckets \(max_tokens: 4, buckets: '1,2,4,8' came from sweep profile {re.escape(str(p))}\)$",
+    ):
+        build_config(str(p), device="cpu")
+    with pytest.raises(
+        GmtoolError, match=rf"lower --buckets \(buckets: '1,2,4,8' came from sweep profile {re.escape(str(p))}\)$"
+    ):
+        build_config(str(p), device="cpu", max_tokens=4)
+    with pytest.raises(GmtoolError, match=r"lower --buckets$"):  # all of it from the command line
+        build_config(None, device="cpu", buckets="1,2,4,8", max_tokens=4)

@@ -99,8 +99,11 @@ def test_a_key_no_sibling_fits_beside_is_captured_from_its_batch_and_a_note_says
     res = Sweep(cfg).run(bench)
     full = next(r for r in res.records if r.mode == "full")
     assert full.status == "ok" and full.captured_with == "1*4@40"
-    note = next(n for n in res.notes if "captured from the first batch they check" in n)
-    assert note.startswith("1 graph keys") and "full d4 (the batch needs" in note
+    note = next(n for n in res.notes if "captured from the first batch" in n)
+    assert (
+        note.startswith("1 graph key was captured from the first batch it checks")
+        and "full d4 (the batch needs" in note
+    )
 
 
 def test_trace_finds_a_mix_its_graph_serves_past_one_the_cache_cannot_hold(tmp_path):

@@ -516,6 +516,9 @@ def test_the_reproduce_command_is_one_verify_accepts():
         opts[k] = int(opts[k])
     VerifyConfig(**opts)  # raises GmtoolError on a refused command
     assert "--steps 20 --check-every 10" in cfg.repro("full", "default", 20)
+    assert "--attention" not in cfg.repro("full", "default", 20)
+    torch_attention = VerifyConfig(device="cpu", modes="full", attention="torch", inject="stale-slot-mapping")
+    assert " --attention torch" in torch_attention.repro("full", "default", 20)  # on CUDA, auto would run Triton
 
 
 def test_a_clean_verdict_names_what_full_narrow_was_expected_to_show():
@@ -746,3 +749,19 @@ def test_the_poisoned_kv_tail_starts_at_the_first_slot_past_each_length(rig):
     want = [9 * bs + i for i in range(3, bs)] + [7 * bs + i for i in range(bs)]
     assert tails.tolist() == want
     assert not {5, 7, 9} & set(unused.tolist()) and len(unused) > 0
+
+
+def test_an_injected_fault_nothing_caught_is_said_in_the_verdict(tmp_path):
+    """freeze-seq-lens under piecewise prefill (its attention reads the lengths from the host plan, not the frozen
+    copy): the verdict was a plain "clean", as if the self-test had passed."""
+    out = tmp_path / "v"
+    args = ["verify", "--device", "cpu", "--modes", "piecewise", "--inject", "freeze-seq-lens", "--steps", "20"]
+    r = runner.invoke(app, [*args, "--check-every", "2", "--buckets", "1,2,4", "--out", str(out)])
+    doc = json.loads((out / "verify.json").read_text())
+    assert r.exit_code == 0 and not doc["findings"]
+    assert doc["verdict"].endswith("but the injected freeze-seq-lens was never caught: these soaks ran nothing it "
+                                   "changes (as freeze-seq-lens under piecewise prefill, whose attention reads the "
+                                   "lengths from its host plan), or verify missed it")  # fmt: skip
+    clean = runner.invoke(app, ["verify", "--device", "cpu", "--modes", "piecewise", "--steps", "4", "--check-every",
+                                "2", "--buckets", "1,2,4", "--out", str(tmp_path / "c")])  # fmt: skip
+    assert clean.exit_code == 0 and "never caught" not in clean.output

@@ -60,6 +60,10 @@ def capture(
 ) -> None:
     """Capture one graph per bucket, replay it with several batch compositions, compare each with eager."""
     out_ = Output(fmt)
+    if mode is not None and "," in mode:
+        raise GmtoolError(
+            f"--mode {mode!r}: capture runs one graph mode; compare takes a list (gmtool compare eager,{mode})"
+        )
     if mode is not None and mode not in CAPTURE_MODES:
         why = "captures nothing" if mode in tuple(GraphMode) else "is an unknown mode"
         raise GmtoolError(f"--mode {mode!r} {why}: choose from {', '.join(CAPTURE_MODES)} (compare runs eager)")

@@ -161,10 +161,7 @@ def compare(
         check_same_model(base, _expected_model_name(cfg.model), scenario=cfg.scenario)
     if GraphMode.HF_COMPILED in wanted and cfg.torch_device.type != "cuda":
         raise GmtoolError(NEEDS_CUDA.format(device=cfg.torch_device.type))
-    no_eager = (
-        [] if GraphMode.EAGER in sweep_modes else ["eager is not among the modes: the graph modes get no speedup"]
-    )
-    for note in cfg.notes + no_eager:
+    for note in cfg.notes:
         out_.note(note)
     if cfg.tp > 1 and (GraphMode.HF_COMPILED in wanted or trace):
         raise GmtoolError(
@@ -187,4 +184,4 @@ def compare(
             timeout=tp_timeout,
         )
 
-    show_sweep(out_, doc, compare_table, "wrote " + ", ".join(str(f) for f in files), shown=cfg.notes + no_eager)
+    show_sweep(out_, doc, compare_table, "wrote " + ", ".join(str(f) for f in files), shown=cfg.notes)

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gmtool.config import SweepConfig
+from gmtool.errors import GmtoolError
 from gmtool.profiles import load_sweep_profile
 from gmtool.records import Document
 from gmtool.report.ledger import ledger_table
@@ -20,9 +21,24 @@ def build_config(profile: str | dict | None, **opts) -> SweepConfig:
     """Each option: the command line's value when given (not None), else the sweep profile's (a name, a path, or
     one already loaded), else SweepConfig's default."""
     prof = load_sweep_profile(profile) if isinstance(profile, str) else dict(profile or {})
-    cfg = SweepConfig(**{**prof, **{k: v for k, v in opts.items() if v is not None}})
-    cfg.check_decode_seqs()
+    try:
+        cfg = SweepConfig(**{**prof, **{k: v for k, v in opts.items() if v is not None}})
+        cfg.check_decode_seqs()
+    except GmtoolError as e:  # it names the options: say which of them the profile gave, not the command line
+        if said := _from_profile(str(e), prof, opts, profile):
+            raise type(e)(str(e) + said) from None
+        raise
     return cfg
+
+
+def _from_profile(message: str, prof: dict, opts: dict, profile) -> str:
+    """Which options the message names took the profile's value."""
+    keys = [k for k in dict.fromkeys(o.replace("-", "_") for o in re.findall(r"--([a-z][a-z-]*)", message))]
+    given = [k for k in keys if k in prof and opts.get(k) is None]
+    if not given:
+        return ""
+    where = f"sweep profile {profile}" if isinstance(profile, str) else "the sweep profile"
+    return f" ({', '.join(f'{k}: {prof[k]!r}' for k in given)} came from {where})"
 
 
 def _alike(errors: list[str]) -> list[tuple[str, int]]:

@@ -158,10 +158,14 @@ class Sweep:
             if bench.decoys_skipped > skipped:
                 res.notes.append(decoy_note(bench.decoys_skipped - skipped))
             if self.captured_from_batch:
-                more = len(self.captured_from_batch) - 4
+                n, more = len(self.captured_from_batch), len(self.captured_from_batch) - 4
                 res.notes.append(
-                    f"{len(self.captured_from_batch)} graph keys were captured from the first batch they check, "
-                    f"not a sibling (their captured_with is that mix): {'; '.join(self.captured_from_batch[:4])}"
+                    (
+                        f"{n} graph keys were captured from the first batch they check, not a sibling (their "
+                        if n > 1
+                        else "1 graph key was captured from the first batch it checks, not a sibling (its "
+                    )
+                    + f"captured_with is that mix): {'; '.join(self.captured_from_batch[:4])}"
                     + (f"; and {more} more" if more > 0 else "")
                 )
         except BaseException:

@@ -90,6 +90,11 @@ def finish_document(doc: dict, cfg, wall_s: float) -> dict:
             f"verify: clean: {steps} steps, {checks} checked replays against eager, "
             f"{len(doc['runs'])} soak(s), no op that breaks capture, no baked-in value" + _expected(doc)
         )
+        if fault := doc.get("config", {}).get("inject"):  # a self-test that found nothing is no clean bill
+            doc["verdict"] += (
+                f"; but the injected {fault} was never caught: these soaks ran nothing it changes (as freeze-seq-lens "
+                "under piecewise prefill, whose attention reads the lengths from its host plan), or verify missed it"
+            )
     return doc
 
 

@@ -155,6 +155,8 @@ class VerifyConfig:
         ]
         if self.max_tokens is not None:
             parts.append(f"--max-tokens {self.max_tokens}")
+        if self.attention != "auto":  # on CUDA auto is Triton: a finding under torch's would not reproduce
+            parts.append(f"--attention {self.attention}")
         if self.fault:
             parts.append(f"--inject {self.fault}")
         return " ".join(parts)
