@@ -2121,7 +2121,7 @@ MUTANTS: list[Mutant] = [
         "gmtool/parallel/launch.py",
         "(killed := next((r for r, c in silent.items() if c < 0), None)) is not None",
         "(killed := next((r for r, c in silent.items() if c < 0), None)) is not None and not done",
-        "tests/test_parallel.py::test_a_rank_killed_outright_is_named_as_the_cause_not_the_rank_that_lost_it",
+        "tests/test_parallel.py::test_a_failed_rank_is_named_and_the_others_stop",
         "a rank killed outright goes unnamed: the error is the survivor's gloo message",
     ),
     M(
