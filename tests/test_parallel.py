@@ -207,6 +207,41 @@ def test_a_failed_rank_is_named_and_the_others_stop(tmp_path, fail, says):
     assert took < 60  # a few seconds of imports, then at most --tp-timeout for rank 0
 
 
+def test_a_tp_run_that_went_well_says_nothing_on_stderr_but_its_note(tmp_path):
+    """The parent stopped its ranks while their exit joined the report queue's thread: a rank's
+    KeyboardInterrupt traceback (or "Exception ignored in atexit callback") followed a clean verdict."""
+    code, stdout, stderr, _ = gm(
+        "capture", *TINY, "--tp", 2, "--buckets", "1,2", "--out", tmp_path / "x", "--format", "quiet",
+    )  # fmt: skip
+    assert code == 0 and "verdict: " in stdout
+    assert [line for line in stderr.splitlines() if not line.startswith("note: no CUDA here")] == [], stderr
+
+
+def test_a_rank_that_reported_its_result_ignores_the_parent_s_stop(monkeypatch):
+    """What the test above sees only when the parent's stop lands while a rank exits, every time: a rank that has
+    put its result on the queue takes no Ctrl-C or SIGTERM as an interrupt any more."""
+    import signal
+    import threading
+
+    sent, death = [], []
+
+    class Queue:
+        def put(self, message):
+            sent.append((message, signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), death[-1]))
+
+    monkeypatch.setattr(launch, "_as_rank", lambda *a: "result")
+    monkeypatch.setattr(launch, "_die_with_parent", lambda parent, sig=signal.SIGTERM: death.append(sig))
+    held = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        launch._worker(1, 2, 0, None, {}, (), {}, 1.0, Queue(), threading.Event(), os.getpid())
+    finally:
+        for s, h in held.items():
+            signal.signal(s, h)
+    # and dies with its parent by SIGKILL: ignoring SIGTERM, it outlived a parent killed while the report filled
+    # the pipe, waiting on it for good
+    assert sent == [((1, 0, None), launch._ignore, launch._ignore, signal.SIGKILL)]
+
+
 def test_what_failed_a_tp_run_is_read_from_reports_and_exits_in_that_order():
     """launch._failure(done, exited): reports read (rank -> (code, message)), exit codes seen before the read."""
     sigkill = launch._failure({}, {1: -9})[2]
