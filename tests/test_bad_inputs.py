@@ -272,6 +272,11 @@ CASES = [
         ["verify", *CPU, "--modes", "piecewise", "--inject", "share-output-across-buckets"],
         "it is modeled on full graphs",
     ),
+    (  # the default modes, full and piecewise: refused once piecewise's soak started, full's finding lost
+        "verify's output-sharing fault where one of the modes is piecewise",
+        ["verify", *CPU, "--inject", "share-output-across-buckets"],
+        "give --modes without piecewise: full, full-narrow or auto",
+    ),
 ]
 
 CAPTURE_LIKE = ("capture", "compare", "memreport", "plan", "verify")

@@ -2229,6 +2229,22 @@ MUTANTS: list[Mutant] = [
         "a profile's value is refused as a command-line flag the user never gave",
     ),
     M(
+        "verify-young-graphs-unchecked",
+        "gmtool/verify/soak.py",
+        "                    if young or (step + 1) % opts.check_every == 0:",
+        "                    if (step + 1) % opts.check_every == 0:",
+        "tests/test_verify.py::test_a_graph_that_serves_only_steps_between_checks_is_still_checked",
+        "a graph that serves only steps between checks is never judged",
+    ),
+    M(
+        "share-output-mixed-modes-late",
+        "gmtool/verify/run.py",
+        "            if any(GraphMode(m) == GraphMode.PIECEWISE for m in self.graph_modes):",
+        "            if all(GraphMode(m) == GraphMode.PIECEWISE for m in self.graph_modes):",
+        "tests/test_bad_inputs.py::test_every_bad_input_is_one_line_and_exit_2",
+        "the default modes with share-output end in an error after the full soak, its finding lost",
+    ),
+    M(
         "bin-not-torch-unsaid",
         "gmtool/model/checkpoint.py",
         '        if len(head) > 8 and head[8:9] == b"{":',

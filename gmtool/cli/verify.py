@@ -45,7 +45,9 @@ def verify(
     check_every: Annotated[
         Optional[int],
         typer.Option(
-            "--check-every", help="Check every K-th step against eager.", show_default=_default("check_every")
+            "--check-every",
+            help="Check every K-th step against eager, and each graph's first two replays.",
+            show_default=_default("check_every"),
         ),
     ] = None,
     strategy: Annotated[

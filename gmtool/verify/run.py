@@ -117,10 +117,12 @@ class VerifyConfig:
             )
         self.fault = parse_fault(self.inject)  # the layer is checked once the model is loaded
         if self.fault is not None and self.fault.name == "share-output-across-buckets":
-            if all(GraphMode(m).piecewise for m in self.graph_modes):  # before the probes, not after them
+            # any piecewise mode, before the probes: refused when its soak started, the full soak's finding was lost
+            if any(GraphMode(m) == GraphMode.PIECEWISE for m in self.graph_modes):
                 raise GmtoolError(
                     "--inject share-output-across-buckets: it is modeled on full graphs (piecewise ends with the LM "
-                    "head's own write into the persistent logits); use full, full-narrow or auto"
+                    "head's own write into the persistent logits); give --modes without piecewise: full, full-narrow "
+                    "or auto"
                 )
 
     def to_dict(self) -> dict:

@@ -40,7 +40,8 @@ def test_soak_is_clean_under_the_default_pool_and_vmm():
     assert len(doc["runs"]) == 4
     for r in doc["runs"]:
         assert r["mismatch"] is None, r["mismatch"]
-        assert r["steps"] == 300 and r["checks"] == 30 and r["blocks_reused"] > 0
+        # every tenth step, and each graph's first two replays
+        assert r["steps"] == 300 and 30 <= r["checks"] < 300 and r["blocks_reused"] > 0
         # every buffer poisoned, freed graph-pool memory included (full graphs have no attention buffer)
         assert set(r["poison_skipped"]) <= {"attention output buffer past this bucket"}, r["poison_skipped"]
         print(f"{r['mode']} {r['strategy']}: {r['steps_per_min']:.0f} steps/min, {r['graphs']} graphs")
