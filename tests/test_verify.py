@@ -780,3 +780,17 @@ def test_a_graph_that_serves_only_steps_between_checks_is_still_checked(tmp_path
     r = runner.invoke(app, [*args, "--buckets", "1,2,4,8", "--inject", fault, "--out", str(out)])
     m = json.loads((out / "verify.json").read_text())["runs"][0]["mismatch"]
     assert r.exit_code == 3 and m is not None and m["key"] == "d4", (r.output, m)
+
+
+def test_a_mode_whose_soak_missed_the_injected_fault_is_named_when_another_caught_it(tmp_path):
+    """full caught freeze-seq-lens, piecewise's four prefill steps ran nothing it changes: the verdict named
+    full's catch and piecewise's clean soak went unsaid."""
+    out = tmp_path / "v"
+    args = ["verify", "--device", "cpu", "--modes", "full,piecewise", "--inject", "freeze-seq-lens", "--steps", "4"]
+    r = runner.invoke(app, [*args, "--check-every", "2", "--buckets", "1,2,4,8", "--out", str(out)])
+    doc = json.loads((out / "verify.json").read_text())
+    assert r.exit_code == 3 and [x["mismatch"] is None for x in doc["runs"]] == [False, True], r.output
+    assert (
+        "the injected freeze-seq-lens was never caught in piecewise under default: these soaks ran nothing it "
+        "changes, or verify missed it"
+    ) in doc["notes"]

@@ -2215,8 +2215,8 @@ MUTANTS: list[Mutant] = [
     M(
         "inject-uncaught-clean",
         "gmtool/verify/report.py",
-        '        if fault := doc.get("config", {}).get("inject"):',
-        "        if fault := None:",
+        "        if fault:  # a self-test that found nothing is no clean bill",
+        "        if False:",
         "tests/test_verify.py::test_an_injected_fault_nothing_caught_is_said_in_the_verdict",
         "an injected fault nothing caught is reported as a plain clean soak",
     ),
@@ -2243,6 +2243,14 @@ MUTANTS: list[Mutant] = [
         "            if all(GraphMode(m) == GraphMode.PIECEWISE for m in self.graph_modes):",
         "tests/test_bad_inputs.py::test_every_bad_input_is_one_line_and_exit_2",
         "the default modes with share-output end in an error after the full soak, its finding lost",
+    ),
+    M(
+        "inject-mode-miss-unsaid",
+        "gmtool/verify/report.py",
+        '    if fault and doc["findings"] and missed:',
+        "    if False:",
+        "tests/test_verify.py::test_a_mode_whose_soak_missed_the_injected_fault_is_named_when_another_caught_it",
+        "a mode whose soak missed the injected fault goes unsaid when another mode caught it",
     ),
     M(
         "bin-not-torch-unsaid",

@@ -74,6 +74,13 @@ def finish_document(doc: dict, cfg, wall_s: float) -> dict:
     doc["wall_s"] = wall_s
     doc.setdefault("notes", []).extend(_served_notes(doc, cfg))
     doc["findings"] = _findings(doc)
+    fault = doc.get("config", {}).get("inject")
+    missed = [f"{r['mode']} under {r['strategy']}" for r in doc["runs"] if r["mismatch"] is None]
+    if fault and doc["findings"] and missed:  # the verdict names the catch; the soaks that missed it are said here
+        doc["notes"].append(
+            f"the injected {fault} was never caught in {', '.join(missed)}: these soaks ran nothing it changes, or "
+            "verify missed it"
+        )
     doc["exit_code"] = EXIT_FOUND if doc["findings"] else EXIT_CLEAN
     steps = sum(r["steps"] for r in doc["runs"])
     checks = sum(r["checks"] for r in doc["runs"])
@@ -90,7 +97,7 @@ def finish_document(doc: dict, cfg, wall_s: float) -> dict:
             f"verify: clean: {steps} steps, {checks} checked replays against eager, "
             f"{len(doc['runs'])} soak(s), no op that breaks capture, no baked-in value" + _expected(doc)
         )
-        if fault := doc.get("config", {}).get("inject"):  # a self-test that found nothing is no clean bill
+        if fault:  # a self-test that found nothing is no clean bill
             doc["verdict"] += (
                 f"; but the injected {fault} was never caught: these soaks ran nothing it changes (as freeze-seq-lens "
                 "under piecewise prefill, whose attention reads the lengths from its host plan), or verify missed it"
