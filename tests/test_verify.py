@@ -794,3 +794,17 @@ def test_a_mode_whose_soak_missed_the_injected_fault_is_named_when_another_caugh
         "the injected freeze-seq-lens was never caught in piecewise under default: these soaks ran nothing it "
         "changes, or verify missed it"
     ) in doc["notes"]
+
+
+def test_a_wrong_replay_of_a_step_that_fills_its_bucket_names_a_row_read_from_another_token(tmp_path):
+    """pad-read on a checked step with no padding lane (8 tokens in bucket 8): nothing poisoned changes the
+    result, and the one suspect named a value frozen at capture, where the graph reads another token's row."""
+    out = tmp_path / "v"
+    args = ["verify", "--device", "cpu", "--modes", "full", "--inject", "pad-read", "--steps", "40", "--seed", "0"]
+    r = runner.invoke(app, [*args, "--check-every", "10", "--buckets", "1,2,4,8", "--out", str(out)])
+    m = json.loads((out / "verify.json").read_text())["runs"][0]["mismatch"]
+    assert r.exit_code == 3 and m["key"] == "t8xs1" and m["composition"] == "8", m
+    assert (
+        "This step fills its bucket, so no padding lane was poisoned: a row read from another token's"
+        in (m["suspects"][0])
+    )

@@ -2253,6 +2253,14 @@ MUTANTS: list[Mutant] = [
         "a mode whose soak missed the injected fault goes unsaid when another mode caught it",
     ),
     M(
+        "row-read-unsuggested",
+        "gmtool/verify/soak.py",
+        "            full = batch.num_tokens == entry.key.num_tokens > 1",
+        "            full = False",
+        "tests/test_verify.py::test_a_wrong_replay_of_a_step_that_fills_its_bucket_names_a_row_read_from_another_token",
+        "a graph reading another token's row, on a step with no padding, is blamed on a value frozen at capture alone",
+    ),
+    M(
         "bin-not-torch-unsaid",
         "gmtool/model/checkpoint.py",
         '        if len(head) > 8 and head[8:9] == b"{":',

@@ -360,10 +360,14 @@ class Soak:
         if seen.stray_blocks:
             suspects.append(f"K/V blocks outside this step's new tokens: {seen.stray_blocks} written by this replay")
         if not suspects:
+            # a full bucket has no padding lane to poison: a graph reading another token's row then shows nothing
+            full = batch.num_tokens == entry.key.num_tokens > 1
             suspects.append(
                 "no buffer identified: the device inputs hold this batch and no poisoned buffer changes "
-                "the result, so the graph computes from something else (a value frozen at capture?)"
-            )
+                "the result, so the graph computes from something else (a value frozen at capture?"
+                + (" This step fills its bucket, so no padding lane was poisoned: a row read from another token's "
+                   "is as likely)" if full else ")")
+            )  # fmt: skip
         return Mismatch(
             step,
             str(entry.key),
