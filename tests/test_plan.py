@@ -438,15 +438,21 @@ def test_plan_from_results_end_to_end(tmp_path, results_file):
     assert "2 captures take 2.00 s inside serving" in " ".join(out.split())  # the terminal says it too
 
 
+def _planned(tmp_path, results_file, rows: str) -> tuple[dict, str, str]:
+    """plan --from results_file on a workload of these CSV rows (num_tokens,num_seqs,count): plan.json, plan.md
+    and what it printed."""
+    wl = tmp_path / "w.csv"
+    wl.write_text(f"num_tokens,num_seqs,count\n{rows}\n")
+    code, out, err = run_cli("plan", "--workload", wl, "--from", results_file, "--out", tmp_path / "p")
+    assert code == 0, err
+    return json.loads((tmp_path / "p" / "plan.json").read_text()), (tmp_path / "p" / "plan.md").read_text(), out
+
+
 def test_steps_beyond_the_measured_buckets_are_named_and_extrapolated_lists_marked(tmp_path, results_file):
     """Buckets measured up to 16, steps up to 64: the plan may capture only measured-range sizes, while the
     engines' lists reach past them on extrapolated figures. A plan "slower" than those lists must say why,
     and their figures must read as estimates."""
-    wl = tmp_path / "w.csv"
-    wl.write_text("num_tokens,num_seqs,count\n1,1,60\n8,8,15\n64,64,25\n")
-    code, out, err = run_cli("plan", "--workload", wl, "--from", results_file, "--out", tmp_path / "p")
-    assert code == 0, err
-    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    doc, md, out = _planned(tmp_path, results_file, "1,1,60\n8,8,15\n64,64,25")
     assert max(doc["capture_sizes"]) <= 16
     said = [n for n in doc["notes"] if "above the largest candidate size" in n]
     assert len(said) == 1 and said[0].startswith("25.0% of the workload's steps") and "up to 64 tokens" in said[0]
@@ -455,7 +461,6 @@ def test_steps_beyond_the_measured_buckets_are_named_and_extrapolated_lists_mark
     assert "vllm: 30 of its 35 sizes lie outside the measured buckets (30 above the largest, 16)" in " ".join(
         doc["notes"]
     )
-    md = (tmp_path / "p" / "plan.md").read_text()
     assert f"| vllm | 35 | ~{vllm['expected_ms_per_step']:.4f} | ~" in md and "~: the row's figures" in md
     assert "~: the row's figures are partly extrapolated" in " ".join(out.split())
     # the plan and all eager run the 64-token steps eager, on an eager latency beyond the measured 16: guesses too
@@ -466,13 +471,8 @@ def test_steps_beyond_the_measured_buckets_are_named_and_extrapolated_lists_mark
 
 def test_eager_steps_within_the_measured_eager_sizes_are_not_marked(tmp_path, results_file):
     """Every step inside the measured range: no row is a guess, so none is marked and no legend shows."""
-    wl = tmp_path / "w.csv"
-    wl.write_text("num_tokens,num_seqs,count\n1,1,60\n8,8,15\n16,16,25\n")
-    code, out, err = run_cli("plan", "--workload", wl, "--from", results_file, "--out", tmp_path / "p")
-    assert code == 0, err
-    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    doc, md, _ = _planned(tmp_path, results_file, "1,1,60\n8,8,15\n16,16,25")
     assert doc["eager_extrapolated_steps"] == 0 and doc["all_eager_extrapolated_steps"] == 0
-    md = (tmp_path / "p" / "plan.md").read_text()
     assert f"| all eager | 0 | {doc['eager_ms_per_step']:.4f} |" in md
 
 
@@ -753,11 +753,7 @@ def test_the_note_on_unmeasured_candidates_says_how_each_was_costed():
 
 
 def test_decode_only_engines_rows_count_the_mixed_steps_eager(tmp_path, results_file):
-    wl = tmp_path / "w.csv"
-    wl.write_text("num_tokens,num_seqs,count\n1,1,60\n8,2,40\n")
-    code, out, err = run_cli("plan", "-w", wl, "--from", results_file, "--out", tmp_path / "p")
-    assert code == 0, err
-    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    doc, _, _ = _planned(tmp_path, results_file, "1,1,60\n8,2,40")
     rows = {d["engine"]: d for d in doc["defaults"]}
     assert rows["sglang"]["eager_steps"] == 40 and rows["trtllm-padded"]["eager_steps"] == 40
     assert rows["vllm"]["eager_steps"] == 0

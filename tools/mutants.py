@@ -2111,7 +2111,7 @@ MUTANTS: list[Mutant] = [
     M(
         "plan-gain-any-batch",
         "gmtool/plan/document.py",
-        "_gain(res.plan_as.get(d.name, p), c)",
+        "_gain(res.plan_decode_only if d.decode_only else p, c)",
         "_gain(p, c)",
         "tests/test_plan.py::test_decode_only_engines_rows_count_the_mixed_steps_eager",
         "the plan is credited against SGLang with graphs SGLang never runs",

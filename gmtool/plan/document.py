@@ -67,7 +67,7 @@ def build_document(res, inp, source: dict, model: dict, machine: dict) -> dict:
                 "eager_steps": c.eager_steps,
                 "eager_extrapolated_steps": c.eager_extrapolated_steps,
                 # against the plan as this engine would run it (decode-only graphs: its mixed steps eager too)
-                "plan_gain_pct": _gain(res.plan_as.get(d.name, p), c),
+                "plan_gain_pct": _gain(res.plan_decode_only if d.decode_only else p, c),
                 "plan_uses_less_memory": None
                 if c.graph_memory_bytes is None or p.graph_memory_bytes is None
                 else p.graph_memory_bytes <= c.graph_memory_bytes,

@@ -43,7 +43,7 @@ class PlanResult:
     notes: list[str]
     lazy: dict | None = None  # the plan's sizes captured on first miss instead (gmtool.plan.lazy)
     extrapolated: dict[str, int] = field(default_factory=dict)  # per default list: its sizes beyond the measured
-    plan_as: dict[str, Choice] = field(default_factory=dict)  # the plan's list as a decode-only engine runs it
+    plan_decode_only: Choice | None = None  # the plan's list as a decode-only engine runs it
 
 
 def check_candidates(candidates: list[int] | None, max_tokens: int | None) -> None:
@@ -140,7 +140,7 @@ def make_plan(inp: PlanInputs) -> PlanResult:
     plan = problem.optimize(inp.budgets, among=cands)
     defaults = [(d, problem.evaluate(d.sizes, d.padding, d.decode_only)) for d in ENGINE_DEFAULTS]
     # the plan's list given to a decode-only engine (its flags pad, as TensorRT-LLM's enable_padding: true)
-    plan_as = {d.name: problem.evaluate(plan.sizes, True, True) for d in ENGINE_DEFAULTS if d.decode_only}
+    plan_decode_only = problem.evaluate(plan.sizes, True, True)
     other = int(sizes.sum() - decode.sum())
     if other:
         only = [d.name for d in ENGINE_DEFAULTS if d.decode_only]
@@ -175,7 +175,7 @@ def make_plan(inp: PlanInputs) -> PlanResult:
         notes,
         lazy,
         extrapolated,
-        plan_as,
+        plan_decode_only,
     )
 
 
