@@ -808,3 +808,66 @@ def test_a_wrong_replay_of_a_step_that_fills_its_bucket_names_a_row_read_from_an
         "This step fills its bucket, so no padding lane was poisoned: a row read from another token's"
         in (m["suspects"][0])
     )
+
+
+def test_verify_soaks_fx_split_piecewise_graphs_where_asked_and_says_where_it_fell_back(monkeypatch):
+    """--piecewise-impl fx reaches verify's soaks (it was a capture and compare option only). Where fx cannot
+    trace the model, the graphs are split at run time instead: verify then says it soaked other graphs than
+    the ones asked for."""
+    from gmtool.core import forwards
+    from gmtool.verify.run import run_verify
+
+    traced = []
+    real = forwards.FxSplit.warmup
+    monkeypatch.setattr(forwards.FxSplit, "warmup", lambda self, ex, fn: traced.append(1) or real(self, ex, fn))
+    cfg = VerifyConfig(device="cpu", modes="piecewise,auto", piecewise_impl="fx", steps=12, check_every=4)
+    assert cfg.sweep.piecewise_impl == "fx"  # auto alone would be refused by the sweep's decode-only check
+    doc = run_verify(cfg)
+    assert doc["exit_code"] == 0 and len(doc["runs"]) == 2, doc["verdict"]
+    assert traced and not any("split by" in n for n in doc["notes"]), doc["notes"]
+    # the dynamic-dimension captures record the fx pieces' ops: their recorder, entered around the compiled call,
+    # made torch.compile skip the code, and every later fx split (the soaks') fell back to the run-time split
+    pieces = [d for d in doc["dynamic_dims"] if d["mode"] == "piecewise"]
+    assert pieces and all(d["ops"][0] == d["ops"][1] > 100 for d in pieces), pieces
+
+    def untraceable(self, ex, fn):
+        raise RuntimeError("dynamo met an op it cannot trace")
+
+    monkeypatch.setattr(forwards.FxSplit, "warmup", untraceable)
+    doc = run_verify(VerifyConfig(device="cpu", modes="full,piecewise", piecewise_impl="fx", steps=6, check_every=3))
+    assert doc["exit_code"] == 0, doc["verdict"]
+    fell = [n for n in doc["notes"] if "split by" in n]
+    assert fell == [
+        "piecewise under default: piecewise graphs split by breakable (fx could not trace: dynamo met an op it "
+        "cannot trace), not fx"
+    ]
+
+
+def test_verify_takes_piecewise_impl_only_with_a_mode_it_splits_and_reproduces_with_it():
+    from gmtool.errors import GmtoolError
+
+    with pytest.raises(GmtoolError, match="--piecewise-impl fx splits piecewise graphs, and --modes full has none"):
+        VerifyConfig(device="cpu", modes="full", piecewise_impl="fx")
+    with pytest.raises(GmtoolError, match="unknown --piecewise-impl 'cuts'"):
+        VerifyConfig(device="cpu", modes="piecewise", piecewise_impl="cuts")
+    cfg = VerifyConfig(device="cpu", modes="full,piecewise,auto", piecewise_impl="fx")
+    for mode in ("piecewise", "auto"):
+        argv = cfg.repro(mode, "default", 20).split()[2:]
+        assert "--piecewise-impl fx" in " ".join(argv)
+        opts = {argv[i].lstrip("-").replace("-", "_"): argv[i + 1] for i in range(0, len(argv), 2)}
+        for k in ("steps", "check_every", "seed", "max_num_seqs", "max_kv_len", "block_size"):
+            opts[k] = int(opts[k])
+        assert VerifyConfig(**opts).sweep.piecewise_impl == "fx"
+    assert "--piecewise-impl" not in cfg.repro("full", "default", 20)  # refused with full alone
+    assert "--piecewise-impl" not in VerifyConfig(device="cpu", modes="piecewise").repro("piecewise", "default", 20)
+
+
+def test_a_soaks_own_notes_reach_the_documents_notes():
+    """A soak's notes (a fallback split, skipped decoys, a stop) were in verify.json's runs only: the terminal
+    prints the document's notes."""
+    from gmtool.verify.report import finish_document
+
+    run = {"mode": "full", "strategy": "vmm", "steps": 5, "checks": 1, "expected_unsafe": False, "mismatch": None}
+    doc = {"capturability": [], "dynamic_dims": [], "runs": [{**run, "notes": ["stopped at the time limit"]}]}
+    doc = finish_document(doc, None, 1.0)
+    assert "full under vmm: stopped at the time limit" in doc["notes"]

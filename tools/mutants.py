@@ -2268,6 +2268,46 @@ MUTANTS: list[Mutant] = [
         "tests/test_checkpoints.py::test_a_bin_file_that_is_no_torch_file_is_refused_by_name",
         "a safetensors file named .bin is refused as an unreadable pickle",
     ),
+    M(
+        "verify-fx-dropped",
+        "gmtool/verify/run.py",
+        "            self.sweep.piecewise_impl = PiecewiseImpl(self.piecewise_impl)\n",
+        "            pass\n",
+        "tests/test_verify.py::test_verify_soaks_fx_split_piecewise_graphs_where_asked_and_says_where_it_fell_back",
+        "verify --piecewise-impl fx soaks graphs split at run time",
+    ),
+    M(
+        "verify-fx-recorded-outside",
+        "gmtool/verify/dyndims.py",
+        "    inside = fx is not None and fx.split\n",
+        "    inside = False\n",
+        "tests/test_verify.py::test_verify_soaks_fx_split_piecewise_graphs_where_asked_and_says_where_it_fell_back",
+        "verify's op recorder around an fx split's call: torch.compile skips the code, every split falls back",
+    ),
+    M(
+        "verify-fx-fallback-unsaid",
+        "gmtool/verify/soak.py",
+        "            fell_back = sorted({g.piecewise_impl for g in ex.graphs.values()} - {None, wanted})\n",
+        "            fell_back = []\n",
+        "tests/test_verify.py::test_verify_soaks_fx_split_piecewise_graphs_where_asked_and_says_where_it_fell_back",
+        "verify soaks run-time split graphs where fx could not trace, and calls them fx",
+    ),
+    M(
+        "verify-repro-without-fx",
+        "gmtool/verify/run.py",
+        '            parts.append(f"--piecewise-impl {self.piecewise_impl}")\n',
+        "            pass\n",
+        "tests/test_verify.py::test_verify_takes_piecewise_impl_only_with_a_mode_it_splits_and_reproduces_with_it",
+        "verify's reproduce line drops --piecewise-impl: an fx finding re-runs on the run-time split",
+    ),
+    M(
+        "verify-soak-notes-unsaid",
+        "gmtool/verify/report.py",
+        '    doc["notes"] += [f"{r[\'mode\']} under {r[\'strategy\']}: {n}" for r in doc["runs"] for n in r.get("notes", [])]\n',
+        "",
+        "tests/test_verify.py::test_a_soaks_own_notes_reach_the_documents_notes",
+        "a soak's notes (a fallback split, skipped decoys, a stop) stay in verify.json, unsaid in the terminal",
+    ),
 ]
 
 

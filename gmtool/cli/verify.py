@@ -94,6 +94,7 @@ def verify(
         ),
     ] = None,
     attention: o.AttentionOpt = None,
+    piecewise_impl: o.PiecewiseImplOpt = None,
     seed: o.SeedOpt = None,
     out: Annotated[Optional[Path], o.out_dir_option("verify")] = None,
     force: o.ForceOpt = False,
@@ -119,6 +120,7 @@ def verify(
         block_size=block_size,
         max_tokens=max_tokens,
         attention=attention,
+        piecewise_impl=piecewise_impl,
         seed=seed,
     )
     cfg = VerifyConfig(**{k: v for k, v in given.items() if v is not None})

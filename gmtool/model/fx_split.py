@@ -12,6 +12,8 @@ reported as compile_s, apart from capture_s.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
@@ -76,7 +78,8 @@ class _Piece(torch.nn.Module):
             return self.inner(*args)
         backend = self.fx.backend
         backend.begin()
-        out = self.inner(*args)
+        with self.fx.piece_mode or contextlib.nullcontext():
+            out = self.inner(*args)
         steps.append(backend.end())
         return out
 
@@ -148,6 +151,9 @@ class FxPiecewise:
         self.recording: list | None = None
         self.backend = None  # the graph backend of the capture under way
         self.splits: list[tuple[int, int]] = []  # (pieces, attention submodules) per traced bucket
+        # entered around each piece's capture (verify's op recorder): torch.compile traces nothing, and runs none
+        # of its compiled code, under a dispatch mode entered around the compiled call
+        self.piece_mode = None
         for name in ("cache_size_limit", "recompile_limit"):  # one trace per bucket shape
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))

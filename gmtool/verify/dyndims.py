@@ -11,6 +11,9 @@ which no ATen hook sees.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -102,6 +105,12 @@ def recorded_ops(
         rec.sample = tracker.on_change = lambda: rec.on and sampler.sample()
     record = ex.forward_impl.record
 
+    # torch.compile traces nothing, and runs none of its code, under a dispatch mode: entered around an fx split's
+    # call, it made the split fall back to the run-time split, here and (the code marked skipped) in every later
+    # executor; its pieces enter it instead
+    fx = getattr(getattr(ex.forward_impl, "active", None), "fx", None)
+    inside = fx is not None and fx.split
+
     def record_on(ex_, entry, fn):
         rec.on = True
         try:
@@ -110,11 +119,18 @@ def recorded_ops(
             rec.on = False
 
     ex.forward_impl.record = record_on
+    if inside:
+        fx.piece_mode = rec
     try:
-        with tracker.active(), rec:
+        with tracker.active(), contextlib.nullcontext() if inside else rec, warnings.catch_warnings():
+            # the tracker's hooks are global: torch.compile warns that they fire once more for a compiled module
+            # (it compiles no module here), and they do not fire inside the compiled code (its ops name no module)
+            warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
             entry = ex.capture(ex.key_for(batch), batch)
         return rec.ops, str(entry.key), reader.entry_nodes(entry, sampler) if reader is not None else None
     finally:
+        if inside:
+            fx.piece_mode = None
         if held is None:
             ex.release()
         else:

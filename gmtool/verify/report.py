@@ -73,6 +73,8 @@ def _served_notes(doc: dict, cfg) -> list[str]:
 def finish_document(doc: dict, cfg, wall_s: float) -> dict:
     doc["wall_s"] = wall_s
     doc.setdefault("notes", []).extend(_served_notes(doc, cfg))
+    # each soak's own notes (a fallback split, skipped decoys, a stop), said where the terminal shows notes
+    doc["notes"] += [f"{r['mode']} under {r['strategy']}: {n}" for r in doc["runs"] for n in r.get("notes", [])]
     doc["findings"] = _findings(doc)
     fault = doc.get("config", {}).get("inject")
     missed = [f"{r['mode']} under {r['strategy']}" for r in doc["runs"] if r["mismatch"] is None]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from gmtool.config import MAX_ITERS, SweepConfig
+from gmtool.config import MAX_ITERS, PIECEWISE_IMPLS, PiecewiseImpl, SweepConfig
 from gmtool.core.compositions import parse_composition
 from gmtool.errors import GmtoolError
 from gmtool.modes import CAPTURE_MODES, GraphMode
@@ -36,6 +36,7 @@ class VerifyConfig:
     block_size: int | None = None
     max_tokens: int | None = None  # auto's token budget per step: above the largest bucket it runs eagerly
     attention: str = "auto"
+    piecewise_impl: str = "breakable"  # how piecewise graphs split: at run time, or by the compiler (fx)
     # derived
     graph_modes: tuple[GraphMode, ...] = field(init=False)
     strategies: tuple[str, ...] = field(init=False)
@@ -103,6 +104,17 @@ class VerifyConfig:
             max_tokens=self.max_tokens,
         )
         self.model = self.sweep.model
+        if self.piecewise_impl not in PIECEWISE_IMPLS:
+            raise GmtoolError(f"unknown --piecewise-impl {self.piecewise_impl!r}: use breakable or fx")
+        if self.piecewise_impl != PiecewiseImpl.BREAKABLE:
+            if not {GraphMode.PIECEWISE, GraphMode.AUTO} & set(self.graph_modes):
+                raise GmtoolError(
+                    f"--piecewise-impl {self.piecewise_impl} splits piecewise graphs, and --modes "
+                    f"{','.join(self.graph_modes)} has none: add piecewise or auto, or leave --piecewise-impl out"
+                )
+            # set after the sweep's checks: they see decode compositions only, where auto would run no piece,
+            # but the soak's mixed and prefill steps are auto's piecewise work
+            self.sweep.piecewise_impl = PiecewiseImpl(self.piecewise_impl)
         largest = self.sweep.bucket_sizes[-1]
         if self.max_tokens is not None and self.max_tokens > largest and GraphMode.AUTO not in self.graph_modes:
             raise GmtoolError(
@@ -159,6 +171,8 @@ class VerifyConfig:
             parts.append(f"--max-tokens {self.max_tokens}")
         if self.attention != "auto":  # on CUDA auto is Triton: a finding under torch's would not reproduce
             parts.append(f"--attention {self.attention}")
+        if self.piecewise_impl != PiecewiseImpl.BREAKABLE and GraphMode(mode) in (GraphMode.PIECEWISE, GraphMode.AUTO):
+            parts.append(f"--piecewise-impl {self.piecewise_impl}")
         if self.fault:
             parts.append(f"--inject {self.fault}")
         return " ".join(parts)

@@ -146,6 +146,8 @@ class Soak:
             ex.backend.synchronize()
             wall = time.perf_counter() - t0
             graphs = len(ex.graphs)
+            wanted = self.bench.cfg.piecewise_impl  # the split asked for; a model fx cannot trace falls back
+            fell_back = sorted({g.piecewise_impl for g in ex.graphs.values()} - {None, wanted})
         finally:
             ex.release()
         res = SoakResult(
@@ -167,6 +169,7 @@ class Soak:
             served,
             checked,
         )
+        res.notes += [f"piecewise graphs split by {impl}, not {wanted}" for impl in fell_back]
         if self.bench.decoys_skipped > skipped:
             res.notes.append(decoy_note(self.bench.decoys_skipped - skipped))
         if mismatch is None and step + 1 < opts.steps and opts.time_limit_s is not None:
