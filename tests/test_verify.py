@@ -841,6 +841,46 @@ def test_verify_soaks_fx_split_piecewise_graphs_where_asked_and_says_where_it_fe
         "piecewise under default: piecewise graphs split by breakable (fx could not trace: dynamo met an op it "
         "cannot trace), not fx"
     ]
+    # the dynamic-dimension captures record the split the capture fell back to (they recorded nothing: the
+    # recorder waited inside fx pieces that never ran, and the analysis read clean)
+    pieces = [d for d in doc["dynamic_dims"] if d["mode"] == "piecewise"]
+    assert pieces and all(d["compared"] and d["ops"][0] == d["ops"][1] > 100 for d in pieces), pieces
+
+
+def test_fx_splits_do_not_pile_up_in_dynamos_cache_across_verify_runs(monkeypatch):
+    """Each fx split's compiled entries sat on one shared code object, each holding its model: past dynamo's
+    accumulated limit (256, about 36 verify runs in one process) every later split fell back to the run-time one.
+    Each split now has a code object of its own, and its executor's release frees its entries."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from gmtool.model.fx_split import FxPiecewise
+    from gmtool.verify.run import run_verify
+
+    limit = "accumulated_recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else None
+    monkeypatch.setattr(torch._dynamo.config, limit or "accumulated_cache_size_limit", 8)
+    made = []
+    real_init = FxPiecewise.__init__
+    monkeypatch.setattr(FxPiecewise, "__init__", lambda self, *a, **k: made.append(self) or real_init(self, *a, **k))
+    for _ in range(2):  # one verify traces 7 entries: a shared code object hit 8 in the second
+        doc = run_verify(VerifyConfig(device="cpu", modes="piecewise", piecewise_impl="fx", steps=6, check_every=3))
+        assert doc["exit_code"] == 0 and not any("split by" in n for n in doc["notes"]), doc["notes"]
+    assert len(made) >= 4 and len({id(fx._code) for fx in made}) == len(made)
+    assert all(_debug_get_cache_entry_list(fx._code) == [] for fx in made)  # every executor was released
+
+
+def test_a_dynamic_dimension_analysis_that_recorded_no_op_is_not_called_clean():
+    from gmtool.verify.report import dyndims_table, finish_document
+
+    dd = {"mode": "piecewise", "kind": "decode", "key": "d4", "compositions": ["1*4", "1*3"], "ops": [0, 0]}
+    dd |= {"baked": [], "diverged_at": None, "note": None, "graph_nodes": None, "clean": True, "compared": False}
+    run = {"mode": "piecewise", "strategy": "default", "steps": 5, "checks": 2, "expected_unsafe": False}
+    doc = {"capturability": [], "dynamic_dims": [{**dd, "expected_unsafe": False}], "runs": [{**run, "mismatch": None}]}
+    doc = finish_document(doc, None, 1.0)
+    assert doc["verdict"].endswith("; but dynamic dimensions compared nothing in piecewise decode"), doc["verdict"]
+    assert (
+        "dynamic dimensions: a capture recorded no op in piecewise decode: nothing was compared there" in doc["notes"]
+    )
+    assert "NOT COMPARED" in str([c._cells for c in dyndims_table(doc).columns])
 
 
 def test_verify_takes_piecewise_impl_only_with_a_mode_it_splits_and_reproduces_with_it():

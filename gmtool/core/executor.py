@@ -494,6 +494,7 @@ class GraphExecutor:
     def release(self) -> None:
         """Graphs first, then their pools (a pool must outlive every graph captured into it)."""
         self.drop_graphs()
+        self.forward_impl.release()
         self.backend.release()
         if self.memory is not None:
             self.memory.release()

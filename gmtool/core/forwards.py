@@ -43,6 +43,9 @@ class WholeGraph:
         fn()
         entry.steps.append(ex.backend.end())
 
+    def release(self) -> None:
+        """What the strategy holds beyond the executor's graphs (fx: dynamo's compiled code)."""
+
 
 def lm_head(ex, views) -> None:
     """fx: the LM head over the hidden rows its pieces left in ex.last_hidden (outside the pool), written straight
@@ -94,6 +97,9 @@ class FxSplit(WholeGraph):
         if self.fx.recording is None:  # eager; under capture, record() captures it after the pieces
             lm_head(ex, views)
 
+    def release(self) -> None:
+        self.fx.release()
+
     def record(self, ex, entry, fn) -> None:
         if not self.fx.split:
             return super().record(ex, entry, fn)
@@ -111,6 +117,7 @@ def CompiledWhole(lm) -> FxSplit:  # noqa: N802 (a strategy, named as the others
 
 class Fallback:
     def __init__(self, primary, secondary):
+        self.primary = primary
         self.active, self.secondary, self.reason = primary, secondary, None
         self.traced = False  # the primary has warmed a shape up: a later failure is that shape's, not the model's
 
@@ -143,6 +150,10 @@ class Fallback:
 
     def record(self, ex, entry, fn) -> None:
         self.active.record(ex, entry, fn)
+
+    def release(self) -> None:
+        self.primary.release()
+        self.secondary.release()
 
 
 def forward_for(mode, lm, piecewise_impl: str, compile: bool):

@@ -13,6 +13,7 @@ reported as compile_s, apart from capture_s.
 from __future__ import annotations
 
 import contextlib
+import types
 
 import torch
 import torch.fx
@@ -157,8 +158,20 @@ class FxPiecewise:
         for name in ("cache_size_limit", "recompile_limit"):  # one trace per bucket shape
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
+        # a code object of its own: dynamo keeps the compiled entries on the code object, each guarded on this
+        # instance (and so holding its model). Shared by every instance, they piled up to the accumulated limit
+        # (256, about 36 verify runs in one process), after which every split fell back to the run-time one
+        fn = FxPiecewise._forward
+        self._code = fn.__code__.replace()
+        forward = types.MethodType(types.FunctionType(self._code, fn.__globals__, fn.__name__), self)
         backend = self._backend if split else "inductor"
-        self.compiled = torch.compile(self._forward, backend=backend, fullgraph=True, dynamic=False)
+        self.compiled = torch.compile(forward, backend=backend, fullgraph=True, dynamic=False)
+
+    def release(self) -> None:
+        """Drop dynamo's compiled entries of this instance (they hold the model); a later call traces again."""
+        reset = getattr(torch._dynamo, "reset_code", None)
+        if reset is not None:
+            reset(self._code)
 
     def _forward(self, input_ids, positions, logits_indices, out):
         """Split: out is the hidden rows the LM head reads after the pieces; whole: the logits."""

@@ -11,7 +11,6 @@ which no ATen hook sees.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 
 from dataclasses import asdict, dataclass, field
@@ -60,11 +59,17 @@ class DynDimResult:
     def clean(self) -> bool:
         return not self.baked and self.diverged_at is None and (self.graph_nodes is None or self.graph_nodes.clean)
 
+    @property
+    def compared(self) -> bool:
+        """False where a capture recorded no op: nothing was compared, and clean says nothing."""
+        return all(self.ops)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["graph_nodes"] = self.graph_nodes.to_dict() if self.graph_nodes else None
         d["baked"] = [{**asdict(b), "value_a": repr(b.value_a), "value_b": repr(b.value_b)} for b in self.baked]
         d["clean"] = self.clean
+        d["compared"] = self.compared
         return d
 
 
@@ -105,11 +110,13 @@ def recorded_ops(
         rec.sample = tracker.on_change = lambda: rec.on and sampler.sample()
     record = ex.forward_impl.record
 
-    # torch.compile traces nothing, and runs none of its code, under a dispatch mode: entered around an fx split's
-    # call, it made the split fall back to the run-time split, here and (the code marked skipped) in every later
-    # executor; its pieces enter it instead
-    fx = getattr(getattr(ex.forward_impl, "active", None), "fx", None)
-    inside = fx is not None and fx.split
+    def fx_split():
+        """The fx split under way, or None. torch.compile traces nothing, and runs none of its code, under a dispatch
+        mode: entered around an fx split's call, the recorder made the split fall back to the run-time one, here
+        and (the code then marked skipped) in every later executor; its pieces enter it instead. Asked after the
+        warm-up, where a model fx cannot trace has fallen back to the run-time split."""
+        fx = getattr(getattr(ex.forward_impl, "active", None), "fx", None)
+        return fx if fx is not None and fx.split else None
 
     def record_on(ex_, entry, fn):
         rec.on = True
@@ -118,19 +125,30 @@ def recorded_ops(
         finally:
             rec.on = False
 
-    ex.forward_impl.record = record_on
-    if inside:
+    capture_into = ex._record
+
+    def capture_in_mode(entry, fn):
+        # entered before the capture begins: a backend's own mode (the CPU tape's) must sit above it, and leave first
+        fx = fx_split()
+        if fx is None:
+            with rec:
+                return capture_into(entry, fn)
         fx.piece_mode = rec
+        try:
+            return capture_into(entry, fn)
+        finally:
+            fx.piece_mode = None
+
+    ex.forward_impl.record = record_on
+    ex._record = capture_in_mode
     try:
-        with tracker.active(), contextlib.nullcontext() if inside else rec, warnings.catch_warnings():
+        with tracker.active(), warnings.catch_warnings():
             # the tracker's hooks are global: torch.compile warns that they fire once more for a compiled module
             # (it compiles no module here), and they do not fire inside the compiled code (its ops name no module)
             warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
             entry = ex.capture(ex.key_for(batch), batch)
         return rec.ops, str(entry.key), reader.entry_nodes(entry, sampler) if reader is not None else None
     finally:
-        if inside:
-            fx.piece_mode = None
         if held is None:
             ex.release()
         else:
@@ -175,6 +193,8 @@ def dynamic_dims(bench, mode, a: Batch, b: Batch, make_executor=None) -> DynDimR
             res.graph_nodes.notes += sorted(reader.notes)
         elif why_not:
             res.note = f"ATen ops only ({why_not}): Triton kernel launches (grids, scalar arguments) are not seen"
+        if not (ops_a and ops_b):  # DynDimResult.compared
+            res.note = "; ".join(filter(None, ("a capture recorded no op: nothing was compared", res.note)))
         return res
     finally:
         for ex in held or ():

@@ -76,6 +76,11 @@ def finish_document(doc: dict, cfg, wall_s: float) -> dict:
     # each soak's own notes (a fallback split, skipped decoys, a stop), said where the terminal shows notes
     doc["notes"] += [f"{r['mode']} under {r['strategy']}: {n}" for r in doc["runs"] for n in r.get("notes", [])]
     doc["findings"] = _findings(doc)
+    blind = [f"{d['mode']} {d['kind']}" for d in doc["dynamic_dims"] if not d.get("compared", True)]
+    if blind:
+        doc["notes"].append(
+            f"dynamic dimensions: a capture recorded no op in {', '.join(blind)}: nothing was compared there"
+        )
     fault = doc.get("config", {}).get("inject")
     missed = [f"{r['mode']} under {r['strategy']}" for r in doc["runs"] if r["mismatch"] is None]
     if fault and doc["findings"] and missed:  # the verdict names the catch; the soaks that missed it are said here
@@ -99,6 +104,8 @@ def finish_document(doc: dict, cfg, wall_s: float) -> dict:
             f"verify: clean: {steps} steps, {checks} checked replays against eager, "
             f"{len(doc['runs'])} soak(s), no op that breaks capture, no baked-in value" + _expected(doc)
         )
+        if blind:
+            doc["verdict"] += f"; but dynamic dimensions compared nothing in {', '.join(blind)}"
         if fault:  # a self-test that found nothing is no clean bill
             doc["verdict"] += (
                 f"; but the injected {fault} was never caught: these soaks ran nothing it changes (as freeze-seq-lens "
@@ -165,6 +172,8 @@ def dyndims_frame(doc: dict) -> pd.DataFrame:
         else:
             dep = d["diverged_at"] or ""
         result = "clean" if d["clean"] else "BAKED IN" + (" (expected)" if d["expected_unsafe"] else "")
+        if d["clean"] and not d.get("compared", True):
+            result = "NOT COMPARED"
         rows.append(
             {
                 "mode": d["mode"],
