@@ -911,3 +911,22 @@ def test_a_soaks_own_notes_reach_the_documents_notes():
     doc = {"capturability": [], "dynamic_dims": [], "runs": [{**run, "notes": ["stopped at the time limit"]}]}
     doc = finish_document(doc, None, 1.0)
     assert "full under vmm: stopped at the time limit" in doc["notes"]
+
+
+def test_dynamic_dimensions_of_an_fx_split_record_its_lm_head(monkeypatch):
+    """fx captures the LM head as one more graph after its pieces: the op recorder, entered inside the pieces,
+    left the head out, so a value baked into it went unseen."""
+    from gmtool.core import forwards
+    from gmtool.verify.dyndims import recorded_ops
+
+    real = forwards.lm_head
+
+    def marked(ex, views):
+        torch.ones(3, 5, 7).sum()  # a shape no other op of the forward has
+        real(ex, views)
+
+    monkeypatch.setattr(forwards, "lm_head", marked)
+    cfg = VerifyConfig(device="cpu", modes="piecewise", piecewise_impl="fx", steps=4, check_every=2)
+    bench = build_bench(cfg)
+    ops, _, _ = recorded_ops(bench, "piecewise", bench.batch(parse_composition("1*4", 0)))
+    assert any(("shape", (3, 5, 7)) in op.args for op in ops), [op.name for op in ops[-5:]]

@@ -2317,6 +2317,14 @@ MUTANTS: list[Mutant] = [
         "a dynamic-dimension analysis that recorded no op reads clean in the table",
     ),
     M(
+        "fx-head-unrecorded",
+        "gmtool/core/forwards.py",
+        "        with self.fx.piece_mode or contextlib.nullcontext():  # verify's op recorder sees the head as a piece\n",
+        "        with contextlib.nullcontext():\n",
+        "tests/test_verify.py::test_dynamic_dimensions_of_an_fx_split_record_its_lm_head",
+        "verify's dynamic dimensions of an fx split leave out the LM head: a value baked into it goes unseen",
+    ),
+    M(
         "verify-fx-fallback-unsaid",
         "gmtool/verify/soak.py",
         "            fell_back = sorted({g.piecewise_impl for g in ex.graphs.values()} - {None, wanted})\n",

@@ -152,8 +152,8 @@ class FxPiecewise:
         self.recording: list | None = None
         self.backend = None  # the graph backend of the capture under way
         self.splits: list[tuple[int, int]] = []  # (pieces, attention submodules) per traced bucket
-        # entered around each piece's capture (verify's op recorder): torch.compile traces nothing, and runs none
-        # of its compiled code, under a dispatch mode entered around the compiled call
+        # entered around each piece's capture and the LM head's (verify's op recorder): torch.compile traces
+        # nothing, and runs none of its compiled code, under a dispatch mode entered around the compiled call
         self.piece_mode = None
         for name in ("cache_size_limit", "recompile_limit"):  # one trace per bucket shape
             if hasattr(torch._dynamo.config, name):
