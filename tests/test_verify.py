@@ -856,14 +856,16 @@ def test_fx_splits_do_not_pile_up_in_dynamos_cache_across_verify_runs(monkeypatc
     from gmtool.model.fx_split import FxPiecewise
     from gmtool.verify.run import run_verify
 
+    # the config's own patch: monkeypatch's restore left the name undefined in dynamo's config module
     limit = "accumulated_recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else None
-    monkeypatch.setattr(torch._dynamo.config, limit or "accumulated_cache_size_limit", 8)
     made = []
     real_init = FxPiecewise.__init__
     monkeypatch.setattr(FxPiecewise, "__init__", lambda self, *a, **k: made.append(self) or real_init(self, *a, **k))
-    for _ in range(2):  # one verify traces 7 entries: a shared code object hit 8 in the second
-        doc = run_verify(VerifyConfig(device="cpu", modes="piecewise", piecewise_impl="fx", steps=6, check_every=3))
-        assert doc["exit_code"] == 0 and not any("split by" in n for n in doc["notes"]), doc["notes"]
+    with torch._dynamo.config.patch({limit or "accumulated_cache_size_limit": 8}):
+        for _ in range(2):  # one verify traces 7 entries: a shared code object hit 8 in the second
+            cfg = VerifyConfig(device="cpu", modes="piecewise", piecewise_impl="fx", steps=6, check_every=3)
+            doc = run_verify(cfg)
+            assert doc["exit_code"] == 0 and not any("split by" in n for n in doc["notes"]), doc["notes"]
     assert len(made) >= 4 and len({id(fx._code) for fx in made}) == len(made)
     assert all(_debug_get_cache_entry_list(fx._code) == [] for fx in made)  # every executor was released
 
