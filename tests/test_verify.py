@@ -863,11 +863,11 @@ def test_fx_splits_do_not_pile_up_in_dynamos_cache_across_verify_runs(monkeypatc
     monkeypatch.setattr(FxPiecewise, "__init__", lambda self, *a, **k: made.append(self) or real_init(self, *a, **k))
     with torch._dynamo.config.patch({limit or "accumulated_cache_size_limit": 8}):
         for _ in range(2):  # one verify traces 7 entries: a shared code object hit 8 in the second
-            cfg = VerifyConfig(device="cpu", modes="piecewise", piecewise_impl="fx", steps=6, check_every=3)
+            cfg = VerifyConfig(device="cpu", modes="piecewise,auto", piecewise_impl="fx", steps=6, check_every=3)
             doc = run_verify(cfg)
             assert doc["exit_code"] == 0 and not any("split by" in n for n in doc["notes"]), doc["notes"]
     assert len(made) >= 4 and len({id(fx._code) for fx in made}) == len(made)
-    assert all(_debug_get_cache_entry_list(fx._code) == [] for fx in made)  # every executor was released
+    assert all(_debug_get_cache_entry_list(fx._code) == [] for fx in made)  # every executor (auto's too) released
 
 
 def test_a_dynamic_dimension_analysis_that_recorded_no_op_is_not_called_clean():
@@ -932,3 +932,42 @@ def test_dynamic_dimensions_of_an_fx_split_record_its_lm_head(monkeypatch):
     bench = build_bench(cfg)
     ops, _, _ = recorded_ops(bench, "piecewise", bench.batch(parse_composition("1*4", 0)))
     assert any(("shape", (3, 5, 7)) in op.args for op in ops), [op.name for op in ops[-5:]]
+
+
+def test_fx_dynamic_dimensions_with_a_node_reader_trace_none_of_its_hooks():
+    """On CUDA the recorder samples the graph's nodes at every module change, through the tracker's global hooks.
+    dynamo traced those hooks into the fx split, guarded on the recorder's switch: the capture recompiled, traced
+    the sampler's driver calls, and verify ended on a CaptureError. A C call stands in for the driver here."""
+    import ctypes
+
+    from gmtool.verify.dyndims import recorded_ops
+
+    class Sampler:
+        calls = 0
+
+        def sample(self):
+            Sampler.calls += 1
+            ctypes.c_int(0)  # dynamo cannot trace it
+
+    class Reader:
+        notes: set = set()
+
+        def sampler(self, tracker):
+            return Sampler()
+
+        def entry_nodes(self, entry, sampler):
+            return []
+
+    cfg = VerifyConfig(device="cpu", modes="piecewise", piecewise_impl="fx", steps=4, check_every=2)
+    bench = build_bench(cfg)
+    held = []
+    try:
+        ops, _, _ = recorded_ops(
+            bench, "piecewise", bench.batch(parse_composition("1*4", 0)), reader=Reader(), held=held
+        )
+        impl = held[0].forward_impl
+        assert impl.label == "fx" and len(ops) > 100 and Sampler.calls > 0
+        assert len(impl.active.fx.splits) == 1  # traced once, at the warm-up: nothing recompiled under capture
+    finally:
+        for ex in held:
+            ex.release()

@@ -2325,6 +2325,22 @@ MUTANTS: list[Mutant] = [
         "verify's dynamic dimensions of an fx split leave out the LM head: a value baked into it goes unseen",
     ),
     M(
+        "fx-hooks-traced",
+        "gmtool/verify/dyndims.py",
+        "        entry = ex.capture(ex.key_for(batch), batch)\n",
+        "        with tracker.active():\n            entry = ex.capture(ex.key_for(batch), batch)\n",
+        "tests/test_verify.py::test_fx_dynamic_dimensions_with_a_node_reader_trace_none_of_its_hooks",
+        "the tracker's hooks active while an fx split traces: dynamo traces them, recompiles, fails on the sampler",
+    ),
+    M(
+        "auto-fx-entries-kept",
+        "gmtool/core/auto.py",
+        "            ex.forward_impl.release()\n",
+        "",
+        "tests/test_verify.py::test_fx_splits_do_not_pile_up_in_dynamos_cache_across_verify_runs",
+        "a released auto executor's fx split keeps dynamo's compiled entries",
+    ),
+    M(
         "verify-fx-fallback-unsaid",
         "gmtool/verify/soak.py",
         "            fell_back = sorted({g.piecewise_impl for g in ex.graphs.values()} - {None, wanted})\n",

@@ -142,6 +142,7 @@ class AutoExecutor:
         self.eager.clear()
         for ex in self.parts.values():
             ex.drop_graphs()
+            ex.forward_impl.release()
         self.backend.release()
         if self.memory is not None:
             self.memory.release()

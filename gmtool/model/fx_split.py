@@ -159,8 +159,8 @@ class FxPiecewise:
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
         # a code object of its own: dynamo keeps the compiled entries on the code object, each guarded on this
-        # instance (and so holding its model). Shared by every instance, they piled up to the accumulated limit
-        # (256, about 36 verify runs in one process), after which every split fell back to the run-time one
+        # instance. Shared by every instance, they piled up to the accumulated limit (256, about 36 verify runs in
+        # one process), after which every split fell back to the run-time one
         fn = FxPiecewise._forward
         self._code = fn.__code__.replace()
         forward = types.MethodType(types.FunctionType(self._code, fn.__globals__, fn.__name__), self)
@@ -168,7 +168,8 @@ class FxPiecewise:
         self.compiled = torch.compile(forward, backend=backend, fullgraph=True, dynamic=False)
 
     def release(self) -> None:
-        """Drop dynamo's compiled entries of this instance (they hold the model); a later call traces again."""
+        """Drop dynamo's compiled entries of this instance's code; a later call traces again. (The model stays
+        reachable from dynamo's cache of compile wrappers, which holds this instance's backend.)"""
         reset = getattr(torch._dynamo, "reset_code", None)
         if reset is not None:
             reset(self._code)

@@ -11,8 +11,6 @@ which no ATen hook sees.
 
 from __future__ import annotations
 
-import warnings
-
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -131,8 +129,10 @@ def recorded_ops(
         # entered before the capture begins: a backend's own mode (the CPU tape's) must sit above it, and leave first
         fx = fx_split()
         if fx is None:
-            with rec:
+            with tracker.active(), rec:
                 return capture_into(entry, fn)
+        # no tracker: dynamo would trace its global hooks into the split, guarded on what they read (rec.on, and
+        # on CUDA the node sampler's driver calls, which it cannot trace); its ops name no module
         fx.piece_mode = rec
         try:
             return capture_into(entry, fn)
@@ -142,11 +142,7 @@ def recorded_ops(
     ex.forward_impl.record = record_on
     ex._record = capture_in_mode
     try:
-        with tracker.active(), warnings.catch_warnings():
-            # the tracker's hooks are global: torch.compile warns that they fire once more for a compiled module
-            # (it compiles no module here), and they do not fire inside the compiled code (its ops name no module)
-            warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
-            entry = ex.capture(ex.key_for(batch), batch)
+        entry = ex.capture(ex.key_for(batch), batch)
         return rec.ops, str(entry.key), reader.entry_nodes(entry, sampler) if reader is not None else None
     finally:
         if held is None:
