@@ -104,7 +104,7 @@ class SweepConfig:
                 self.notes.append(note)
         if self.piecewise_impl not in PIECEWISE_IMPLS:
             raise GmtoolError(f"unknown --piecewise-impl {self.piecewise_impl!r}: use breakable or fx")
-        pieces = [m for m in self.modes if GraphMode.PIECEWISE in (m, *m.composed_of.values())]
+        pieces = [m for m in self.modes if m.has_pieces]
         if self.piecewise_impl != PiecewiseImpl.BREAKABLE and not pieces:  # it would shape nothing of this run
             raise GmtoolError(
                 f"--piecewise-impl {self.piecewise_impl} splits piecewise graphs, and this run has none (modes "

@@ -45,6 +45,12 @@ class GraphMode(StrEnum):
         return self is GraphMode.PIECEWISE
 
     @property
+    def has_pieces(self) -> bool:
+        """Piecewise graphs serve some of its batches (piecewise itself, auto through its part): what
+        --piecewise-impl shapes."""
+        return GraphMode.PIECEWISE in (self, *self.composed_of.values())
+
+    @property
     def wide_key(self) -> bool:
         """Full graphs for prefill need num_seqs in the key: the attention launch shape depends on it."""
         return self is GraphMode.FULL

@@ -189,7 +189,7 @@ def dynamic_dims(bench, mode, a: Batch, b: Batch, make_executor=None) -> DynDimR
             res.graph_nodes.notes += sorted(reader.notes)
         elif why_not:
             res.note = f"ATen ops only ({why_not}): Triton kernel launches (grids, scalar arguments) are not seen"
-        if not (ops_a and ops_b):  # DynDimResult.compared
+        if not res.compared:
             res.note = "; ".join(filter(None, ("a capture recorded no op: nothing was compared", res.note)))
         return res
     finally:

@@ -107,7 +107,7 @@ class VerifyConfig:
         if self.piecewise_impl not in PIECEWISE_IMPLS:
             raise GmtoolError(f"unknown --piecewise-impl {self.piecewise_impl!r}: use breakable or fx")
         if self.piecewise_impl != PiecewiseImpl.BREAKABLE:
-            if not {GraphMode.PIECEWISE, GraphMode.AUTO} & set(self.graph_modes):
+            if not any(m.has_pieces for m in self.graph_modes):
                 raise GmtoolError(
                     f"--piecewise-impl {self.piecewise_impl} splits piecewise graphs, and --modes "
                     f"{','.join(self.graph_modes)} has none: add piecewise or auto, or leave --piecewise-impl out"
@@ -171,7 +171,7 @@ class VerifyConfig:
             parts.append(f"--max-tokens {self.max_tokens}")
         if self.attention != "auto":  # on CUDA auto is Triton: a finding under torch's would not reproduce
             parts.append(f"--attention {self.attention}")
-        if self.piecewise_impl != PiecewiseImpl.BREAKABLE and GraphMode(mode) in (GraphMode.PIECEWISE, GraphMode.AUTO):
+        if self.piecewise_impl != PiecewiseImpl.BREAKABLE and GraphMode(mode).has_pieces:
             parts.append(f"--piecewise-impl {self.piecewise_impl}")
         if self.fault:
             parts.append(f"--inject {self.fault}")
